@@ -1,0 +1,161 @@
+"""The decoder the agent trains, built from a core ModelSpec.
+
+It is deliberately plain PyTorch so that what autograd saves and what
+FlopCounterMode counts are what the core's accounting must match:
+
+- ``gpt`` blocks: LayerNorm, GELU (tanh) MLP, learned positions, biases per
+  ``spec.bias``, dropout on the embedding sum, the attention probabilities and
+  both residual branches (GPT-2's placement).
+- ``llama`` blocks: RMSNorm, SwiGLU MLP, rotary positions, no dropout.
+- attention ``flash``: ``F.scaled_dot_product_attention`` (causal, grouped
+  key/value heads passed as they are); ``standard``: an explicit
+  softmax(QK^T / sqrt(d)) V that materialises the s x s scores, key/value heads
+  repeated to the query heads first.
+- loss: cross-entropy over the vocabulary on fp32 logits.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from core.model import ModelSpec
+
+ATTENTION_KINDS = ("flash", "standard")
+
+
+def rotary_tables(seq_len: int, head_dim: int, device: torch.device, base: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin of shape (s, head_dim) for rotate-half RoPE."""
+    inv_freq = 1.0 / base ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)
+    angles = torch.outer(torch.arange(seq_len, device=device, dtype=torch.float32), inv_freq)
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float) -> None:
+        super().__init__()
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
+        h, kv = spec.hidden, spec.kv_dim
+        qkv_bias = spec.bias in ("qkv", "all")
+        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
+        self.o_proj = nn.Linear(h, h, bias=spec.bias == "all")
+        self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
+        self.rotary = spec.block == "llama"
+        self.attention = attention
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        if self.rotary:
+            cos, sin = rotary_tables(s, self.head_dim, x.device)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        p = self.dropout if self.training else 0.0
+        if self.attention == "flash":
+            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        else:
+            y = self.standard_attention(q, k, v, p)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def standard_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
+        groups = self.n_heads // self.n_kv_heads
+        if groups > 1:
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        s = q.shape[-2]
+        scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim))
+        causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = F.dropout(F.softmax(scores, dim=-1), p=p)
+        return probs @ v
+
+
+class MLP(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias == "all"
+        self.swiglu = spec.block == "llama"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(h, f, bias=bias)
+        self.up_proj = nn.Linear(h, f, bias=bias)
+        self.down_proj = nn.Linear(f, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+def _norm(spec: ModelSpec) -> nn.Module:
+    return nn.LayerNorm(spec.hidden) if spec.block == "gpt" else nn.RMSNorm(spec.hidden, eps=1e-5)
+
+
+class Block(nn.Module):
+    """Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float) -> None:
+        super().__init__()
+        self.attn_norm = _norm(spec)
+        self.attn = Attention(spec, attention, dropout)
+        self.mlp_norm = _norm(spec)
+        self.mlp = MLP(spec)
+        self.dropout = dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout, self.training)
+        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+
+
+class Decoder(nn.Module):
+    """Token ids (b, s) in; logits (b, s, V) out, or the mean cross-entropy given targets."""
+
+    def __init__(self, spec: ModelSpec, attention: str = "flash", dropout: float = 0.0) -> None:
+        super().__init__()
+        if dropout and spec.block == "llama":
+            raise ValueError(f"{spec.name}: llama blocks have no dropout")
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
+        self.positions = nn.Embedding(spec.max_seq_len, spec.hidden) if spec.block == "gpt" else None
+        self.blocks = nn.ModuleList(Block(spec, attention, dropout) for _ in range(spec.n_layers))
+        self.final_norm = _norm(spec)
+        self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
+        if spec.tied_embeddings:
+            self.lm_head.weight = self.embed.weight
+        self.dropout = dropout
+        self.apply(self._init)
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=0.02)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
+
+    def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        if self.positions is not None:
+            x = x + self.positions(torch.arange(idx.shape[1], device=idx.device))
+        return F.dropout(x, self.dropout, self.training)
+
+    def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed_tokens(idx)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.lm_head(self.final_norm(x))
+        if targets is None:
+            return logits
+        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))

@@ -1,0 +1,1 @@
+"""The ``headroom`` command: a thin dispatcher over core, db, agent and dashboard."""

@@ -1,0 +1,81 @@
+"""``headroom estimate``: memory and FLOPs of one training configuration."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from core.config import ATTENTIONS, TrainConfig
+from core.estimate import Estimate, estimate
+from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from core.presets import resolve_model
+from core.recompute import POLICY_NAMES, parse_policy
+from core.units import GB, GiB
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "estimate",
+        help="memory and FLOPs of one training configuration",
+        description="Account memory (per rank) and FLOPs (per micro-batch) of one training step. "
+        "Example: headroom estimate --model llama2-7b --seq-len 4096 --recompute full",
+    )
+    p.add_argument("--model", required=True, help="preset name (see `headroom models`) or path to a HuggingFace config.json")
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")
+    p.add_argument("--recompute", default="none", help=f"activation checkpointing: {'|'.join(POLICY_NAMES)} (default none)")
+    p.add_argument("--attention", default="flash", choices=ATTENTIONS, help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
+    p.add_argument("--precision", default="amp-bf16", choices=list(PRECISIONS), help="precision recipe (default amp-bf16)")
+    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
+    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="sharding stage over dp ranks: 0 none, 1 optimizer, 2 +grads, 3 +params (default 0)")
+    p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
+    p.set_defaults(handler=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = resolve_model(args.model)
+    config = TrainConfig(
+        seq_len=args.seq_len, micro_batch=args.micro_batch, precision=args.precision,
+        optimizer=args.optimizer, attention=args.attention, dropout=args.dropout,
+        recompute=parse_policy(args.recompute), dp=args.dp, zero=args.zero,
+    )
+    result = estimate(spec, config)
+    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    return 0
+
+
+def render(result: Estimate) -> str:
+    spec, cfg, report = result.spec, result.config, result.to_dict()
+    memory, flops = report["memory_bytes"], report["flops"]
+    lines = [
+        f"{spec.name}: {spec.parameters:,} parameters ({spec.block}, {spec.n_layers} layers, "
+        f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,})",
+        f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
+        f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
+        f"dp {cfg.dp}, zero {cfg.zero}",
+        "",
+        f"{'memory per rank':<24}{'GB':>12}{'GiB':>12}",
+    ]
+    rows = ("parameters", "gradients", "master_weights", "optimizer_states", "weight_copies",
+            "activations", "activations_per_layer", "activations_host", "logits", "peak")
+    for key in rows:
+        if key != "peak" and memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host"):
+            continue
+        label = key.replace("_", " ")
+        if key == "peak":
+            lines.append("  " + "-" * 46)
+        lines.append(f"  {label:<22}{memory[key] / GB:>12,.2f}{memory[key] / GiB:>12,.2f}")
+    lines += [
+        "",
+        f"{'FLOPs per micro-batch':<24}{'TFLOP':>12}",
+        f"  {'forward':<22}{flops['forward'] / 1e12:>12,.2f}",
+        f"  {'backward':<22}{flops['backward'] / 1e12:>12,.2f}",
+        f"  {'recompute':<22}{flops['recompute'] / 1e12:>12,.2f}",
+        f"  {'step (hardware)':<22}{flops['step'] / 1e12:>12,.2f}",
+        f"  model FLOPs per token {flops['per_token']:,} ({flops['per_token'] / spec.parameters:.2f} x parameters)",
+        "",
+        *(f"note: {note}" for note in report["notes"]),
+    ]
+    return "\n".join(lines)

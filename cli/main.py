@@ -1,0 +1,43 @@
+"""``headroom``: one command, one subcommand per job.
+
+Each subcommand module defines ``add_parser(subparsers)`` and a ``run(args)``
+handler; handlers import heavy subsystems lazily so ``headroom estimate`` never
+loads torch or a database driver.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from cli import catalog, estimate
+from core.errors import ConfigError
+
+COMMANDS = (estimate, catalog)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headroom",
+        description="Plan GPU training runs from real measurements.",
+    )
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for module in COMMANDS:
+        module.add_parser(subparsers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args) or 0
+    except ConfigError as err:
+        print(f"headroom: error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `headroom ... | head`
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""TrainConfig: how one step is run (everything but the model's shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from core.errors import ConfigError
+from core.model import ModelSpec
+from core.precision import get_precision, optimizer_state_bytes
+from core.recompute import RecomputePolicy
+
+Attention = Literal["flash", "standard"]
+ATTENTIONS = ("flash", "standard")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    seq_len: int
+    """Tokens per sequence s."""
+    micro_batch: int = 1
+    """Sequences per forward/backward pass b (per data-parallel rank)."""
+    precision: str = "amp-bf16"
+    """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (core.precision)."""
+    optimizer: str = "adamw"
+    """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
+    attention: Attention = "flash"
+    """``flash`` (fused SDPA, no s x s tensor kept) or ``standard`` (explicit softmax(QK^T)V)."""
+    dropout: float = 0.0
+    """Dropout probability (``gpt`` blocks only)."""
+    recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
+    """Activation-checkpoint policy."""
+    dp: int = 1
+    """Data-parallel ranks."""
+    zero: int = 0
+    """Sharding stage over the data-parallel ranks: 0 none, 1 optimizer, 2 +gradients, 3 +parameters."""
+
+    def __post_init__(self) -> None:
+        for name in ("seq_len", "micro_batch", "dp"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ConfigError(f"zero (sharding stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        get_precision(self.precision)
+        optimizer_state_bytes(self.optimizer)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch: b x s."""
+        return self.micro_batch * self.seq_len
+
+    def check_model(self, spec: ModelSpec) -> None:
+        """Reject combinations the model cannot run."""
+        if spec.block == "llama" and self.dropout > 0:
+            raise ConfigError(f"{spec.name}: llama blocks have no dropout; use --dropout 0")
+        if spec.block == "gpt" and self.seq_len > spec.max_seq_len:
+            raise ConfigError(
+                f"{spec.name}: seq-len {self.seq_len} exceeds its {spec.max_seq_len} learned positions"
+            )
+        if self.recompute.kind == "every" and self.recompute.every > spec.n_layers:
+            raise ConfigError(
+                f"{spec.name}: every-{self.recompute.every} is longer than the model's {spec.n_layers} layers; "
+                f"use every-K with K <= {spec.n_layers}"
+            )

@@ -1,0 +1,11 @@
+"""The one exception type users see.
+
+Anything a user typed or pointed us at (a preset name, a config.json, a size,
+a budget) that cannot be used raises `ConfigError` with a message naming the
+bad value and what would be valid. The CLI prints that message on one line and
+exits non-zero; any other exception is a bug and keeps its traceback.
+"""
+
+
+class ConfigError(ValueError):
+    """Invalid user input: the message names the value and what would be valid."""

@@ -1,0 +1,106 @@
+"""Read a HuggingFace ``config.json`` from disk into a ModelSpec (no network).
+
+Supported ``model_type`` values and the field names each uses:
+
+- ``llama``, ``mistral``, ``qwen2``: num_hidden_layers, hidden_size,
+  num_attention_heads, num_key_value_heads (defaults to the head count),
+  intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings
+  (default false). Qwen2 has biases on q, k and v.
+- ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
+  vocab_size, n_positions, tie_word_embeddings (default true).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from core.errors import ConfigError
+from core.model import ModelSpec
+
+LLAMA_LIKE = ("llama", "mistral", "qwen2")
+SUPPORTED = (*LLAMA_LIKE, "gpt2")
+
+
+def load_hf_config(path: str | Path) -> ModelSpec:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"config file {str(path)!r} does not exist") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ConfigError(
+            f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
+        ) from None
+    if not isinstance(config, dict):
+        raise ConfigError(f"{path}: expected a JSON object with model fields, got {type(config).__name__}")
+    return spec_from_hf_config(config, name=str(path))
+
+
+def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
+    model_type = config.get("model_type")
+    if model_type == "gpt2":
+        return _gpt2(config, name)
+    if model_type in LLAMA_LIKE:
+        return _llama_like(config, name, model_type)
+    raise ConfigError(
+        f"{name}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
+    )
+
+
+def _field(config: dict[str, Any], key: str, name: str, default: Any = ...) -> Any:
+    if key in config and config[key] is not None:
+        return config[key]
+    if default is ...:
+        raise ConfigError(f"{name}: required field {key!r} is missing")
+    return default
+
+
+def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec:
+    heads = _field(config, "num_attention_heads", name)
+    hidden = _field(config, "hidden_size", name)
+    head_dim = config.get("head_dim")
+    if head_dim is not None and isinstance(heads, int) and head_dim * heads != hidden:
+        raise ConfigError(
+            f"{name}: head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden}; "
+            "models whose attention width differs from hidden_size are not supported yet"
+        )
+    for flag in ("attention_bias", "mlp_bias"):
+        if config.get(flag):
+            raise ConfigError(f"{name}: {flag}=true is not supported yet (only Qwen2's q/k/v biases are)")
+    return ModelSpec(
+        name=name,
+        block="llama",
+        n_layers=_field(config, "num_hidden_layers", name),
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=_field(config, "num_key_value_heads", name, heads),
+        ffn_hidden=_field(config, "intermediate_size", name),
+        vocab_size=_field(config, "vocab_size", name),
+        max_seq_len=_field(config, "max_position_embeddings", name),
+        tied_embeddings=bool(_field(config, "tie_word_embeddings", name, False)),
+        bias="qkv" if model_type == "qwen2" else "none",
+    )
+
+
+def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:
+    hidden = _field(config, "n_embd", name)
+    heads = _field(config, "n_head", name)
+    return ModelSpec(
+        name=name,
+        block="gpt",
+        n_layers=_field(config, "n_layer", name),
+        hidden=hidden,
+        n_heads=heads,
+        n_kv_heads=heads,
+        ffn_hidden=_field(config, "n_inner", name, 4 * hidden if isinstance(hidden, int) else hidden),
+        vocab_size=_field(config, "vocab_size", name),
+        max_seq_len=_field(config, "n_positions", name),
+        tied_embeddings=bool(_field(config, "tie_word_embeddings", name, True)),
+        bias="all",
+    )

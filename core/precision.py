@@ -1,0 +1,73 @@
+"""Precision recipes and optimizers: bytes per parameter of static state.
+
+Static memory per parameter (optimizer state is fp32 in every recipe):
+
+=============  =====  ====  ======  ==========================================
+recipe         param  grad  master  notes
+=============  =====  ====  ======  ==========================================
+fp32             4     4      0     activations fp32
+amp-bf16         4     4      0     PyTorch autocast: fp32 params and grads;
+                                    forward makes bf16 copies of matmul weights
+                                    that backward keeps alive (2 B each)
+bf16-pure        2     2      0     params, grads and activations bf16
+bf16-master      2     2      4     bf16 model, fp32 master copy for the update
+=============  =====  ====  ======  ==========================================
+
+Optimizer state in fp32: SGD 0, SGD with momentum 4, AdaGrad 4, Adam/AdamW 8
+bytes per parameter. So fp32 + Adam = 16 B/param, bf16-pure + Adam = 12,
+bf16-master + Adam = 16 (a 7B model: 112 GB before any activation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class PrecisionRecipe:
+    name: str
+    param_bytes: int
+    grad_bytes: int
+    master_bytes: int
+    activation_bytes: int
+    """Element size of activations (the compute dtype)."""
+    weight_copy_bytes: int
+    """Bytes per matmul weight of the 16-bit copies autocast keeps for backward."""
+    compute_dtype: str
+    """Dtype the matmuls run in: picks the peak FLOP/s for MFU."""
+
+
+PRECISIONS: dict[str, PrecisionRecipe] = {
+    r.name: r
+    for r in (
+        PrecisionRecipe("fp32", 4, 4, 0, 4, 0, "fp32"),
+        PrecisionRecipe("amp-bf16", 4, 4, 0, 2, 2, "bf16"),
+        PrecisionRecipe("bf16-pure", 2, 2, 0, 2, 0, "bf16"),
+        PrecisionRecipe("bf16-master", 2, 2, 4, 2, 0, "bf16"),
+    )
+}
+
+OPTIMIZER_STATE_BYTES: dict[str, int] = {
+    "sgd": 0,
+    "sgd-momentum": 4,
+    "adagrad": 4,
+    "adam": 8,
+    "adamw": 8,
+}
+
+
+def get_precision(name: str) -> PrecisionRecipe:
+    try:
+        return PRECISIONS[name]
+    except KeyError:
+        raise ConfigError(f"unknown precision recipe {name!r}; valid: {', '.join(PRECISIONS)}") from None
+
+
+def optimizer_state_bytes(name: str) -> int:
+    """fp32 optimizer state bytes per parameter."""
+    try:
+        return OPTIMIZER_STATE_BYTES[name]
+    except KeyError:
+        raise ConfigError(f"unknown optimizer {name!r}; valid: {', '.join(OPTIMIZER_STATE_BYTES)}") from None

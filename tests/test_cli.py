@@ -1,0 +1,93 @@
+"""`headroom estimate` as a user runs it: the JSON contract and one-line errors."""
+
+import json
+
+import pytest
+
+from core.presets import get_preset
+from tests.conftest import FIXTURES
+
+MEMORY_KEYS = {"parameters", "gradients", "master_weights", "optimizer_states", "activations",
+               "activations_per_layer", "logits", "peak"}
+FLOPS_KEYS = {"forward", "backward", "recompute", "step", "per_token"}
+
+
+def test_estimate_json_contract(headroom):
+    result = headroom("estimate", "--model", "llama2-7b", "--seq-len", "4096", "--recompute", "full",
+                      "--precision", "bf16-master", "--optimizer", "adam", "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert {"model", "config", "memory_bytes", "flops"} <= report.keys()
+    assert report["model"]["parameters"] == 6_738_415_616
+    assert report["config"]["recompute"] == "full" and report["config"]["seq_len"] == 4096
+    assert MEMORY_KEYS <= report["memory_bytes"].keys()
+    assert FLOPS_KEYS <= report["flops"].keys()
+    assert all(isinstance(v, int) for v in report["memory_bytes"].values())
+    memory = report["memory_bytes"]
+    assert memory["parameters"] + memory["gradients"] + memory["master_weights"] + memory["optimizer_states"] == 16 * 6_738_415_616
+    parts = sum(v for k, v in memory.items() if k not in ("peak", "activations_per_layer", "activations_host"))
+    assert memory["peak"] == parts
+    flops = report["flops"]
+    assert flops["step"] == flops["forward"] + flops["backward"] + flops["recompute"]
+
+
+def test_estimate_accepts_a_config_json(headroom):
+    result = headroom("estimate", "--model", str(FIXTURES / "hf" / "mistral-7b-v0.1.json"), "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["model"]["parameters"] == 7_241_732_096
+
+
+def test_estimate_table_names_its_units(headroom):
+    result = headroom("estimate", "--model", "gpt2-small", "--seq-len", "1024", "--dropout", "0.1",
+                      "--attention", "standard", "--recompute", "every-3", "--dp", "8", "--zero", "2")
+    assert result.returncode == 0, result.stderr
+    assert "GB" in result.stdout and "GiB" in result.stdout
+    assert f"{get_preset('gpt2-small').parameters:,} parameters" in result.stdout
+    assert "recompute every-3" in result.stdout
+
+
+def _bad_config(tmp_path, **fields):
+    base = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(base | fields))
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    ("make_args", "message"),
+    [
+        (lambda tmp: ["--model", "llama2-7"], "unknown model preset 'llama2-7'; did you mean llama2-7b"),
+        (lambda tmp: ["--model", _bad_config(tmp, num_attention_heads=5)], "hidden 64 is not divisible by n_heads 5"),
+        (lambda tmp: ["--model", _bad_config(tmp, num_key_value_heads=3)], "n_heads 4 is not divisible by n_kv_heads 3"),
+        (lambda tmp: ["--model", _bad_config(tmp, hidden_size=-64)], "hidden must be a positive integer, got -64"),
+        (lambda tmp: ["--model", "llama2-7b", "--seq-len", "-5"], "seq-len must be a positive integer, got -5"),
+        (lambda tmp: ["--model", "llama2-7b", "--recompute", "every-x"], "unknown recompute policy 'every-x'"),
+        (lambda tmp: ["--model", "llama2-7b", "--dropout", "0.1"], "llama blocks have no dropout"),
+        (lambda tmp: ["--model", "gpt2-small", "--seq-len", "2048"], "exceeds its 1024 learned positions"),
+        (lambda tmp: ["--model", str(tmp / "missing.json")], "does not exist"),
+    ],
+)
+def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
+    result = headroom("estimate", *make_args(tmp_path))
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert message in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_unparseable_config_json(headroom, tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text("{not json")
+    result = headroom("estimate", "--model", str(path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"headroom: error: {path}: not valid JSON (Expecting property name enclosed in double quotes at line 1, column 2)"
+
+
+def test_catalog_commands(headroom):
+    models = headroom("models")
+    assert models.returncode == 0 and "llama3-70b" in models.stdout
+    assert headroom("hardware", "--match", "NVIDIA H200").stdout.startswith("'NVIDIA H200' -> h200")
+    unknown = headroom("hardware", "--match", "NVIDIA H200 NVL")
+    assert unknown.returncode == 1 and "unknown" in unknown.stdout

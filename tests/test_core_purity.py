@@ -1,0 +1,37 @@
+"""core/ imports nothing outside the standard library (DESIGN.md dependency rules)."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+CORE = Path(__file__).resolve().parents[1] / "core"
+
+
+def _imported_roots(path: Path) -> set[str]:
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_core_sources_import_only_stdlib_and_core():
+    files = sorted(CORE.rglob("*.py"))
+    assert files, "core/ has no modules"
+    for path in files:
+        foreign = _imported_roots(path) - set(sys.stdlib_module_names) - {"core", "__future__"}
+        assert not foreign, f"{path.name} imports {sorted(foreign)}"
+
+
+def test_importing_all_of_core_loads_no_third_party_module():
+    modules = " ".join(f"core.{p.stem}" for p in CORE.glob("*.py") if p.stem != "__init__")
+    code = (
+        f"import importlib, sys\nfor m in '{modules}'.split(): importlib.import_module(m)\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('torch', 'sqlalchemy', 'streamlit', 'pandas', 'numpy', 'altair'))))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.strip() == ""
