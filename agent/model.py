@@ -22,7 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from agent.recompute import apply_blocks, checkpointed
 from core.model import ModelSpec
+from core.recompute import RecomputePolicy, parse_policy
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -42,7 +44,7 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float) -> None:
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
@@ -56,6 +58,7 @@ class Attention(nn.Module):
         self.rotary = spec.block == "llama"
         self.attention = attention
         self.dropout = dropout
+        self.checkpoint_core = checkpoint_core
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
@@ -65,12 +68,18 @@ class Attention(nn.Module):
         if self.rotary:
             cos, sin = rotary_tables(s, self.head_dim, x.device)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if self.checkpoint_core and torch.is_grad_enabled():
+            y = checkpointed(self.core, q, k, v)
+        else:
+            y = self.core(q, k, v)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+    def core(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """softmax(QK^T / sqrt(d)) V, causal, with attention dropout in training."""
         p = self.dropout if self.training else 0.0
         if self.attention == "flash":
-            y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
-        else:
-            y = self.standard_attention(q, k, v, p)
-        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, enable_gqa=self.n_kv_heads != self.n_heads)
+        return self.standard_attention(q, k, v, p)
 
     def standard_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: float) -> torch.Tensor:
         groups = self.n_heads // self.n_kv_heads
@@ -107,10 +116,10 @@ def _norm(spec: ModelSpec) -> nn.Module:
 class Block(nn.Module):
     """Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
 
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float) -> None:
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec, attention, dropout)
+        self.attn = Attention(spec, attention, dropout, checkpoint_core)
         self.mlp_norm = _norm(spec)
         self.mlp = MLP(spec)
         self.dropout = dropout
@@ -123,14 +132,19 @@ class Block(nn.Module):
 class Decoder(nn.Module):
     """Token ids (b, s) in; logits (b, s, V) out, or the mean cross-entropy given targets."""
 
-    def __init__(self, spec: ModelSpec, attention: str = "flash", dropout: float = 0.0) -> None:
+    def __init__(
+        self, spec: ModelSpec, attention: str = "flash", dropout: float = 0.0,
+        recompute: RecomputePolicy | str = "none",
+    ) -> None:
         super().__init__()
         if dropout and spec.block == "llama":
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec
+        self.recompute = parse_policy(recompute) if isinstance(recompute, str) else recompute
+        selective = self.recompute.kind == "selective"
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = nn.Embedding(spec.max_seq_len, spec.hidden) if spec.block == "gpt" else None
-        self.blocks = nn.ModuleList(Block(spec, attention, dropout) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective) for _ in range(spec.n_layers))
         self.final_norm = _norm(spec)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:
@@ -152,9 +166,7 @@ class Decoder(nn.Module):
         return F.dropout(x, self.dropout, self.training)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        x = self.embed_tokens(idx)
-        for block in self.blocks:
-            x = block(x)
+        x = apply_blocks(self.blocks, self.embed_tokens(idx), self.recompute)
         logits = self.lm_head(self.final_norm(x))
         if targets is None:
             return logits

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import asdict
 
 from core.config import ATTENTIONS, TrainConfig
 from core.estimate import Estimate, estimate
+from core.ledger import Ledger
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import resolve_model
 from core.recompute import POLICY_NAMES, parse_policy
@@ -30,6 +32,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="sharding stage over dp ranks: 0 none, 1 optimizer, 2 +grads, 3 +params (default 0)")
+    p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
+    p.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
     p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
     p.set_defaults(handler=run)
 
@@ -41,8 +45,16 @@ def run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, attention=args.attention, dropout=args.dropout,
         recompute=parse_policy(args.recompute), dp=args.dp, zero=args.zero,
     )
-    result = estimate(spec, config)
-    print(json.dumps(result.to_dict(), indent=2) if args.json else render(result))
+    result = estimate(spec, config, args.device)
+    if args.json:
+        report = result.to_dict()
+        if args.ledger:
+            report["ledger"] = [asdict(t) | {"bytes": t.bytes} for t in result.ledger.tensors]
+        print(json.dumps(report, indent=2))
+    else:
+        print(render(result))
+        if args.ledger:
+            print("\n" + render_ledger(result.ledger))
     return 0
 
 
@@ -54,14 +66,14 @@ def render(result: Estimate) -> str:
         f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,})",
         f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
         f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
-        f"dp {cfg.dp}, zero {cfg.zero}",
+        f"dp {cfg.dp}, zero {cfg.zero}, target {result.device}",
         "",
         f"{'memory per rank':<24}{'GB':>12}{'GiB':>12}",
     ]
     rows = ("parameters", "gradients", "master_weights", "optimizer_states", "weight_copies",
-            "activations", "activations_per_layer", "activations_host", "logits", "peak")
+            "activations", "activations_per_layer", "activations_host", "logits", "backward_transient", "peak")
     for key in rows:
-        if key != "peak" and memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host"):
+        if memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host"):
             continue
         label = key.replace("_", " ")
         if key == "peak":
@@ -78,4 +90,32 @@ def render(result: Estimate) -> str:
         "",
         *(f"note: {note}" for note in report["notes"]),
     ]
+    return "\n".join(lines)
+
+
+def render_ledger(ledger: Ledger) -> str:
+    """Block 0's tensors, the other blocks by total, then the embedding, head and loss."""
+    lines = [f"{'tensor kept for backward':<40}{'shape':<24}{'dtype':<7}{'MB':>10}  where"]
+
+    def row(t) -> str:
+        shape = "x".join(str(d) for d in t.shape) or "scalar"
+        where = t.location + ("" if t.kind == "activation" else f", {t.kind.replace('_', ' ')}")
+        return f"  {t.name:<38}{shape:<24}{t.dtype:<7}{t.bytes / 1e6:>10.3f}  {where}"
+
+    by_layer: dict[int | None, list] = {}
+    for t in ledger.tensors:
+        by_layer.setdefault(t.layer, []).append(t)
+    layers = sorted(k for k in by_layer if k is not None)
+    if layers:
+        first = layers[0]
+        lines.append(f" layer {first}:")
+        lines += [row(t) for t in by_layer[first]]
+        totals = {sum(t.bytes for t in by_layer[k]) for k in layers[1:]}
+        if len(totals) == 1:
+            lines.append(f" layers {layers[1]}..{layers[-1]}: {len(layers) - 1} more, {totals.pop() / 1e6:,.3f} MB each")
+        for k in layers[1:] if len(totals) > 1 else ():
+            lines.append(f" layer {k}: {sum(t.bytes for t in by_layer[k]) / 1e6:,.3f} MB")
+    lines.append(" embedding, final norm, head and loss:")
+    lines += [row(t) for t in by_layer.get(None, [])]
+    lines.append(f" backward transient: {ledger.transient_bytes / 1e6:,.3f} MB (MB = 1e6 bytes)")
     return "\n".join(lines)

@@ -1,6 +1,6 @@
 """One configuration in, a breakdown of memory and FLOPs out.
 
-``estimate(spec, config).to_dict()`` is the JSON contract of
+``estimate(spec, config, device).to_dict()`` is the JSON contract of
 ``headroom estimate --json`` (documented in README.md): top-level keys
 ``model``, ``config``, ``memory_bytes``, ``flops`` and ``notes``. Bytes and
 FLOPs are integers.
@@ -13,16 +13,13 @@ from typing import Any
 
 from core.config import TrainConfig
 from core.flops import StepFlops, step_flops
-from core.memory import ActivationMemory, StaticMemory, activation_memory, logits_memory, static_memory
+from core.ledger import Ledger, activation_ledger
+from core.memory import StaticMemory, static_memory
 from core.model import ModelSpec
 
-ACTIVATION_NOTE = (
-    "activations: Korthikanti et al. (2022) per-layer formula sbh(34 + 5as/h), generalised to the "
-    "element size, dropout and flash attention; exact for a GPT block, approximate for llama blocks"
-)
 PEAK_NOTE = (
-    "peak = static state + activations + logits: an upper bound that assumes gradients stay "
-    "allocated across the step, as they do under gradient accumulation"
+    "peak = static state + weight copies + activations + logits + backward transient: gradients "
+    "are counted as allocated throughout, as they are under gradient accumulation"
 )
 
 
@@ -30,14 +27,27 @@ PEAK_NOTE = (
 class Estimate:
     spec: ModelSpec
     config: TrainConfig
+    device: str
     static: StaticMemory
-    activations: ActivationMemory
-    logits_bytes: int
+    ledger: Ledger
     flops: StepFlops
 
     @property
+    def logits_bytes(self) -> int:
+        """The loss's fp32 log-probabilities over the vocabulary, kept for backward."""
+        return sum(t.bytes for t in self.ledger.tensors if t.name == "log_softmax")
+
+    @property
+    def activation_bytes(self) -> int:
+        """Everything else forward keeps on the device for backward."""
+        return self.ledger.device_activation_bytes - self.logits_bytes
+
+    @property
     def peak_bytes(self) -> int:
-        return self.static.total + self.activations.device + self.logits_bytes
+        return (
+            self.static.total + self.ledger.parameter_copy_bytes + self.activation_bytes
+            + self.logits_bytes + self.ledger.transient_bytes
+        )
 
     def to_dict(self) -> dict[str, Any]:
         model = asdict(self.spec) | {"parameters": self.spec.parameters}
@@ -52,17 +62,19 @@ class Estimate:
             "optimizer": self.config.optimizer,
             "dp": self.config.dp,
             "zero": self.config.zero,
+            "device": self.device,
         }
         memory = {
             "parameters": self.static.parameters,
             "gradients": self.static.gradients,
             "master_weights": self.static.master_weights,
             "optimizer_states": self.static.optimizer_states,
-            "weight_copies": self.static.weight_copies,
-            "activations": self.activations.device,
-            "activations_per_layer": self.activations.per_layer.total,
-            "activations_host": self.activations.host,
+            "weight_copies": self.ledger.parameter_copy_bytes,
+            "activations": self.activation_bytes,
+            "activations_per_layer": self.ledger.per_layer_bytes,
+            "activations_host": self.ledger.host_bytes,
             "logits": self.logits_bytes,
+            "backward_transient": self.ledger.transient_bytes,
             "peak": self.peak_bytes,
         }
         flops = {
@@ -77,22 +89,20 @@ class Estimate:
                 "logits": self.flops.logits_forward,
             },
         }
-        return {
-            "model": model,
-            "config": config,
-            "memory_bytes": memory,
-            "flops": flops,
-            "notes": [ACTIVATION_NOTE, PEAK_NOTE],
-        }
+        notes = [
+            f"activations: per-tensor ledger of the agent's decoder on {self.device} "
+            "(checked against autograd's saved tensors on cpu and meta)",
+            PEAK_NOTE,
+        ]
+        return {"model": model, "config": config, "memory_bytes": memory, "flops": flops, "notes": notes}
 
 
-def estimate(spec: ModelSpec, config: TrainConfig) -> Estimate:
-    config.check_model(spec)
+def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> Estimate:
     return Estimate(
         spec=spec,
         config=config,
+        device=device,
         static=static_memory(spec, config),
-        activations=activation_memory(spec, config),
-        logits_bytes=logits_memory(spec, config),
-        flops=step_flops(spec, config.micro_batch, config.seq_len, config.recompute),
+        ledger=activation_ledger(spec, config, device),
+        flops=step_flops(spec, config, device),
     )

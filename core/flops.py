@@ -21,11 +21,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from core.config import TrainConfig
+from core.devices import device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
-from core.recompute import RecomputePolicy
-
-ATTENTION_CORE = ("attn_scores", "attn_values")
 
 
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict[str, int]:
@@ -89,29 +88,40 @@ class StepFlops:
         return self.model / self.tokens
 
 
-def recompute_flops(spec: ModelSpec, micro_batch: int, seq_len: int, policy: RecomputePolicy) -> int:
-    """Forward FLOPs a policy runs again during backward.
+def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> int:
+    """Forward FLOPs a policy runs again during backward, as torch's non-reentrant
+    checkpoint does it.
 
-    full and every-K recompute every block's forward (all segments are
-    checkpointed, the last one included); selective recomputes QK^T and PV;
-    op-selective saves every matmul output so recomputes no matmul; none and
-    offload recompute nothing.
+    That checkpoint stops recomputing as soon as every tensor the region saved
+    has been rebuilt (``early stop``), so a region's trailing matmul whose
+    output nothing in the region saves is not run again:
+
+    - full and every-K: every block's forward, less the last block of each
+      segment's down projection (without dropout; residual dropout saves a
+      mask, which needs that output);
+    - selective: QK^T for the explicit or math-path attention (PV's inputs are
+      saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
+    - op-selective: no matmul (their outputs are cached); none and offload: 0.
     """
-    layer = layer_forward_flops(spec, micro_batch, seq_len)
+    layer = layer_forward_flops(spec, config.micro_batch, config.seq_len)
+    policy = config.recompute
     if policy.recomputes_blocks:
-        return spec.n_layers * sum(layer.values())
+        skipped = 0 if config.dropout > 0 else policy.segments(spec.n_layers) * layer["mlp_down"]
+        return spec.n_layers * sum(layer.values()) - skipped
     if policy.kind == "selective":
-        return spec.n_layers * sum(layer[name] for name in ATTENTION_CORE)
+        fused = device_rules(device).fused_sdpa(config.attention, config.dropout)
+        return spec.n_layers * (layer["attn_scores"] + (layer["attn_values"] if fused else 0))
     return 0
 
 
-def step_flops(spec: ModelSpec, micro_batch: int, seq_len: int, policy: RecomputePolicy) -> StepFlops:
+def step_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> StepFlops:
+    """FLOPs of one micro-batch on ``device`` (the device decides which attention kernel runs)."""
     return StepFlops(
-        layer_forward=layer_forward_flops(spec, micro_batch, seq_len),
+        layer_forward=layer_forward_flops(spec, config.micro_batch, config.seq_len),
         n_layers=spec.n_layers,
-        logits_forward=logits_forward_flops(spec, micro_batch, seq_len),
-        recompute=recompute_flops(spec, micro_batch, seq_len, policy),
-        tokens=micro_batch * seq_len,
+        logits_forward=logits_forward_flops(spec, config.micro_batch, config.seq_len),
+        recompute=recompute_flops(spec, config, device),
+        tokens=config.tokens,
     )
 
 

@@ -1,14 +1,9 @@
-"""Memory of a training step on one rank: static state, activations, logits, peak.
+"""Static memory of a training step on one rank, and the published activation formula.
 
-All figures are bytes (ints) on one data-parallel rank.
-
-Activations here use the published per-layer formula of Korthikanti et al.,
-"Reducing Activation Recomputation in Large Transformer Models" (2022), Sec. 4:
-a GPT block in 16 bits with dropout and standard attention keeps
-sbh(34 + 5as/h) bytes. It is generalised below to the element size and to
-"no dropout" / "flash attention" by keeping its tensor-by-tensor derivation.
-It describes a GPT block; for ``llama`` blocks it is an approximation until the
-per-tensor ledger (checked against autograd) replaces it.
+All figures are bytes (ints) on one data-parallel rank. Activations of the
+model the agent trains come from the per-tensor ledger (core/ledger.py); the
+formula of Korthikanti et al. is kept here as the published reference the
+ledger is compared with.
 """
 
 from __future__ import annotations
@@ -32,12 +27,10 @@ class StaticMemory:
     gradients: int
     master_weights: int
     optimizer_states: int
-    weight_copies: int
-    """16-bit copies of matmul weights that autocast makes in forward and backward keeps."""
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.master_weights + self.optimizer_states + self.weight_copies
+        return self.parameters + self.gradients + self.master_weights + self.optimizer_states
 
 
 def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
@@ -48,16 +41,15 @@ def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
 
 def static_memory(spec: ModelSpec, config: TrainConfig) -> StaticMemory:
     """Parameters, gradients, master copy and optimizer state of a model, per rank."""
-    return static_memory_of(spec.parameters, spec.matmul_weight_parameters(), config)
+    return static_memory_of(spec.parameters, config)
 
 
-def static_memory_of(parameters: int, matmul_weight_parameters: int, config: TrainConfig) -> StaticMemory:
+def static_memory_of(parameters: int, config: TrainConfig) -> StaticMemory:
     """Static bytes per rank for a parameter count, sharded by ZeRO stage.
 
     Stage 1 shards optimizer state and the master copy over the data-parallel
     ranks, stage 2 also gradients, stage 3 (FSDP) also parameters (Rajbhandari
-    et al., "ZeRO", 2020, Fig. 1). Under stage 3 the autocast weight copies are
-    counted sharded too, an approximation: FSDP gathers one block at a time.
+    et al., "ZeRO", 2020, Fig. 1).
     """
     recipe = get_precision(config.precision)
     n, ranks, stage = parameters, config.dp, config.zero
@@ -66,7 +58,6 @@ def static_memory_of(parameters: int, matmul_weight_parameters: int, config: Tra
         gradients=_shard(n * recipe.grad_bytes, ranks, stage >= 2),
         master_weights=_shard(n * recipe.master_bytes, ranks, stage >= 1),
         optimizer_states=_shard(n * optimizer_state_bytes(config.optimizer), ranks, stage >= 1),
-        weight_copies=_shard(matmul_weight_parameters * recipe.weight_copy_bytes, ranks, stage >= 3),
     )
 
 
@@ -84,11 +75,12 @@ class LayerActivations:
         return self.linear + self.quadratic
 
 
-def layer_activations(
+def korthikanti_layer_activations(
     seq_len: int, micro_batch: int, hidden: int, heads: int, *,
     element_bytes: int = 2, dropout: bool = True, flash: bool = False,
 ) -> LayerActivations:
-    """Korthikanti et al. per-layer activations, tensor by tensor.
+    """Published per-layer activations: Korthikanti et al., "Reducing Activation
+    Recomputation in Large Transformer Models" (2022), Sec. 4.1, tensor by tensor.
 
     16-bit elements (e) and 1-byte dropout masks (m); sbh = s*b*h, as2b = a*s^2*b:
       attention: QKV input e, Q and K 2e, V e, output-projection input e,
@@ -105,57 +97,3 @@ def layer_activations(
     linear = sbh * (16 * element_bytes + 2 * mask)
     quadratic = 0 if flash else as2b * ((2 * element_bytes + mask) if dropout else element_bytes)
     return LayerActivations(linear=linear, quadratic=quadratic)
-
-
-@dataclass(frozen=True, slots=True)
-class ActivationMemory:
-    per_layer: LayerActivations
-    """One block's saved tensors without recompute."""
-    device: int
-    """Peak activation bytes on the device under the policy."""
-    host: int
-    """Bytes moved to host memory (offload)."""
-
-
-def activation_memory(spec: ModelSpec, config: TrainConfig) -> ActivationMemory:
-    """Activation bytes under the checkpoint policy.
-
-    With A one block's activations and c one block's input (s b h elements):
-      none          L A
-      full          L c + A             (the block being recomputed)
-      every-K       ceil(L/K) c + K A   (a whole segment being recomputed)
-      selective     L (A - A_s2) + A_s2 (only one layer's s x s tensors at a time)
-      op-selective  L A                 (the formula cannot split matmul outputs
-                                         from elementwise ones; the ledger will)
-      offload       A on the device, L A on the host
-    """
-    recipe = get_precision(config.precision)
-    layer = layer_activations(
-        config.seq_len, config.micro_batch, spec.hidden, spec.n_heads,
-        element_bytes=recipe.activation_bytes, dropout=config.dropout > 0, flash=config.attention == "flash",
-    )
-    n_layers, policy, kept = spec.n_layers, config.recompute, layer.total
-    block_input = config.tokens * spec.hidden * recipe.activation_bytes
-    host = 0
-    if policy.recomputes_blocks:
-        device = policy.segments(n_layers) * block_input + policy.segment_layers(n_layers) * kept
-    elif policy.kind == "selective":
-        device = n_layers * layer.linear + layer.quadratic
-    elif policy.kind == "offload":
-        device, host = kept, n_layers * kept
-    else:
-        device = n_layers * kept
-    return ActivationMemory(per_layer=layer, device=device, host=host)
-
-
-def logits_memory(spec: ModelSpec, config: TrainConfig) -> int:
-    """Logits and the loss around them: the peak at the end of forward.
-
-    b s V elements: the logits in the compute dtype (16-bit recipes; under fp32
-    they are the next tensor), the fp32 log-softmax the loss keeps, and its fp32
-    gradient that backward creates before the logits' own graph is freed.
-    """
-    recipe = get_precision(config.precision)
-    elements = config.tokens * spec.vocab_size
-    logits = elements * recipe.activation_bytes if recipe.activation_bytes != 4 else 0
-    return logits + 2 * elements * 4

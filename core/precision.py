@@ -33,8 +33,6 @@ class PrecisionRecipe:
     master_bytes: int
     activation_bytes: int
     """Element size of activations (the compute dtype)."""
-    weight_copy_bytes: int
-    """Bytes per matmul weight of the 16-bit copies autocast keeps for backward."""
     compute_dtype: str
     """Dtype the matmuls run in: picks the peak FLOP/s for MFU."""
 
@@ -42,10 +40,10 @@ class PrecisionRecipe:
 PRECISIONS: dict[str, PrecisionRecipe] = {
     r.name: r
     for r in (
-        PrecisionRecipe("fp32", 4, 4, 0, 4, 0, "fp32"),
-        PrecisionRecipe("amp-bf16", 4, 4, 0, 2, 2, "bf16"),
-        PrecisionRecipe("bf16-pure", 2, 2, 0, 2, 0, "bf16"),
-        PrecisionRecipe("bf16-master", 2, 2, 4, 2, 0, "bf16"),
+        PrecisionRecipe("fp32", 4, 4, 0, 4, "fp32"),
+        PrecisionRecipe("amp-bf16", 4, 4, 0, 2, "bf16"),
+        PrecisionRecipe("bf16-pure", 2, 2, 0, 2, "bf16"),
+        PrecisionRecipe("bf16-master", 2, 2, 4, 2, "bf16"),
     )
 }
 

@@ -91,3 +91,16 @@ def test_catalog_commands(headroom):
     assert headroom("hardware", "--match", "NVIDIA H200").stdout.startswith("'NVIDIA H200' -> h200")
     unknown = headroom("hardware", "--match", "NVIDIA H200 NVL")
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
+
+
+def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(headroom):
+    result = headroom("estimate", "--model", "bench-llama-small", "--seq-len", "256", "--micro-batch", "2",
+                      "--recompute", "selective", "--device", "cpu", "--json", "--ledger")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    ledger, memory = report["ledger"], report["memory_bytes"]
+    device_activations = sum(t["bytes"] for t in ledger if t["kind"] != "parameter_copy" and t["location"] == "device")
+    assert device_activations == memory["activations"] + memory["logits"]
+    assert report["config"]["device"] == "cpu"
+    table = headroom("estimate", "--model", "bench-llama-small", "--ledger")
+    assert "block.attn.sdpa_out" in table.stdout and "log_softmax" in table.stdout

@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from agent.model import Decoder  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
 from core.flops import step_flops  # noqa: E402
 from core.model import ModelSpec  # noqa: E402
 from core.presets import PRESETS, get_preset  # noqa: E402
@@ -44,7 +45,7 @@ def test_flops_equal_flop_counter(name, attention, device):
         by_module = counter.get_flop_counts()  # forward only: backward attribution to modules is unreliable
         loss.backward()
         total = counter.get_total_flops()
-    predicted = step_flops(spec, batch, seq, parse_policy("none"))
+    predicted = step_flops(spec, TrainConfig(seq_len=seq, micro_batch=batch, attention=attention), device)
     assert forward == predicted.forward
     assert total == predicted.model
 
@@ -65,14 +66,17 @@ def test_flops_equal_flop_counter(name, attention, device):
 def test_flops_per_token_is_about_six_times_parameters():
     """Kaplan et al. 2020: C ~ 6N per token when attention is small against the weights."""
     spec = get_preset("llama2-7b")
-    flops = step_flops(spec, 1, 512, parse_policy("none"))
+    flops = step_flops(spec, TrainConfig(seq_len=512))
     assert flops.per_token / spec.parameters == pytest.approx(6, rel=0.05)
 
 
-def test_full_recompute_adds_one_forward_of_the_blocks():
+def test_full_recompute_adds_about_one_forward_of_the_blocks():
     spec = get_preset("llama2-7b")
-    none, full = (step_flops(spec, 1, 4096, parse_policy(p)) for p in ("none", "full"))
+    none, full = (step_flops(spec, TrainConfig(seq_len=4096, recompute=parse_policy(p))) for p in ("none", "full"))
     assert full.model == none.model
-    assert full.recompute == none.forward - none.logits_forward
-    # ~ +33% of the step in FLOPs (DESIGN.md), a little less since the head is not recomputed.
-    assert full.hardware / none.model == pytest.approx(1.33, abs=0.02)
+    # Every block's forward but its down projection, which early stop skips (test_recompute.py).
+    down = none.layer_forward["mlp_down"] * spec.n_layers
+    assert full.recompute == none.forward - none.logits_forward - down
+    # DESIGN.md: full recompute ~ +33% of the step (one more forward of 3). Less here
+    # (+26.5%): the head and each block's down projection do not rerun.
+    assert 1.25 < full.hardware / none.model < 4 / 3

@@ -1,0 +1,146 @@
+"""Measure what a forward pass keeps alive for backward, on CPU, CUDA or meta.
+
+Two instruments run together during one forward pass:
+
+1. ``torch.autograd.graph.saved_tensors_hooks`` (the outermost pair) sees every
+   tensor autograd saves outside a checkpointed region, including the inputs a
+   non-reentrant checkpoint keeps (it saves them through a no-op autograd
+   function) and tensors that existed before the forward (token ids,
+   parameters).
+2. A ``TorchDispatchMode`` records the storage of every tensor an op creates
+   during the forward, with a weak reference. After the forward, the storages
+   still alive are what the step holds until backward: this also catches what
+   autograd's hooks cannot see, such as the outputs a selective-checkpoint
+   context caches and the host copies ``save_on_cpu`` makes.
+
+Tensors are deduplicated by storage and counted at their storage's size (a
+saved view costs its whole base). Parameters, and the 16-bit copies autocast
+makes of them, are reported apart from activations. The forward's own output
+(the loss) is not counted.
+
+On the meta device nothing is allocated but storages still exist with their
+sizes, so a 70B-scale layer can be probed on a laptop.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+from torch.multiprocessing.reductions import StorageWeakRef
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+CAST_OPS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout})
+
+
+def _key(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+@dataclass(frozen=True, slots=True)
+class ProbedTensor:
+    op: str
+    """The op that created the storage ('input' for tensors from before the forward)."""
+    shape: tuple[int, ...]
+    dtype: str
+    nbytes: int
+    """Bytes of the whole storage."""
+    device: str
+    kind: str
+    """``activation``, ``input`` (token ids, targets), ``parameter`` or ``parameter_copy``."""
+    saved_by_autograd: bool
+    """Seen by saved_tensors_hooks (False: kept by a checkpoint cache or offload copy)."""
+
+
+@dataclass(slots=True)
+class ProbeResult:
+    tensors: list[ProbedTensor] = field(default_factory=list)
+
+    def bytes(self, kind: str = "activation", device_type: str | None = None) -> int:
+        return sum(
+            t.nbytes for t in self.tensors
+            if t.kind == kind and (device_type is None or t.device.split(":")[0] == device_type)
+        )
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations and token ids kept for backward, wherever they live."""
+        return self.bytes("activation") + self.bytes("input")
+
+    @property
+    def parameter_copy_bytes(self) -> int:
+        return self.bytes("parameter_copy")
+
+
+class _StorageTracker(TorchDispatchMode):
+    """Weakly records the storage of every tensor an op creates."""
+
+    def __init__(self, param_keys: set[int], known: set[int]) -> None:
+        super().__init__()
+        self.param_keys, self.known = param_keys, known
+        self.created: dict[int, tuple[StorageWeakRef, ProbedTensor]] = {}
+        self.copy_keys: set[int] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        from_param = func in CAST_OPS and isinstance(args[0], torch.Tensor) and _key(args[0]) in self.param_keys
+        # A view shares its input's storage: that storage was not created here.
+        inputs = {_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            key = _key(t)
+            if key in self.known or key in self.created or key in inputs:
+                continue
+            storage = t.untyped_storage()
+            kind = "parameter_copy" if from_param else "activation"
+            self.created[key] = (
+                StorageWeakRef(storage),
+                ProbedTensor(str(func.overloadpacket.__name__), tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                             storage.nbytes(), str(t.device), kind, False),
+            )
+        return out
+
+
+def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeResult:
+    """Run ``forward()`` once and report what stays alive for backward.
+
+    ``forward`` runs the model (under whatever autocast the caller wants) and
+    returns the loss; nothing else may keep references to its intermediates.
+    """
+    params = {_key(p): p for p in model.parameters()}
+    param_keys = set(params)
+    saved: dict[int, torch.Tensor] = {}
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        saved.setdefault(_key(t), t)
+        return t
+
+    tracker = _StorageTracker(param_keys, known=set(param_keys))
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
+        loss = forward()
+
+    output_keys = {_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
+    result = ProbeResult()
+    for key, (ref, info) in tracker.created.items():
+        if key in output_keys or ref.expired():
+            continue
+        result.tensors.append(_with(info, saved_by_autograd=key in saved))
+    for key, t in saved.items():
+        if key in tracker.created:
+            continue
+        kind = "parameter" if key in param_keys else "input"
+        storage = t.untyped_storage()
+        result.tensors.append(
+            ProbedTensor("parameter" if kind == "parameter" else "input", tuple(t.shape),
+                         str(t.dtype).removeprefix("torch."), storage.nbytes(), str(t.device), kind, True)
+        )
+    del loss
+    return result
+
+
+def _with(info: ProbedTensor, **changes) -> ProbedTensor:
+    fields = {name: getattr(info, name) for name in ProbedTensor.__slots__}
+    return ProbedTensor(**(fields | changes))

@@ -1,0 +1,65 @@
+"""What PyTorch saves for backward differs by device: the facts the ledger needs.
+
+Each field says where it was measured. "Measured" means agent/probe.py on
+torch 2.13.0 (CPU build, x86-64) reported it; tests/test_ledger.py keeps the
+measurement and the ledger in agreement. The CUDA column comes from the
+kernels' documented behaviour (FlashAttention and memory-efficient SDPA
+kernels, ``native_dropout``'s bool mask, autocast's fp32 op list) and is
+checked on a GPU by the training-step benchmark, not by the CPU test suite.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from core.errors import ConfigError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class DeviceRules:
+    device: str
+    dropout_mask_bytes: int | None
+    """Bytes per element of a dropout mask; None: the input's dtype (CPU, meta: measured)."""
+    norm_stats_fp32: bool
+    """LayerNorm keeps mean/rstd in fp32 for 16-bit input (meta: measured; CPU keeps them in bf16)."""
+    fused_attention: bool
+    """SDPA runs a fused kernel (CPU flash without dropout: measured); meta falls back to the math path."""
+    fused_attention_dropout: bool
+    """The fused kernel also does dropout (CUDA); on CPU dropout sends SDPA to the math path (measured)."""
+    autocast: bool
+    """Autocast exists for this device (not for meta)."""
+    autocast_softmax_fp32: bool
+    """Autocast runs softmax in fp32 (CUDA's fp32 op list; CPU's list keeps bf16: measured)."""
+    offload_moves: bool
+    """``save_on_cpu`` moves saved tensors off the device (on CPU they stay where they are)."""
+
+    def fused_sdpa(self, attention: str, dropout: float) -> bool:
+        """Does ``flash`` attention run as one fused kernel here (else SDPA's math path)?"""
+        return attention == "flash" and self.fused_attention and (dropout == 0 or self.fused_attention_dropout)
+
+
+DEVICE_RULES: dict[str, DeviceRules] = {
+    "cpu": DeviceRules(
+        device="cpu", dropout_mask_bytes=None, norm_stats_fp32=False, fused_attention=True,
+        fused_attention_dropout=False, autocast=True, autocast_softmax_fp32=False,
+        offload_moves=False,
+    ),
+    "meta": DeviceRules(
+        device="meta", dropout_mask_bytes=None, norm_stats_fp32=True, fused_attention=False,
+        fused_attention_dropout=False, autocast=False, autocast_softmax_fp32=False,
+        offload_moves=False,
+    ),
+    "cuda": DeviceRules(
+        device="cuda", dropout_mask_bytes=1, norm_stats_fp32=True, fused_attention=True,
+        fused_attention_dropout=True, autocast=True, autocast_softmax_fp32=True,
+        offload_moves=True,
+    ),
+}
+
+
+def device_rules(device: str) -> DeviceRules:
+    kind = device.split(":")[0]
+    try:
+        return DEVICE_RULES[kind]
+    except KeyError:
+        raise ConfigError(f"unknown target device {device!r}; valid: {', '.join(DEVICE_RULES)}") from None

@@ -1,0 +1,381 @@
+"""The activation ledger: every tensor a training step keeps for backward.
+
+Published formulas (sbh(34 + 5as/h), Korthikanti et al. 2022) describe one
+block with fused 16-bit kernels. The decoder the agent trains (agent/model.py)
+saves other tensors: LayerNorm statistics, fp32 copies under autocast, the
+clones a batched matmul makes of non-contiguous heads, flash attention's
+log-sum-exp, dropout masks in the input's dtype on CPU. So the ledger replays
+that model's forward symbolically, op by op, with each op's rule for what it
+saves (``_Trace`` below), and applies the checkpoint policy the way
+``torch.utils.checkpoint`` does:
+
+- inside a checkpointed region nothing is kept but the region's inputs;
+- under ``op-selective`` a region also keeps the outputs of its matmul and
+  fused-attention ops (what ``create_selective_checkpoint_contexts`` caches);
+- under ``offload`` the blocks' saved tensors live in host memory (on a device
+  where ``save_on_cpu`` moves anything, i.e. CUDA).
+
+Tensors are identified by storage, as the probe dedupes them: three linear
+layers saving the same LayerNorm output cost one tensor. The ledger is checked
+against agent/probe.py (autograd's own saved tensors) in tests/test_ledger.py;
+core/devices.py says which device facts were measured where.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from core.config import TrainConfig
+from core.devices import DeviceRules, device_rules
+from core.errors import ConfigError
+from core.model import ModelSpec
+from core.recompute import RecomputePolicy
+
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
+Kind = Literal["activation", "input", "parameter_copy"]
+
+
+@dataclass(frozen=True, slots=True)
+class SavedTensor:
+    name: str
+    """Where it comes from, e.g. ``block.attn.softmax`` or ``log_softmax``."""
+    shape: tuple[int, ...]
+    dtype: str
+    location: Literal["device", "host"]
+    kind: Kind
+    """``activation``, ``input`` (token ids, targets) or ``parameter_copy`` (autocast's 16-bit weights)."""
+    layer: int | None
+    """Block index, or None for the embedding, final norm, head and loss."""
+
+    @property
+    def bytes(self) -> int:
+        n = DTYPE_BYTES[self.dtype]
+        for dim in self.shape:
+            n *= dim
+        return n
+
+
+@dataclass(frozen=True, slots=True)
+class Ledger:
+    tensors: tuple[SavedTensor, ...]
+    n_layers: int
+    transient_bytes: int
+    """Extra device bytes at the worst moment of backward, on top of everything kept:
+    the loss gradient over the vocabulary, or a checkpointed segment (or offloaded
+    block) being brought back once the loss's log-probs are gone."""
+
+    def total(self, kind: Kind | None = None, location: str | None = None) -> int:
+        return sum(
+            t.bytes for t in self.tensors
+            if (kind is None or t.kind == kind) and (location is None or t.location == location)
+        )
+
+    @property
+    def activation_bytes(self) -> int:
+        """Activations and token ids kept for backward, device and host."""
+        return self.total("activation") + self.total("input")
+
+    @property
+    def device_activation_bytes(self) -> int:
+        return self.total("activation", "device") + self.total("input", "device")
+
+    @property
+    def host_bytes(self) -> int:
+        return self.total(location="host")
+
+    @property
+    def parameter_copy_bytes(self) -> int:
+        return self.total("parameter_copy", "device")
+
+    def layer_bytes(self, layer: int) -> int:
+        return sum(t.bytes for t in self.tensors if t.layer == layer and t.kind != "parameter_copy")
+
+    @property
+    def per_layer_bytes(self) -> int:
+        """Activation bytes block 0 keeps (every block keeps the same)."""
+        return self.layer_bytes(0)
+
+
+@dataclass(slots=True)
+class _Sym:
+    """A symbolic tensor: a storage, a shape and a dtype."""
+
+    storage: int
+    shape: tuple[int, ...]
+    dtype: str
+    name: str
+    kind: Kind = "activation"
+
+
+@dataclass(slots=True)
+class _Trace:
+    """Replays the forward pass, collecting what each op saves under the active policy."""
+
+    rules: DeviceRules
+    amp: bool
+    layer: int | None = None
+    region: Literal["none", "checkpoint", "op-selective"] = "none"
+    offloading: bool = False
+    kept: dict[int, SavedTensor] = field(default_factory=dict)
+    weight_copies: dict[str, _Sym] = field(default_factory=dict)
+    _next: int = 0
+
+    # ---- bookkeeping -----------------------------------------------------------
+
+    def new(self, name: str, shape: tuple[int, ...], dtype: str, kind: Kind = "activation") -> _Sym:
+        self._next += 1
+        return _Sym(self._next, shape, dtype, name if self.layer is None else f"block.{name}", kind)
+
+    def save(self, *tensors: _Sym | None) -> None:
+        """An op saves tensors for backward: kept unless inside a checkpointed region."""
+        if self.region == "none":
+            self.keep(*tensors)
+
+    def keep(self, *tensors: _Sym | None) -> None:
+        for t in tensors:
+            if t is None or t.storage in self.kept:
+                continue
+            host = self.offloading and self.rules.offload_moves
+            self.kept[t.storage] = SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer)
+
+    def matmul_output(self, t: _Sym) -> _Sym:
+        """Selective-checkpoint contexts cache the outputs of matmul and attention kernels."""
+        if self.region == "op-selective":
+            self.keep(t)
+        return t
+
+    @contextlib.contextmanager
+    def checkpointed(self, *inputs: _Sym, kind: Literal["checkpoint", "op-selective"] = "checkpoint") -> Iterator[None]:
+        self.save(*inputs)  # non-reentrant checkpoint keeps its inputs
+        outer, self.region = self.region, kind
+        try:
+            yield
+        finally:
+            self.region = outer
+
+    # ---- ops: each rule is what autograd saves for that op ----------------------------
+
+    def cast(self, x: _Sym, dtype: str, name: str) -> _Sym:
+        return x if x.dtype == dtype else self.new(name, x.shape, dtype)
+
+    def weight(self, name: str, shape: tuple[int, int], param_dtype: str) -> _Sym | None:
+        """The weight a matmul saves, when it costs memory beyond the parameter itself.
+
+        Under autocast: the cached 16-bit copy. When offloading to the host:
+        ``save_on_cpu`` copies every saved tensor, parameters included.
+        Otherwise the parameter itself, which is not an activation (None).
+        """
+        if self.amp:
+            key = f"{self.layer}.{name}"  # autocast caches one copy per parameter per forward
+            if key not in self.weight_copies:
+                self.weight_copies[key] = self.new(f"{name}.weight_bf16", shape, "bf16", "parameter_copy")
+            return self.weight_copies[key]
+        if self.offloading and self.rules.offload_moves:
+            return self.new(f"{name}.weight_host", shape, param_dtype, "parameter_copy")
+        return None
+
+    def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str) -> _Sym:
+        """Saves its input (cast to bf16 per call under autocast) and its weight."""
+        x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
+        self.save(x_in, self.weight(name, (out_features, x.shape[-1]), param_dtype))
+        return self.matmul_output(self.new(f"{name}.out", (*x.shape[:-1], out_features), x_in.dtype))
+
+    def layer_norm(self, x: _Sym, name: str) -> _Sym:
+        """Saves its input, mean and rstd; the output is recomputed from them."""
+        stats = "fp32" if x.dtype == "fp32" or self.rules.norm_stats_fp32 else x.dtype
+        rows = x.shape[:-1] + (1,)
+        self.save(x, self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats))
+        return self.new(f"{name}.out", x.shape, x.dtype)
+
+    def rms_norm(self, x: _Sym, name: str) -> _Sym:
+        """torch's composite RMSNorm: upcast, x * rsqrt(mean(x^2) + eps), times weight, cast back."""
+        upcast = self.cast(x, "fp32", f"{name}.input_fp32")
+        normed = self.new(f"{name}.normalized", x.shape, "fp32")
+        self.save(upcast, self.new(f"{name}.rsqrt", x.shape[:-1] + (1,), "fp32"), normed)
+        return self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
+
+    def dropout(self, x: _Sym, name: str) -> _Sym:
+        """Saves the mask; the output is a new tensor."""
+        if self.rules.dropout_mask_bytes == 1:
+            self.save(self.new(f"{name}.mask", x.shape, "bool"))
+        else:
+            self.save(self.new(f"{name}.mask", x.shape, x.dtype))
+        return self.new(f"{name}.out", x.shape, x.dtype)
+
+
+def _attention(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym) -> _Sym:
+    """The attention core; returns the output-projection input (b, s, h)."""
+    b, s = cfg.micro_batch, cfg.seq_len
+    a, d, groups = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
+    heads = (b, a, s, d)
+    dropout = cfg.dropout > 0
+    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout):
+        # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp.
+        out = tr.matmul_output(tr.new("attn.sdpa_out", heads, q.dtype))
+        lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"))
+        tr.save(q, k, v, out, lse)
+        # Laid out (b, s, a, d): the output projection reads a view of the same storage.
+        return _Sym(out.storage, (b, s, spec.hidden), out.dtype, out.name)
+    if cfg.attention == "flash":
+        # SDPA's math path: upcasts 16-bit inputs, scales q and k, no mask tensor kept.
+        acc = "fp32"
+        q_b = tr.new("attn.math.q_scaled", heads, acc)
+        k_b = tr.new("attn.math.k_scaled_t", (b, a, d, s), acc)
+        v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", heads, acc)
+        mask = None
+        softmax_dtype = acc
+    else:
+        # Explicit softmax(QK^T)V: bmm clones non-contiguous heads; repeat_interleave expands GQA.
+        q_b = tr.new("attn.q_heads", heads, q.dtype)
+        k_b = tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t", (b, a, d, s) if groups == 1 else heads, k.dtype)
+        v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", heads, v.dtype)
+        mask = tr.new("attn.causal_mask", (s, s), "bool")
+        softmax_dtype = "fp32" if tr.amp and tr.rules.autocast_softmax_fp32 else q.dtype
+    scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype))
+    tr.save(q_b, k_b, mask)
+    del scores  # not saved by the ops after it: only the softmax output is
+    probs = tr.new("attn.softmax", (b, a, s, s), softmax_dtype)
+    tr.save(probs)
+    if dropout:
+        probs = tr.dropout(probs, "attn.dropout")
+    probs = tr.cast(probs, v_b.dtype, "attn.probs_bf16") if tr.amp else probs
+    tr.save(probs, v_b)
+    y = tr.matmul_output(tr.new("attn.pv", heads, v_b.dtype))
+    del y
+    return tr.new("attn.out_heads_merged", (b, s, spec.hidden), q.dtype)
+
+
+def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
+    """x * cos + rotate_half(x) * sin: saves cos and sin, cast to x's dtype per call."""
+    cos, sin = (tr.cast(t, x.dtype, f"{name}.{t.name.rsplit('.', 1)[-1]}_cast") for t in tables)
+    tr.save(cos, sin)
+    return tr.new(f"{name}.rotated", x.shape, x.dtype)
+
+
+def _block(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: str) -> _Sym:
+    b, s, h = cfg.micro_batch, cfg.seq_len, spec.hidden
+    gpt = spec.block == "gpt"
+    norm = tr.layer_norm if gpt else tr.rms_norm
+
+    a = norm(x, "attn_norm")
+    q = tr.linear(a, "attn.q_proj", h, param_dtype)
+    k = tr.linear(a, "attn.k_proj", spec.kv_dim, param_dtype)
+    v = tr.linear(a, "attn.v_proj", spec.kv_dim, param_dtype)
+    if not gpt:
+        tables = (tr.new("rope.cos", (s, spec.head_dim), "fp32"), tr.new("rope.sin", (s, spec.head_dim), "fp32"))
+        q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
+    if cfg.recompute.kind == "selective":
+        with tr.checkpointed(q, k, v):
+            y = _attention(tr, spec, cfg, q, k, v)
+    else:
+        y = _attention(tr, spec, cfg, q, k, v)
+    o = tr.linear(y, "attn.o_proj", h, param_dtype)
+    if cfg.dropout > 0:
+        o = tr.dropout(o, "attn.resid_dropout")
+    x = tr.new("residual_attn", (b, s, h), x.dtype)
+
+    m = norm(x, "mlp_norm")
+    if gpt:
+        up = tr.linear(m, "mlp.up_proj", spec.ffn_hidden, param_dtype)
+        tr.save(up)  # GELU saves its input
+        hidden = tr.new("mlp.gelu", up.shape, up.dtype)
+    else:
+        gate = tr.linear(m, "mlp.gate_proj", spec.ffn_hidden, param_dtype)
+        up = tr.linear(m, "mlp.up_proj", spec.ffn_hidden, param_dtype)
+        tr.save(gate)  # SiLU saves its input
+        silu = tr.new("mlp.silu", gate.shape, gate.dtype)
+        tr.save(silu, up)  # the product saves both factors
+        hidden = tr.new("mlp.swiglu", gate.shape, gate.dtype)
+    down = tr.linear(hidden, "mlp.down_proj", h, param_dtype)
+    if cfg.dropout > 0:
+        down = tr.dropout(down, "mlp.resid_dropout")
+    return tr.new("residual_mlp", (b, s, h), x.dtype)
+
+
+def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
+    amp = cfg.precision == "amp-bf16"
+    param_dtype = "fp32" if cfg.precision in ("fp32", "amp-bf16") else "bf16"
+    tr = _Trace(rules=rules, amp=amp)
+    b, s, h = cfg.micro_batch, cfg.seq_len, spec.hidden
+
+    tokens = tr.new("tokens", (b, s), "int64", "input")
+    tr.save(tokens)  # the embedding's backward needs the indices
+    x = tr.new("embed", (b, s, h), param_dtype)
+    if spec.block == "gpt":
+        tr.save(tr.new("positions", (s,), "int64"))
+        x = tr.new("embed_sum", (b, s, h), param_dtype)
+    if cfg.dropout > 0:
+        x = tr.dropout(x, "embed_dropout")
+
+    policy, n = cfg.recompute, spec.n_layers
+    size = policy.segment_layers(n) if policy.recomputes_blocks else 1
+    for start in range(0, n, size):
+        tr.layer = start
+        if policy.recomputes_blocks or policy.kind == "op-selective":
+            region = "op-selective" if policy.kind == "op-selective" else "checkpoint"
+            with tr.checkpointed(x, kind=region):
+                for layer in range(start, min(start + size, n)):
+                    tr.layer = layer
+                    x = _block(tr, spec, cfg, x, param_dtype)
+        else:
+            tr.offloading = policy.kind == "offload"
+            x = _block(tr, spec, cfg, x, param_dtype)
+            tr.offloading = False
+    tr.layer = None
+
+    final = tr.layer_norm(x, "final_norm") if spec.block == "gpt" else tr.rms_norm(x, "final_norm")
+    logits = tr.linear(final, "lm_head", spec.vocab_size, param_dtype)
+    tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
+    tr.save(
+        tr.new("log_softmax", (b * s, spec.vocab_size), "fp32"),
+        tr.new("targets", (b * s,), "int64", "input"),
+        tr.new("loss.total_weight", (), "fp32"),
+    )
+    return tr
+
+
+def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> Ledger:
+    """Every tensor kept for backward by one micro-batch of the agent's decoder on ``device``."""
+    config.check_model(spec)
+    rules = device_rules(device)
+    if config.precision == "amp-bf16" and not rules.autocast:
+        raise ConfigError(f"amp-bf16 needs autocast, which the {rules.device} device does not have")
+    tr = _trace(spec, config, rules)
+    return Ledger(tuple(tr.kept.values()), spec.n_layers, _transient_bytes(spec, config, rules))
+
+
+def _transient_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -> int:
+    """The largest thing backward materialises on top of what forward kept.
+
+    The loss gradient: fp32 over the vocabulary, and its 16-bit cast when the
+    logits are 16-bit. A checkpointed segment or an offloaded block: what its
+    blocks keep without recompute (full, every-K, op-selective, offload), or
+    one attention core (selective).
+    """
+    log_probs = config.tokens * spec.vocab_size * 4
+    logits_grad = log_probs + (0 if config.precision == "fp32" else config.tokens * spec.vocab_size * 2)
+    policy = config.recompute
+    if policy.kind == "none" or (policy.kind == "offload" and not rules.offload_moves):
+        return logits_grad
+    block = _block_bytes(spec, config, rules, "none")
+    if policy.recomputes_blocks:
+        segment = policy.segment_layers(spec.n_layers) * block
+    elif policy.kind == "selective":
+        segment = block - _block_bytes(spec, config, rules, "selective")
+    else:  # op-selective recomputes, offload brings back, one block at a time
+        segment = block
+    # The loss's log-probs are freed by the time a block's backward runs.
+    return max(logits_grad, segment - log_probs)
+
+
+def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, policy: str) -> int:
+    """Activation bytes one block keeps under ``none`` or ``selective``."""
+    cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
+    param_dtype = "fp32" if cfg.precision in ("fp32", "amp-bf16") else "bf16"
+    tr = _Trace(rules=rules, amp=cfg.precision == "amp-bf16", layer=0)
+    x = tr.new("input", (cfg.micro_batch, cfg.seq_len, spec.hidden), param_dtype)
+    _block(tr, spec, cfg, x, param_dtype)
+    return sum(t.bytes for t in tr.kept.values() if t.kind == "activation")
