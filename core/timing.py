@@ -1,0 +1,165 @@
+"""Step time of a training configuration on one device, from its measurements or its datasheet.
+
+A `HardwareProfile` holds what the time model needs: matmul throughput by
+dtype (measured points over GEMM sizes, or the datasheet peak), attention
+throughput, memory bandwidth, and the allocator's reserved/allocated ratio.
+`datasheet_profile` fills it from core.hardware with stated default
+efficiencies; db/profiles.py fills it from a box's own benchmark results.
+
+The model, per micro-batch (``step_time``):
+
+- forward: every GEMM of every block and the head at the profile's rate for
+  its dtype and size; the attention core (QK^T and PV) at the attention rate;
+  memory-bound elementwise work as bytes over bandwidth, taking each tensor
+  the block saves for backward as written once and read once;
+- backward: matmuls 2x forward, attention ``attention_backward_ratio`` x
+  forward (FlashAttention-2 runs five GEMMs in backward against two forward,
+  Dao 2023), elementwise 2x forward;
+- recompute: the recomputed FLOPs at the forward matmul rate;
+- offload: saved bytes to the host and back over ``host_bytes_per_s``;
+per optimizer step:
+
+- accumulation: each micro-batch after the first adds its gradients into
+  ``.grad`` (read both, write one);
+- optimizer: a memory-bound pass reading parameters, gradients, master copy and
+  state, and writing all but the gradients.
+
+Gradient all-reduce across data-parallel ranks is not modelled: DDP and FSDP
+overlap it with backward; the output says so.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from core.config import TrainConfig
+from core.estimate import Estimate
+from core.flops import layer_forward_flops, logits_forward_flops
+from core.hardware import HardwareSpec
+from core.precision import get_precision
+
+# Defaults used when a box has no measurement of its own (stated in every plan that uses them).
+DEFAULT_MATMUL_EFFICIENCY = 0.75
+"""Large bf16 GEMMs reach 75-80% of the dense peak on Hopper (DEVELOPERS' H200: 769-798 of 989 TFLOP/s)."""
+DEFAULT_ATTENTION_EFFICIENCY = 0.50
+"""FlashAttention-2 forward reaches 50-73% of peak on A100/H100 (Dao 2023, Fig. 4-6); the low end."""
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.85
+"""Large copies reach ~85-90% of HBM bandwidth (H200 here: ~4.3 of 4.8 TB/s)."""
+DEFAULT_FRAGMENTATION = 1.10
+"""Reserved / allocated of PyTorch's caching allocator when the box measured none."""
+DEFAULT_HOST_BYTES_PER_S = 25e9
+"""PCIe Gen5 x16 in practice, for offload traffic."""
+ATTENTION_BACKWARD_RATIO = 2.5
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulPoint:
+    flops: float
+    """2 m n k of the measured product."""
+    flop_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareProfile:
+    name: str
+    source: Literal["measured", "datasheet"]
+    memory_bytes: int
+    """Device memory, bytes (the budget's natural default)."""
+    peak_flop_per_s: dict[str, float]
+    """Dense datasheet peaks by dtype (for MFU); empty when the device has no datasheet row."""
+    matmul: dict[str, tuple[MatmulPoint, ...]]
+    """Measured matmul throughput by dtype, sorted by FLOPs; or one datasheet point per dtype."""
+    attention_flop_per_s: float
+    hbm_bytes_per_s: float
+    fragmentation: float = DEFAULT_FRAGMENTATION
+    attention_backward_ratio: float = ATTENTION_BACKWARD_RATIO
+    host_bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
+    device: str = "cuda"
+    """The device whose saving rules the ledger applies (core.devices)."""
+    assumptions: tuple[str, ...] = field(default=())
+    """Which figures are defaults rather than measurements."""
+
+    def matmul_flop_per_s(self, dtype: str, flops: float) -> float:
+        """Throughput of a GEMM of ``flops``: log-linear interpolation over the measured sizes, clamped."""
+        points = self.matmul.get(dtype) or self.matmul.get("bf16") or next(iter(self.matmul.values()))
+        sizes = [p.flops for p in points]
+        i = bisect.bisect_left(sizes, flops)
+        if i == 0:
+            return points[0].flop_per_s
+        if i == len(points):
+            return points[-1].flop_per_s
+        lo, hi = points[i - 1], points[i]
+        t = (math.log(flops) - math.log(lo.flops)) / (math.log(hi.flops) - math.log(lo.flops))
+        return lo.flop_per_s + t * (hi.flop_per_s - lo.flop_per_s)
+
+
+def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
+    """A profile from the datasheet with the stated default efficiencies."""
+    return HardwareProfile(
+        name=hw.key,
+        source="datasheet",
+        memory_bytes=hw.memory_bytes,
+        peak_flop_per_s=dict(hw.peak_flop_per_s),
+        matmul={d: (MatmulPoint(1.0, p * DEFAULT_MATMUL_EFFICIENCY),) for d, p in hw.peak_flop_per_s.items()},
+        attention_flop_per_s=hw.peak("bf16") * DEFAULT_ATTENTION_EFFICIENCY,
+        hbm_bytes_per_s=hw.hbm_bytes_per_s * DEFAULT_BANDWIDTH_EFFICIENCY,
+        assumptions=(
+            f"matmul at {DEFAULT_MATMUL_EFFICIENCY:.0%} of the dense datasheet peak",
+            f"attention at {DEFAULT_ATTENTION_EFFICIENCY:.0%} of the bf16 peak",
+            f"memory-bound work at {DEFAULT_BANDWIDTH_EFFICIENCY:.0%} of datasheet bandwidth",
+            f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Seconds of one optimizer step on one rank, by term."""
+
+    forward_s: float
+    backward_s: float
+    recompute_s: float
+    offload_s: float
+    accumulation_s: float
+    optimizer_s: float
+    micro_batches: int
+
+    @property
+    def total_s(self) -> float:
+        per_micro = self.forward_s + self.backward_s + self.recompute_s + self.offload_s
+        return self.micro_batches * per_micro + self.accumulation_s + self.optimizer_s
+
+
+def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int) -> StepTime:
+    """Predicted time of one optimizer step (``accumulation_steps`` micro-batches) on one rank."""
+    spec, cfg = estimate.spec, estimate.config
+    dtype = get_precision(cfg.precision).compute_dtype
+    layer = layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
+    attention_flops = layer.pop("attn_scores") + layer.pop("attn_values")
+    blocks_matmul_s = spec.n_layers * sum(f / profile.matmul_flop_per_s(dtype, f) for f in layer.values())
+    blocks_attention_s = spec.n_layers * attention_flops / profile.attention_flop_per_s
+    blocks_elementwise_s = 2 * estimate.ledger.activation_bytes / profile.hbm_bytes_per_s
+    blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
+    logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
+    head_s = logits / profile.matmul_flop_per_s(dtype, logits)
+
+    forward_s = blocks_s + head_s
+    backward_s = 2 * (blocks_matmul_s + blocks_elementwise_s + head_s) + profile.attention_backward_ratio * blocks_attention_s
+    # Recompute runs a fraction of the blocks' forward again, at the forward's blend of rates.
+    blocks_flops = spec.n_layers * (sum(layer.values()) + attention_flops)
+    recompute_s = blocks_s * estimate.flops.recompute / blocks_flops
+    offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
+
+    static = estimate.static
+    accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
+    state = static.optimizer_states + static.master_weights
+    optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
+    return StepTime(forward_s, backward_s, recompute_s, offload_s, accumulation_s, optimizer_s, accumulation_steps)
+
+
+def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int) -> float:
+    """Tokens per second across all data-parallel ranks."""
+    return cfg.tokens * time.micro_batches * ranks / time.total_s

@@ -1,0 +1,94 @@
+"""The planner's contract: fits the budget, splits the batch exactly, explains itself."""
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from core.calibration import Observation, calibrate
+from core.errors import ConfigError
+from core.hardware import get_hardware
+from core.planner import PlanRequest, plan
+from core.presets import get_preset
+from core.timing import datasheet_profile
+from core.units import GB
+
+H100 = datasheet_profile(get_hardware("h100-sxm"))
+MODELS = ["gpt2-small", "bench-llama-small", "llama3.2-1b", "llama2-7b"]
+
+requests = st.builds(
+    lambda model, seq, per_rank, dp, zero, budget: PlanRequest(
+        spec=get_preset(model), seq_len=seq, global_batch=per_rank * dp, dp=dp, zero=zero, budget_bytes=budget * GB,
+    ),
+    model=st.sampled_from(MODELS),
+    seq=st.sampled_from([256, 512, 1024]),
+    per_rank=st.sampled_from([1, 2, 4, 6, 8, 12, 16]),
+    dp=st.sampled_from([1, 2, 8]),
+    zero=st.integers(0, 3),
+    budget=st.integers(4, 160),
+)
+PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@PROPERTY
+@given(requests)
+def test_recommendation_fits_and_splits_the_batch_exactly(request):
+    result = plan(request, H100, advise=False)
+    for candidate in result.candidates:
+        assert candidate.required_bytes <= request.budget_bytes
+        assert candidate.config.micro_batch * candidate.accumulation_steps * request.dp == request.global_batch
+    for candidate in result.rejected:
+        assert candidate.required_bytes > request.budget_bytes and candidate.rejection
+
+
+@PROPERTY
+@given(requests, st.integers(1, 80))
+def test_raising_the_budget_never_lowers_the_best_throughput(request, extra_gb):
+    from dataclasses import replace
+
+    low = plan(request, H100, advise=False).recommendation
+    high = plan(replace(request, budget_bytes=request.budget_bytes + extra_gb * GB), H100, advise=False).recommendation
+    if low is not None:
+        assert high is not None and high.tokens_per_s >= low.tokens_per_s
+
+
+def test_ranking_is_by_throughput_then_headroom():
+    result = plan(PlanRequest(spec=get_preset("llama2-7b"), seq_len=4096, global_batch=64, dp=8, zero=1), H100)
+    speeds = [c.tokens_per_s for c in result.candidates]
+    assert speeds == sorted(speeds, reverse=True)
+    assert len(result.candidates) >= 3
+    # No recompute keeps 30 GB of activations per micro-batch at s=4096: rejected, with the term named.
+    none = [c for c in result.rejected if str(c.config.recompute) == "none"]
+    assert none and all("activations" in c.rejection and "over the 80.0 GB budget" in c.rejection for c in none)
+
+
+def test_impossible_request_explains_and_finds_the_smallest_change():
+    """llama2-70b on one 80 GB card without sharding: 1.1 TB of static state."""
+    result = plan(PlanRequest(spec=get_preset("llama2-70b"), seq_len=4096, global_batch=32), H100)
+    assert result.recommendation is None and result.rejected
+    assert any("static state alone" in c.rejection for c in result.rejected)
+    advice = "\n".join(result.advice)
+    assert "1103.6 GB of static state" in advice
+    assert "smallest change that fits: --dp" in advice and "--zero 3" in advice
+
+
+def test_bad_requests_name_the_value():
+    spec = get_preset("llama2-7b")
+    with pytest.raises(ConfigError, match="global batch 10 does not split over 4 data-parallel ranks; use --dp among 1, 2, 5, 10"):
+        PlanRequest(spec=spec, seq_len=512, global_batch=10, dp=4)
+    with pytest.raises(ConfigError, match="leaves nothing after the 1.00 GB CUDA context reserve"):
+        PlanRequest(spec=spec, seq_len=512, global_batch=8, budget_bytes=GB // 2)
+
+
+def test_calibration_corrects_predictions_and_reports_remaining_error():
+    observations = [Observation(100.0, 110.0, 1.0, 1.5, "a"), Observation(200.0, 222.0, 2.0, 2.9, "b"),
+                    Observation(50.0, 54.0, 0.5, 0.8, "c")]
+    calibration = calibrate("cpu", observations)
+    assert calibration.memory.factor == pytest.approx(1.10)
+    assert calibration.time.factor == pytest.approx(1.5)
+    assert calibration.memory.error == pytest.approx(abs(1.1 * 200 / 222 - 1))
+    request = PlanRequest(spec=get_preset("bench-llama-small"), seq_len=256, global_batch=8)
+    raw = plan(request, H100).recommendation
+    corrected = plan(request, H100, calibration).recommendation
+    assert corrected.step_time_s == pytest.approx(raw.step_time_s * 1.5, rel=1e-9)
+    assert corrected.peak_bytes == pytest.approx(raw.peak_bytes * 1.10, rel=1e-6)
+    assert "x1.100 from 3 measured steps" in calibration.confidence()
