@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import catalog, estimate
+from cli import catalog, db, estimate
 from core.errors import ConfigError
 
-COMMANDS = (estimate, catalog)
+COMMANDS = (estimate, catalog, db)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,151 @@
+"""``headroom db``: look into, upgrade, export, import and merge result stores.
+
+Every action takes ``--db URL`` (else ``HEADROOM_DB``, else the default file;
+see db/location.py). ``info`` and ``export`` only read: they never migrate or
+create a store. ``import``, ``merge`` and ``upgrade`` write: they create a
+missing SQLite store and upgrade an older one. SQLAlchemy is imported inside
+the handlers, so other subcommands never load it.
+"""
+
+from __future__ import annotations
+
+import argparse
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from db.location import ENV_VAR, default_url
+
+if TYPE_CHECKING:
+    from db.store import Store
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "db", help="the result store: info, upgrade, export, import, merge",
+        description="Look into and move results between result stores (SQLite files or PostgreSQL databases). "
+        "Example: headroom db export results.json.gz && headroom db import results.json.gz --db postgresql://fleet/headroom",
+    )
+    actions = parser.add_subparsers(dest="db_command", required=True, metavar="ACTION")
+
+    def action(name: str, summary: str, handler) -> argparse.ArgumentParser:
+        sub = actions.add_parser(name, help=summary, description=summary[0].upper() + summary[1:] + ".")
+        sub.add_argument(
+            "--db", metavar="URL",
+            help=f"store: sqlite:///PATH, a file path, or postgresql+psycopg://USER@HOST/DB "
+            f"(default: ${ENV_VAR} if set, else {default_url()})",
+        )
+        sub.set_defaults(handler=handler)
+        return sub
+
+    action("info", "location, schema revision, counts by device and incomplete runs of a store", run_info)
+    action("upgrade", "bring a store to this headroom's schema revision (creates a missing SQLite store)", run_upgrade)
+    export = action("export", "write every run of a store to a JSON bundle", run_export)
+    export.add_argument("path", metavar="PATH", type=Path, help="bundle to write; gzip when it ends in .gz")
+    export.add_argument("--gzip", action="store_true", help="gzip the bundle whatever its name")
+    imported = action("import", "add the runs of a bundle that the store lacks (all or nothing)", run_import)
+    imported.add_argument("path", metavar="PATH", type=Path, help="bundle to read, plain or gzip JSON")
+    merge = action("merge", "copy into the store the runs another store has and it lacks", run_merge)
+    merge.add_argument("source", metavar="SRC_URL", help="the store to copy from (read only; never migrated)")
+
+
+def run_info(args: argparse.Namespace) -> int:
+    from db.store import open_store
+
+    with open_store(args.db, mode="read") as store:
+        print(render_info(store))
+    return 0
+
+
+def run_upgrade(args: argparse.Namespace) -> int:
+    from db.store import open_store
+
+    with open_store(args.db, mode="write") as store:
+        if store.upgraded_from is None:
+            print(f"{store.url} is at schema revision {store.revision}: nothing to do")
+        elif store.upgraded_from == "empty":
+            print(f"created a store at schema revision {store.revision} in {store.url}")
+        else:
+            print(f"upgraded {store.url} from schema revision {store.upgraded_from} to {store.revision}")
+    return 0
+
+
+def run_export(args: argparse.Namespace) -> int:
+    from db.bundle import export_bundle, write_bundle
+    from db.store import open_store
+
+    with open_store(args.db, mode="read") as store:
+        bundle = export_bundle(store)
+    write_bundle(bundle, args.path, compress=True if args.gzip else None)
+    results = sum(len(rows) for run in bundle["runs"] for rows in run["results"].values())
+    print(f"exported {len(bundle['runs'])} runs ({results:,} results) from {store.url} to {args.path}")
+    return 0
+
+
+def run_import(args: argparse.Namespace) -> int:
+    from db.bundle import check_bundle, read_bundle, write_runs
+    from db.store import open_store
+
+    runs = check_bundle(read_bundle(args.path), str(args.path))  # before opening: a bad bundle creates nothing
+    with open_store(args.db, mode="write") as store:
+        report = write_runs(store, runs, source=str(args.path))
+        print(f"{args.path} -> {store.url}: {report}")
+    return 0
+
+
+def run_merge(args: argparse.Namespace) -> int:
+    from db.bundle import merge_stores
+    from db.errors import StoreError
+    from db.location import resolve_url
+    from db.store import open_store
+
+    if resolve_url(args.source) == resolve_url(args.db):
+        raise StoreError(f"source and destination are the same store ({resolve_url(args.db)}); give --db another one")
+    with open_store(args.source, mode="read") as source, open_store(args.db, mode="write") as destination:
+        report = merge_stores(source, destination)
+        print(f"{source.url} -> {destination.url}: {report}")
+    return 0
+
+
+def render_info(store: Store) -> str:
+    """The text of ``headroom db info``."""
+    from sqlalchemy import text
+
+    from db import queries
+
+    with store.session() as session:
+        statuses = queries.runs_by_status(session)
+        kinds = queries.results_by_kind(session)
+        devices = queries.counts_by_device(session)
+        incomplete = queries.incomplete_runs(session)
+        if store.backend == "sqlite":
+            engine = f"sqlite {session.scalar(text('SELECT sqlite_version()'))}, " \
+                     f"{session.scalar(text('PRAGMA journal_mode')).upper()} journal"
+        else:
+            engine = f"postgresql {session.scalar(text('SHOW server_version'))}"
+    lines = [
+        f"store     {store.url}",
+        f"engine    {engine}",
+        f"schema    revision {store.revision} (current)",
+        f"runs      {sum(statuses.values()):,}" + _breakdown(statuses),
+        f"results   {sum(kinds.values()):,}" + _breakdown(kinds),
+    ]
+    if devices:
+        lines += ["", f"{'device':<36}{'host':<24}{'runs':>8}{'results':>10}  last run (UTC)"]
+        lines += [f"{d.device_name:<36}{d.hostname:<24}{d.runs:>8,}{d.results:>10,}  {_when(d.last_started_at)}"
+                  for d in devices]
+    if incomplete:
+        lines += ["", f"{len(incomplete)} incomplete runs (status running: still in progress, or the writer died):"]
+        lines += [f"  {r.run_id}  {r.device_name} on {r.hostname}, started {_when(r.started_at)}, "
+                  f"{r.results} results" + (f", last at {_when(r.last_result_at)}" if r.last_result_at else "")
+                  for r in incomplete]
+    return "\n".join(lines)
+
+
+def _breakdown(counts: dict[str, int]) -> str:
+    shown = [f"{count:,} {name}" for name, count in counts.items() if count]
+    return f": {', '.join(shown)}" if shown else ""
+
+
+def _when(moment: datetime) -> str:
+    return moment.strftime("%Y-%m-%d %H:%M:%S")

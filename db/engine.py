@@ -1,0 +1,135 @@
+"""SQLAlchemy engines for the two backends: a SQLite file (default) and PostgreSQL (fleets).
+
+SQLite is set up for many writer processes on one file:
+
+- WAL journal (``PRAGMA journal_mode=WAL``, persistent in the file): readers
+  never block the writer and the writer never blocks readers. Set by writers
+  only, and only on a file already known to be a Headroom store or empty,
+  because it rewrites the file header.
+- ``busy_timeout``: a writer waits up to 30 s for the write lock instead of
+  failing with "database is locked".
+- ``foreign_keys=ON``: SQLite ignores foreign keys unless asked, per connection.
+- Python's sqlite3 module starts transactions lazily and only before DML,
+  which breaks transactional DDL (migrations) and lets a transaction that read
+  first fail when it later writes. SQLAlchemy emits the ``BEGIN`` itself
+  instead (the recipe in SQLAlchemy's SQLite dialect docs), and a writer's is
+  ``BEGIN IMMEDIATE``: it takes the write lock up front, where the busy
+  timeout applies, so concurrent writers queue instead of erroring.
+
+PostgreSQL goes through psycopg 3 (``pip install 'headroom[postgres]'``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sqlalchemy import create_engine, event
+from sqlalchemy.engine import URL, Engine, make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError
+
+from db.errors import StoreError
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+SQLITE_MAGIC = b"SQLite format 3\x00"
+SUPPORTED = "sqlite:///PATH (or a plain file path) or postgresql+psycopg://USER@HOST/DATABASE"
+
+
+def parse_url(url: str) -> URL:
+    """Parse and check a store URL; only SQLite (pysqlite) and PostgreSQL (psycopg 3) are supported."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StoreError(f"cannot read {url!r} as a store URL; use {SUPPORTED}") from None
+    if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
+        raise StoreError(f"unsupported store URL {display_url(parsed)!r}; use {SUPPORTED}")
+    return parsed
+
+
+def display_url(url: URL | str) -> str:
+    """The URL as it may be printed: the password replaced by ***."""
+    parsed = make_url(url) if isinstance(url, str) else url
+    return parsed.render_as_string(hide_password=True)
+
+
+def driver_message(err: DBAPIError) -> str:
+    """The database's own one-line reason for an error, without SQLAlchemy's SQL dump."""
+    text = str(err.orig if err.orig is not None else err).strip()
+    return text.splitlines()[0] if text else type(err).__name__
+
+
+def sqlite_file(url: URL) -> Path | None:
+    """The file behind a SQLite URL, or None for an in-memory database or another backend."""
+    if url.get_backend_name() != "sqlite" or url.database in (None, "", ":memory:"):
+        return None
+    return Path(url.database)
+
+
+def check_sqlite_file(path: Path, *, write: bool) -> None:
+    """Refuse, before SQLite touches it, a path that is not a SQLite database.
+
+    A missing file is created by a writer (with its directory) and refused to a
+    reader, which must never create a store. A file that is not empty and does
+    not start with SQLite's 16-byte magic string is refused to both.
+    """
+    if path.is_dir():
+        raise StoreError(f"{path} is a directory; --db expects a store file such as {path / 'results.db'}")
+    if not path.exists():
+        if not write:
+            raise StoreError(
+                f"no result store at {path}: nothing has been recorded there yet "
+                "(the agent or `headroom db import` creates it; --db or HEADROOM_DB point elsewhere)"
+            )
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return
+    with path.open("rb") as f:
+        head = f.read(len(SQLITE_MAGIC))
+    if head and head != SQLITE_MAGIC:
+        raise StoreError(
+            f"{path} is not a SQLite database (it starts with {head!r}, not {SQLITE_MAGIC!r}); "
+            f"--db expects a Headroom store: {SUPPORTED}"
+        )
+
+
+def make_engine(url: URL, *, write: bool) -> Engine:
+    """An engine for a checked URL (see `parse_url`); ``write`` selects SQLite's ``BEGIN IMMEDIATE``."""
+    if url.get_backend_name() == "sqlite":
+        return _sqlite_engine(url, write=write)
+    try:
+        return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+    except ModuleNotFoundError:
+        raise StoreError(
+            f"{display_url(url)} needs the PostgreSQL driver psycopg 3: pip install 'headroom[postgres]'"
+        ) from None
+
+
+def _sqlite_engine(url: URL, *, write: bool) -> Engine:
+    engine = create_engine(url)
+    begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+
+    @event.listens_for(engine, "connect")
+    def _on_connect(dbapi_connection, _record) -> None:
+        dbapi_connection.isolation_level = None  # SQLAlchemy emits BEGIN (below), not sqlite3
+        cursor = dbapi_connection.cursor()
+        cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
+        cursor.execute("PRAGMA foreign_keys = ON")
+        cursor.close()
+
+    @event.listens_for(engine, "begin")
+    def _on_begin(connection) -> None:
+        connection.exec_driver_sql(begin)
+
+    return engine
+
+
+def enable_wal(engine: Engine) -> None:
+    """Switch a SQLite store to WAL journaling; a no-op once it is (the mode persists in the file)."""
+    raw = engine.raw_connection()
+    try:
+        cursor = raw.cursor()
+        if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+            mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if mode.lower() != "wal":
+                raise StoreError(f"{display_url(engine.url)}: SQLite refused WAL journaling (mode is {mode!r})")
+        cursor.close()
+    finally:
+        raw.close()

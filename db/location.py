@@ -1,0 +1,52 @@
+"""Where the result store lives, and how a user names another one.
+
+The store is chosen, first match wins, by
+
+1. ``--db URL`` on the command line (or the ``url`` argument of ``open_store``),
+2. the ``HEADROOM_DB`` environment variable,
+3. the default: the SQLite file ``$XDG_DATA_HOME/headroom/results.db``
+   (``~/.local/share/headroom/results.db`` when ``XDG_DATA_HOME`` is unset).
+
+A value is a SQLAlchemy URL (``sqlite:///PATH``, ``postgresql+psycopg://...``)
+or a plain file path, which means a SQLite file there. ``postgresql://`` and
+``postgres://`` are read as ``postgresql+psycopg://``: psycopg 3 is the one
+PostgreSQL driver Headroom installs (extra ``postgres``).
+
+Standard library only, so the CLI can show the default in ``--help`` without
+loading SQLAlchemy.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+ENV_VAR = "HEADROOM_DB"
+STORE_FILENAME = "results.db"
+_POSTGRES_ALIASES = ("postgresql://", "postgres://")
+
+
+def data_dir() -> Path:
+    """Headroom's data directory under the XDG base directory spec."""
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "headroom"
+
+
+def default_url() -> str:
+    return sqlite_url(data_dir() / STORE_FILENAME)
+
+
+def sqlite_url(path: str | os.PathLike[str]) -> str:
+    """The URL of a SQLite file, made absolute so it means the same from any directory."""
+    return f"sqlite:///{Path(path).expanduser().resolve()}"
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The store URL from an explicit value, else ``HEADROOM_DB``, else the default file."""
+    text = url or os.environ.get(ENV_VAR) or default_url()
+    if "://" not in text:
+        return sqlite_url(text)
+    for alias in _POSTGRES_ALIASES:
+        if text.startswith(alias):
+            return "postgresql+psycopg://" + text[len(alias):]
+    return text

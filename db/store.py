@@ -1,0 +1,239 @@
+"""Open a result store and record runs into it, one committed result at a time.
+
+The agent's side::
+
+    from db.models import Fingerprint, MatmulResult
+    from db.store import open_store
+
+    with open_store(mode="write") as store:             # --db / HEADROOM_DB / default file
+        with store.recording(fingerprint, suite="standard", benchmark_version="1") as run_id:
+            store.add_result(run_id, MatmulResult(dtype="bf16", m=8192, n=8192, k=8192, ...))
+
+Crash safety: `start_run` commits a run as ``running``; each `add_result`
+commits its result in its own transaction, so a writer killed at any point
+keeps every result it had added, and its run stays ``running``, which
+`db.queries.incomplete_runs` (and ``headroom db info``) reports as
+incomplete. `recording` finishes the run as ``completed``, ``failed`` (an
+exception) or ``aborted`` (Ctrl-C).
+
+The dashboard's side: ``open_store(url)`` (read mode, never migrates) and
+queries through `Store.session`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sqlite3
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from typing import Any, Literal
+from uuid import uuid4
+
+from sqlalchemy import Engine, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
+
+from db.engine import check_sqlite_file, display_url, driver_message, enable_wal, make_engine, parse_url, sqlite_file
+from db.errors import StoreError
+from db.location import resolve_url
+from db.migrate import ensure_schema, head
+from db.models import Fingerprint, Result, Run, utcnow
+from db.validate import check_record, record_values
+
+Mode = Literal["read", "write"]
+FinalStatus = Literal["completed", "failed", "aborted"]
+FINAL_STATUSES: tuple[str, ...] = ("completed", "failed", "aborted")
+
+
+def open_store(url: str | None = None, mode: Mode = "read") -> Store:
+    """Open the store at ``url`` (else ``HEADROOM_DB``, else the default file; see db.location).
+
+    ``mode="write"`` creates a missing SQLite file and upgrades an older
+    schema; ``mode="read"`` changes nothing and refuses a missing, empty or
+    older store (`OutdatedStoreError` names the upgrade command). Both refuse,
+    without touching it, a file that is not SQLite, a database that is not
+    Headroom's and a store written by newer code (`StoreError`).
+    """
+    if mode not in ("read", "write"):
+        raise ValueError(f"mode must be 'read' or 'write', got {mode!r}")
+    write = mode == "write"
+    parsed = parse_url(resolve_url(url))
+    path = sqlite_file(parsed)
+    if path is not None:
+        check_sqlite_file(path, write=write)
+    engine = make_engine(parsed, write=write)
+    try:
+        upgraded_from = ensure_schema(engine, write=write)
+        if write and engine.dialect.name == "sqlite":
+            enable_wal(engine)
+    except OperationalError as err:
+        engine.dispose()
+        raise StoreError(f"cannot open {display_url(parsed)}: {driver_message(err)}") from None
+    except BaseException:
+        engine.dispose()
+        raise
+    return Store(engine, mode=mode, upgraded_from=upgraded_from)
+
+
+class Store:
+    """An open result store: a writer records runs, a reader queries through `session`."""
+
+    def __init__(self, engine: Engine, *, mode: Mode, upgraded_from: str | None = None) -> None:
+        self.engine = engine
+        self.mode: Mode = mode
+        self.upgraded_from = upgraded_from
+        """The revision this open upgraded the store from (``"empty"`` when it created it), else None."""
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @property
+    def url(self) -> str:
+        """The store's URL with any password hidden."""
+        return display_url(self.engine.url)
+
+    @property
+    def backend(self) -> str:
+        """``sqlite`` or ``postgresql``."""
+        return self.engine.dialect.name
+
+    @property
+    def revision(self) -> str:
+        """The schema revision: always the code's head once open."""
+        return head()
+
+    def session(self) -> Session:
+        """A session for queries (``with store.session() as s: ...``)."""
+        return self._sessions()
+
+    @contextmanager
+    def transaction(self) -> Iterator[Session]:
+        """A session in one write transaction: committed on success, rolled back on any exception."""
+        self._require_write()
+        with self._sessions.begin() as session:
+            yield session
+
+    def close(self) -> None:
+        """Release the connections; a SQLite writer first refreshes the query planner's statistics.
+
+        Without statistics SQLite's planner may scan a whole result table where
+        an index would serve (benchmarks/bench_store.py shows it).
+        ``analysis_limit`` bounds ANALYZE to a sample: a few ms at any size.
+        PostgreSQL's autovacuum keeps its own statistics.
+        """
+        if self.mode == "write" and self.backend == "sqlite":
+            raw = self.engine.raw_connection()
+            try:
+                cursor = raw.cursor()
+                cursor.execute("PRAGMA analysis_limit = 400")
+                cursor.execute("ANALYZE")
+                cursor.close()
+            except sqlite3.OperationalError:
+                pass  # statistics only speed queries up; never fail a close for them
+            finally:
+                raw.close()
+        self.engine.dispose()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- the agent's writer API ---------------------------------------------
+
+    def start_run(
+        self,
+        fingerprint: Fingerprint,
+        *,
+        suite: str,
+        benchmark_version: str,
+        labels: Mapping[str, str] | None = None,
+        started_at: datetime | None = None,
+    ) -> str:
+        """Record a new ``running`` run on ``fingerprint``'s device; returns its id (a UUID string)."""
+        run_id = str(uuid4())
+        device = check_record(Fingerprint, record_values(fingerprint), "fingerprint")
+        run = check_record(Run, {
+            "uuid": run_id, "suite": suite, "benchmark_version": benchmark_version,
+            "labels": dict(labels or {}), "started_at": started_at or utcnow(), "status": "running",
+        }, f"run {run_id}")
+        with self.transaction() as session:
+            insert_run(session, run, fingerprint_id(session, device))
+        return run_id
+
+    def add_result(self, run_id: str, result: Result) -> None:
+        """Commit one benchmark result of a ``running`` run, in its own transaction."""
+        values = check_record(type(result), record_values(result), f"run {run_id}: {result.KIND} result")
+        with self.transaction() as session:
+            run = session.execute(select(Run.id, Run.status).where(Run.uuid == run_id)).one_or_none()
+            if run is None:
+                raise StoreError(f"no run {run_id} in {self.url}; start one with start_run")
+            if run.status != "running":
+                raise StoreError(f"run {run_id} is {run.status}; results can only be added to a running run")
+            session.execute(type(result).__table__.insert(), values | {"run_id": run.id})
+
+    def finish_run(self, run_id: str, status: FinalStatus = "completed") -> None:
+        """Mark a ``running`` run completed, failed or aborted, and stamp its finish time."""
+        if status not in FINAL_STATUSES:
+            raise StoreError(f"a run finishes as one of {', '.join(FINAL_STATUSES)}, not {status!r}")
+        with self.transaction() as session:
+            done = session.execute(
+                update(Run).where(Run.uuid == run_id, Run.status == "running").values(status=status, finished_at=utcnow())
+            )
+            if done.rowcount != 1:
+                found = session.execute(select(Run.status).where(Run.uuid == run_id)).scalar_one_or_none()
+                raise StoreError(f"run {run_id} is {found}, not running" if found else f"no run {run_id} in {self.url}")
+
+    @contextmanager
+    def recording(
+        self, fingerprint: Fingerprint, *, suite: str, benchmark_version: str, labels: Mapping[str, str] | None = None
+    ) -> Iterator[str]:
+        """Start a run, yield its id, and finish it: completed, failed on an exception, aborted on Ctrl-C."""
+        run_id = self.start_run(fingerprint, suite=suite, benchmark_version=benchmark_version, labels=labels)
+        try:
+            yield run_id
+        except KeyboardInterrupt:
+            self.finish_run(run_id, "aborted")
+            raise
+        except BaseException:
+            self.finish_run(run_id, "failed")
+            raise
+        self.finish_run(run_id, "completed")
+
+    def _require_write(self) -> None:
+        if self.mode != "write":
+            raise StoreError(f"{self.url} is open for reading; open it with mode='write' to record")
+
+
+# ---- shared by the writer API and bundle import ------------------------------
+
+
+def dialect_insert(session: Session, model: type) -> Any:
+    """INSERT for the session's backend, with ``on_conflict_do_nothing`` available on both."""
+    backend = session.get_bind().dialect.name
+    return {"sqlite": sqlite.insert, "postgresql": postgresql.insert}[backend](model)
+
+
+def fingerprint_digest(values: Mapping[str, Any]) -> str:
+    """SHA-256 of a fingerprint's checked fields: equal boxes share a row, in every store."""
+    return hashlib.sha256(json.dumps(values, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def fingerprint_id(session: Session, values: Mapping[str, Any]) -> int:
+    """The id of the fingerprint with these fields, inserting it if no writer has yet.
+
+    ``ON CONFLICT DO NOTHING`` then ``SELECT`` is race-free: two writers
+    inserting the same box at once both end up with the one row.
+    """
+    digest = fingerprint_digest(values)
+    stmt = dialect_insert(session, Fingerprint).values(digest=digest, **values)
+    session.execute(stmt.on_conflict_do_nothing(index_elements=["digest"]))
+    return session.execute(select(Fingerprint.id).where(Fingerprint.digest == digest)).scalar_one()
+
+
+def insert_run(session: Session, values: Mapping[str, Any], fingerprint: int) -> int | None:
+    """Insert a run unless its uuid is already stored; its row id, or None when it was already there."""
+    stmt = dialect_insert(session, Run).values(fingerprint_id=fingerprint, **values)
+    return session.execute(stmt.on_conflict_do_nothing(index_elements=["uuid"]).returning(Run.id)).scalar_one_or_none()

@@ -1,0 +1,155 @@
+"""Check one record against its table before anything is written.
+
+The writer API and bundle import share these checks, driven by the ORM
+columns in db.models: a field the table does not have, a missing required
+field, a value of the wrong type, a non-finite number, a string outside its
+column's ``info["choices"]``, an ``ok`` result without its measurements. Every
+error names the record, the field and what would be valid, so a bad bundle
+can be fixed by hand.
+
+Timestamps may arrive as datetimes or ISO 8601 strings (bundles); both must
+carry a time zone.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import MISSING, fields
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
+
+from db.errors import StoreError
+from db.models import Base, Result, UTCDateTime
+
+# Columns the store fills in itself: surrogate keys, links and the fingerprint digest.
+INTERNAL = frozenset({"id", "run_id", "fingerprint_id", "digest"})
+
+
+def data_columns(model: type[Base]) -> list[Column]:
+    """The columns a record of ``model`` carries, in table order."""
+    return [c for c in model.__table__.columns if c.key not in INTERNAL]
+
+
+def record_values(record: Base) -> dict[str, Any]:
+    """An ORM object's data fields as a plain dict."""
+    return {c.key: getattr(record, c.key) for c in data_columns(type(record))}
+
+
+def check_record(model: type[Base], values: Mapping[str, Any], where: str, error: type[StoreError] = StoreError) -> dict[str, Any]:
+    """Return ``values`` checked and normalised for ``model``'s table; raise ``error`` naming ``where``.
+
+    Optional fields left out take their defaults, so the result is the
+    complete row.
+    """
+    if not isinstance(values, Mapping):
+        raise error(f"{where}: expected an object of fields, got {type(values).__name__}")
+    columns = data_columns(model)
+    unknown = sorted(set(values) - {c.key for c in columns})
+    if unknown:
+        raise error(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(c.key for c in columns)}")
+    required = [f.name for f in fields(model) if f.init and f.default is MISSING and f.default_factory is MISSING]
+    missing = [name for name in required if name not in values]
+    if missing:
+        raise error(f"{where}: missing field {missing[0]!r} (required: {', '.join(required)})")
+    row = record_values(model(**values))  # the dataclass constructor fills in the defaults
+    for column in columns:
+        value = row[column.key]
+        if value is None:
+            if not column.nullable:
+                raise error(f"{where}: field {column.key!r} must not be null")
+            continue
+        problem = _type_problem(column, value)
+        if problem:
+            raise error(f"{where}: field {column.key!r} {problem}, got {value!r:.80}")
+        row[column.key] = _normalise(column, value)
+    if issubclass(model, Result):
+        _check_status(model, row, where, error)
+    return row
+
+
+def _type_problem(column: Column, value: Any) -> str | None:
+    """Why ``value`` cannot go into ``column``, or None when it can."""
+    kind = column.type
+    if isinstance(kind, Integer):
+        if isinstance(value, bool) or not isinstance(value, int):
+            return "must be an integer"
+        if value < 0:
+            return "must not be negative"
+    elif isinstance(kind, Double):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            return "must be a finite number"
+    elif isinstance(kind, Boolean):
+        if not isinstance(value, bool):
+            return "must be true or false"
+    elif isinstance(kind, (String, Enum)):
+        if not isinstance(value, str) or not value:
+            return "must be a non-empty string"
+        choices = kind.enums if isinstance(kind, Enum) else column.info.get("choices")
+        if choices and value not in choices:
+            return f"must be one of {', '.join(choices)}"
+        if kind.length and len(value) > kind.length:
+            return f"must be at most {kind.length} characters"
+    elif isinstance(kind, UTCDateTime):
+        return _time_problem(value)
+    elif isinstance(kind, JSON):
+        return _json_problem(column, value)
+    return None
+
+
+def _time_problem(value: Any) -> str | None:
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            return "must be an ISO 8601 time such as 2025-01-31T12:00:00+00:00"
+    if not isinstance(value, datetime):
+        return "must be a time"
+    if value.tzinfo is None:
+        return "must carry a time zone (e.g. +00:00)"
+    return None
+
+
+def _json_problem(column: Column, value: Any) -> str | None:
+    if column.key.endswith("samples_s"):
+        if not isinstance(value, list) or not all(
+            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in value
+        ):
+            return "must be a list of non-negative finite numbers (seconds)"
+        return None
+    if not isinstance(value, dict):
+        return "must be an object"
+    if column.key == "labels" and not all(isinstance(v, str) for v in value.values()):
+        return "must map names to strings"
+    return None if _finite_json(value) else "must hold only finite numbers"
+
+
+def _finite_json(value: Any) -> bool:
+    """True when a JSON document has no NaN or infinity (which strict JSON cannot carry)."""
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _finite_json(v) for k, v in value.items())
+    if isinstance(value, list):
+        return all(_finite_json(v) for v in value)
+    return True
+
+
+def _normalise(column: Column, value: Any) -> Any:
+    if isinstance(column.type, UTCDateTime) and isinstance(value, str):
+        return datetime.fromisoformat(value)
+    if isinstance(column.type, Double):
+        return float(value)
+    return value
+
+
+def _check_status(model: type[Result], row: dict[str, Any], where: str, error: type[StoreError]) -> None:
+    if row["status"] == "ok":
+        missing = [key for key in model.OK_REQUIRES if row[key] is None]
+        if missing:
+            raise error(f"{where}: an ok {model.KIND} result needs {', '.join(missing)}")
+    elif row["status"] in ("error", "skipped") and not row["message"]:
+        raise error(f"{where}: a result with status {row['status']} needs a message saying why")
+

@@ -1,0 +1,186 @@
+"""Bundles (db/bundle.py): round trips, idempotent import, and bad bundles that write nothing."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from db.bundle import BUNDLE_FORMAT, export_bundle, import_bundle, merge_stores, read_bundle, write_bundle
+from db.errors import BundleError
+from db.store import open_store
+from tests.db_support import fingerprint, postgres_url, record_run, results, row_counts, sqlite_url  # noqa: F401
+
+
+@pytest.fixture
+def source(tmp_path) -> str:
+    """A store with three runs on two devices: completed, failed with a result, and still running."""
+    url = f"sqlite:///{tmp_path / 'source.db'}"
+    with open_store(url, mode="write") as store:
+        record_run(store, seed=1)
+        record_run(store, seed=2, hostname="gpu-08", device_name="NVIDIA A100-SXM4-80GB")
+        running = store.start_run(fingerprint(), suite="quick", benchmark_version="1")
+        store.add_result(running, results(seed=3)[1])
+    return url
+
+
+def _export(url: str, path: Path) -> bytes:
+    with open_store(url) as store:
+        write_bundle(export_bundle(store), path)
+    return path.read_bytes()
+
+
+@pytest.mark.parametrize("target", ["sqlite_url", "postgres_url"])
+def test_export_import_export_gives_identical_bytes(source, target, request, tmp_path):
+    first = _export(source, tmp_path / "first.json.gz")
+    url = request.getfixturevalue(target)
+    with open_store(url, mode="write") as store:
+        report = import_bundle(store, read_bundle(tmp_path / "first.json.gz"))
+        assert (len(report.added), len(report.skipped), report.results) == (3, 0, 9)
+    assert _export(url, tmp_path / "second.json.gz") == first
+    bundle = json.loads(gzip.decompress(first))
+    assert bundle["format"] == BUNDLE_FORMAT and bundle["version"] == 1
+    assert [run["status"] for run in bundle["runs"]] == ["completed", "completed", "running"]
+
+
+def test_importing_twice_adds_nothing_the_second_time(source, sqlite_url, tmp_path, headroom):
+    _export(source, tmp_path / "bundle.json")
+    first = headroom("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
+    assert first.returncode == 0, first.stderr
+    assert "added 3 runs (9 results); skipped 0 runs" in first.stdout
+    with open_store(sqlite_url) as store:
+        counts = row_counts(store)
+    second = headroom("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
+    assert second.returncode == 0, second.stderr
+    assert "added 0 runs (0 results); skipped 3 runs already present" in second.stdout
+    with open_store(sqlite_url) as store:
+        assert row_counts(store) == counts
+
+
+def test_merge_copies_only_the_runs_the_destination_lacks(source, tmp_path, headroom):
+    destination = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(destination, mode="write") as store:
+        record_run(store, seed=9, hostname="gpu-99")
+    assert headroom("db", "merge", source, "--db", destination).returncode == 0
+    merged = headroom("db", "merge", source, "--db", destination)
+    assert merged.returncode == 0 and "added 0 runs" in merged.stdout
+    with open_store(destination, mode="write") as fleet, open_store(source) as box:
+        assert row_counts(fleet)["runs"] == 4
+        assert merge_stores(box, fleet).added == ()
+    same = headroom("db", "merge", source, "--db", source)
+    assert same.returncode == 2 and "source and destination are the same store" in same.stderr
+
+
+def test_a_run_shipped_while_running_is_completed_by_a_later_bundle(source, sqlite_url):
+    with open_store(source) as box:
+        nightly = export_bundle(box)
+    with open_store(sqlite_url, mode="write") as fleet:
+        import_bundle(fleet, nightly)
+    with open_store(source, mode="write") as box:
+        running = next(run["uuid"] for run in nightly["runs"] if run["status"] == "running")
+        box.add_result(running, results(seed=4)[0])
+        box.finish_run(running, "completed")
+        next_night = export_bundle(box)
+    with open_store(sqlite_url, mode="write") as fleet:
+        report = import_bundle(fleet, next_night)
+        assert (report.added, report.replaced, len(report.skipped), report.results) == ((), (running,), 2, 2)
+        assert "completed 1 runs stored as running" in str(report)
+        assert import_bundle(fleet, next_night).replaced == ()  # and only once
+        assert export_bundle(fleet) == next_night
+        assert row_counts(fleet)["elementwise_results"] == 3  # the replaced copy's results are gone with it
+
+
+# ---- bad bundles write nothing ----------------------------------------------------------
+
+
+@pytest.fixture
+def fleet(tmp_path) -> str:
+    """A destination store that already holds one run."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url, mode="write") as store:
+        record_run(store, seed=7, hostname="fleet-1")
+    return url
+
+
+def _refused(headroom, bundle: Path, fleet: str, message: str) -> None:
+    with open_store(fleet) as store:
+        before = row_counts(store)
+    result = headroom("db", "import", str(bundle), "--db", fleet)
+    assert result.returncode == 2, result.stdout
+    assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    with open_store(fleet) as store:
+        assert row_counts(store) == before
+
+
+def test_a_truncated_gzip_bundle_writes_nothing(source, fleet, tmp_path, headroom):
+    data = _export(source, tmp_path / "bundle.json.gz")
+    (tmp_path / "cut.json.gz").write_bytes(data[: len(data) // 2])
+    _refused(headroom, tmp_path / "cut.json.gz", fleet, "truncated or damaged gzip")
+
+
+def test_a_truncated_json_bundle_writes_nothing(source, fleet, tmp_path, headroom):
+    data = _export(source, tmp_path / "bundle.json")
+    (tmp_path / "cut.json").write_bytes(data[: len(data) * 2 // 3])
+    _refused(headroom, tmp_path / "cut.json", fleet, "not valid JSON at line")
+
+
+def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, headroom):
+    data = _export(source, tmp_path / "bundle.json.gz")
+    (tmp_path / "cut.json.gz").write_bytes(data[:100])
+    result = headroom("db", "import", str(tmp_path / "cut.json.gz"), "--db", str(tmp_path / "new.db"))
+    assert result.returncode == 2 and not (tmp_path / "new.db").exists()
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda b: b["runs"][2]["results"]["elementwise"][0].update(gb_per_s="fast"),
+         "run 3 ({uuid}): elementwise result 1: field 'gb_per_s' must be a finite number, got 'fast'"),
+        (lambda b: b["runs"][1]["fingerprint"].pop("hostname"),
+         "run 2 ({uuid}): fingerprint: missing field 'hostname'"),
+        (lambda b: b["runs"][1].update(status="done"),
+         "run 2 ({uuid}): field 'status' must be one of running, completed, failed, aborted, got 'done'"),
+        (lambda b: b["runs"][2]["results"]["matmul"].append({"dtype": "bf16", "m": 1, "n": 1, "k": 1, "cores": 3}),
+         "run 3 ({uuid}): matmul result 1: unknown field 'cores'"),
+        (lambda b: b["runs"][1].update(started_at="yesterday"),
+         "run 2 ({uuid}): field 'started_at' must be an ISO 8601 time"),
+        (lambda b: b["runs"][2].update(uuid=b["runs"][0]["uuid"]),
+         "run 3: uuid {first} appears twice in the bundle"),
+        (lambda b: b.update(version=2), "bundle version 2; this headroom reads version 1 (upgrade headroom"),
+        (lambda b: b.update(format="something-else"), "not a Headroom bundle (format 'something-else'"),
+    ],
+    ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "format"],
+)
+def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, tmp_path, headroom, damage, message):
+    with open_store(source) as store:
+        bundle = export_bundle(store)
+    uuids = [run["uuid"] for run in bundle["runs"]]
+    damage(bundle)
+    (tmp_path / "bad.json").write_text(json.dumps(bundle))
+    index = 2 if "run 3" in message else 1
+    _refused(headroom, tmp_path / "bad.json", fleet, message.format(uuid=uuids[index], first=uuids[0]))
+
+
+def test_non_finite_numbers_are_refused(fleet, tmp_path, headroom):
+    (tmp_path / "nan.json").write_text('{"format": "headroom-bundle", "version": 1, "runs": [NaN]}')
+    _refused(headroom, tmp_path / "nan.json", fleet, "NaN is not a number a bundle may carry")
+
+
+def test_a_write_the_store_refuses_midway_rolls_the_whole_import_back(source, fleet, tmp_path):
+    """All-or-nothing past validation too: the store itself rejects the last run's first result."""
+    with open_store(source) as store:
+        bundle = export_bundle(store)
+    bundle["runs"][2]["results"]["elementwise"][0]["elements"] = 123_454_321
+    with sqlite3.connect(fleet.removeprefix("sqlite:///")) as connection:
+        connection.execute("CREATE TRIGGER refuse BEFORE INSERT ON elementwise_results WHEN NEW.elements = 123454321 "
+                           "BEGIN SELECT RAISE(ABORT, 'disk quota exceeded'); END")
+    connection.close()
+    with open_store(fleet, mode="write") as store:
+        before = row_counts(store)
+        with pytest.raises(BundleError, match=r"the store refused the import \(disk quota exceeded\); nothing imported"):
+            import_bundle(store, bundle)
+        assert row_counts(store) == before
+
