@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import catalog, db, estimate
+from cli import agent, catalog, db, estimate
 from core.errors import ConfigError
 
-COMMANDS = (estimate, catalog, db)
+COMMANDS = (estimate, agent, catalog, db)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,86 @@
+"""Scaled dot-product attention, forward and backward, per SDPA backend.
+
+Each available backend (flash, efficient, cudnn, math on CUDA; flash and math
+on CPU) runs causal attention at a few (batch, sequence, heads, head dim)
+shapes. A backend that cannot run a shape is recorded as skipped with
+torch's reason. Achieved FLOP/s follow core.flops' convention: 4 b s^2 h
+forward, counted in full although causal kernels skip the masked half.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from agent.cases import Case, skipped
+from agent.timer import time_fn
+from db.models import AttentionResult
+
+BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "math": SDPBackend.MATH,
+}
+CPU_BACKENDS = ("flash", "math")
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len: int, heads: int, head_dim: int,
+            budget_s: float) -> AttentionResult:
+    row = AttentionResult(backend=backend, dtype=dtype, batch=batch, seq_len=seq_len, n_heads=heads,
+                          n_kv_heads=heads, head_dim=head_dim, causal=True)
+    shape = (batch, heads, seq_len, head_dim)
+    q, k, v = (torch.randn(shape, device=device, dtype=DTYPES[dtype], requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, device=device, dtype=DTYPES[dtype])
+
+    def forward(i: int) -> torch.Tensor:
+        with sdpa_kernel(BACKENDS[backend]):
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    try:
+        forward(0)
+    except RuntimeError as err:  # "No available kernel": this backend does not take this shape/dtype here
+        return skipped(row, f"{backend} cannot run this shape here: {str(err).splitlines()[0][:300]}")
+    fwd = time_fn(forward, device, budget_s=budget_s / 2)
+    outputs = [forward(0) for _ in range(2)]
+
+    def backward(i: int) -> None:
+        # retain_graph: each iteration differentiates the same forward graph again.
+        torch.autograd.grad(outputs[i % 2], (q, k, v), grad, retain_graph=True)
+
+    bwd = time_fn(backward, device, budget_s=budget_s / 2)
+    row.forward_samples_s, row.forward_median_s = list(fwd.samples_s), fwd.median_s
+    row.forward_min_s, row.forward_max_s = fwd.min_s, fwd.max_s
+    row.backward_samples_s, row.backward_median_s = list(bwd.samples_s), bwd.median_s
+    row.backward_min_s, row.backward_max_s = bwd.min_s, bwd.max_s
+    return row
+
+
+def forward_flops(batch: int, seq_len: int, heads: int, head_dim: int) -> int:
+    """QK^T and PV, 2 b s^2 (a d) each (core.flops' full, unmasked convention)."""
+    return 4 * batch * seq_len * seq_len * heads * head_dim
+
+
+def cases(device: torch.device, shapes: list[tuple[int, int, int, int]], budget_s: float) -> list[Case]:
+    backends = BACKENDS if device.type == "cuda" else CPU_BACKENDS
+    dtype = "bf16" if device.type == "cuda" else "fp32"
+    out = []
+    for backend in backends:
+        for batch, seq_len, heads, head_dim in shapes:
+            args = dict(backend=backend, dtype=dtype, batch=batch, seq_len=seq_len, heads=heads, head_dim=head_dim)
+            out.append(Case(
+                kind="attention",
+                name=f"{backend} {dtype} b{batch} s{seq_len} a{heads} d{head_dim}",
+                expected_s=budget_s + 0.3,
+                measure=functools.partial(measure, budget_s=budget_s, **args),
+                failed=lambda status, message, a=args: AttentionResult(
+                    backend=a["backend"], dtype=a["dtype"], batch=a["batch"], seq_len=a["seq_len"],
+                    n_heads=a["heads"], n_kv_heads=a["heads"], head_dim=a["head_dim"], causal=True,
+                    status=status, message=message,
+                ),
+            ))
+    return out

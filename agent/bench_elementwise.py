@@ -1,0 +1,62 @@
+"""Memory bandwidth through elementwise ops: copy, add, ReLU, GELU and LayerNorm.
+
+Tensors are several times the L2 so every call streams from memory. Bytes are
+counted honestly, read plus write: a copy moves 2N elements, an add 3N (two
+reads, one write), ReLU, GELU and LayerNorm 2N (the LayerNorm weights are
+negligible). GELU costs about what ReLU costs: both are memory-bound, the
+extra arithmetic hides under the memory traffic.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from agent.cases import Case
+from agent.timer import time_fn
+from db.models import ElementwiseResult
+
+# op -> (elements of N read plus written, the call). Every op writes into preallocated
+# outputs (out= variants), so no allocation is timed.
+OPS = {
+    "copy": (2, lambda x, y, out, stats: out.copy_(x)),
+    "add": (3, lambda x, y, out, stats: torch.add(x, y, out=out)),
+    "relu": (2, lambda x, y, out, stats: torch.clamp_min(x, 0, out=out)),
+    "gelu": (2, lambda x, y, out, stats: torch.ops.aten.gelu.out(x, out=out)),
+    "layernorm": (2, lambda x, y, out, stats: torch.ops.aten.native_layer_norm.out(
+        x, x.shape[-1:], None, None, 1e-5, out0=out, out1=stats[0], out2=stats[1])),
+}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def measure(device: torch.device, op: str, dtype: str, elements: int, budget_s: float) -> ElementwiseResult:
+    factor, call = OPS[op]
+    torch_dtype = DTYPES[dtype]
+    x = torch.randn(elements // 1024, 1024, device=device, dtype=torch_dtype)
+    y = torch.randn_like(x)
+    out = torch.empty_like(x)
+    stats = [torch.empty(x.shape[0], 1, device=device, dtype=torch.float32 if device.type == "cuda" else torch_dtype)
+             for _ in range(2)]
+    timing = time_fn(lambda i: call(x, y, out, stats), device, budget_s=budget_s)
+    moved = factor * x.numel() * x.element_size()
+    return ElementwiseResult(
+        op=op, dtype=dtype, elements=x.numel(), bytes_moved=moved, samples_s=list(timing.samples_s),
+        median_s=timing.median_s, min_s=timing.min_s, max_s=timing.max_s, gb_per_s=moved / timing.median_s / 1e9,
+    )
+
+
+def cases(device: torch.device, elements: int, budget_s: float) -> list[Case]:
+    dtype = "bf16" if device.type == "cuda" else "fp32"
+    return [
+        Case(
+            kind="elementwise",
+            name=f"{op} {dtype} {elements * DTYPES[dtype].itemsize / 2**20:,.0f} MiB",
+            expected_s=budget_s + 0.3,
+            measure=functools.partial(measure, op=op, dtype=dtype, elements=elements, budget_s=budget_s),
+            failed=lambda status, message, op=op: ElementwiseResult(
+                op=op, dtype=dtype, elements=elements, bytes_moved=0, status=status, message=message
+            ),
+        )
+        for op in OPS
+    ]

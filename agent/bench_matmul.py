@@ -1,0 +1,136 @@
+"""Matmul throughput by dtype and shape.
+
+fp32 is measured twice, with TF32 off (``highest``) and on (``high``), and the
+setting is recorded; fp16 and bf16 directly; fp8 e4m3 through
+``torch._scaled_mm`` where a tiny probe call succeeds (Hopper, Ada), else the
+row records why it was skipped. Shapes: a square sweep, plus the GEMMs of
+transformer layers (q/o projection, k/v projection, MLP up and down, logits)
+for a few presets and token counts.
+
+Inputs are random normal and rotate through enough buffer sets to exceed
+twice the L2, so every iteration reads its operands from memory.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+
+from agent.cases import Case, skipped
+from agent.timer import l2_bytes, time_fn
+from core.hardware import match_device
+from core.presets import get_preset
+from db.models import MatmulResult
+
+TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+CPU_FP16_MAX_DIM = 256
+"""fp16 matmul ran at about 1 GFLOP/s on this project's 2-core CPU (bf16: ~400): measured small only."""
+
+
+def transformer_shapes(preset: str, tokens: int) -> list[tuple[str, int, int, int]]:
+    """(label, m, n, k) of each GEMM in one layer and the head, for ``tokens`` tokens."""
+    spec = get_preset(preset)
+    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn_hidden
+    return [
+        (f"{preset} q/o proj", tokens, h, h),
+        (f"{preset} k/v proj", tokens, kv, h),
+        (f"{preset} mlp up", tokens, f, h),
+        (f"{preset} mlp down", tokens, h, f),
+        (f"{preset} logits", tokens, spec.vocab_size, h),
+    ]
+
+
+def fp8_support(device: torch.device) -> str | None:
+    """None when ``torch._scaled_mm`` runs on this device, else why not."""
+    if device.type != "cuda":
+        return "fp8 matmul (torch._scaled_mm) needs a CUDA device"
+    if not hasattr(torch, "float8_e4m3fn"):
+        return f"torch {torch.__version__} has no float8_e4m3fn"
+    try:
+        a = torch.randn(32, 32, device=device).to(torch.float8_e4m3fn)
+        b = torch.randn(32, 32, device=device).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=device)
+        torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    except (RuntimeError, TypeError, AssertionError) as err:
+        return f"torch._scaled_mm failed on a 32x32 probe: {str(err).splitlines()[0]}"
+    return None
+
+
+def _operands(device: torch.device, dtype: str, m: int, n: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    element = 1 if dtype == "fp8" else torch.finfo(TORCH_DTYPES[dtype]).bits // 8
+    set_bytes = element * (m * k + k * n)
+    sets = max(1, min(8, math.ceil(2 * l2_bytes(device) / set_bytes)))
+    made = []
+    for _ in range(sets):
+        if dtype == "fp8":
+            a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+            b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
+        else:
+            a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
+            b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
+        made.append((a, b))
+    return made
+
+
+def measure(device: torch.device, dtype: str, m: int, n: int, k: int, budget_s: float) -> MatmulResult:
+    precision = "high" if dtype == "tf32" else "highest"
+    row = MatmulResult(dtype=dtype, m=m, n=n, k=k, precision=precision if dtype in ("fp32", "tf32") else None)
+    if dtype == "fp8" and (reason := fp8_support(device)):
+        return skipped(row, reason)
+    operands = _operands(device, dtype, m, n, k)
+    one = torch.ones((), device=device)
+    if dtype == "fp8":
+        def step(i: int) -> torch.Tensor:
+            a, b = operands[i % len(operands)]
+            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+    else:
+        def step(i: int) -> torch.Tensor:
+            a, b = operands[i % len(operands)]
+            return a @ b
+
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        timing = time_fn(step, device, budget_s=budget_s)
+    finally:
+        torch.set_float32_matmul_precision(previous)
+    flop_per_s = 2 * m * n * k / timing.median_s
+    row.samples_s, row.median_s, row.min_s, row.max_s = list(timing.samples_s), timing.median_s, timing.min_s, timing.max_s
+    row.tflop_per_s = flop_per_s / 1e12
+    hw = match_device(torch.cuda.get_device_name(device)).spec if device.type == "cuda" else None
+    if hw is not None and dtype in hw.peak_flop_per_s:
+        row.peak_fraction = flop_per_s / hw.peak_flop_per_s[dtype]
+    if device.type == "cpu" and dtype == "fp16":
+        row.message = f"shrunk to <= {CPU_FP16_MAX_DIM}: fp16 matmul is pathologically slow on CPU (~1 GFLOP/s)"
+    return row
+
+
+def case(dtype: str, m: int, n: int, k: int, label: str = "", budget_s: float = 1.0) -> Case:
+    name = f"{dtype} {label + ' ' if label else ''}{m}x{n}x{k}"
+    return Case(
+        kind="matmul",
+        name=name,
+        expected_s=budget_s + 0.2,
+        measure=functools.partial(measure, dtype=dtype, m=m, n=n, k=k, budget_s=budget_s),
+        failed=lambda status, message: MatmulResult(dtype=dtype, m=m, n=n, k=k, status=status, message=message),
+    )
+
+
+def cases(device: torch.device, squares: list[int], gemms: list[tuple[str, int]], budget_s: float) -> list[Case]:
+    """Square sweep per dtype, then transformer GEMMs in bf16 (fp32 on a CPU, where bf16 is emulated)."""
+    dtypes = ["fp32", "tf32", "fp16", "bf16", "fp8"]
+    out = []
+    for dtype in dtypes:
+        for size in squares:
+            if device.type == "cpu" and dtype == "fp16":
+                size = min(size, CPU_FP16_MAX_DIM)
+            if device.type == "cpu" and dtype == "tf32":
+                continue  # CPUs have no TF32 mode: the fp32 rows are the measurement
+            out.append(case(dtype, size, size, size, budget_s=budget_s))
+    gemm_dtype = "bf16" if device.type == "cuda" else "fp32"
+    for preset, tokens in gemms:
+        for label, m, n, k in transformer_shapes(preset, tokens):
+            out.append(case(gemm_dtype, m, n, k, label, budget_s=budget_s))
+    return list({c.name: c for c in out}.values())

@@ -1,0 +1,204 @@
+"""The training-step benchmark: where the planner's promise is checked.
+
+One configuration (model, sequence, micro-batch, accumulation, checkpoint
+policy, attention, precision recipe, optimizer) trains for a few optimizer
+steps on random tokens. After ``warmup_steps`` (at least two, so the
+optimizer's state exists, DESIGN.md) each step is timed, with the optimizer
+apart from forward/backward; on CUDA the allocator's peak allocated and
+reserved bytes are read at steady state. The saved-activation bytes of one
+micro-batch are measured with agent/probe.py, and the core's predictions for
+the same configuration are stored beside the measurements.
+
+Precision recipes: ``fp32``; ``amp-bf16`` (fp32 parameters, forward under
+``torch.autocast``); ``bf16-pure`` (the model in bf16; torch's optimizers keep
+their state in the parameters' dtype, so this trainer holds 8 B/param where the
+core's recipe, per DESIGN.md, assumes fp32 state at 12: its static prediction is
+an upper bound here). ``bf16-master`` needs a master-copy optimizer the agent
+does not have: such rows are recorded as skipped, with that reason.
+
+An out-of-memory error is a result: recorded as ``oom`` with the memory the
+step had reached, after which everything is freed and the sweep goes on.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from agent.cases import Case, skipped
+from agent.model import Decoder
+from agent.probe import probe
+from core.config import TrainConfig
+from core.estimate import estimate
+from core.hardware import match_device
+from core.model import ModelSpec
+from core.precision import get_precision
+from core.timing import HardwareProfile, step_time
+from db.models import TrainStepResult
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainSetup:
+    spec: ModelSpec
+    config: TrainConfig
+    accumulation_steps: int = 1
+    warmup_steps: int = 2
+    steps: int = 5
+
+    @property
+    def label(self) -> str:
+        cfg = self.config
+        return (f"{self.spec.name} s{cfg.seq_len} micro {cfg.micro_batch} x{self.accumulation_steps} "
+                f"{cfg.recompute} {cfg.attention} {cfg.precision}")
+
+
+def forward_loss(model: Decoder, tokens: torch.Tensor, targets: torch.Tensor, precision: str) -> torch.Tensor:
+    """One micro-batch's loss under the precision recipe."""
+    if precision == "amp-bf16":
+        with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+            return model(tokens, targets)
+    return model(tokens, targets)
+
+
+def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
+    cfg = setup.config
+    with torch.device(device):
+        model = Decoder(setup.spec, attention=cfg.attention, dropout=cfg.dropout, recompute=cfg.recompute)
+    if cfg.precision == "bf16-pure":
+        model = model.to(torch.bfloat16)
+    return model.train()
+
+
+def make_optimizer(name: str, params, device: torch.device) -> torch.optim.Optimizer:
+    fused = {"fused": True} if device.type == "cuda" else {"foreach": True}
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=1e-4, **fused)
+    if name == "adam":
+        return torch.optim.Adam(params, lr=1e-4, **fused)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=1e-3)
+    if name == "sgd-momentum":
+        return torch.optim.SGD(params, lr=1e-3, momentum=0.9)
+    return torch.optim.Adagrad(params, lr=1e-3)
+
+
+class _Clock:
+    """Marks within a step: CUDA events on a GPU, the host clock on a CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def mark(self):
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def seconds(self, start, end) -> float:
+        if self.device.type == "cuda":
+            return start.elapsed_time(end) / 1e3
+        return end - start
+
+
+ProfileSource = HardwareProfile | Callable[[], HardwareProfile | None] | None
+
+
+def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = None) -> TrainStepResult:
+    """``profile`` (or a function giving it when the case runs) predicts the step time; None: no prediction."""
+    cfg, spec = setup.config, setup.spec
+    profile = profile() if callable(profile) else profile
+    prediction = estimate(spec, cfg, device.type)
+    predicted_time = step_time(prediction, profile, setup.accumulation_steps).total_s if profile else None
+    row = TrainStepResult(
+        model_name=spec.name, model_spec=_spec_dict(spec), seq_len=cfg.seq_len, micro_batch=cfg.micro_batch,
+        accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute), attention=cfg.attention,
+        precision=cfg.precision, optimizer=cfg.optimizer,
+        prediction=prediction.to_dict() | {"step_time_s": predicted_time},
+        predicted_peak_bytes=prediction.peak_bytes,
+        predicted_activation_bytes=prediction.ledger.activation_bytes,
+        predicted_step_time_s=predicted_time,
+    )
+    if cfg.precision == "bf16-master":
+        return skipped(row, "the agent's trainer has no master-copy optimizer for bf16-master")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    model = optimizer = batches = None
+    try:
+        model = build_model(setup, device)
+        optimizer = make_optimizer(cfg.optimizer, model.parameters(), device)
+        shape = (cfg.micro_batch, cfg.seq_len)
+        batches = [(torch.randint(0, spec.vocab_size, shape, device=device),
+                    torch.randint(0, spec.vocab_size, shape, device=device)) for _ in range(setup.accumulation_steps)]
+        clock = _Clock(device)
+        marks = []
+        for step in range(setup.warmup_steps + setup.steps):
+            if step == setup.warmup_steps and device.type == "cuda":
+                torch.cuda.synchronize(device)
+                torch.cuda.reset_peak_memory_stats(device)
+            start = clock.mark()
+            for tokens, targets in batches:
+                (forward_loss(model, tokens, targets, cfg.precision) / setup.accumulation_steps).backward()
+            middle = clock.mark()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            end = clock.mark()
+            if step >= setup.warmup_steps:
+                marks.append((start, middle, end))
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+            row.peak_allocated_bytes = torch.cuda.max_memory_allocated(device)
+            row.peak_reserved_bytes = torch.cuda.max_memory_reserved(device)
+        samples = [clock.seconds(s, e) for s, _, e in marks]
+        optimizer_s = [clock.seconds(m, e) for _, m, e in marks]
+        tokens, targets = batches[0]
+        row.activation_bytes = probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)).activation_bytes
+    except torch.OutOfMemoryError as err:
+        row.status = "oom"
+        row.message = str(err).splitlines()[0][:500]
+        if device.type == "cuda":
+            row.peak_allocated_bytes = torch.cuda.max_memory_allocated(device)
+            row.peak_reserved_bytes = torch.cuda.max_memory_reserved(device)
+        return row
+    finally:
+        del model, optimizer, batches
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    row.samples_s = samples
+    row.median_s, row.min_s, row.max_s = statistics.median(samples), min(samples), max(samples)
+    row.optimizer_median_s = statistics.median(optimizer_s)
+    row.tokens_per_s = cfg.tokens * setup.accumulation_steps / row.median_s
+    hw = match_device(torch.cuda.get_device_name(device)).spec if device.type == "cuda" else None
+    dtype = get_precision(cfg.precision).compute_dtype
+    if hw is not None and dtype in hw.peak_flop_per_s:
+        flops = prediction.flops
+        row.mfu = flops.model * setup.accumulation_steps / row.median_s / hw.peak_flop_per_s[dtype]
+        row.hfu = flops.hardware * setup.accumulation_steps / row.median_s / hw.peak_flop_per_s[dtype]
+    return row
+
+
+def _spec_dict(spec: ModelSpec) -> dict:
+    return asdict(spec)
+
+
+def case(setup: TrainSetup, profile: ProfileSource = None, expected_s: float = 2.0) -> Case:
+    cfg = setup.config
+    return Case(
+        kind="train",
+        name=setup.label,
+        expected_s=expected_s,
+        measure=functools.partial(measure, setup=setup, profile=profile),
+        failed=lambda status, message: TrainStepResult(
+            model_name=setup.spec.name, model_spec=_spec_dict(setup.spec), seq_len=cfg.seq_len,
+            micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
+            attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, status=status, message=message,
+        ),
+    )

@@ -1,0 +1,94 @@
+"""What a measurement was made on: device, host and software.
+
+Everything torch and the OS report without extra packages; clocks, power limit
+and ECC come from ``nvidia-smi`` when it is on the PATH (a lean container may
+not have it, and that is recorded as absent, not guessed). The core's
+datasheet match ("unknown" when no row claims the name) is stored with it.
+"""
+
+from __future__ import annotations
+
+import platform
+import shutil
+import socket
+import subprocess
+
+import torch
+
+from core.hardware import match_device
+from db.models import Fingerprint
+
+BENCHMARK_VERSION = "1"
+"""Changes whenever a measurement method changes, so old and new numbers are never compared blindly."""
+
+_SMI_FIELDS = (
+    "driver_version", "clocks.max.sm", "clocks.max.memory", "power.limit", "ecc.mode.current", "pcie.link.gen.max",
+)
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux), else what platform says."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def nvidia_smi(index: int) -> dict[str, str]:
+    """Clocks, power and ECC for one GPU; {} where nvidia-smi is unavailable."""
+    if shutil.which("nvidia-smi") is None:
+        return {}
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in out.split(",")]
+    return {k: v for k, v in zip(_SMI_FIELDS, values) if v and v != "[N/A]"}
+
+
+def form_factor(name: str) -> str | None:
+    upper = name.upper()
+    for marker, factor in (("SXM", "SXM"), ("PCIE", "PCIe"), ("NVL", "NVL"), ("HBM3", "SXM")):
+        if marker in upper:
+            return factor
+    return None
+
+
+def fingerprint(device: torch.device) -> Fingerprint:
+    common = dict(
+        hostname=socket.gethostname(),
+        python_version=platform.python_version(),
+        torch_version=torch.__version__,
+        cpu_model=cpu_model(),
+    )
+    details = {
+        "float32_matmul_precision": torch.get_float32_matmul_precision(),
+        "threads": torch.get_num_threads(),
+        "platform": platform.platform(),
+    }
+    if device.type == "cpu":
+        name = cpu_model()
+        return Fingerprint(device_type="cpu", device_name=name, details=details | {"hardware": "unknown"}, **common)
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    props = torch.cuda.get_device_properties(index)
+    smi = nvidia_smi(index)
+    match = match_device(props.name)
+    return Fingerprint(
+        device_type="cuda",
+        device_name=props.name,
+        device_memory_bytes=props.total_memory,
+        sm_count=props.multi_processor_count,
+        compute_capability=f"{props.major}.{props.minor}",
+        form_factor=form_factor(props.name),
+        driver_version=smi.get("driver_version"),
+        cuda_version=torch.version.cuda or torch.version.hip,
+        details=details | {"hardware": match.key, "l2_bytes": props.L2_cache_size, "nvidia_smi": smi},
+        **common,
+    )

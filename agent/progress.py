@@ -1,0 +1,45 @@
+"""Progress for long suites: a bar with ETA on a terminal, one line per case in a log."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import TextIO
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+
+
+class Progress:
+    """ETA scales the remaining cases' expected times by how fast the finished ones actually went."""
+
+    def __init__(self, expected_s: list[float], stream: TextIO = sys.stderr, quiet: bool = False) -> None:
+        self.expected_s = expected_s
+        self.stream = stream
+        self.quiet = quiet
+        self.tty = stream.isatty()
+        self.done = 0
+        self.started = time.perf_counter()
+
+    def eta_s(self) -> float:
+        spent = time.perf_counter() - self.started
+        expected_done = sum(self.expected_s[: self.done]) or 1e-9
+        return sum(self.expected_s[self.done :]) * spent / expected_done if self.done else sum(self.expected_s)
+
+    def update(self, name: str, outcome: str = "") -> None:
+        """Call with an empty outcome when a case starts, and with its outcome when it ends."""
+        if self.quiet:
+            return
+        total = len(self.expected_s)
+        if outcome:
+            self.done += 1
+        if self.tty:
+            width = 24
+            filled = width * self.done // max(1, total)
+            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total} {name[:48]:<48} ETA {_duration(self.eta_s())}"
+            self.stream.write("\r" + line + ("\n" if self.done == total and outcome else ""))
+        elif outcome:
+            self.stream.write(f"[{self.done}/{total}] {name}: {outcome}\n")
+        self.stream.flush()

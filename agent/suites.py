@@ -1,0 +1,148 @@
+"""The benchmark suites: which cases each runs, sized for its time target.
+
+=========  =================================================  ======================
+suite      for                                                target
+=========  =================================================  ======================
+smoke      tests and CI, any box                              < 60 s on 2 CPU cores
+quick      a first look at a GPU                              < 3 min on an H100
+standard   what every box runs                                < 10 min on an H100
+full       everything, larger shapes                          as long as it takes
+=========  =================================================  ======================
+
+A CPU runs every suite at smoke sizes: its numbers are labelled CPU and
+never mixed with GPU results, and bigger shapes would only take longer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from agent import bench_attention, bench_elementwise, bench_matmul, bench_train
+from agent.cases import Case
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.presets import get_preset
+from core.recompute import parse_policy
+from core.timing import HardwareProfile
+
+KINDS = ("matmul", "elementwise", "attention", "train")
+
+
+@dataclass(frozen=True, slots=True)
+class TrainSweep:
+    """A grid of micro-batch x checkpoint policy for one model and sequence."""
+
+    model: str
+    seq_len: int
+    micro_batches: tuple[int, ...]
+    policies: tuple[str, ...]
+    precision: str
+    optimizer: str = "adamw"
+    attention: str = "flash"
+    accumulation_steps: int = 1
+    warmup_steps: int = 2
+    steps: int = 5
+    expected_s: float = 1.0
+    """Rough seconds per configuration, for the ETA."""
+
+    def setups(self) -> list[bench_train.TrainSetup]:
+        spec = get_preset(self.model)
+        return [
+            bench_train.TrainSetup(
+                spec=spec,
+                config=TrainConfig(seq_len=self.seq_len, micro_batch=micro, precision=self.precision,
+                                   optimizer=self.optimizer, attention=self.attention, recompute=parse_policy(policy)),
+                accumulation_steps=self.accumulation_steps, warmup_steps=self.warmup_steps, steps=self.steps,
+            )
+            for micro in self.micro_batches
+            for policy in self.policies
+        ]
+
+
+POLICIES = ("none", "full", "every-2", "selective", "op-selective")
+SMOKE_TRAIN = TrainSweep(model="bench-llama-small", seq_len=128, micro_batches=(1, 2), policies=POLICIES,
+                         precision="fp32", steps=3, expected_s=1.0)
+GPU_TRAIN = TrainSweep(model="llama3.2-1b", seq_len=2048, micro_batches=(1, 2, 4, 8), policies=POLICIES,
+                       precision="amp-bf16", expected_s=4.0)
+
+
+@dataclass(frozen=True, slots=True)
+class SuiteSize:
+    squares: list[int]
+    gemms: list[tuple[str, int]]
+    """(preset, tokens) whose layer GEMMs are measured."""
+    elementwise_elements: int
+    attention_shapes: list[tuple[int, int, int, int]]
+    """(batch, seq_len, heads, head_dim)."""
+    budget_s: float
+    """Seconds of timed samples per case."""
+    train: TrainSweep
+
+
+SMOKE = SuiteSize(
+    squares=[128, 256, 512],
+    gemms=[("bench-llama-small", 256)],
+    elementwise_elements=8 * 2**20,
+    attention_shapes=[(1, 256, 8, 64)],
+    budget_s=0.25,
+    train=SMOKE_TRAIN,
+)
+GPU_SUITES = {
+    "smoke": SMOKE,
+    "quick": SuiteSize(
+        squares=[1024, 2048, 4096, 8192],
+        gemms=[("llama3-8b", 4096), ("llama2-70b", 4096)],
+        elementwise_elements=256 * 2**20,
+        attention_shapes=[(4, 2048, 32, 128), (1, 8192, 32, 128)],
+        budget_s=0.5,
+        train=GPU_TRAIN,
+    ),
+    "standard": SuiteSize(
+        squares=[512, 1024, 2048, 4096, 8192, 16384],
+        gemms=[("llama3-8b", 2048), ("llama3-8b", 8192), ("llama2-70b", 4096), ("llama3-70b", 8192)],
+        elementwise_elements=512 * 2**20,
+        attention_shapes=[(8, 1024, 32, 128), (4, 2048, 32, 128), (1, 8192, 32, 128), (1, 16384, 16, 128)],
+        budget_s=1.0,
+        train=GPU_TRAIN,
+    ),
+    "full": SuiteSize(
+        squares=[256, 512, 1024, 2048, 4096, 8192, 12288, 16384],
+        gemms=[(p, t) for p in ("llama3-8b", "llama2-70b", "llama3-70b", "gpt3-175b") for t in (2048, 8192)],
+        elementwise_elements=1024 * 2**20,
+        attention_shapes=[(8, 1024, 32, 128), (4, 2048, 32, 128), (2, 4096, 32, 128), (1, 8192, 32, 128),
+                          (1, 16384, 16, 128), (1, 32768, 8, 128)],
+        budget_s=2.0,
+        train=GPU_TRAIN,
+    ),
+}
+SUITES = tuple(GPU_SUITES)
+
+
+def suite_size(suite: str, device: torch.device) -> SuiteSize:
+    if suite not in GPU_SUITES:
+        raise ConfigError(f"unknown suite {suite!r}; valid: {', '.join(SUITES)}")
+    return SMOKE if device.type == "cpu" else GPU_SUITES[suite]
+
+
+def build_cases(
+    suite: str, device: torch.device, only: tuple[str, ...] = KINDS,
+    profile: Callable[[], HardwareProfile | None] | None = None,
+) -> list[Case]:
+    """The suite's cases for ``device``; ``profile`` gives the train cases' time predictions when they run."""
+    unknown = set(only) - set(KINDS)
+    if unknown:
+        raise ConfigError(f"unknown benchmark kind(s) {', '.join(sorted(unknown))}; valid: {', '.join(KINDS)}")
+    size = suite_size(suite, device)
+    cases: list[Case] = []
+    if "matmul" in only:
+        cases += bench_matmul.cases(device, size.squares, size.gemms, size.budget_s)
+    if "elementwise" in only:
+        cases += bench_elementwise.cases(device, size.elementwise_elements, size.budget_s)
+    if "attention" in only:
+        cases += bench_attention.cases(device, size.attention_shapes, size.budget_s)
+    if "train" in only:
+        cases += [bench_train.case(setup, profile, size.train.expected_s) for setup in size.train.setups()]
+    return cases

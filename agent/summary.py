@@ -1,0 +1,61 @@
+"""The table printed at the end of a run: the best figures per kind, against the datasheet."""
+
+from __future__ import annotations
+
+from agent.bench_attention import forward_flops
+from agent.runner import RunReport
+from core.hardware import HARDWARE_BY_KEY
+from db.models import AttentionResult, ElementwiseResult, MatmulResult, TrainStepResult
+
+
+def summarize(report: RunReport) -> str:
+    hw = HARDWARE_BY_KEY.get(report.hardware)
+    ok = [row for _, row in report.rows if row.status == "ok"]
+    lines = [
+        f"run {report.run_id}: {report.device_name} ({report.device_type}, datasheet: {report.hardware}), "
+        f"{len(report.rows)} results in {report.seconds:.1f} s: {len(ok)} ok, {report.count('skipped')} skipped, "
+        f"{report.count('oom')} out of memory, {report.count('error')} failed",
+    ]
+    matmuls = [r for r in ok if isinstance(r, MatmulResult)]
+    if matmuls:
+        lines.append("matmul, best per dtype:")
+        for dtype in ("fp32", "tf32", "fp16", "bf16", "fp8"):
+            rows = [r for r in matmuls if r.dtype == dtype]
+            if rows:
+                best = max(rows, key=lambda r: r.tflop_per_s)
+                peak = f" ({best.peak_fraction:.0%} of dense peak)" if best.peak_fraction else ""
+                lines.append(f"  {dtype:<5} {best.tflop_per_s:>10,.4g} TFLOP/s at {best.m}x{best.n}x{best.k}{peak}")
+    elementwise = [r for r in ok if isinstance(r, ElementwiseResult)]
+    if elementwise:
+        lines.append("elementwise bandwidth (read + write):")
+        for r in elementwise:
+            share = f" ({r.gb_per_s * 1e9 / hw.hbm_bytes_per_s:.0%} of datasheet)" if hw else ""
+            lines.append(f"  {r.op:<10} {r.gb_per_s:>10,.1f} GB/s{share}")
+    attention = [r for r in ok if isinstance(r, AttentionResult)]
+    if attention:
+        lines.append("attention (causal, FLOPs counted unmasked):")
+        for r in attention:
+            flops = forward_flops(r.batch, r.seq_len, r.n_heads, r.head_dim)
+            bwd = f", backward {r.backward_median_s * 1e3:,.2f} ms" if r.backward_median_s else ""
+            lines.append(
+                f"  {r.backend:<9} b{r.batch} s{r.seq_len} a{r.n_heads} d{r.head_dim}: forward "
+                f"{r.forward_median_s * 1e3:,.2f} ms = {flops / r.forward_median_s / 1e12:,.4g} TFLOP/s{bwd}"
+            )
+    steps = [(c, r) for c, r in report.rows if isinstance(r, TrainStepResult) and r.status in ("ok", "oom")]
+    if steps:
+        lines.append(f"training steps: {'configuration':<52}{'step s':>9}{'tokens/s':>11}{'MFU':>6}"
+                     f"{'peak GB':>9}{'pred GB':>9}{'act. vs ledger':>16}")
+        for case, r in steps:
+            if r.status == "oom":
+                reached = f"{r.peak_allocated_bytes / 1e9:,.1f}" if r.peak_allocated_bytes else "-"
+                lines.append(f"  {case.name:<66} out of memory at {reached} GB (predicted {r.predicted_peak_bytes / 1e9:,.1f})")
+                continue
+            mfu = f"{r.mfu:.0%}" if r.mfu else "-"
+            peak = f"{r.peak_allocated_bytes / 1e9:,.2f}" if r.peak_allocated_bytes else "-"
+            act = f"{r.activation_bytes / r.predicted_activation_bytes - 1:+.2%}" if r.predicted_activation_bytes else "-"
+            lines.append(f"  {case.name:<64}{r.median_s:>9.4f}{r.tokens_per_s:>11,.0f}{mfu:>6}{peak:>9}"
+                         f"{r.predicted_peak_bytes / 1e9:>9,.2f}{act:>16}")
+    problems = [(c, row) for c, row in report.rows if row.status in ("oom", "error")]
+    for case, row in problems:
+        lines.append(f"  {row.status}: {case.name}: {row.message}")
+    return "\n".join(lines)

@@ -1,0 +1,107 @@
+"""The agent on this CPU: the smoke suite end to end, failures recorded, timers."""
+
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from sqlalchemy import select  # noqa: E402
+
+from agent import bench_matmul  # noqa: E402
+from agent.cases import Case  # noqa: E402
+from agent.runner import run_suite  # noqa: E402
+from agent.suites import build_cases  # noqa: E402
+from agent.timer import time_fn  # noqa: E402
+from db.models import AttentionResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult  # noqa: E402
+from db.store import open_store  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def test_smoke_suite_records_a_completed_run_with_plausible_cpu_figures(smoke_store):
+    url, report = smoke_store
+    with open_store(url) as store, store.session() as s:
+        run = s.scalars(select(Run)).one()
+        assert run.status == "completed" and run.finished_at is not None
+        fp = s.get(Fingerprint, run.fingerprint_id)
+        assert fp.device_type == "cpu" and fp.device_name and fp.torch_version == torch.__version__
+        matmul = s.scalars(select(MatmulResult).where(MatmulResult.status == "ok")).all()
+        # A 2-core CPU: between 0.1 GFLOP/s and 10 TFLOP/s.
+        assert matmul and all(1e-4 < r.tflop_per_s < 10 for r in matmul)
+        assert all(len(r.samples_s) >= 3 and r.min_s <= r.median_s <= r.max_s for r in matmul)
+        fp8 = s.scalars(select(MatmulResult).where(MatmulResult.dtype == "fp8")).all()
+        assert fp8 and all(r.status == "skipped" and "CUDA" in r.message for r in fp8)
+        bandwidth = s.scalars(select(ElementwiseResult)).all()
+        assert {r.op for r in bandwidth} == {"copy", "add", "relu", "gelu", "layernorm"}
+        assert all(0.1 < r.gb_per_s < 1000 for r in bandwidth)
+        copy = next(r for r in bandwidth if r.op == "copy")
+        assert copy.bytes_moved == 2 * copy.elements * 4  # read + write, fp32
+        attention = s.scalars(select(AttentionResult).where(AttentionResult.status == "ok")).all()
+        assert attention and all(r.forward_median_s > 0 and r.backward_median_s > 0 for r in attention)
+
+
+def test_smoke_training_steps_match_the_ledger(smoke_store):
+    url, report = smoke_store
+    with open_store(url) as store, store.session() as s:
+        steps = s.scalars(select(TrainStepResult)).all()
+    assert len(steps) == 10  # 2 micro-batches x 5 policies
+    for row in steps:
+        assert row.status == "ok", row.message
+        assert row.activation_bytes == pytest.approx(row.predicted_activation_bytes, rel=0.02)
+        assert row.tokens_per_s > 0 and row.optimizer_median_s < row.median_s
+        assert row.predicted_step_time_s is not None  # from this run's own matmul and bandwidth rows
+
+
+def _boom(device):
+    raise RuntimeError("injected failure")
+
+
+def _oom(device):
+    raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+
+
+def test_a_failing_case_is_recorded_and_the_suite_goes_on(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    good = bench_matmul.case("fp32", 64, 64, 64, budget_s=0.05)
+    failing = Case("matmul", "broken", 0.1, _boom, lambda status, message: MatmulResult(
+        dtype="fp32", m=1, n=1, k=1, status=status, message=message))
+    oom = Case("matmul", "too big", 0.1, _oom, lambda status, message: MatmulResult(
+        dtype="fp32", m=2, n=2, k=2, status=status, message=message))
+    with open_store(url, mode="write") as store:
+        report = run_suite(store, CPU, "smoke", quiet=True, cases=[failing, oom, good])
+    assert [row.status for _, row in report.rows] == ["error", "oom", "ok"]
+    with open_store(url) as store, store.session() as s:
+        assert s.scalars(select(Run.status)).one() == "completed"
+        rows = s.scalars(select(MatmulResult).order_by(MatmulResult.id)).all()
+        assert [r.status for r in rows] == ["error", "oom", "ok"]
+        assert "injected failure" in rows[0].message and "out of memory" in rows[1].message
+
+
+def test_ctrl_c_aborts_the_run_and_keeps_finished_results(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+
+    def interrupt(device):
+        raise KeyboardInterrupt
+
+    stop = Case("matmul", "ctrl-c", 0.1, interrupt, lambda s, m: None)
+    with open_store(url, mode="write") as store, pytest.raises(KeyboardInterrupt):
+        run_suite(store, CPU, "smoke", quiet=True, cases=[bench_matmul.case("fp32", 64, 64, 64, budget_s=0.05), stop])
+    with open_store(url) as store, store.session() as s:
+        assert s.scalars(select(Run.status)).one() == "aborted"
+        assert len(s.scalars(select(MatmulResult)).all()) == 1
+
+
+def test_host_timer_keeps_every_sample_and_respects_its_budget():
+    calls = []
+    timing = time_fn(lambda i: (calls.append(i), time.sleep(0.01)), CPU, warmup=2, iterations=50, budget_s=0.1)
+    assert calls[:2] == [0, 1]  # warm-up first, untimed
+    assert 3 <= len(timing.samples_s) <= 12
+    assert all(s >= 0.01 for s in timing.samples_s)
+    assert timing.min_s <= timing.median_s <= timing.max_s
+
+
+def test_suite_kinds_are_validated():
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, train"):
+        build_cases("smoke", CPU, ("bogus",))
