@@ -120,6 +120,7 @@ class _Trace:
     region: Literal["none", "checkpoint", "op-selective"] = "none"
     offloading: bool = False
     kept: dict[int, SavedTensor] = field(default_factory=dict)
+    by_layer: dict[int | None, list[SavedTensor]] = field(default_factory=dict)
     weight_copies: dict[str, _Sym] = field(default_factory=dict)
     _next: int = 0
 
@@ -139,7 +140,22 @@ class _Trace:
             if t is None or t.storage in self.kept:
                 continue
             host = self.offloading and self.rules.offload_moves
-            self.kept[t.storage] = SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer)
+            self._store(t.storage, SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer))
+
+    def _store(self, key: int, saved: SavedTensor) -> None:
+        self.kept[key] = saved
+        self.by_layer.setdefault(saved.layer, []).append(saved)
+
+    def repeat_segment(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
+        """Keep for layers start.. what layers template_start.. kept; return a new segment output."""
+        offset = start - template_start
+        for layer in range(template_start, template_start + size):
+            for saved in self.by_layer.get(layer, ()):
+                self._next += 1
+                self._store(self._next, SavedTensor(saved.name, saved.shape, saved.dtype, saved.location,
+                                                    saved.kind, saved.layer + offset))
+        self._next += 1
+        return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
     def matmul_output(self, t: _Sym) -> _Sym:
         """Selective-checkpoint contexts cache the outputs of matmul and attention kernels."""
@@ -295,6 +311,24 @@ def _block(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: 
     return tr.new("residual_mlp", (b, s, h), x.dtype)
 
 
+def _segment(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: str, start: int, end: int) -> _Sym:
+    """Blocks start..end-1 under the policy: one checkpointed region, or plain (offloaded) blocks."""
+    policy = cfg.recompute
+    tr.layer = start
+    if policy.recomputes_blocks or policy.kind == "op-selective":
+        with tr.checkpointed(x, kind="op-selective" if policy.kind == "op-selective" else "checkpoint"):
+            for layer in range(start, end):
+                tr.layer = layer
+                x = _block(tr, spec, cfg, x, param_dtype)
+        return x
+    tr.offloading = policy.kind == "offload"
+    for layer in range(start, end):
+        tr.layer = layer
+        x = _block(tr, spec, cfg, x, param_dtype)
+    tr.offloading = False
+    return x
+
+
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
     amp = cfg.precision == "amp-bf16"
     param_dtype = "fp32" if cfg.precision in ("fp32", "amp-bf16") else "bf16"
@@ -312,18 +346,14 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
 
     policy, n = cfg.recompute, spec.n_layers
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
-    for start in range(0, n, size):
-        tr.layer = start
-        if policy.recomputes_blocks or policy.kind == "op-selective":
-            region = "op-selective" if policy.kind == "op-selective" else "checkpoint"
-            with tr.checkpointed(x, kind=region):
-                for layer in range(start, min(start + size, n)):
-                    tr.layer = layer
-                    x = _block(tr, spec, cfg, x, param_dtype)
-        else:
-            tr.offloading = policy.kind == "offload"
-            x = _block(tr, spec, cfg, x, param_dtype)
-            tr.offloading = False
+    starts = list(range(0, n, size))
+    for i, start in enumerate(starts):
+        # Segments past the second whose length is the usual one save what the second saved:
+        # replay it instead of tracing every block (an 80-layer model costs two segments).
+        if 2 <= i and start + size <= n and (i < len(starts) - 1 or n % size == 0):
+            x = tr.repeat_segment(starts[1], start, size, x)
+            continue
+        x = _segment(tr, spec, cfg, x, param_dtype, start, min(start + size, n))
     tr.layer = None
 
     final = tr.layer_norm(x, "final_norm") if spec.block == "gpt" else tr.rms_norm(x, "final_norm")

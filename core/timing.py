@@ -11,11 +11,12 @@ The model, per micro-batch (``step_time``):
 - forward: every GEMM of every block and the head at the profile's rate for
   its dtype and size; the attention core (QK^T and PV) at the attention rate;
   memory-bound elementwise work as bytes over bandwidth, taking each tensor
-  the block saves for backward as written once and read once;
+  a block saves without checkpointing as written once and read once;
 - backward: matmuls 2x forward, attention ``attention_backward_ratio`` x
   forward (FlashAttention-2 runs five GEMMs in backward against two forward,
   Dao 2023), elementwise 2x forward;
-- recompute: the recomputed FLOPs at the forward matmul rate;
+- recompute: the recomputed share of the blocks' forward (op-selective: all
+  of their elementwise work, no matmul);
 - offload: saved bytes to the host and back over ``host_bytes_per_s``;
 per optimizer step:
 
@@ -31,14 +32,18 @@ overlap it with backward; the output says so.
 from __future__ import annotations
 
 import bisect
+import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from core.config import TrainConfig
 from core.estimate import Estimate
 from core.flops import layer_forward_flops, logits_forward_flops
 from core.hardware import HardwareSpec
+from core.ledger import activation_ledger
+from core.model import ModelSpec
+from core.recompute import RecomputePolicy
 from core.precision import get_precision
 
 # Defaults used when a box has no measurement of its own (stated in every plan that uses them).
@@ -133,6 +138,12 @@ class StepTime:
         return self.micro_batches * per_micro + self.accumulation_s + self.optimizer_s
 
 
+@functools.lru_cache(maxsize=4096)
+def _plain_activation_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
+    """What the blocks save without checkpointing: the elementwise traffic every policy runs forward."""
+    return activation_ledger(spec, replace(config, recompute=RecomputePolicy("none")), device).activation_bytes
+
+
 def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int) -> StepTime:
     """Predicted time of one optimizer step (``accumulation_steps`` micro-batches) on one rank."""
     spec, cfg = estimate.spec, estimate.config
@@ -141,16 +152,19 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     attention_flops = layer.pop("attn_scores") + layer.pop("attn_values")
     blocks_matmul_s = spec.n_layers * sum(f / profile.matmul_flop_per_s(dtype, f) for f in layer.values())
     blocks_attention_s = spec.n_layers * attention_flops / profile.attention_flop_per_s
-    blocks_elementwise_s = 2 * estimate.ledger.activation_bytes / profile.hbm_bytes_per_s
+    blocks_elementwise_s = 2 * _plain_activation_bytes(spec, cfg, profile.device) / profile.hbm_bytes_per_s
     blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
     logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
     head_s = logits / profile.matmul_flop_per_s(dtype, logits)
 
     forward_s = blocks_s + head_s
     backward_s = 2 * (blocks_matmul_s + blocks_elementwise_s + head_s) + profile.attention_backward_ratio * blocks_attention_s
-    # Recompute runs a fraction of the blocks' forward again, at the forward's blend of rates.
-    blocks_flops = spec.n_layers * (sum(layer.values()) + attention_flops)
-    recompute_s = blocks_s * estimate.flops.recompute / blocks_flops
+    policy = cfg.recompute
+    if policy.kind == "op-selective":  # matmul outputs are cached; every elementwise op runs again
+        recompute_s = blocks_elementwise_s
+    else:  # a fraction of the blocks' forward runs again, at the forward's blend of rates
+        blocks_flops = spec.n_layers * (sum(layer.values()) + attention_flops)
+        recompute_s = blocks_s * estimate.flops.recompute / blocks_flops
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
 
     static = estimate.static

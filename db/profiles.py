@@ -46,7 +46,11 @@ def _device_names(session: Session) -> list[str]:
 
 
 def find_device(session: Session, name: str) -> str | None:
-    """The stored device name that ``name`` means, or None."""
+    """The stored device name that ``name`` means (``latest``: the last one measured), or None."""
+    if name.strip().lower() == "latest":
+        return session.scalars(
+            select(Fingerprint.device_name).join(Run, Run.fingerprint_id == Fingerprint.id).order_by(Run.started_at.desc())
+        ).first()
     names = _device_names(session)
     wanted = name.strip().lower()
     exact = [n for n in names if n.lower() == wanted]
@@ -129,7 +133,7 @@ def build_profile(session: Session, device_name: str) -> HardwareProfile:
     ratios = [r.peak_reserved_bytes / r.peak_allocated_bytes for r in steps if r.peak_reserved_bytes and r.peak_allocated_bytes]
     fragmentation = statistics.median(ratios) if ratios else DEFAULT_FRAGMENTATION
     if not ratios:
-        assumptions.append(f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x (no measured training steps)")
+        assumptions.append(f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x (no CUDA allocator statistics stored)")
     memory = fingerprint.device_memory_bytes or (datasheet.memory_bytes if datasheet else _host_memory())
     profile = HardwareProfile(
         name=device_name,

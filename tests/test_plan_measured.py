@@ -1,0 +1,59 @@
+"""`headroom plan` on a device the smoke suite measured: measured numbers and calibration."""
+
+import json
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+
+
+@pytest.fixture(scope="module")
+def measured_cpu(smoke_store):
+    url, report = smoke_store
+    return url, report.device_name
+
+
+def test_plan_uses_the_cpus_measurements_and_reports_calibration(headroom, measured_cpu):
+    url, cpu = measured_cpu
+    result = headroom("plan", "--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8",
+                      "--hardware", cpu, "--db", url, "--budget", "4GB", "--precision", "fp32", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hardware"]["source"] == "measured" and plan["hardware"]["name"] == cpu
+    calibration = plan["calibration"]
+    assert calibration["time"]["samples"] == 10 and calibration["memory"]["samples"] == 10
+    # Memory on a CPU is the saved-activation bytes, which the ledger predicts exactly.
+    assert calibration["memory"]["error"] < 0.02
+    assert calibration["time"]["factor"] > 0 and "measured steps" in calibration["confidence"]
+    best = plan["recommendation"]
+    assert best["micro_batch"] * best["accumulation_steps"] == 8
+
+
+def test_plan_falls_back_to_the_datasheet_and_says_so(headroom, measured_cpu):
+    url, _ = measured_cpu
+    result = headroom("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--dp", "8",
+                      "--zero", "1", "--hardware", "h100-sxm", "--db", url, "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["hardware"]["source"] == "datasheet"
+    assert any("75% of the dense datasheet peak" in a for a in plan["hardware"]["assumptions"])
+    assert plan["calibration"]["confidence"].startswith("uncalibrated")
+
+
+def test_impossible_plan_explains_itself(headroom):
+    result = headroom("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "32",
+                      "--hardware", "h100-sxm")
+    assert result.returncode == 0, result.stderr
+    assert "nothing fits" in result.stdout and "smallest change that fits: --dp" in result.stdout
+
+
+def test_plan_export_and_bad_input(headroom):
+    out = headroom("plan", "--model", "llama2-7b", "--global-tokens", "262144", "--seq-len", "4096", "--dp", "8",
+                   "--zero", "3", "--export", "deepspeed")
+    assert out.returncode == 0, out.stderr
+    assert '"train_batch_size": 64' in out.stdout
+    bad = headroom("plan", "--model", "llama2-7b", "--global-tokens", "1000", "--seq-len", "4096")
+    assert bad.returncode == 2 and "is not a multiple of --seq-len 4096" in bad.stderr
+    budget = headroom("plan", "--model", "llama2-7b", "--global-batch", "8", "--budget", "80XB")
+    assert budget.returncode == 2 and "unknown unit 'XB'" in budget.stderr
