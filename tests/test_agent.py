@@ -105,3 +105,23 @@ def test_suite_kinds_are_validated():
 
     with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, train"):
         build_cases("smoke", CPU, ("bogus",))
+
+
+def test_agent_commands_from_the_cli(headroom, tmp_path):
+    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    train = headroom("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
+                     "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet")
+    assert train.returncode == 0, train.stderr
+    assert train.stdout.count("bench-llama-tiny s32 micro") == 4
+    run = headroom("agent", "run", "--suite", "smoke", "--only", "elementwise", "--device", "cpu", "--db", db,
+                   "--label", "rack=b7", "--quiet")
+    assert run.returncode == 0, run.stderr
+    assert "5 results" in run.stdout and "copy" in run.stdout
+    with open_store(db) as store, store.session() as s:
+        assert sorted(s.scalars(select(Run.suite)).all()) == ["smoke", "train"]
+        assert {"rack": "b7"} in s.scalars(select(Run.labels)).all()
+    if not torch.cuda.is_available():
+        no_gpu = headroom("agent", "run", "--device", "cuda:0", "--db", db)
+        assert no_gpu.returncode == 2 and "no CUDA device is visible here; use --device cpu" in no_gpu.stderr
+    bad = headroom("agent", "run", "--device", "cpu", "--only", "matmul,bogus", "--db", db)
+    assert bad.returncode == 2 and "unknown benchmark kind(s) bogus" in bad.stderr
