@@ -4,7 +4,8 @@
 ``name`` (case-insensitive; exact first, else a unique substring) and builds:
 
 - matmul throughput by dtype from its ``ok`` matmul rows (the median over
-  runs of each shape), for interpolation over GEMM sizes;
+  runs of each shape, made non-decreasing in size), for interpolation over
+  GEMM sizes;
 - attention throughput and the backward/forward time ratio from its
   attention rows (the fastest backend at the largest measured shape);
 - bandwidth from its best copy;
@@ -79,7 +80,10 @@ def _matmul_points(session: Session, device_name: str) -> dict[str, tuple[Matmul
         by_shape[(row.dtype, 2 * row.m * row.n * row.k * row.batch)].append(row.tflop_per_s * 1e12)
     points: dict[str, list[MatmulPoint]] = defaultdict(list)
     for (dtype, flops), rates in sorted(by_shape.items(), key=lambda kv: kv[0][1]):
-        points[dtype].append(MatmulPoint(float(flops), statistics.median(rates)))
+        # A larger GEMM is not slower per FLOP than a smaller one the same box ran: a dip is
+        # noise (a busy host, a cold clock), so the envelope carries the best rate seen so far.
+        best = max(statistics.median(rates), points[dtype][-1].flop_per_s if points[dtype] else 0.0)
+        points[dtype].append(MatmulPoint(float(flops), best))
     return {dtype: tuple(p) for dtype, p in points.items()}
 
 
