@@ -10,10 +10,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from cli import agent, catalog, db, estimate, plan
+from cli import agent, catalog, dashboard, db, estimate, plan
 from core.errors import ConfigError
 
-COMMANDS = (estimate, plan, agent, catalog, db)
+COMMANDS = (estimate, plan, agent, catalog, db, dashboard)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -17,6 +17,13 @@ SQLite is set up for many writer processes on one file:
   timeout applies, so concurrent writers queue instead of erroring.
 
 PostgreSQL goes through psycopg 3 (``pip install 'headroom[postgres]'``).
+
+A reader's engine (``write=False``: the dashboard, ``db info``, ``db export``)
+cannot write even by mistake: SQLite connections run with
+``PRAGMA query_only = ON`` (any INSERT, UPDATE, DDL fails with "attempt to
+write a readonly database"; reading a WAL file still works, which a
+``mode=ro`` URI would refuse when the ``-shm`` file is missing), and
+PostgreSQL sessions start with ``default_transaction_read_only = on``.
 """
 
 from __future__ import annotations
@@ -94,8 +101,11 @@ def make_engine(url: URL, *, write: bool) -> Engine:
     """An engine for a checked URL (see `parse_url`); ``write`` selects SQLite's ``BEGIN IMMEDIATE``."""
     if url.get_backend_name() == "sqlite":
         return _sqlite_engine(url, write=write)
+    connect_args: dict[str, object] = {"connect_timeout": 10}
+    if not write:
+        connect_args["options"] = "-c default_transaction_read_only=on"
     try:
-        return create_engine(url, pool_pre_ping=True, connect_args={"connect_timeout": 10})
+        return create_engine(url, pool_pre_ping=True, connect_args=connect_args)
     except ModuleNotFoundError:
         raise StoreError(
             f"{display_url(url)} needs the PostgreSQL driver psycopg 3: pip install 'headroom[postgres]'"
@@ -112,6 +122,8 @@ def _sqlite_engine(url: URL, *, write: bool) -> Engine:
         cursor = dbapi_connection.cursor()
         cursor.execute(f"PRAGMA busy_timeout = {SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys = ON")
+        if not write:
+            cursor.execute("PRAGMA query_only = ON")
         cursor.close()
 
     @event.listens_for(engine, "begin")

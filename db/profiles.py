@@ -21,6 +21,7 @@ assumptions.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from collections import defaultdict
@@ -159,28 +160,41 @@ def _host_memory() -> int:
 
 
 def calibration_for(session: Session, device_name: str, profile: HardwareProfile) -> Calibration:
-    """Each ok training step of the device, predicted again now, against what was measured."""
+    """Each ok training step of the device, predicted again now, against what was measured.
+
+    A fleet reruns the same configurations night after night: each distinct
+    configuration is predicted once.
+    """
+    predictions: dict[tuple, tuple[int, int, float] | None] = {}
     observations = []
     for row in _train_rows(session, device_name):
-        try:
-            spec = ModelSpec(**row.model_spec)
-            config = TrainConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, precision=row.precision,
-                                 optimizer=row.optimizer, attention=row.attention,
-                                 recompute=parse_policy(row.recompute),
-                                 dropout=float((row.prediction or {}).get("config", {}).get("dropout", 0.0)))
-            predicted = estimate(spec, config, profile.device)
-        except (ConfigError, TypeError):
+        dropout = float((row.prediction or {}).get("config", {}).get("dropout", 0.0))
+        key = (json.dumps(row.model_spec, sort_keys=True), row.seq_len, row.micro_batch, row.accumulation_steps,
+               row.precision, row.optimizer, row.attention, row.recompute, dropout)
+        if key not in predictions:
+            predictions[key] = _predict(row, dropout, profile)
+        if predictions[key] is None:
             continue  # a row from an older core whose spec or config no longer reads
-        if row.peak_allocated_bytes:
-            memory = (predicted.peak_bytes, row.peak_allocated_bytes)
-        else:
-            memory = (predicted.ledger.activation_bytes, row.activation_bytes)
+        peak, activations, seconds = predictions[key]
+        memory = (peak, row.peak_allocated_bytes) if row.peak_allocated_bytes else (activations, row.activation_bytes)
         observations.append(Observation(
-            predicted_bytes=memory[0], measured_bytes=memory[1],
-            predicted_s=step_time(predicted, profile, row.accumulation_steps).total_s, measured_s=row.median_s,
+            predicted_bytes=memory[0], measured_bytes=memory[1], predicted_s=seconds, measured_s=row.median_s,
             label=f"{row.model_name} micro {row.micro_batch} x{row.accumulation_steps} {row.recompute}",
         ))
     return calibrate(device_name, observations)
+
+
+def _predict(row: TrainStepResult, dropout: float, profile: HardwareProfile) -> tuple[int, int, float] | None:
+    """(peak bytes, saved-activation bytes, step seconds) the current core predicts for a stored step."""
+    try:
+        spec = ModelSpec(**row.model_spec)
+        config = TrainConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, precision=row.precision,
+                             optimizer=row.optimizer, attention=row.attention,
+                             recompute=parse_policy(row.recompute), dropout=dropout)
+        predicted = estimate(spec, config, profile.device)
+    except (ConfigError, TypeError):
+        return None
+    return predicted.peak_bytes, predicted.ledger.activation_bytes, step_time(predicted, profile, row.accumulation_steps).total_s
 
 
 def measured_devices(url: str | None = None) -> list[str]:

@@ -1,0 +1,173 @@
+"""Dashboard benchmark: every page's data functions and render with 10,000 runs in the store.
+
+    python benchmarks/bench_dashboard.py
+    python benchmarks/bench_dashboard.py --runs 10000 --devices 20
+
+Fills a temporary SQLite store with ``--runs`` runs over ``--devices`` boxes
+(each run: 8 matmuls, 3 elementwise ops, 1 attention shape and 2 training
+steps with predictions; values jittered, a few runs 10% slow), imported as one
+bundle as ``headroom db import`` would. Then, for each page, it times
+
+- its data functions (dashboard/data.py) cold (caches cleared) and cached;
+- its whole render under Streamlit's AppTest, cold and cached.
+
+Target: every page under 2 s cached on a 2-core machine (issue 8).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import random
+import sys
+import tempfile
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import streamlit as st  # noqa: E402
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from core.presets import get_preset  # noqa: E402
+from dashboard import data  # noqa: E402
+from db.bundle import export_bundle, import_bundle  # noqa: E402
+from db.models import ElementwiseResult, AttentionResult, Fingerprint, MatmulResult, TrainStepResult  # noqa: E402
+from db.store import open_store  # noqa: E402
+
+DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA L40S", "NVIDIA GeForce RTX 4090")
+PAGES = ("plan", "hardware", "history", "calibration")
+
+
+def template_run(url: str) -> dict:
+    """One realistic run written through the writer API, exported as a bundle document."""
+    box = Fingerprint(device_type="cuda", device_name=DEVICES[0], hostname="template", python_version="3.11.7",
+                      device_memory_bytes=80 * 10**9, driver_version="550.54.15", cuda_version="12.4",
+                      torch_version="2.13.0")
+    spec = get_preset("llama3.2-1b")
+    with open_store(url, mode="write") as store:
+        run_id = store.start_run(box, suite="quick", benchmark_version="1")
+        for dtype in ("bf16", "fp32"):
+            for size in (1024, 2048, 4096, 8192):
+                s = 2 * size**3 / 700e12 * (1 if dtype == "bf16" else 14)
+                store.add_result(run_id, MatmulResult(dtype=dtype, m=size, n=size, k=size, samples_s=[s] * 10,
+                                                      median_s=s, min_s=s, max_s=s, tflop_per_s=2 * size**3 / s / 1e12))
+        for op, moved in (("copy", 2), ("add", 3), ("gelu", 2)):
+            n = 2**28
+            s = moved * 2 * n / 3.0e12
+            store.add_result(run_id, ElementwiseResult(op=op, dtype="bf16", elements=n, bytes_moved=moved * 2 * n,
+                                                       samples_s=[s] * 10, median_s=s, min_s=s, max_s=s,
+                                                       gb_per_s=moved * 2 * n / s / 1e9))
+        store.add_result(run_id, AttentionResult(backend="flash", dtype="bf16", batch=4, seq_len=4096, n_heads=32,
+                                                 n_kv_heads=8, head_dim=128, causal=True, forward_samples_s=[2e-3] * 5,
+                                                 forward_median_s=2e-3, backward_samples_s=[5e-3] * 5,
+                                                 backward_median_s=5e-3))
+        for policy in ("none", "full"):
+            s = 0.5 if policy == "none" else 0.65
+            store.add_result(run_id, TrainStepResult(
+                model_name=spec.name, model_spec=spec.__dict__ if hasattr(spec, "__dict__") else _asdict(spec),
+                seq_len=2048, micro_batch=4, recompute=policy, samples_s=[s] * 5, median_s=s, min_s=s, max_s=s,
+                tokens_per_s=4 * 2048 / s, peak_allocated_bytes=30 * 10**9, peak_reserved_bytes=33 * 10**9,
+                activation_bytes=12 * 10**9, predicted_peak_bytes=29 * 10**9, predicted_activation_bytes=11 * 10**9,
+                predicted_step_time_s=s * 0.9,
+            ))
+        store.finish_run(run_id)
+        return export_bundle(store)["runs"][0]
+
+
+def _asdict(spec) -> dict:
+    from dataclasses import asdict
+
+    return asdict(spec)
+
+
+def fill(url: str, n_runs: int, n_devices: int, seed: int) -> float:
+    rng = random.Random(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        template = template_run(f"sqlite:///{tmp}/template.db")
+    now = datetime.now(timezone.utc)
+    runs = []
+    for i in range(n_runs):
+        run = copy.deepcopy(template)
+        device = i % n_devices
+        run["uuid"] = str(uuid.uuid4())
+        started = now - timedelta(days=365 * (n_runs - i) / n_runs)
+        run["started_at"] = started.isoformat()
+        run["finished_at"] = (started + timedelta(minutes=3)).isoformat()
+        run["fingerprint"]["device_name"] = DEVICES[device % len(DEVICES)]
+        run["fingerprint"]["hostname"] = f"box-{device:02d}"
+        slow = 0.9 if rng.random() < 0.02 else 1.0
+        for kind, results in run["results"].items():
+            for result in results:
+                result["recorded_at"] = run["started_at"]
+                for key in ("tflop_per_s", "gb_per_s", "tokens_per_s"):
+                    if result.get(key):
+                        result[key] *= rng.uniform(0.98, 1.02) * slow
+        runs.append(run)
+    bundle = {"format": "headroom-bundle", "version": 1, "schema_revision": None, "runs": runs}
+    from db.migrate import head
+
+    bundle["schema_revision"] = head()
+    started = time.perf_counter()
+    with open_store(url, mode="write") as store:
+        import_bundle(store, bundle)
+    return time.perf_counter() - started
+
+
+def data_calls(url: str, device: str) -> dict[str, list]:
+    return {
+        "plan": [lambda: data.devices(url), lambda: data.measured(url, device)],
+        "hardware": [lambda: data.devices(url), lambda: data.runs(url), lambda: data.matmul(url, device),
+                     lambda: data.elementwise(url, device), lambda: data.attention(url, device)],
+        "history": [lambda: data.key_figures(url)],
+        "calibration": [lambda: data.train_steps(url), lambda: data.measured(url, device)],
+    }
+
+
+def timed(calls) -> float:
+    started = time.perf_counter()
+    for call in calls:
+        call()
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=10_000, help="runs in the store (default 10000)")
+    parser.add_argument("--devices", type=int, default=20, help="distinct boxes (default 20)")
+    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        url = f"sqlite:///{tmp}/results.db"
+        fill_s = fill(url, args.runs, args.devices, args.seed)
+        print(f"store: {args.runs:,} runs over {args.devices} boxes, imported in {fill_s:.1f} s")
+        os.environ["HEADROOM_DB"] = url
+        device = DEVICES[0]
+        print(f"{'page':<12}{'data cold s':>12}{'data cached s':>15}{'render cold s':>15}{'render cached s':>17}")
+        for page, calls in data_calls(url, device).items():
+            st.cache_data.clear()
+            st.cache_resource.clear()
+            cold = timed(calls)
+            cached = timed(calls)
+            st.cache_data.clear()
+            st.cache_resource.clear()
+            at = AppTest.from_file(str(ROOT / "dashboard" / "app.py"), default_timeout=300)
+            if page != "plan":
+                at.switch_page(f"views/{page}.py")
+            started = time.perf_counter()
+            at.run()
+            render_cold = time.perf_counter() - started
+            started = time.perf_counter()
+            at.run()
+            render_cached = time.perf_counter() - started
+            if at.exception:
+                raise SystemExit(f"{page} raised: {at.exception[0].value}")
+            print(f"{page:<12}{cold:>12.3f}{cached:>15.4f}{render_cold:>15.3f}{render_cached:>17.3f}")
+
+
+if __name__ == "__main__":
+    main()

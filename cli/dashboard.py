@@ -1,0 +1,51 @@
+"""``headroom dashboard``: the Streamlit dashboard over a result store, bound to localhost by default."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from core.errors import ConfigError
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "dashboard",
+        help="open the dashboard: plans, hardware rooflines, history across boxes, calibration",
+        description="Start the Streamlit dashboard over a result store (read-only). It listens on 127.0.0.1 "
+        "only; --host 0.0.0.0 exposes it to the network. Example: headroom dashboard --db results.db --port 8501",
+    )
+    p.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file; see `headroom db info`)")
+    p.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
+    p.set_defaults(handler=run)
+
+
+def command(host: str, port: int) -> list[str]:
+    """The Streamlit command line for the dashboard."""
+    app = Path(__file__).resolve().parents[1] / "dashboard" / "app.py"
+    return [
+        sys.executable, "-m", "streamlit", "run", str(app),
+        "--server.address", host, "--server.port", str(port), "--server.headless", "true",
+        "--browser.gatherUsageStats", "false", "--client.toolbarMode", "viewer",
+    ]
+
+
+def run(args: argparse.Namespace) -> int:
+    if not 0 < args.port < 65536:
+        raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
+    try:
+        import streamlit  # noqa: F401
+    except ModuleNotFoundError:
+        raise ConfigError("the dashboard needs its extra: pip install 'headroom[dashboard]'") from None
+    env = dict(os.environ)
+    if args.db:
+        env["HEADROOM_DB"] = args.db
+    print(f"headroom dashboard: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+    try:
+        return subprocess.call(command(args.host, args.port), env=env)
+    except KeyboardInterrupt:
+        return 0

@@ -1,0 +1,169 @@
+"""Cached, read-only queries of the result store, as pandas DataFrames.
+
+Every function takes the store URL, so the cache keys on it. The store is
+opened once per URL (`store`, a cached resource) in read mode: it never
+migrates and its engine cannot write (db.engine). Query results are cached
+for ``TTL_S`` seconds, enough to keep every page responsive with 10,000 runs
+(benchmarks/bench_dashboard.py) while a box's new run shows up within a minute.
+
+Only ``ok`` results are returned; units are as in db.models (``tflop_per_s``
+1e12 FLOP/s, ``gb_per_s`` 1e9 bytes/s, ``_bytes`` bytes, ``_s`` seconds).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import streamlit as st
+from sqlalchemy import select
+
+from core.calibration import Calibration
+from core.timing import HardwareProfile
+from db.errors import OutdatedStoreError, StoreError
+from db.location import resolve_url
+from db.models import AttentionResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult
+from db.store import Store, open_store
+
+TTL_S = 60
+MAX_ENTRIES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class StoreState:
+    """What the dashboard can read: ``ok``, ``missing`` (nothing recorded), ``outdated`` or ``error``."""
+
+    url: str
+    status: str
+    message: str = ""
+    upgrade_command: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+def store_url() -> str:
+    """The store the dashboard reads: ``HEADROOM_DB`` (set by ``headroom dashboard --db``), else the default file."""
+    return resolve_url(None)
+
+
+@st.cache_resource(max_entries=8)
+def store(url: str) -> Store:
+    """One read-only Store (engine and pool) per URL for the server's life. Raises StoreError."""
+    return open_store(url, mode="read")
+
+
+def store_state(url: str) -> StoreState:
+    """Open the store if possible and say why not otherwise (never raises for a store problem)."""
+    try:
+        store(url)
+    except OutdatedStoreError as err:
+        return StoreState(url, "outdated", str(err), err.upgrade_command)
+    except StoreError as err:
+        text = str(err)
+        missing = "no result store at" in text or "is empty" in text
+        return StoreState(url, "missing" if missing else "error", text)
+    return StoreState(url, "ok")
+
+
+def _frame(url: str, query) -> pd.DataFrame:
+    with store(url).session() as session:
+        result = session.execute(query)
+        # Plain tuples: a Row with a column named "dtype" would look array-like to pandas.
+        return pd.DataFrame.from_records([tuple(row) for row in result], columns=list(result.keys()))
+
+
+def _with_run(model, *columns):
+    """Select result columns with the run's and the device's identity."""
+    return (
+        select(Run.id.label("run_id"), Run.uuid, Run.started_at, Fingerprint.device_name, Fingerprint.hostname,
+               Fingerprint.device_type, *columns)
+        .join(Run, model.run_id == Run.id)
+        .join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
+        .where(model.status == "ok")
+    )
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def devices(url: str) -> list[str]:
+    """Measured device names, sorted."""
+    with store(url).session() as session:
+        return sorted(set(session.scalars(select(Fingerprint.device_name))))
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def runs(url: str) -> pd.DataFrame:
+    """One row per run: identity, device, software stack, status; newest first."""
+    query = (
+        select(Run.id.label("run_id"), Run.uuid, Run.suite, Run.benchmark_version, Run.status, Run.started_at,
+               Run.finished_at, Fingerprint.device_name, Fingerprint.device_type, Fingerprint.hostname,
+               Fingerprint.driver_version, Fingerprint.cuda_version, Fingerprint.torch_version)
+        .join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
+        .order_by(Run.started_at.desc())
+    )
+    return _frame(url, query)
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def matmul(url: str, device: str | None = None) -> pd.DataFrame:
+    """ok matmul results (of one device, or all), with ``flops`` = 2 m n k x batch."""
+    m = MatmulResult
+    query = _with_run(m, m.dtype, m.m, m.n, m.k, m.batch, m.median_s, m.tflop_per_s, m.peak_fraction)
+    if device is not None:
+        query = query.where(Fingerprint.device_name == device)
+    frame = _frame(url, query)
+    frame["flops"] = 2.0 * frame["m"] * frame["n"] * frame["k"] * frame["batch"]
+    return frame
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def elementwise(url: str, device: str | None = None) -> pd.DataFrame:
+    """ok elementwise results: op, dtype, elements, bytes_moved, median_s, gb_per_s."""
+    e = ElementwiseResult
+    query = _with_run(e, e.op, e.dtype, e.elements, e.bytes_moved, e.median_s, e.gb_per_s)
+    if device is not None:
+        query = query.where(Fingerprint.device_name == device)
+    return _frame(url, query)
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def attention(url: str, device: str | None = None) -> pd.DataFrame:
+    """ok attention results (forward and backward medians, seconds)."""
+    a = AttentionResult
+    query = _with_run(a, a.backend, a.dtype, a.batch, a.seq_len, a.n_heads, a.n_kv_heads, a.head_dim, a.causal,
+                      a.forward_median_s, a.backward_median_s)
+    if device is not None:
+        query = query.where(Fingerprint.device_name == device)
+    return _frame(url, query)
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
+    """ok training steps with what was measured and what the core predicted at measurement time."""
+    t = TrainStepResult
+    query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
+                      t.precision, t.optimizer, t.median_s, t.tokens_per_s, t.mfu, t.peak_allocated_bytes,
+                      t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
+                      t.predicted_activation_bytes, t.predicted_step_time_s)
+    if device is not None:
+        query = query.where(Fingerprint.device_name == device)
+    return _frame(url, query)
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def measured(url: str, device: str) -> tuple[HardwareProfile, Calibration]:
+    """The device's measured HardwareProfile and its calibration (db.profiles)."""
+    from db.profiles import build_profile, calibration_for
+
+    with store(url).session() as session:
+        profile = build_profile(session, device)
+        return profile, calibration_for(session, device, profile)
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def key_figures(url: str) -> pd.DataFrame:
+    """dashboard.history.key_figures over the whole store (one row per run), cached: the History page's base."""
+    from dashboard.history import key_figures as compute
+
+    return compute(runs(url), matmul(url), elementwise(url), train_steps(url))

@@ -1,0 +1,39 @@
+"""What every page says when the store cannot be read: empty, outdated, broken."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard.data import StoreState
+
+AGENT_COMMAND = "headroom agent run --suite quick"
+
+
+def store_notice(state: StoreState) -> None:
+    """Explain a store the page cannot read, and what to run; nothing for a readable store."""
+    if state.status == "missing":
+        st.info(
+            f"No measurements yet in `{state.url}`. Run the benchmark agent on each GPU box "
+            "(`--suite smoke --device cpu` on a machine without a GPU), then reload:"
+        )
+        st.code(AGENT_COMMAND, language="sh")
+        st.caption("Planning from datasheets works without any measurement (Plan page).")
+    elif state.status == "outdated":
+        st.warning("This store was written by an older headroom. The dashboard only reads and never migrates; "
+                   "upgrade the store with:")
+        st.code(state.upgrade_command or "", language="sh")
+        st.caption(state.message)
+    elif state.status == "error":
+        st.error(state.message)
+
+
+def readable_store() -> str:
+    """The store URL when it can be read; otherwise explain why and stop the page."""
+    from dashboard.data import store_state, store_url
+
+    url = store_url()
+    state = store_state(url)
+    if not state.ok:
+        store_notice(state)
+        st.stop()
+    return url

@@ -1,0 +1,79 @@
+"""The Hardware page's logic: a device's roofs and its measurements as roofline points.
+
+Intensities (FLOP per byte of device memory traffic), per measurement kind:
+
+- matmul (m x k)(k x n): 2mnk FLOPs over reading both operands and writing
+  the result once (core.roofline.matmul_intensity), at the dtype's element size;
+- attention: 4 b s^2 h d FLOPs forward (QK^T and PV, causal counted in full,
+  as the core counts it) over reading Q, K, V and writing O once;
+- elementwise: one FLOP per element (an add, a relu; a copy does none, so
+  this places it, not measures it) over the op's ``bytes_moved``.
+
+The measured roof is the best matmul rate of the device (any dtype, or the
+chosen one) and its best copy bandwidth; the datasheet roof is the dense peak
+and HBM bandwidth of its datasheet row.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from core.hardware import HardwareSpec, match_device
+from core.roofline import matmul_intensity
+
+ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+
+
+def datasheet_row(device_name: str, device_type: str) -> HardwareSpec | None:
+    """The datasheet row of a GPU; a CPU has none."""
+    return match_device(device_name).spec if device_type == "cuda" else None
+
+
+def roofs(spec: HardwareSpec | None, matmul: pd.DataFrame, elementwise: pd.DataFrame,
+          dtype: str) -> dict[str, tuple[float, float]]:
+    """Roof name -> (peak FLOP/s, bytes/s): the datasheet's and the measured one, when known."""
+    found: dict[str, tuple[float, float]] = {}
+    if spec is not None and dtype in spec.peak_flop_per_s:
+        found[f"datasheet {dtype}"] = (spec.peak_flop_per_s[dtype], spec.hbm_bytes_per_s)
+    rates = matmul.loc[matmul["dtype"] == dtype, "tflop_per_s"] if len(matmul) else pd.Series(dtype=float)
+    copies = elementwise.loc[elementwise["op"] == "copy", "gb_per_s"] if len(elementwise) else pd.Series(dtype=float)
+    if len(copies) == 0 and len(elementwise):
+        copies = elementwise["gb_per_s"]
+    if len(rates) and len(copies):
+        found[f"measured {dtype}"] = (float(rates.max()) * 1e12, float(copies.max()) * 1e9)
+    return found
+
+
+def roofline_points(matmul: pd.DataFrame, attention: pd.DataFrame, elementwise: pd.DataFrame) -> pd.DataFrame:
+    """Every measurement as (kind, label, intensity, tflop_per_s): medians over runs of each shape."""
+    frames = []
+    if len(matmul):
+        mm = matmul.groupby(["dtype", "m", "n", "k", "batch"], as_index=False)["tflop_per_s"].median()
+        mm["intensity"] = [matmul_intensity(m, n, k, ELEMENT_BYTES[d]) for d, m, n, k in
+                           zip(mm["dtype"], mm["m"], mm["n"], mm["k"])]
+        mm["kind"] = "matmul " + mm["dtype"]
+        mm["label"] = [f"{b}x {m}x{k} @ {k}x{n}" for b, m, n, k in zip(mm["batch"], mm["m"], mm["n"], mm["k"])]
+        frames.append(mm[["kind", "label", "intensity", "tflop_per_s"]])
+    if len(attention):
+        keys = ["backend", "dtype", "batch", "seq_len", "n_heads", "n_kv_heads", "head_dim"]
+        at = attention.groupby(keys, as_index=False)["forward_median_s"].median()
+        flops = 4.0 * at["batch"] * at["seq_len"] ** 2 * at["n_heads"] * at["head_dim"]
+        element = at["dtype"].map(ELEMENT_BYTES)
+        moved = element * at["batch"] * at["seq_len"] * at["head_dim"] * (2 * at["n_heads"] + 2 * at["n_kv_heads"])
+        at["intensity"] = flops / moved
+        at["tflop_per_s"] = flops / at["forward_median_s"] / 1e12
+        at["kind"] = "attention " + at["backend"]
+        at["label"] = [f"{d} b{b} s{s} h{h} d{hd}" for d, b, s, h, hd in
+                       zip(at["dtype"], at["batch"], at["seq_len"], at["n_heads"], at["head_dim"])]
+        frames.append(at[["kind", "label", "intensity", "tflop_per_s"]])
+    if len(elementwise):
+        ew = elementwise.groupby(["op", "dtype", "elements", "bytes_moved"], as_index=False)["median_s"].median()
+        ew["intensity"] = ew["elements"] / ew["bytes_moved"]
+        ew["tflop_per_s"] = ew["elements"] / ew["median_s"] / 1e12
+        ew["kind"] = "elementwise"
+        ew["label"] = ew["op"] + " " + ew["dtype"]
+        frames.append(ew[["kind", "label", "intensity", "tflop_per_s"]])
+    if not frames:
+        return pd.DataFrame(columns=["kind", "label", "intensity", "tflop_per_s"])
+    points = pd.concat(frames, ignore_index=True)
+    return points[points["tflop_per_s"] > 0]

@@ -1,0 +1,62 @@
+"""Hardware: per device, its roofline, matmul throughput by size and bandwidth by op."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from core.hardware import DTYPES
+from dashboard import charts, data, roofs
+from dashboard.notices import readable_store, store_notice
+
+st.title("Hardware")
+url = readable_store()
+names = data.devices(url)
+if not names:
+    store_notice(data.StoreState(url, "missing"))
+    st.stop()
+
+device = st.selectbox("device", names, key="hardware_device")
+matmul = data.matmul(url, device)
+elementwise = data.elementwise(url, device)
+attention = data.attention(url, device)
+run_rows = data.runs(url)
+device_type = run_rows.loc[run_rows["device_name"] == device, "device_type"].iloc[0]
+spec = roofs.datasheet_row(device, device_type)
+measured_dtypes = [d for d in DTYPES if d in set(matmul["dtype"])]
+st.caption(
+    f"{device} ({device_type}); datasheet: {spec.name + ' — ' + spec.source if spec else 'none (CPU or unknown device)'}. "
+    f"{len(matmul)} matmul, {len(attention)} attention and {len(elementwise)} elementwise results "
+    f"from {run_rows['device_name'].eq(device).sum()} runs."
+)
+if not measured_dtypes and spec is None:
+    st.info("No matmul measurements for this device yet.")
+    st.stop()
+dtype_choices = measured_dtypes or [d for d in DTYPES if spec and d in spec.peak_flop_per_s]
+dtype = st.selectbox("roof dtype", dtype_choices,
+                     index=dtype_choices.index("bf16") if "bf16" in dtype_choices else 0, key="hardware_dtype")
+
+st.subheader("Roofline")
+roof_table = roofs.roofs(spec, matmul, elementwise, dtype)
+points = roofs.roofline_points(matmul, attention, elementwise)
+st.altair_chart(charts.build_roofline_chart(charts.roof_frame(roof_table), points), width="stretch")
+for name, (peak, bandwidth) in roof_table.items():
+    st.markdown(f"- **{name}** roof: {peak / 1e12:,.3g} TFLOP/s, {bandwidth / 1e9:,.4g} GB/s, "
+                f"ridge at {peak / bandwidth:,.3g} FLOP/byte")
+st.caption("Intensity: matmul 2mnk over both operands read and the result written once; attention "
+           "4bs²hd (causal counted in full) over Q, K, V read and O written; elementwise placed at one FLOP "
+           "per element over its bytes moved. Measured roof: best matmul rate in this dtype and best copy bandwidth.")
+
+left, right = st.columns(2)
+with left:
+    st.subheader("Matmul TFLOP/s by size")
+    if len(matmul):
+        st.altair_chart(charts.build_matmul_size_chart(matmul), width="stretch")
+    else:
+        st.info("No matmul results.")
+with right:
+    st.subheader("Bandwidth by op")
+    if len(elementwise):
+        datasheet_gb_per_s = spec.hbm_bytes_per_s / 1e9 if spec else None
+        st.altair_chart(charts.build_bandwidth_chart(elementwise, datasheet_gb_per_s), width="stretch")
+    else:
+        st.info("No elementwise results.")

@@ -1,0 +1,46 @@
+"""History: pick devices and runs, compare them side by side, and watch key figures over time."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from dashboard import charts, data, history
+from dashboard.notices import readable_store, store_notice
+
+st.title("History")
+url = readable_store()
+all_runs = data.runs(url)
+if all_runs.empty:
+    store_notice(data.StoreState(url, "missing"))
+    st.stop()
+
+figures = data.key_figures(url)
+names = sorted(all_runs["device_name"].unique())
+chosen_devices = st.multiselect("devices", names, default=names[:4], key="history_devices")
+mine = figures[figures["device"].isin(chosen_devices)]
+st.caption(f"{len(mine)} of {len(figures)} runs. Key figures: best bf16 matmul (fp32 where no bf16 ran), best copy "
+           "bandwidth, and tokens/s of each device's reference training step (the configuration most of its runs "
+           "measured).")
+
+st.subheader("Compare runs")
+labels = {row.run_id: f"{row.device} · {row.hostname} · {row.started_at:%Y-%m-%d %H:%M} · {row.uuid[:8]}"
+          for row in mine.head(500).itertuples()}
+picked = st.multiselect("runs (newest first)", list(labels), default=list(labels)[:2],
+                        format_func=labels.get, key="history_runs")
+if picked:
+    st.dataframe(history.side_by_side(figures, picked))
+
+st.subheader("Timeline")
+figure = st.selectbox("key figure", history.FIGURES, key="history_figure")
+line = history.timeline(mine, figure)
+if line.empty:
+    st.info(f"No {figure} measured on the chosen devices.")
+else:
+    st.altair_chart(charts.build_timeline_chart(line), width="stretch")
+    drops = line[line["drop"]]
+    if drops.empty:
+        st.success(f"No drop of more than {history.DROP_FRACTION:.0%} against a device's previous median.")
+    else:
+        st.warning(f"{len(drops)} run(s) fell more than {history.DROP_FRACTION:.0%} below their device's previous median:")
+        st.dataframe(drops[["device", "hostname", "started_at", "value", "previous_median", "change", "uuid"]],
+                     hide_index=True)

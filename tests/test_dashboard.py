@@ -1,0 +1,147 @@
+"""Every dashboard page under Streamlit's AppTest: empty, outdated and smoke-filled stores; the plan reacts."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+from db.store import open_store  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+PAGES = ("plan", "hardware", "history", "calibration")
+OLD_STORE = Path(__file__).parent / "fixtures" / "db" / "store-0001.db"
+
+
+def render(page: str, url: str, monkeypatch, query: dict[str, str] | None = None) -> AppTest:
+    monkeypatch.setenv("HEADROOM_DB", url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    if query:
+        at.query_params.update(query)
+    if page != "plan":
+        at.switch_page(f"views/{page}.py")
+    at.run()
+    assert not at.exception, f"{page}: {[e.value for e in at.exception]}"
+    return at
+
+
+def texts(at: AppTest) -> str:
+    """Everything the page wrote as text: markdown, captions, alerts, code, titles."""
+    parts = [e.value for kind in ("markdown", "caption", "info", "success", "warning", "error", "code", "title",
+                                  "subheader") for e in at.get(kind)]
+    return "\n".join(str(p) for p in parts)
+
+
+def recommendation(at: AppTest) -> str:
+    shown = [str(e.value) for e in (*at.success, *at.error) if "Recommendation" in str(e.value)]
+    assert len(shown) == 1, texts(at)
+    return shown[0]
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs_without_a_store(page, tmp_path, monkeypatch):
+    path = tmp_path / "results.db"
+    at = render(page, str(path), monkeypatch)
+    shown = texts(at)
+    if page == "plan":
+        assert "micro-batch" in recommendation(at)  # planning from datasheets still works
+        assert "planning from datasheets" in shown
+    else:
+        assert "headroom agent run --suite quick" in shown
+    assert not path.exists(), "the dashboard must never create a store"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs_on_an_empty_store(page, tmp_path, monkeypatch):
+    url = f"sqlite:///{tmp_path / 'results.db'}"
+    open_store(url, mode="write").close()
+    at = render(page, url, monkeypatch)
+    if page == "plan":
+        assert "micro-batch" in recommendation(at)
+    else:
+        assert "headroom agent run --suite quick" in texts(at)
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_an_outdated_store_shows_the_upgrade_command(page, tmp_path, monkeypatch):
+    path = tmp_path / "old.db"
+    shutil.copy(OLD_STORE, path)
+    before = path.read_bytes()
+    at = render(page, f"sqlite:///{path}", monkeypatch)
+    assert f"headroom db upgrade --db 'sqlite:///{path}'" in [c.value for c in at.code]
+    assert path.read_bytes() == before, "a reader must not migrate"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_runs_on_the_smoke_store(page, smoke_store, monkeypatch):
+    url, _ = smoke_store
+    at = render(page, url, monkeypatch)
+    shown = texts(at)
+    assert "headroom agent run" not in shown
+    charts = at.get("vega_lite_chart")
+    if page == "hardware":
+        assert len(charts) == 3  # roofline, TFLOP/s by size, bandwidth by op
+        assert re.search(r"\*\*measured (fp32|bf16)\*\* roof: [0-9.]+ TFLOP/s", shown), shown
+    elif page == "history":
+        assert len(charts) == 1 and len(at.dataframe) >= 1
+        assert "drop of more than 5%" in shown
+    elif page == "calibration":
+        assert len(charts) == 2
+        stats = at.dataframe[0].value
+        assert set(stats["policy"]) >= {"none", "full"} and (stats["steps"] > 0).all()
+    elif page == "plan":
+        assert len(charts) == 2 and "micro-batch" in recommendation(at)
+
+
+def test_planning_on_a_measured_device_is_calibrated(smoke_store, monkeypatch):
+    url, _ = smoke_store
+    at = render("plan", url, monkeypatch)
+    measured = [o for o in at.selectbox(key="plan_hardware").options if o.startswith("measured: ")]
+    assert measured, "the store's device is offered as hardware"
+    at.selectbox(key="plan_model").set_value("bench-llama-small")
+    at.selectbox(key="plan_hardware").set_value(measured[0])
+    at.number_input(key="plan_seq_len").set_value(128)
+    at.run()
+    assert not at.exception
+    assert "micro-batch" in recommendation(at)
+    assert "uncalibrated" not in texts(at) and "measured steps" in texts(at)
+
+
+def test_changing_the_budget_changes_the_recommendation(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch)
+    roomy = recommendation(at)
+    at.text_input(key="plan_budget").set_value("40GB").run()
+    assert not at.exception
+    assert recommendation(at) != roomy
+    assert at.query_params["budget"] == ["40GB"] or at.query_params["budget"] == "40GB"
+
+
+def test_changing_the_model_changes_the_recommendation(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch)
+    large = recommendation(at)
+    at.selectbox(key="plan_model").set_value("llama3.2-1b").run()
+    assert not at.exception
+    assert recommendation(at) != large
+
+
+def test_a_shared_url_restores_the_inputs(tmp_path, monkeypatch):
+    query = {"model": "llama3.2-1b", "seq_len": "2048", "global_batch": "32", "dp": "4", "budget": "24GB",
+             "hardware": "datasheet: rtx-4090"}
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch, query)
+    assert at.selectbox(key="plan_model").value == "llama3.2-1b"
+    assert at.text_input(key="plan_budget").value == "24GB"
+    assert at.selectbox(key="plan_hardware").value == "datasheet: rtx-4090"
+    assert "rtx-4090" in texts(at) and "24.0 GB" in texts(at)
+
+
+def test_export_snippets_come_with_download_buttons(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch)
+    snippets = [c.value for c in at.code]
+    assert any("per_device_train_batch_size=" in s for s in snippets)
+    assert any("gradient_accumulation_steps" in s or "train_micro_batch_size_per_gpu" in s for s in snippets)
+    assert len(at.get("download_button")) == 4
