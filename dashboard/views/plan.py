@@ -127,11 +127,18 @@ with right:
     st.subheader("Throughput vs memory, every candidate")
     st.altair_chart(charts.build_candidates_chart(table, budget_gb), width="stretch")
 
+NUMBERS = {
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.0f"),
+    "step_time_s": st.column_config.NumberColumn("step s", format="%.3f"),
+    **{name: st.column_config.NumberColumn(name.replace("_gb", " GB"), format="%.1f")
+       for name in ("peak_gb", "required_gb", "headroom_gb")},
+}
 st.subheader(f"Ranked candidates ({len(result.candidates)} fit)")
-st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection"]), hide_index=True)
+st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection"]), hide_index=True,
+             column_config=NUMBERS)
 st.subheader(f"Rejected ({len(result.rejected)})")
 st.dataframe(table[table["fits"] == "rejected"][["candidate", "tokens_per_s", "required_gb", "rejection"]],
-             hide_index=True)
+             hide_index=True, column_config=NUMBERS)
 
 if best is not None:
     st.subheader("Export")
