@@ -60,11 +60,6 @@ def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len:
     return row
 
 
-def forward_flops(batch: int, seq_len: int, heads: int, head_dim: int) -> int:
-    """QK^T and PV, 2 b s^2 (a d) each (core.flops' full, unmasked convention)."""
-    return 4 * batch * seq_len * seq_len * heads * head_dim
-
-
 def cases(device: torch.device, shapes: list[tuple[int, int, int, int]], budget_s: float) -> list[Case]:
     backends = BACKENDS if device.type == "cuda" else CPU_BACKENDS
     dtype = "bf16" if device.type == "cuda" else "fp32"

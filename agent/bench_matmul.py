@@ -19,8 +19,8 @@ import math
 import torch
 
 from agent.cases import Case, skipped
+from agent.fingerprint import datasheet_spec
 from agent.timer import l2_bytes, time_fn
-from core.hardware import match_device
 from core.presets import get_preset
 from db.models import MatmulResult
 
@@ -42,8 +42,9 @@ def transformer_shapes(preset: str, tokens: int) -> list[tuple[str, int, int, in
     ]
 
 
+@functools.cache
 def fp8_support(device: torch.device) -> str | None:
-    """None when ``torch._scaled_mm`` runs on this device, else why not."""
+    """None when ``torch._scaled_mm`` runs on this device, else why not (probed once per device)."""
     if device.type != "cuda":
         return "fp8 matmul (torch._scaled_mm) needs a CUDA device"
     if not hasattr(torch, "float8_e4m3fn"):
@@ -99,7 +100,7 @@ def measure(device: torch.device, dtype: str, m: int, n: int, k: int, budget_s: 
     flop_per_s = 2 * m * n * k / timing.median_s
     row.samples_s, row.median_s, row.min_s, row.max_s = list(timing.samples_s), timing.median_s, timing.min_s, timing.max_s
     row.tflop_per_s = flop_per_s / 1e12
-    hw = match_device(torch.cuda.get_device_name(device)).spec if device.type == "cuda" else None
+    hw = datasheet_spec(device)
     if hw is not None and dtype in hw.peak_flop_per_s:
         row.peak_fraction = flop_per_s / hw.peak_flop_per_s[dtype]
     if device.type == "cpu" and dtype == "fp16":

@@ -32,11 +32,11 @@ from dataclasses import asdict, dataclass
 import torch
 
 from agent.cases import Case, skipped
+from agent.fingerprint import datasheet_spec
 from agent.model import Decoder
 from agent.probe import probe
 from core.config import TrainConfig
 from core.estimate import estimate
-from core.hardware import match_device
 from core.model import ModelSpec
 from core.precision import get_precision
 from core.timing import HardwareProfile, step_time
@@ -176,7 +176,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     row.median_s, row.min_s, row.max_s = statistics.median(samples), min(samples), max(samples)
     row.optimizer_median_s = statistics.median(optimizer_s)
     row.tokens_per_s = cfg.tokens * setup.accumulation_steps / row.median_s
-    hw = match_device(torch.cuda.get_device_name(device)).spec if device.type == "cuda" else None
+    hw = datasheet_spec(device)
     dtype = get_precision(cfg.precision).compute_dtype
     if hw is not None and dtype in hw.peak_flop_per_s:
         flops = prediction.flops

@@ -15,7 +15,7 @@ import subprocess
 
 import torch
 
-from core.hardware import match_device
+from core.hardware import HardwareSpec, match_device
 from db.models import Fingerprint
 
 BENCHMARK_VERSION = "1"
@@ -61,6 +61,16 @@ def form_factor(name: str) -> str | None:
     return None
 
 
+def device_name(device: torch.device) -> str:
+    """The name results are filed under: the CPU's model, or the GPU's name as torch reports it."""
+    return cpu_model() if device.type == "cpu" else torch.cuda.get_device_name(device)
+
+
+def datasheet_spec(device: torch.device) -> HardwareSpec | None:
+    """The datasheet row of a GPU (for peak fractions and MFU); None for a CPU or an unknown name."""
+    return match_device(device_name(device)).spec if device.type == "cuda" else None
+
+
 def fingerprint(device: torch.device) -> Fingerprint:
     common = dict(
         hostname=socket.gethostname(),
@@ -74,8 +84,8 @@ def fingerprint(device: torch.device) -> Fingerprint:
         "platform": platform.platform(),
     }
     if device.type == "cpu":
-        name = cpu_model()
-        return Fingerprint(device_type="cpu", device_name=name, details=details | {"hardware": "unknown"}, **common)
+        return Fingerprint(device_type="cpu", device_name=device_name(device), details=details | {"hardware": "unknown"},
+                           **common)
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
     smi = nvidia_smi(index)

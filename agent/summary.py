@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from agent.bench_attention import forward_flops
 from agent.runner import RunReport
+from core.flops import attention_forward_flops
 from core.hardware import HARDWARE_BY_KEY
 from db.models import AttentionResult, ElementwiseResult, MatmulResult, TrainStepResult
 
@@ -35,7 +35,7 @@ def summarize(report: RunReport) -> str:
     if attention:
         lines.append("attention (causal, FLOPs counted unmasked):")
         for r in attention:
-            flops = forward_flops(r.batch, r.seq_len, r.n_heads, r.head_dim)
+            flops = attention_forward_flops(r.batch, r.seq_len, r.n_heads, r.head_dim)
             bwd = f", backward {r.backward_median_s * 1e3:,.2f} ms" if r.backward_median_s else ""
             lines.append(
                 f"  {r.backend:<9} b{r.batch} s{r.seq_len} a{r.n_heads} d{r.head_dim}: forward "

@@ -144,9 +144,9 @@ def run_train(args: argparse.Namespace) -> int:
     for setup in setups:
         setup.config.check_model(spec)
     with open_store(args.db, mode="write") as store:
-        from agent.fingerprint import fingerprint
+        from agent.fingerprint import device_name
 
-        provider = profile_from_store(store, fingerprint(device).device_name)
+        provider = profile_from_store(store, device_name(device))
         cases = [bench_train.case(setup, provider) for setup in setups]
         try:
             report = run_suite(store, device, "train", labels=parse_labels(args.label), quiet=args.quiet, cases=cases)

@@ -27,11 +27,16 @@ from core.errors import ConfigError
 from core.model import ModelSpec
 
 
+def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int) -> int:
+    """QK^T and PV forward: 2 b s^2 (a d) each, causal counted in full."""
+    return 4 * batch * seq_len * seq_len * heads * head_dim
+
+
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict[str, int]:
     """Forward FLOPs of each matmul in one block, for b sequences of s tokens."""
     t, h, kv, f = micro_batch * seq_len, spec.hidden, spec.kv_dim, spec.ffn_hidden
     # Every query head attends over all s keys: 2 b s^2 (a x head_dim) = 2 b s^2 h per product.
-    attention = 2 * micro_batch * seq_len * seq_len * h
+    attention = attention_forward_flops(micro_batch, seq_len, spec.n_heads, spec.head_dim) // 2
     flops = {
         "q_proj": 2 * t * h * h,
         "k_proj": 2 * t * h * kv,

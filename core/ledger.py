@@ -32,6 +32,7 @@ from core.config import TrainConfig
 from core.devices import DeviceRules, device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
+from core.precision import get_precision
 from core.recompute import RecomputePolicy
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
@@ -331,7 +332,7 @@ def _segment(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
     amp = cfg.precision == "amp-bf16"
-    param_dtype = "fp32" if cfg.precision in ("fp32", "amp-bf16") else "bf16"
+    param_dtype = get_precision(cfg.precision).param_dtype
     tr = _Trace(rules=rules, amp=amp)
     b, s, h = cfg.micro_batch, cfg.seq_len, spec.hidden
 
@@ -404,7 +405,7 @@ def _transient_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -
 def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, policy: str) -> int:
     """Activation bytes one block keeps under ``none`` or ``selective``."""
     cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
-    param_dtype = "fp32" if cfg.precision in ("fp32", "amp-bf16") else "bf16"
+    param_dtype = get_precision(cfg.precision).param_dtype
     tr = _Trace(rules=rules, amp=cfg.precision == "amp-bf16", layer=0)
     x = tr.new("input", (cfg.micro_batch, cfg.seq_len, spec.hidden), param_dtype)
     _block(tr, spec, cfg, x, param_dtype)

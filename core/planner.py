@@ -24,6 +24,7 @@ from core.config import ATTENTIONS, TrainConfig
 from core.errors import ConfigError
 from core.estimate import Estimate, estimate
 from core.model import ModelSpec
+from core.precision import get_precision
 from core.recompute import RecomputePolicy
 from core.timing import HardwareProfile, StepTime, step_time, tokens_per_s
 from core.units import GB
@@ -153,7 +154,7 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     layers = request.spec.n_layers
     probe = estimate(request.spec, request.base_config(1, RecomputePolicy("none")))
     per_layer = max(1, probe.ledger.per_layer_bytes)
-    block_input = request.seq_len * request.spec.hidden * (4 if request.precision in ("fp32", "amp-bf16") else 2)
+    block_input = request.seq_len * request.spec.hidden * get_precision(request.precision).param_bytes
     best_k = round(math.sqrt(layers * block_input / per_layer))
     ks = sorted({k for k in (2, 4, best_k - 1, best_k, best_k + 1) if 2 <= k < layers})
     policies = [RecomputePolicy(kind) for kind in ("none", "selective", "op-selective", "full")]

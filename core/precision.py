@@ -36,6 +36,11 @@ class PrecisionRecipe:
     compute_dtype: str
     """Dtype the matmuls run in: picks the peak FLOP/s for MFU."""
 
+    @property
+    def param_dtype(self) -> str:
+        """Dtype the model's parameters (and so its residual stream) are held in."""
+        return "fp32" if self.param_bytes == 4 else "bf16"
+
 
 PRECISIONS: dict[str, PrecisionRecipe] = {
     r.name: r

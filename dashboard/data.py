@@ -74,15 +74,16 @@ def _frame(url: str, query) -> pd.DataFrame:
         return pd.DataFrame.from_records([tuple(row) for row in result], columns=list(result.keys()))
 
 
-def _with_run(model, *columns):
-    """Select result columns with the run's and the device's identity."""
-    return (
+def _with_run(model, *columns, device: str | None = None):
+    """Select ok result columns with the run's and the device's identity, of one device or all."""
+    query = (
         select(Run.id.label("run_id"), Run.uuid, Run.started_at, Fingerprint.device_name, Fingerprint.hostname,
                Fingerprint.device_type, *columns)
         .join(Run, model.run_id == Run.id)
         .join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
         .where(model.status == "ok")
     )
+    return query if device is None else query.where(Fingerprint.device_name == device)
 
 
 @st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
@@ -109,9 +110,8 @@ def runs(url: str) -> pd.DataFrame:
 def matmul(url: str, device: str | None = None) -> pd.DataFrame:
     """ok matmul results (of one device, or all), with ``flops`` = 2 m n k x batch."""
     m = MatmulResult
-    query = _with_run(m, m.dtype, m.m, m.n, m.k, m.batch, m.median_s, m.tflop_per_s, m.peak_fraction)
-    if device is not None:
-        query = query.where(Fingerprint.device_name == device)
+    query = _with_run(m, m.dtype, m.m, m.n, m.k, m.batch, m.median_s, m.tflop_per_s, m.peak_fraction,
+                      device=device)
     frame = _frame(url, query)
     frame["flops"] = 2.0 * frame["m"] * frame["n"] * frame["k"] * frame["batch"]
     return frame
@@ -121,9 +121,7 @@ def matmul(url: str, device: str | None = None) -> pd.DataFrame:
 def elementwise(url: str, device: str | None = None) -> pd.DataFrame:
     """ok elementwise results: op, dtype, elements, bytes_moved, median_s, gb_per_s."""
     e = ElementwiseResult
-    query = _with_run(e, e.op, e.dtype, e.elements, e.bytes_moved, e.median_s, e.gb_per_s)
-    if device is not None:
-        query = query.where(Fingerprint.device_name == device)
+    query = _with_run(e, e.op, e.dtype, e.elements, e.bytes_moved, e.median_s, e.gb_per_s, device=device)
     return _frame(url, query)
 
 
@@ -132,9 +130,7 @@ def attention(url: str, device: str | None = None) -> pd.DataFrame:
     """ok attention results (forward and backward medians, seconds)."""
     a = AttentionResult
     query = _with_run(a, a.backend, a.dtype, a.batch, a.seq_len, a.n_heads, a.n_kv_heads, a.head_dim, a.causal,
-                      a.forward_median_s, a.backward_median_s)
-    if device is not None:
-        query = query.where(Fingerprint.device_name == device)
+                      a.forward_median_s, a.backward_median_s, device=device)
     return _frame(url, query)
 
 
@@ -145,9 +141,7 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
                       t.precision, t.optimizer, t.median_s, t.tokens_per_s, t.mfu, t.peak_allocated_bytes,
                       t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
-                      t.predicted_activation_bytes, t.predicted_step_time_s)
-    if device is not None:
-        query = query.where(Fingerprint.device_name == device)
+                      t.predicted_activation_bytes, t.predicted_step_time_s, device=device)
     return _frame(url, query)
 
 

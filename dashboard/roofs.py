@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from core.flops import attention_forward_flops
 from core.hardware import HardwareSpec, match_device
 from core.roofline import matmul_intensity
 
@@ -57,7 +58,7 @@ def roofline_points(matmul: pd.DataFrame, attention: pd.DataFrame, elementwise: 
     if len(attention):
         keys = ["backend", "dtype", "batch", "seq_len", "n_heads", "n_kv_heads", "head_dim"]
         at = attention.groupby(keys, as_index=False)["forward_median_s"].median()
-        flops = 4.0 * at["batch"] * at["seq_len"] ** 2 * at["n_heads"] * at["head_dim"]
+        flops = attention_forward_flops(at["batch"], at["seq_len"], at["n_heads"], at["head_dim"]).astype(float)
         element = at["dtype"].map(ELEMENT_BYTES)
         moved = element * at["batch"] * at["seq_len"] * at["head_dim"] * (2 * at["n_heads"] + 2 * at["n_kv_heads"])
         at["intensity"] = flops / moved

@@ -34,6 +34,7 @@ from core.calibration import Calibration, Observation, calibrate
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.estimate import estimate
+from core.flops import attention_forward_flops
 from core.hardware import match_device
 from core.model import ModelSpec
 from core.recompute import parse_policy
@@ -93,10 +94,12 @@ def _attention(session: Session, device_name: str) -> tuple[float, float] | None
     rows = [r for r, *_ in _rows(session, AttentionResult, device_name) if r.forward_median_s]
     if not rows:
         return None
-    largest = max(r.batch * r.seq_len**2 * r.n_heads * r.head_dim for r in rows)
-    best = min((r for r in rows if r.batch * r.seq_len**2 * r.n_heads * r.head_dim == largest),
-               key=lambda r: r.forward_median_s)
-    flop_per_s = 4 * largest / best.forward_median_s
+    def flops(r: AttentionResult) -> int:
+        return attention_forward_flops(r.batch, r.seq_len, r.n_heads, r.head_dim)
+
+    largest = max(flops(r) for r in rows)
+    best = min((r for r in rows if flops(r) == largest), key=lambda r: r.forward_median_s)
+    flop_per_s = largest / best.forward_median_s
     ratio = best.backward_median_s / best.forward_median_s if best.backward_median_s else None
     return flop_per_s, ratio
 
