@@ -1,25 +1,34 @@
 """Scaled dot-product attention, forward and backward, per SDPA backend.
 
-Each available backend (flash, efficient, cudnn, math on CUDA; flash and math
-on CPU) runs causal attention at a few (batch, sequence, heads, head dim)
-shapes. A backend that cannot run a shape is recorded as skipped with
-torch's reason. Achieved FLOP/s follow core.flops' convention: 4 b s^2 h
-forward, counted in full although causal kernels skip the masked half.
+Each backend (flash, efficient, cudnn, math on CUDA; flash and math on CPU)
+is forced in turn with ``sdpa_kernel`` and runs causal attention at a few
+(batch, sequence, heads, head dim) shapes; on CUDA a ``default`` row also
+runs whatever SDPA picks by itself, which is what a model gets. Each row
+records the kernel that actually ran (``details["kernel"]``, agent/sdpa.py).
+A backend that cannot run a shape is recorded as skipped with torch's own
+reasons (the warnings it gives before "No available kernel"); running out of
+memory is ``oom``, not a missing backend. Achieved FLOP/s follow core.flops'
+convention: 4 b s^2 h forward, counted in full although causal kernels skip
+the masked half.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import warnings
 
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from agent.cases import Case, skipped
+from agent.sdpa import declined, kernel_label, kernels_run
 from agent.timer import time_fn
 from db.models import AttentionResult
 
-BACKENDS = {
+BACKENDS: dict[str, SDPBackend | None] = {
+    "default": None,
     "flash": SDPBackend.FLASH_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
     "cudnn": SDPBackend.CUDNN_ATTENTION,
@@ -27,6 +36,18 @@ BACKENDS = {
 }
 CPU_BACKENDS = ("flash", "math")
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32}
+
+
+def backend_context(backend: str):
+    """``sdpa_kernel`` forcing the backend; nothing for ``default``."""
+    forced = BACKENDS[backend]
+    return sdpa_kernel(forced) if forced is not None else contextlib.nullcontext()
+
+
+def unsupported_reason(err: RuntimeError, caught: list[warnings.WarningMessage]) -> str:
+    """torch's warnings say why each kernel declined; its error only says none was available."""
+    reasons = list(dict.fromkeys(str(w.message).strip() for w in caught if str(w.message).strip()))
+    return "; ".join(reasons)[:480] if reasons else str(err).splitlines()[0][:480]
 
 
 def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len: int, heads: int, head_dim: int,
@@ -38,13 +59,19 @@ def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len:
     grad = torch.randn(shape, device=device, dtype=DTYPES[dtype])
 
     def forward(i: int) -> torch.Tensor:
-        with sdpa_kernel(BACKENDS[backend]):
+        with backend_context(backend):
             return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    try:
-        forward(0)
-    except RuntimeError as err:  # "No available kernel": this backend does not take this shape/dtype here
-        return skipped(row, f"{backend} cannot run this shape here: {str(err).splitlines()[0][:300]}")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            _, ops = kernels_run(lambda: forward(0))
+        except torch.OutOfMemoryError:
+            raise  # a result of its own (oom), not a missing backend
+        except RuntimeError as err:
+            if not declined(err):
+                raise
+            return skipped(row, f"{backend} cannot run this shape here: {unsupported_reason(err, caught)}")
     fwd = time_fn(forward, device, budget_s=budget_s / 2)
     outputs = [forward(0) for _ in range(2)]
 
@@ -57,11 +84,12 @@ def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len:
     row.forward_min_s, row.forward_max_s = fwd.min_s, fwd.max_s
     row.backward_samples_s, row.backward_median_s = list(bwd.samples_s), bwd.median_s
     row.backward_min_s, row.backward_max_s = bwd.min_s, bwd.max_s
+    row.details = {"kernel": kernel_label(ops), "kernel_ops": ops, "forward": fwd.details(), "backward": bwd.details()}
     return row
 
 
 def cases(device: torch.device, shapes: list[tuple[int, int, int, int]], budget_s: float) -> list[Case]:
-    backends = BACKENDS if device.type == "cuda" else CPU_BACKENDS
+    backends = tuple(BACKENDS) if device.type == "cuda" else CPU_BACKENDS
     dtype = "bf16" if device.type == "cuda" else "fp32"
     out = []
     for backend in backends:

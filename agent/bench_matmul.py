@@ -3,12 +3,15 @@
 fp32 is measured twice, with TF32 off (``highest``) and on (``high``), and the
 setting is recorded; fp16 and bf16 directly; fp8 e4m3 through
 ``torch._scaled_mm`` where a tiny probe call succeeds (Hopper, Ada), else the
-row records why it was skipped. Shapes: a square sweep, plus the GEMMs of
-transformer layers (q/o projection, k/v projection, MLP up and down, logits)
-for a few presets and token counts.
+row records why it was skipped. fp8 runs twice, with fp32 accumulation
+throughout and with ``use_fast_accum`` (the mode the datasheet's fp8 peak
+assumes), and the flag is kept in the row's details. Shapes: a square sweep,
+plus the GEMMs of transformer layers (q/o projection, k/v projection, MLP up
+and down, logits) for a few presets and token counts.
 
-Inputs are random normal and rotate through enough buffer sets to exceed
-twice the L2, so every iteration reads its operands from memory.
+Inputs are random normal. Every call reads operands no other call of the
+last twice-the-L2 bytes read: one allocation holds as many operand sets as
+that takes (hundreds for a small GEMM), and call i uses set i mod sets.
 """
 
 from __future__ import annotations
@@ -59,47 +62,48 @@ def fp8_support(device: torch.device) -> str | None:
     return None
 
 
-def _operands(device: torch.device, dtype: str, m: int, n: int, k: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def _operands(device: torch.device, dtype: str, m: int, n: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(A, B) stacked over enough sets that a pass over them is twice the L2; set i is (A[i], B[i])."""
     element = 1 if dtype == "fp8" else torch.finfo(TORCH_DTYPES[dtype]).bits // 8
     set_bytes = element * (m * k + k * n)
-    sets = max(1, min(8, math.ceil(2 * l2_bytes(device) / set_bytes)))
-    made = []
-    for _ in range(sets):
-        if dtype == "fp8":
-            a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
-            b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()  # column-major, as _scaled_mm wants
-        else:
-            a = torch.randn(m, k, device=device, dtype=TORCH_DTYPES[dtype])
-            b = torch.randn(k, n, device=device, dtype=TORCH_DTYPES[dtype])
-        made.append((a, b))
-    return made
+    sets = max(1, math.ceil(2 * l2_bytes(device) / set_bytes))
+    if dtype == "fp8":
+        a = torch.randn(sets, m, k, device=device).to(torch.float8_e4m3fn)
+        # B column-major, as _scaled_mm wants: each B[i] is (k, n) with strides (1, k).
+        b = torch.randn(sets, n, k, device=device).to(torch.float8_e4m3fn).transpose(1, 2)
+    else:
+        a = torch.randn(sets, m, k, device=device, dtype=TORCH_DTYPES[dtype])
+        b = torch.randn(sets, k, n, device=device, dtype=TORCH_DTYPES[dtype])
+    return a, b
 
 
-def measure(device: torch.device, dtype: str, m: int, n: int, k: int, budget_s: float) -> MatmulResult:
+def measure(device: torch.device, dtype: str, m: int, n: int, k: int, budget_s: float,
+            fast_accum: bool = False) -> MatmulResult:
     precision = "high" if dtype == "tf32" else "highest"
     row = MatmulResult(dtype=dtype, m=m, n=n, k=k, precision=precision if dtype in ("fp32", "tf32") else None)
     if dtype == "fp8" and (reason := fp8_support(device)):
         return skipped(row, reason)
-    operands = _operands(device, dtype, m, n, k)
+    a, b = _operands(device, dtype, m, n, k)
+    sets = a.shape[0]
     one = torch.ones((), device=device)
     if dtype == "fp8":
         def step(i: int) -> torch.Tensor:
-            a, b = operands[i % len(operands)]
-            return torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)
+            return torch._scaled_mm(a[i % sets], b[i % sets], scale_a=one, scale_b=one, out_dtype=torch.bfloat16,
+                                    use_fast_accum=fast_accum)
     else:
         def step(i: int) -> torch.Tensor:
-            a, b = operands[i % len(operands)]
-            return a @ b
+            return a[i % sets] @ b[i % sets]
 
     previous = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        timing = time_fn(step, device, budget_s=budget_s)
+        timing = time_fn(step, device, budget_s=budget_s, graph=True)
     finally:
         torch.set_float32_matmul_precision(previous)
     flop_per_s = 2 * m * n * k / timing.median_s
     row.samples_s, row.median_s, row.min_s, row.max_s = list(timing.samples_s), timing.median_s, timing.min_s, timing.max_s
     row.tflop_per_s = flop_per_s / 1e12
+    row.details = timing.details() | {"operand_sets": sets} | ({"use_fast_accum": fast_accum} if dtype == "fp8" else {})
     hw = datasheet_spec(device)
     if hw is not None and dtype in hw.peak_flop_per_s:
         row.peak_fraction = flop_per_s / hw.peak_flop_per_s[dtype]
@@ -108,14 +112,17 @@ def measure(device: torch.device, dtype: str, m: int, n: int, k: int, budget_s: 
     return row
 
 
-def case(dtype: str, m: int, n: int, k: int, label: str = "", budget_s: float = 1.0) -> Case:
+def case(dtype: str, m: int, n: int, k: int, label: str = "", budget_s: float = 1.0, fast_accum: bool = False) -> Case:
+    label = " ".join(filter(None, ("fast-accum" if fast_accum else "", label)))
     name = f"{dtype} {label + ' ' if label else ''}{m}x{n}x{k}"
     return Case(
         kind="matmul",
         name=name,
         expected_s=budget_s + 0.2,
-        measure=functools.partial(measure, dtype=dtype, m=m, n=n, k=k, budget_s=budget_s),
-        failed=lambda status, message: MatmulResult(dtype=dtype, m=m, n=n, k=k, status=status, message=message),
+        measure=functools.partial(measure, dtype=dtype, m=m, n=n, k=k, budget_s=budget_s, fast_accum=fast_accum),
+        failed=lambda status, message: MatmulResult(
+            dtype=dtype, m=m, n=n, k=k, status=status, message=message,
+            details={"use_fast_accum": fast_accum} if dtype == "fp8" else None),
     )
 
 
@@ -130,6 +137,8 @@ def cases(device: torch.device, squares: list[int], gemms: list[tuple[str, int]]
             if device.type == "cpu" and dtype == "tf32":
                 continue  # CPUs have no TF32 mode: the fp32 rows are the measurement
             out.append(case(dtype, size, size, size, budget_s=budget_s))
+            if dtype == "fp8" and device.type == "cuda":
+                out.append(case(dtype, size, size, size, budget_s=budget_s, fast_accum=True))
     gemm_dtype = "bf16" if device.type == "cuda" else "fp32"
     for preset, tokens in gemms:
         for label, m, n, k in transformer_shapes(preset, tokens):

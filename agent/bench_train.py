@@ -5,7 +5,9 @@ policy, attention, precision recipe, optimizer) trains for a few optimizer
 steps on random tokens. After ``warmup_steps`` (at least two, so the
 optimizer's state exists, DESIGN.md) each step is timed, with the optimizer
 apart from forward/backward; on CUDA the allocator's peak allocated and
-reserved bytes are read at steady state. The saved-activation bytes of one
+reserved bytes are read at steady state, by phase (forward+backward,
+optimizer), with the bytes one forward keeps for backward as the allocator
+sees them (``details``). The saved-activation bytes of one
 micro-batch are measured with agent/probe.py, and the core's predictions for
 the same configuration are stored beside the measurements.
 
@@ -35,6 +37,7 @@ from agent.cases import Case, skipped
 from agent.fingerprint import datasheet_spec
 from agent.model import Decoder
 from agent.probe import probe
+from agent.sdpa import kernel_label, kernels_run
 from core.config import TrainConfig
 from core.estimate import estimate
 from core.model import ModelSpec
@@ -89,7 +92,7 @@ def make_optimizer(name: str, params, device: torch.device) -> torch.optim.Optim
 
 
 class _Clock:
-    """Marks within a step: CUDA events on a GPU, the host clock on a CPU."""
+    """Marks within a step: CUDA events on the device's own stream on a GPU, the host clock on a CPU."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -97,7 +100,7 @@ class _Clock:
     def mark(self):
         if self.device.type == "cuda":
             event = torch.cuda.Event(enable_timing=True)
-            event.record()
+            event.record(torch.cuda.current_stream(self.device))
             return event
         return time.perf_counter()
 
@@ -105,6 +108,38 @@ class _Clock:
         if self.device.type == "cuda":
             return start.elapsed_time(end) / 1e3
         return end - start
+
+
+class _Memory:
+    """The allocator's view of the timed steps (CUDA): peaks by phase, and what one forward keeps.
+
+    The caching allocator books allocations and frees when they are enqueued,
+    so its counters are read without synchronising.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.cuda = device, device.type == "cuda"
+        self.peaks: dict[str, int] = {}
+        self.reserved = 0
+        self.kept: list[int] = []
+
+    def allocated(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
+
+    def start(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def end(self, phase: str) -> None:
+        if self.cuda:
+            self.peaks[phase] = max(self.peaks.get(phase, 0), torch.cuda.max_memory_allocated(self.device))
+            self.reserved = max(self.reserved, torch.cuda.max_memory_reserved(self.device))
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def details(self) -> dict:
+        if not self.cuda or not self.peaks:
+            return {}
+        return {"phase_peak_bytes": dict(self.peaks), "forward_kept_bytes": statistics.median(self.kept)}
 
 
 ProfileSource = HardwareProfile | Callable[[], HardwareProfile | None] | None
@@ -127,8 +162,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     )
     if cfg.precision == "bf16-master":
         return skipped(row, "the agent's trainer has no master-copy optimizer for bf16-master")
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+    memory = _Memory(device)
     model = optimizer = batches = None
     try:
         model = build_model(setup, device)
@@ -139,32 +173,46 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         clock = _Clock(device)
         marks = []
         for step in range(setup.warmup_steps + setup.steps):
-            if step == setup.warmup_steps and device.type == "cuda":
-                torch.cuda.synchronize(device)
-                torch.cuda.reset_peak_memory_stats(device)
+            timed = step >= setup.warmup_steps
+            if timed:
+                memory.start()
             start = clock.mark()
-            for tokens, targets in batches:
-                (forward_loss(model, tokens, targets, cfg.precision) / setup.accumulation_steps).backward()
+            for i, (tokens, targets) in enumerate(batches):
+                before = memory.allocated()
+                loss = forward_loss(model, tokens, targets, cfg.precision) / setup.accumulation_steps
+                if timed and i == 0:
+                    memory.kept.append(memory.allocated() - before)
+                loss.backward()
+                del loss
             middle = clock.mark()
+            if timed:
+                memory.end("forward_backward")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             end = clock.mark()
-            if step >= setup.warmup_steps:
+            if timed:
+                memory.end("optimizer")
                 marks.append((start, middle, end))
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-            row.peak_allocated_bytes = torch.cuda.max_memory_allocated(device)
-            row.peak_reserved_bytes = torch.cuda.max_memory_reserved(device)
+            row.peak_allocated_bytes = max(memory.peaks.values())
+            row.peak_reserved_bytes = memory.reserved
         samples = [clock.seconds(s, e) for s, _, e in marks]
         optimizer_s = [clock.seconds(m, e) for _, m, e in marks]
         tokens, targets = batches[0]
-        row.activation_bytes = probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)).activation_bytes
+        probed, ops = kernels_run(lambda: probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)))
+        row.activation_bytes = probed.activation_bytes
+        row.details = memory.details() | {
+            "kernel": kernel_label(ops) if cfg.attention == "flash" else "standard",
+            "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
+                      "parameter_copy_bytes": probed.parameter_copy_bytes},
+        }
     except torch.OutOfMemoryError as err:
         row.status = "oom"
         row.message = str(err).splitlines()[0][:500]
         if device.type == "cuda":
-            row.peak_allocated_bytes = torch.cuda.max_memory_allocated(device)
-            row.peak_reserved_bytes = torch.cuda.max_memory_reserved(device)
+            row.peak_allocated_bytes = max([torch.cuda.max_memory_allocated(device), *memory.peaks.values()])
+            row.peak_reserved_bytes = max(torch.cuda.max_memory_reserved(device), memory.reserved)
         return row
     finally:
         del model, optimizer, batches

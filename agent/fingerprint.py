@@ -2,7 +2,9 @@
 
 Everything torch and the OS report without extra packages; clocks, power limit
 and ECC come from ``nvidia-smi`` when it is on the PATH (a lean container may
-not have it, and that is recorded as absent, not guessed). The core's
+not have it, and that is recorded as absent, not guessed). A GPU is named by
+its UUID and torch index too, so identical cards in one box are told apart
+and nvidia-smi is asked about the card torch measured. The core's
 datasheet match ("unknown" when no row claims the name) is stored with it.
 """
 
@@ -15,14 +17,20 @@ import subprocess
 
 import torch
 
+from agent.clocks import gpu_uuid
 from core.hardware import HardwareSpec, match_device
 from db.models import Fingerprint
 
-BENCHMARK_VERSION = "1"
-"""Changes whenever a measurement method changes, so old and new numbers are never compared blindly."""
+BENCHMARK_VERSION = "2"
+"""Changes whenever a measurement method changes, so old and new numbers are never compared blindly.
+
+2: timed blocks of back-to-back calls (CUDA graphs for matmuls), LayerNorm bytes counted for the
+functional op, operand rotation uncapped, fp8 with and without fast accumulation, the allocator
+emptied between cases."""
 
 _SMI_FIELDS = (
     "driver_version", "clocks.max.sm", "clocks.max.memory", "power.limit", "ecc.mode.current", "pcie.link.gen.max",
+    "pci.bus_id",
 )
 
 
@@ -38,13 +46,13 @@ def cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def nvidia_smi(index: int) -> dict[str, str]:
-    """Clocks, power and ECC for one GPU; {} where nvidia-smi is unavailable."""
+def nvidia_smi(gpu: str) -> dict[str, str]:
+    """Driver, clock limits, power limit, ECC and PCIe of one GPU (by UUID); {} where nvidia-smi is unavailable."""
     if shutil.which("nvidia-smi") is None:
         return {}
     try:
         out = subprocess.run(
-            ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
+            ["nvidia-smi", f"--id={gpu}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -88,8 +96,10 @@ def fingerprint(device: torch.device) -> Fingerprint:
                            **common)
     index = device.index if device.index is not None else torch.cuda.current_device()
     props = torch.cuda.get_device_properties(index)
-    smi = nvidia_smi(index)
+    uuid = gpu_uuid(torch.device("cuda", index))
+    smi = nvidia_smi(uuid)
     match = match_device(props.name)
+    card = {"gpu_uuid": uuid, "gpu_index": index, "cudnn_version": torch.backends.cudnn.version()}
     return Fingerprint(
         device_type="cuda",
         device_name=props.name,
@@ -99,6 +109,6 @@ def fingerprint(device: torch.device) -> Fingerprint:
         form_factor=form_factor(props.name),
         driver_version=smi.get("driver_version"),
         cuda_version=torch.version.cuda or torch.version.hip,
-        details=details | {"hardware": match.key, "l2_bytes": props.L2_cache_size, "nvidia_smi": smi},
+        details=details | card | {"hardware": match.key, "l2_bytes": props.L2_cache_size, "nvidia_smi": smi},
         **common,
     )

@@ -14,9 +14,11 @@ Two instruments run together during one forward pass:
    context caches and the host copies ``save_on_cpu`` makes.
 
 Tensors are deduplicated by storage and counted at their storage's size (a
-saved view costs its whole base). Parameters, and the 16-bit copies autocast
-makes of them, are reported apart from activations. The forward's own output
-(the loss) is not counted.
+saved view costs its whole base). Parameters, and the copies made of them
+(autocast's 16-bit weights, and the host copies ``save_on_cpu`` makes of a
+saved weight), are reported apart from activations. The forward's own output
+(the loss) is not counted. On a GPU, tensors in host memory (offloaded) are
+reported apart from those on the device.
 
 On the meta device nothing is allocated but storages still exist with their
 sizes, so a 70B-scale layer can be probed on a laptop.
@@ -33,6 +35,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 CAST_OPS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout})
+COPY_INTO = torch.ops.aten.copy_.default
+"""``save_on_cpu`` with pinned memory allocates a host tensor, then copies the saved one into it."""
 
 
 def _key(t: torch.Tensor) -> int:
@@ -56,6 +60,8 @@ class ProbedTensor:
 
 @dataclass(slots=True)
 class ProbeResult:
+    device_type: str = "cpu"
+    """Where the model ran; on ``cuda`` the tensors on ``cpu`` are the offloaded ones."""
     tensors: list[ProbedTensor] = field(default_factory=list)
 
     def bytes(self, kind: str = "activation", device_type: str | None = None) -> int:
@@ -70,8 +76,25 @@ class ProbeResult:
         return self.bytes("activation") + self.bytes("input")
 
     @property
+    def device_activation_bytes(self) -> int:
+        """Activations and token ids kept on the model's device."""
+        return self.bytes("activation", self.device_type) + self.bytes("input", self.device_type)
+
+    @property
+    def host_bytes(self) -> int:
+        """Everything offloaded to host memory (activations and weight copies); 0 for a model on the CPU."""
+        if self.device_type == "cpu":
+            return 0
+        return sum(self.bytes(kind, "cpu") for kind in ("activation", "input", "parameter_copy"))
+
+    @property
     def parameter_copy_bytes(self) -> int:
+        """Copies of parameters kept for backward, wherever they live."""
         return self.bytes("parameter_copy")
+
+    @property
+    def device_parameter_copy_bytes(self) -> int:
+        return self.bytes("parameter_copy", self.device_type)
 
 
 class _StorageTracker(TorchDispatchMode):
@@ -83,9 +106,19 @@ class _StorageTracker(TorchDispatchMode):
         self.created: dict[int, tuple[StorageWeakRef, ProbedTensor]] = {}
         self.copy_keys: set[int] = set()
 
+    def _is_weight(self, t: object) -> bool:
+        """A parameter, or a copy of one made during this forward."""
+        return isinstance(t, torch.Tensor) and (_key(t) in self.param_keys or _key(t) in self.copy_keys)
+
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        from_param = func in CAST_OPS and isinstance(args[0], torch.Tensor) and _key(args[0]) in self.param_keys
+        if func is COPY_INTO and self._is_weight(args[1]) and _key(args[0]) in self.created:
+            # A host buffer save_on_cpu allocated a moment ago now holds a weight.
+            key = _key(args[0])
+            ref, info = self.created[key]
+            self.created[key] = (ref, _with(info, kind="parameter_copy"))
+            self.copy_keys.add(key)
+        from_param = func in CAST_OPS and self._is_weight(args[0])
         # A view shares its input's storage: that storage was not created here.
         inputs = {_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
@@ -96,6 +129,8 @@ class _StorageTracker(TorchDispatchMode):
                 continue
             storage = t.untyped_storage()
             kind = "parameter_copy" if from_param else "activation"
+            if from_param:
+                self.copy_keys.add(key)
             self.created[key] = (
                 StorageWeakRef(storage),
                 ProbedTensor(str(func.overloadpacket.__name__), tuple(t.shape), str(t.dtype).removeprefix("torch."),
@@ -123,7 +158,8 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
         loss = forward()
 
     output_keys = {_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
-    result = ProbeResult()
+    device = next(iter(params.values())).device.type if params else "cpu"
+    result = ProbeResult(device_type=device)
     for key, (ref, info) in tracker.created.items():
         if key in output_keys or ref.expired():
             continue

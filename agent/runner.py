@@ -4,11 +4,22 @@ Each case's row is committed on its own (db.store), so a run killed at any
 point keeps what finished. A case that raises is recorded, not fatal:
 out-of-memory as ``oom``, anything else as ``error`` with its message, and
 the suite goes on. Ctrl-C marks the run ``aborted`` and keeps its results.
+
+Every case runs with its device current (so ``cuda:1`` is timed on cuda:1's
+stream) and starts clean: after each case, once its traceback (and the
+tensors it held) is gone, the allocator's cache is emptied and its peak
+statistics reset, so one case's leftovers never inflate the next one's
+reserved memory. A CUDA error that poisons the context (an illegal address,
+say) makes every later case meaningless: the remaining cases are recorded as
+``error`` naming the case that broke it, the run is marked ``failed``, and
+`DeviceLost` is raised.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import gc
 import sys
 import time
 from collections.abc import Mapping
@@ -35,28 +46,59 @@ class RunReport:
     hardware: str
     device_type: str
     rows: list[tuple[Case, Result]] = field(default_factory=list)
+    case_seconds: list[float] = field(default_factory=list)
+    """Wall time of each row's case, in the order of ``rows`` (0 for cases not run)."""
     seconds: float = 0.0
 
     def count(self, status: str) -> int:
         return sum(row.status == status for _, row in self.rows)
 
 
-def free_memory(device: torch.device) -> None:
-    if device.type == "cuda":
+class DeviceLost(RuntimeError):
+    """The CUDA context stopped working: nothing more can be measured in this process.
+
+    ``report`` holds what the run recorded, the cases not run included.
+    """
+
+    def __init__(self, message: str, report: RunReport | None = None) -> None:
+        super().__init__(message)
+        self.report = report
+
+
+def first_line(err: BaseException, limit: int = 500) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:limit] if text else ""
+
+
+def device_context(device: torch.device):
+    """Make ``device`` current for the case (CUDA), so streams and events are its own."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
+
+
+def settle(device: torch.device) -> None:
+    """Free what the last case left behind and reset the peak statistics; DeviceLost if the context broke."""
+    gc.collect()
+    if device.type != "cuda":
+        return
+    try:
         torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    except RuntimeError as err:  # torch.AcceleratorError: a sticky error from an earlier kernel
+        raise DeviceLost(f"{type(err).__name__}: {first_line(err)}") from None
 
 
 def run_case(case: Case, device: torch.device) -> Result:
     """The case's row; a failure becomes a row too."""
     try:
-        return case.measure(device)
+        with device_context(device):
+            return case.measure(device)
     except torch.OutOfMemoryError as err:
-        free_memory(device)
-        return case.failed("oom", str(err).splitlines()[0][:500])
+        failure = ("oom", first_line(err))
     except (RuntimeError, ValueError, TypeError, ArithmeticError, AssertionError) as err:
-        free_memory(device)
-        return case.failed("error", f"{type(err).__name__}: {str(err).splitlines()[0][:500] if str(err) else ''}")
+        failure = ("error", f"{type(err).__name__}: {first_line(err)}")
+    # Outside the except block: the traceback, and the failed case's tensors it held, are released.
+    return case.failed(*failure)
 
 
 def profile_from_store(store: Store, device_name: str):
@@ -94,19 +136,40 @@ def run_suite(
     quiet: bool = False,
     stream: TextIO = sys.stderr,
     cases: list[Case] | None = None,
+    deadline: float | None = None,
 ) -> RunReport:
-    """Benchmark ``device`` with ``suite`` into ``store``; ``cases`` overrides the suite's list."""
+    """Benchmark ``device`` with ``suite`` into ``store``; ``cases`` overrides the suite's list.
+
+    ``deadline`` (a ``time.perf_counter()`` value): cases that would start after it are recorded as
+    skipped, with that reason, and the run still completes.
+    """
     fp = fingerprint(device)
     cases = build_cases(suite, device, only, profile_from_store(store, fp.device_name)) if cases is None else cases
     progress = Progress([c.expected_s for c in cases], stream, quiet)
     started = time.perf_counter()
     with store.recording(fp, suite=suite, benchmark_version=BENCHMARK_VERSION, labels=labels) as run_id:
         report = RunReport(run_id, fp.device_name, fp.details.get("hardware", "unknown"), fp.device_type)
-        for case in cases:
+        for i, case in enumerate(cases):
             progress.update(case.name)
-            row = run_case(case, device)
+            case_started = time.perf_counter()
+            if deadline is not None and case_started > deadline:
+                row = case.failed("skipped", "not run: the run's time budget was spent")
+            else:
+                row = run_case(case, device)
             store.add_result(run_id, row)
             report.rows.append((case, row))
+            report.case_seconds.append(time.perf_counter() - case_started)
             progress.update(case.name, outcome(row))
+            try:
+                settle(device)
+            except DeviceLost as lost:
+                for rest in cases[i + 1:]:
+                    skipped = rest.failed("error", f"not run: the CUDA context broke during {case.name!r}: {lost}")
+                    store.add_result(run_id, skipped)
+                    report.rows.append((rest, skipped))
+                    report.case_seconds.append(0.0)
+                report.seconds = time.perf_counter() - started
+                raise DeviceLost(f"the CUDA context broke during {case.name!r} ({lost}); "
+                                 f"{len(cases) - i - 1} later case(s) recorded as not run", report) from None
         report.seconds = time.perf_counter() - started
     return report

@@ -43,10 +43,20 @@ class TrainSweep:
     optimizer: str = "adamw"
     attention: str = "flash"
     accumulation_steps: int = 1
+    global_batch: int | None = None
+    """Sequences per optimizer step: each micro-batch then accumulates global_batch / micro-batch steps
+    (the planner's question for one rank); None: ``accumulation_steps`` for every micro-batch."""
     warmup_steps: int = 2
     steps: int = 5
     expected_s: float = 1.0
     """Rough seconds per configuration, for the ETA."""
+
+    def accumulation(self, micro_batch: int) -> int:
+        if self.global_batch is None:
+            return self.accumulation_steps
+        if self.global_batch % micro_batch:
+            raise ConfigError(f"micro-batch {micro_batch} does not divide the global batch {self.global_batch}")
+        return self.global_batch // micro_batch
 
     def setups(self) -> list[bench_train.TrainSetup]:
         spec = get_preset(self.model)
@@ -55,7 +65,7 @@ class TrainSweep:
                 spec=spec,
                 config=TrainConfig(seq_len=self.seq_len, micro_batch=micro, precision=self.precision,
                                    optimizer=self.optimizer, attention=self.attention, recompute=parse_policy(policy)),
-                accumulation_steps=self.accumulation_steps, warmup_steps=self.warmup_steps, steps=self.steps,
+                accumulation_steps=self.accumulation(micro), warmup_steps=self.warmup_steps, steps=self.steps,
             )
             for micro in self.micro_batches
             for policy in self.policies
@@ -64,9 +74,10 @@ class TrainSweep:
 
 POLICIES = ("none", "full", "every-2", "selective", "op-selective")
 SMOKE_TRAIN = TrainSweep(model="bench-llama-small", seq_len=128, micro_batches=(1, 2), policies=POLICIES,
-                         precision="fp32", steps=3, expected_s=1.0)
+                         precision="fp32", global_batch=2, steps=3, expected_s=1.0)
 GPU_TRAIN = TrainSweep(model="llama3.2-1b", seq_len=2048, micro_batches=(1, 2, 4, 8), policies=POLICIES,
-                       precision="amp-bf16", expected_s=4.0)
+                       precision="amp-bf16", global_batch=8, steps=4, expected_s=4.0)
+"""A ~1B llama at s=2048, 8 sequences per step: what the planner weighs for one rank."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -84,7 +84,7 @@ def devices(spec: str | None):
 
 
 def run_agent(args: argparse.Namespace) -> int:
-    from agent.runner import run_suite
+    from agent.runner import DeviceLost, run_suite
     from agent.summary import summarize
     from db.store import open_store
 
@@ -101,8 +101,21 @@ def run_agent(args: argparse.Namespace) -> int:
                 print(f"\ninterrupted: the run on {device} is marked aborted; its finished results are kept in {store.url}",
                       file=sys.stderr)
                 return 130
+            except DeviceLost as lost:
+                return device_lost(lost, device, store.url)
             print(summarize(report))
     return 0
+
+
+def device_lost(lost, device, url: str) -> int:
+    """The run broke the CUDA context: show what it recorded, say why it stopped, exit 1."""
+    from agent.summary import summarize
+
+    if lost.report is not None:
+        print(summarize(lost.report))
+    print(f"headroom: {device}: {lost}; the run is marked failed in {url}. Restart the process to measure again.",
+          file=sys.stderr)
+    return 1
 
 
 def _ints(text: str, flag: str) -> list[int]:
@@ -117,7 +130,7 @@ def _ints(text: str, flag: str) -> list[int]:
 
 def run_train(args: argparse.Namespace) -> int:
     from agent import bench_train
-    from agent.runner import profile_from_store, run_suite
+    from agent.runner import DeviceLost, profile_from_store, run_suite
     from agent.summary import summarize
     from core.config import TrainConfig
     from core.presets import resolve_model
@@ -153,5 +166,7 @@ def run_train(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:
             print(f"\ninterrupted: the run is marked aborted; its finished results are kept in {store.url}", file=sys.stderr)
             return 130
+        except DeviceLost as lost:
+            return device_lost(lost, device, store.url)
         print(summarize(report))
     return 0

@@ -32,6 +32,9 @@ class DeviceRules:
     """Autocast runs softmax in fp32 (CUDA's fp32 op list; CPU's list keeps bf16: measured)."""
     offload_moves: bool
     """``save_on_cpu`` moves saved tensors off the device (on CPU they stay where they are)."""
+    fused_rms_norm: bool
+    """RMSNorm runs ``_fused_rms_norm``, whose backward keeps only input, fp32 rstd and weight (CUDA);
+    CPU and meta run the composite that keeps the fp32 normalised tensor too (measured)."""
 
     def fused_sdpa(self, attention: str, dropout: float) -> bool:
         """Does ``flash`` attention run as one fused kernel here (else SDPA's math path)?"""
@@ -42,17 +45,17 @@ DEVICE_RULES: dict[str, DeviceRules] = {
     "cpu": DeviceRules(
         device="cpu", dropout_mask_bytes=None, norm_stats_fp32=False, fused_attention=True,
         fused_attention_dropout=False, autocast=True, autocast_softmax_fp32=False,
-        offload_moves=False,
+        offload_moves=False, fused_rms_norm=False,
     ),
     "meta": DeviceRules(
         device="meta", dropout_mask_bytes=None, norm_stats_fp32=True, fused_attention=False,
         fused_attention_dropout=False, autocast=False, autocast_softmax_fp32=False,
-        offload_moves=False,
+        offload_moves=False, fused_rms_norm=False,
     ),
     "cuda": DeviceRules(
         device="cuda", dropout_mask_bytes=1, norm_stats_fp32=True, fused_attention=True,
         fused_attention_dropout=True, autocast=True, autocast_softmax_fp32=True,
-        offload_moves=True,
+        offload_moves=True, fused_rms_norm=True,
     ),
 }
 

@@ -178,6 +178,12 @@ class _Trace:
     def cast(self, x: _Sym, dtype: str, name: str) -> _Sym:
         return x if x.dtype == dtype else self.new(name, x.shape, dtype)
 
+    def param(self, name: str, shape: tuple[int, ...], param_dtype: str) -> _Sym | None:
+        """A parameter an op saves: free (None), unless ``save_on_cpu`` copies it to the host."""
+        if self.offloading and self.rules.offload_moves:
+            return self.new(f"{name}_host", shape, param_dtype, "parameter_copy")
+        return None
+
     def weight(self, name: str, shape: tuple[int, int], param_dtype: str) -> _Sym | None:
         """The weight a matmul saves, when it costs memory beyond the parameter itself.
 
@@ -190,9 +196,7 @@ class _Trace:
             if key not in self.weight_copies:
                 self.weight_copies[key] = self.new(f"{name}.weight_bf16", shape, "bf16", "parameter_copy")
             return self.weight_copies[key]
-        if self.offloading and self.rules.offload_moves:
-            return self.new(f"{name}.weight_host", shape, param_dtype, "parameter_copy")
-        return None
+        return self.param(f"{name}.weight", shape, param_dtype)
 
     def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str) -> _Sym:
         """Saves its input (cast to bf16 per call under autocast) and its weight."""
@@ -200,18 +204,31 @@ class _Trace:
         self.save(x_in, self.weight(name, (out_features, x.shape[-1]), param_dtype))
         return self.matmul_output(self.new(f"{name}.out", (*x.shape[:-1], out_features), x_in.dtype))
 
-    def layer_norm(self, x: _Sym, name: str) -> _Sym:
-        """Saves its input, mean and rstd; the output is recomputed from them."""
+    def layer_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
+        """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
         stats = "fp32" if x.dtype == "fp32" or self.rules.norm_stats_fp32 else x.dtype
         rows = x.shape[:-1] + (1,)
-        self.save(x, self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats))
+        h = (x.shape[-1],)
+        self.save(x, self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats),
+                  self.param(f"{name}.weight", h, param_dtype), self.param(f"{name}.bias", h, param_dtype))
         return self.new(f"{name}.out", x.shape, x.dtype)
 
-    def rms_norm(self, x: _Sym, name: str) -> _Sym:
-        """torch's composite RMSNorm: upcast, x * rsqrt(mean(x^2) + eps), times weight, cast back."""
+    def rms_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
+        """RMSNorm: torch's fused kernel where the device has one, else its composite.
+
+        Fused (``_fused_rms_norm``, CUDA): backward keeps the input, an fp32
+        rstd per row and the weight (torch's derivatives.yaml). Composite (CPU,
+        meta): upcast, x * rsqrt(mean(x^2) + eps), times weight, cast back; it
+        keeps the fp32 input, the rsqrt and the fp32 normalised tensor.
+        """
+        rows = x.shape[:-1] + (1,)
+        weight = self.param(f"{name}.weight", (x.shape[-1],), param_dtype)
+        if self.rules.fused_rms_norm:
+            self.save(x, self.new(f"{name}.rstd", rows, "fp32"), weight)
+            return self.new(f"{name}.out", x.shape, x.dtype)
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
         normed = self.new(f"{name}.normalized", x.shape, "fp32")
-        self.save(upcast, self.new(f"{name}.rsqrt", x.shape[:-1] + (1,), "fp32"), normed)
+        self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, weight)
         return self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
 
     def dropout(self, x: _Sym, name: str) -> _Sym:
@@ -277,7 +294,7 @@ def _block(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: 
     gpt = spec.block == "gpt"
     norm = tr.layer_norm if gpt else tr.rms_norm
 
-    a = norm(x, "attn_norm")
+    a = norm(x, "attn_norm", param_dtype)
     q = tr.linear(a, "attn.q_proj", h, param_dtype)
     k = tr.linear(a, "attn.k_proj", spec.kv_dim, param_dtype)
     v = tr.linear(a, "attn.v_proj", spec.kv_dim, param_dtype)
@@ -294,7 +311,7 @@ def _block(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: 
         o = tr.dropout(o, "attn.resid_dropout")
     x = tr.new("residual_attn", (b, s, h), x.dtype)
 
-    m = norm(x, "mlp_norm")
+    m = norm(x, "mlp_norm", param_dtype)
     if gpt:
         up = tr.linear(m, "mlp.up_proj", spec.ffn_hidden, param_dtype)
         tr.save(up)  # GELU saves its input
@@ -357,7 +374,7 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
         x = _segment(tr, spec, cfg, x, param_dtype, start, min(start + size, n))
     tr.layer = None
 
-    final = tr.layer_norm(x, "final_norm") if spec.block == "gpt" else tr.rms_norm(x, "final_norm")
+    final = (tr.layer_norm if spec.block == "gpt" else tr.rms_norm)(x, "final_norm", param_dtype)
     logits = tr.linear(final, "lm_head", spec.vocab_size, param_dtype)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
     tr.save(
@@ -368,10 +385,14 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
     return tr
 
 
-def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> Ledger:
-    """Every tensor kept for backward by one micro-batch of the agent's decoder on ``device``."""
+def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda",
+                      rules: DeviceRules | None = None) -> Ledger:
+    """Every tensor kept for backward by one micro-batch of the agent's decoder on ``device``.
+
+    ``rules`` replaces the device's (core.devices), e.g. to predict SDPA forced onto its math path.
+    """
     config.check_model(spec)
-    rules = device_rules(device)
+    rules = rules or device_rules(device)
     if config.precision == "amp-bf16" and not rules.autocast:
         raise ConfigError(f"amp-bf16 needs autocast, which the {rules.device} device does not have")
     tr = _trace(spec, config, rules)

@@ -6,7 +6,7 @@ over, and the fleet imports it. The format::
     {
       "format": "headroom-bundle",
       "version": 1,
-      "schema_revision": "0002",            # informational: the exporter's schema
+      "schema_revision": "0003",            # informational: the exporter's schema
       "runs": [
         {"uuid": ..., "suite": ..., "benchmark_version": ..., "started_at": ..., "finished_at": ...,
          "status": ..., "labels": {...},

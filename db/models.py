@@ -177,6 +177,11 @@ class Result(Base):
     message: Mapped[str | None] = mapped_column(default=None, sort_order=-1)
     """Why a result is not ``ok`` (required for ``error`` and ``skipped``)."""
     recorded_at: Mapped[datetime] = mapped_column(default_factory=utcnow, sort_order=-1)
+    details: Mapped[dict[str, Any] | None] = mapped_column(_JSON, default=None, sort_order=10)
+    """How it was measured, beyond the columns (revision 0003; NULL on older rows): ``clocks`` (the GPU's
+    SM and memory clocks and active throttle reasons when the timing ended), ``calls_per_sample`` (calls
+    timed back to back in one sample), ``kernel`` (the attention op that actually ran), ``use_fast_accum``
+    (fp8), ``phase_peak_bytes`` (a training step's peak allocated bytes in forward+backward and optimizer)."""
 
 
 class TimedResult(Result):

@@ -93,11 +93,26 @@ def test_ctrl_c_aborts_the_run_and_keeps_finished_results(tmp_path):
 
 def test_host_timer_keeps_every_sample_and_respects_its_budget():
     calls = []
-    timing = time_fn(lambda i: (calls.append(i), time.sleep(0.01)), CPU, warmup=2, iterations=50, budget_s=0.1)
-    assert calls[:2] == [0, 1]  # warm-up first, untimed
-    assert 3 <= len(timing.samples_s) <= 12
+    timing = time_fn(lambda i: (calls.append(i), time.sleep(0.01)), CPU, iterations=50, budget_s=0.1)
+    assert calls == list(range(len(calls)))  # one running index across warm-up and samples, for input rotation
+    assert timing.calls_per_sample == 1  # a 10 ms call is a block on its own
+    assert 5 <= len(timing.samples_s) <= 12  # 0.1 s of 10 ms samples, at least min_iterations
     assert all(s >= 0.01 for s in timing.samples_s)
     assert timing.min_s <= timing.median_s <= timing.max_s
+
+
+def _busy(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_calls_shorter_than_a_block_are_timed_back_to_back():
+    """A 50 us call is timed in blocks of about 1 ms; each sample is the block's time per call."""
+    timing = time_fn(lambda i: _busy(50e-6), CPU, budget_s=0.05)
+    assert 10 <= timing.calls_per_sample <= 25
+    assert 50e-6 <= timing.median_s < 100e-6
+    assert timing.details() == {"calls_per_sample": timing.calls_per_sample}  # no GPU: no clocks
 
 
 def test_suite_kinds_are_validated():

@@ -49,7 +49,7 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
-    assert revisions() == ("0001", "0002")
+    assert revisions() == ("0001", "0002", "0003")
     assert _rows(old_store)[VERSION_TABLE] == [{"version_num": "0001"}]
 
 

@@ -109,3 +109,22 @@ def test_offload_moves_block_tensors_to_the_host_on_cuda_only():
     assert cpu.host_bytes == 0
     assert cuda.host_bytes > 0
     assert cuda.device_activation_bytes + cuda.total("activation", "host") == plain.device_activation_bytes
+
+
+@pytest.mark.parametrize(("precision", "per_norm"), [("bf16-pure", 6), ("amp-bf16", 4)])
+def test_cuda_rms_norm_keeps_input_and_rstd_not_the_normalised_tensor(precision, per_norm):
+    """torch's derivatives.yaml: ``_fused_rms_norm`` (what RMSNorm runs on CUDA) saves input, rstd, weight.
+
+    The CPU's composite keeps the fp32 input copy, the rsqrt and the fp32
+    normalised tensor instead. Per norm that is 4sbh (fp32 copy) + 4sbh
+    (normalised) - 2sbh (the bf16 input the fused op keeps) = 6sbh bytes
+    under bf16-pure; under amp-bf16 the residual stream is already fp32, so
+    the copy is the input itself and the difference is the 4sbh normalised
+    tensor. Two norms per block; nothing else differs for a llama block with
+    flash attention and no dropout.
+    """
+    spec = get_preset("llama3.2-1b")
+    s, b, h = 2048, 1, spec.hidden
+    config = _config(s, b, "flash", 0.0, "none", precision)
+    cpu, cuda = (activation_ledger(spec, config, d).per_layer_bytes for d in ("cpu", "cuda"))
+    assert cpu - cuda == 2 * per_norm * s * b * h

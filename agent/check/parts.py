@@ -1,0 +1,250 @@
+"""The parts of the GPU check (benchmarks/gpu_check.py), each a function of a `Context`.
+
+Each part runs in a process of its own (a part that overruns its time or
+breaks the CUDA context costs only itself), records real measurements into
+the check's result store, and returns a JSON-able summary. The same code
+runs on a CPU at toy sizes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from sqlalchemy import select
+
+from agent import bench_matmul, bench_train
+from agent.clocks import read_clocks
+from agent.fingerprint import device_name, fingerprint
+from agent.ledger_check import LedgerCase, check
+from agent.runner import profile_from_store, run_suite
+from agent.sdpa import kernel_label, kernels_run
+from agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
+from core.regret import MeasuredConfig, regret, tight_budget
+from core.units import GB
+from db.models import TrainStepResult
+from db.store import Store, open_store
+from db.validate import record_values
+
+POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
+PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
+FUSED_BACKENDS = ("flash", "efficient", "cudnn")
+REPEATS = 5
+"""Extra measurements of the suite's largest bf16 matmul, to judge its stability."""
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    device: torch.device
+    store_url: str
+    deadline: float
+    """``time.perf_counter()`` after which the part starts nothing new."""
+
+    @property
+    def gpu(self) -> bool:
+        return self.device.type == "cuda"
+
+    def left_s(self) -> float:
+        return self.deadline - time.perf_counter()
+
+    def store(self) -> Store:
+        return open_store(self.store_url, mode="write")
+
+
+def train_sweep(ctx: Context) -> TrainSweep:
+    """The suite's training sweep: a ~1B llama at s=2048 on a GPU, the toy llama on a CPU."""
+    return GPU_TRAIN if ctx.gpu else SMOKE_TRAIN
+
+
+# ---- environment ------------------------------------------------------------------------------
+
+
+def sdpa_choice(device: torch.device, dtype: torch.dtype, gqa: bool) -> str:
+    """The kernel SDPA runs by itself for a causal (b=1, 32 heads, d=128) input; ``gqa``: 8 key/value heads."""
+    s = 2048 if device.type == "cuda" else 128
+    q = torch.randn(1, 32, s, 128, device=device, dtype=dtype)
+    k, v = (torch.randn(1, 8 if gqa else 32, s, 128, device=device, dtype=dtype) for _ in range(2))
+    try:
+        _, ops = kernels_run(lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=gqa))
+    except RuntimeError as err:
+        return f"error: {str(err).splitlines()[0][:200]}"
+    return kernel_label(ops)
+
+
+def environment(ctx: Context) -> dict[str, Any]:
+    fp = fingerprint(ctx.device)
+    return {
+        "fingerprint": {k: v for k, v in record_values(fp).items() if k != "digest"},
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "clocks": read_clocks(ctx.device),
+        "sdpa": {
+            "bf16 GQA causal": sdpa_choice(ctx.device, torch.bfloat16, gqa=True),
+            "fp32 causal": sdpa_choice(ctx.device, torch.float32, gqa=False),
+        },
+    }
+
+
+# ---- the ledger against the probe -------------------------------------------------------------
+
+
+def ledger_cases(gpu: bool) -> list[LedgerCase]:
+    """Full-size layers first (the most telling), then the small-model matrix, then forced backends."""
+    if not gpu:
+        small = [LedgerCase("bench-llama-tiny", 4, 32, 2, "flash", 0.0, p, x) for p in POLICIES for x in PRECISIONS]
+        small += [LedgerCase("bench-gpt-tiny", 4, 32, 2, "standard", 0.1, p, x) for p in POLICIES for x in PRECISIONS]
+        return small + [LedgerCase("bench-llama-tiny", 4, 32, 2, "flash", 0.0, "none", "fp32", b) for b in ("flash", "math")]
+    full = [
+        LedgerCase(model, 2, seq, 1, attention, dropout, policy, precision)
+        for model, seq, dropout in (("llama3.2-1b", 2048, 0.0), ("gpt2-xl", 1024, 0.1))
+        for attention, policy, precision in itertools.product(("flash", "standard"), POLICIES, PRECISIONS)
+    ]
+    matrix = [
+        LedgerCase(f"bench-{block}-tiny", 4, 64, 2, attention, dropout, policy, precision)
+        for block, attention, dropout, policy, precision in itertools.product(
+            ("gpt", "llama"), ("standard", "flash"), (0.0, 0.1), POLICIES, PRECISIONS)
+        if not (block == "llama" and dropout)
+    ]
+    forced = [dataclasses.replace(c, backend=b) for b in FUSED_BACKENDS for c in matrix if c.attention == "flash"]
+    return full + matrix + forced
+
+
+def ledger(ctx: Context) -> dict[str, Any]:
+    checks = []
+    for case in ledger_cases(ctx.gpu):
+        if ctx.left_s() <= 0:
+            checks.append({"label": case.label, "case": dataclasses.asdict(case), "status": "not run",
+                           "message": "the part's time budget was spent"})
+            continue
+        checks.append(check(case, ctx.device).to_dict())
+        if ctx.gpu:
+            torch.cuda.empty_cache()
+    return {"checks": checks}
+
+
+# ---- measurements into the store ---------------------------------------------------------------
+
+
+def _record(ctx: Context, suite: str, cases) -> dict[str, Any]:
+    with ctx.store() as store:
+        report = run_suite(store, ctx.device, suite, cases=cases, deadline=ctx.deadline, quiet=False)
+    return {"run_id": report.run_id, "seconds": report.seconds,
+            "statuses": {s: report.count(s) for s in ("ok", "oom", "error", "skipped") if report.count(s)}}
+
+
+def suite(ctx: Context) -> dict[str, Any]:
+    """The quick suite as `headroom agent run --suite quick` runs it (smoke sizes on a CPU)."""
+    with ctx.store() as store:
+        report = run_suite(store, ctx.device, "quick", deadline=ctx.deadline, quiet=False)
+    by_kind: dict[str, float] = {}
+    for (case, _), seconds in zip(report.rows, report.case_seconds):
+        by_kind[case.kind] = by_kind.get(case.kind, 0.0) + seconds
+    return {"run_id": report.run_id, "seconds": report.seconds, "seconds_by_kind": by_kind,
+            "statuses": {s: report.count(s) for s in ("ok", "oom", "error", "skipped") if report.count(s)}}
+
+
+def _train_cases(ctx: Context, setups: list[bench_train.TrainSetup], store: Store):
+    provider = profile_from_store(store, device_name(ctx.device))
+    return [bench_train.case(setup, provider) for setup in setups]
+
+
+def offload(ctx: Context) -> dict[str, Any]:
+    """The sweep's offload configurations (host copies are slow: the two smallest micro-batches)."""
+    sweep = dataclasses.replace(train_sweep(ctx), micro_batches=train_sweep(ctx).micro_batches[:2], policies=("offload",))
+    with ctx.store() as store:
+        cases = _train_cases(ctx, sweep.setups(), store)
+    return _record(ctx, "gpu-check", cases)
+
+
+def repeat(ctx: Context) -> dict[str, Any]:
+    """The suite's largest square matmul (bf16 on a GPU, fp32 on a CPU), measured again REPEATS times."""
+    dtype, size = ("bf16", 8192) if ctx.gpu else ("fp32", 512)
+    cases = [bench_matmul.case(dtype, size, size, size, label=f"repeat {i + 1}", budget_s=0.5) for i in range(REPEATS)]
+    return _record(ctx, "gpu-check", cases) | {"dtype": dtype, "size": size}
+
+
+# ---- regret ---------------------------------------------------------------------------------
+
+
+def _measured(store: Store, sweep: TrainSweep) -> list[MeasuredConfig]:
+    """Every configuration of the sweep's model, sequence and global batch the store holds (the latest of each)."""
+    query = select(TrainStepResult).where(
+        TrainStepResult.model_name == sweep.model, TrainStepResult.seq_len == sweep.seq_len,
+        TrainStepResult.precision == sweep.precision).order_by(TrainStepResult.id)
+    with store.session() as session:
+        rows = session.scalars(query).all()
+    latest = {}
+    for row in rows:
+        if row.micro_batch * row.accumulation_steps == sweep.global_batch:
+            latest[(row.micro_batch, row.accumulation_steps, row.recompute)] = MeasuredConfig(
+                row.micro_batch, row.accumulation_steps, row.recompute, row.status, row.tokens_per_s,
+                row.peak_reserved_bytes)
+    return list(latest.values())
+
+
+def regret_part(ctx: Context) -> dict[str, Any]:
+    """Plans from this box's own measurements at 80 GB and at a budget that forces checkpointing.
+
+    A recommendation the sweep did not measure is measured now, so every plan is judged by what
+    really happened.
+    """
+    from core.planner import PlanRequest, plan
+    from core.presets import get_preset
+    from db.profiles import build_profile, calibration_for
+
+    sweep = train_sweep(ctx)
+    name = device_name(ctx.device)
+    request = PlanRequest(spec=get_preset(sweep.model), seq_len=sweep.seq_len, global_batch=sweep.global_batch,
+                          precision=sweep.precision, optimizer=sweep.optimizer, allow_offload=True)
+    with ctx.store() as store:
+        with store.session() as session:
+            profile = build_profile(session, name)
+            calibration = calibration_for(session, name, profile)
+
+        def judge(label: str, budget: int):
+            result = plan(dataclasses.replace(request, budget_bytes=budget), profile, calibration)
+            measured = _measured(store, sweep)
+            choice = result.recommendation
+            if choice is not None and ctx.left_s() > 0:
+                key = (choice.config.micro_batch, choice.accumulation_steps, str(choice.config.recompute))
+                if key not in {m.key for m in measured}:
+                    setup = bench_train.TrainSetup(spec=request.spec, config=choice.config,
+                                                   accumulation_steps=choice.accumulation_steps, steps=sweep.steps)
+                    _record(ctx, "gpu-check", _train_cases(ctx, [setup], store))
+                    measured = _measured(store, sweep)
+            outcome = regret(result, measured)
+            entry = {"budget": label, **dataclasses.asdict(outcome), "regret": outcome.regret,
+                     "predicted_tokens_per_s": choice.tokens_per_s if choice else None}
+            return result, measured, entry
+
+        roomy, measured, entry = judge("80 GB", 80 * GB)
+        plans = [entry]
+        tight = tight_budget(roomy, measured)
+        if tight is None:
+            plans.append({"budget": "tight", "outcome": "no budget here rules out every configuration without "
+                                                         "checkpointing while another fits"})
+        else:
+            plans.append(judge(f"{tight / GB:.3f} GB (tight)", tight)[2])
+    return {"plans": plans, "calibration": calibration.to_dict()}
+
+
+def multi_rank(ctx: Context) -> dict[str, Any]:
+    return {"status": "none", "message": "this version has no multi-rank benchmarks (collectives, sharded steps)"}
+
+
+PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
+    # name: (function, seconds on a GPU, seconds on a CPU); the GPU total stays well under 8 minutes
+    "environment": (environment, 20, 10),
+    "ledger": (ledger, 60, 10),
+    "suite": (suite, 180, 30),
+    "offload": (offload, 45, 10),
+    "repeat": (repeat, 20, 5),
+    "regret": (regret_part, 50, 10),
+    "multi-rank": (multi_rank, 5, 5),
+}

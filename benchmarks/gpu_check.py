@@ -1,0 +1,171 @@
+"""GPU check: test the core's CUDA claims against this GPU in one command, in under 8 minutes.
+
+    python benchmarks/gpu_check.py [--out DIR] [--device cuda:0|cpu] [--parts ledger,suite,...]
+
+Whoever works on a machine with a GPU runs this first and commits what it
+wrote (README, "Contributing"). Parts, each in a process of its own with a
+time budget, so one that overruns or breaks the CUDA context costs only
+itself (agent/check/parts.py):
+
+  environment  torch, CUDA, cuDNN, driver, clocks; the attention kernel SDPA
+               picks by itself for a bf16 GQA causal input and an fp32 one
+  ledger       the saved-tensor probe against the ledger over block x attention
+               x dropout x policy x precision: full-size layers, a small-model
+               matrix, and the matrix again with each fused SDPA backend forced
+  suite        the quick suite, as `headroom agent run --suite quick` runs it
+               (matmul, memory-bound ops, attention, the ~1B llama sweep)
+  offload      the sweep's offload configurations
+  repeat       the suite's largest matmul five more times: is its figure stable?
+  regret       plans from this box's own measurements at 80 GB and at a budget
+               that forces checkpointing; each recommendation, measured, against
+               the best measured configuration that fit
+  multi-rank   single-GPU variants of multi-rank benchmarks (none exist yet)
+
+It writes to --out (default $OUT when set, else ./gpu-check):
+<device>-<date>.json.gz, a bundle of every result (`headroom db import` or
+`headroom dashboard --bundle` read it); <device>-<date>.md, the report (per
+check predicted, measured, error; the targets); <device>-<date>.checks.json,
+every part's summary and every ledger check in full; <device>-<date>.log,
+the parts' output. It prints a one-screen summary last. On a CPU the same
+code runs at toy sizes in under a minute (tests/test_gpu_check.py).
+
+Exit status: 0 when every part ran (a missed target is a finding, not a
+failure of the check), 1 when a part failed or was killed at its limit.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+GRACE_S = 30
+"""A part may run this long past its budget (finishing the case it is in) before it is killed."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("OUT") or "gpu-check",
+                        help="directory for the bundle, report and logs (default $OUT, else ./gpu-check)")
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda:0 if present, else cpu)")
+    parser.add_argument("--parts", help="comma-separated parts to run (default all, in order)")
+    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child process runs one part
+    parser.add_argument("--store", help=argparse.SUPPRESS)
+    parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def run_child(args: argparse.Namespace) -> int:
+    """One part, in this process: its summary goes to --result as JSON."""
+    import torch
+
+    from agent.check.parts import PARTS, Context
+
+    function = PARTS[args.part][0]
+    context = Context(torch.device(args.device), args.store, time.perf_counter() + args.budget_s)
+    result = function(context)
+    Path(args.result).write_text(json.dumps(result, default=str))
+    return 0
+
+
+def last_line(path: Path) -> str:
+    lines = [line for line in path.read_text(errors="replace").splitlines() if line.strip()] if path.exists() else []
+    return lines[-1][:300] if lines else ""
+
+
+def run_part(name: str, budget_s: float, device: str, store: str, work: Path, log) -> dict[str, Any]:
+    """Run one part in a child process under its time budget; its summary, or why there is none."""
+    result_path, part_log = work / f"{name}.json", work / f"{name}.log"
+    command = [sys.executable, str(Path(__file__).resolve()), "--part", name, "--device", device, "--store", store,
+               "--budget-s", str(budget_s), "--result", str(result_path)]
+    env = os.environ | {"PYTHONUNBUFFERED": "1"}
+    started = time.perf_counter()
+    status, message = "ok", ""
+    with part_log.open("w") as out:
+        try:
+            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=budget_s + GRACE_S,
+                                  env=env, cwd=ROOT).returncode
+            if code != 0:
+                status, message = "failed", f"exit status {code}: {last_line(part_log)}"
+        except subprocess.TimeoutExpired:
+            status, message = "killed", f"still running {budget_s + GRACE_S:.0f} s after it started"
+    seconds = time.perf_counter() - started
+    log.write(f"==== {name} ({status}, {seconds:.1f} s) ====\n{part_log.read_text(errors='replace')}\n")
+    log.flush()
+    result = json.loads(result_path.read_text()) if result_path.exists() else {}
+    if status == "ok" and name == "ledger":
+        counts: dict[str, int] = {}
+        for c in result.get("checks", []):
+            counts[c["status"]] = counts.get(c["status"], 0) + 1
+        message = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+    elif status == "ok" and "statuses" in result:
+        message = ", ".join(f"{n} {s}" for s, n in result["statuses"].items())
+    print(f"[{name}] {status} in {seconds:.1f} s {message}", flush=True)
+    return {"status": status, "seconds": seconds, "message": message, "result": result}
+
+
+def slug(device_name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "unknown-device"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.part:
+        return run_child(args)
+    import torch
+
+    from agent.check.parts import PARTS
+    from agent.check.report import Rows, markdown, summary
+    from db.bundle import export_bundle, write_bundle
+    from db.store import open_store
+
+    device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
+    gpu = torch.device(device).type == "cuda"
+    wanted = [p.strip() for p in args.parts.split(",")] if args.parts else list(PARTS)
+    unknown = [p for p in wanted if p not in PARTS]
+    if unknown:
+        print(f"gpu_check: unknown part(s) {', '.join(unknown)}; valid: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="headroom-gpu-check-") as tmp:
+        work = Path(tmp)
+        store = f"sqlite:///{work / 'results.db'}"
+        open_store(store, mode="write").close()
+        parts = {}
+        # Written after every part, so a check stopped from outside still leaves its findings.
+        progress = out / "gpu-check.partial.json"
+        with (out / "gpu-check.log").open("w") as log:
+            for name in wanted:
+                _, gpu_s, cpu_s = PARTS[name]
+                parts[name] = run_part(name, gpu_s if gpu else cpu_s, device, store, work, log)
+                progress.write_text(json.dumps(parts, indent=1, default=str))
+        fingerprint = parts.get("environment", {}).get("result", {}).get("fingerprint", {})
+        stem = f"{slug(fingerprint.get('device_name', ''))}-{date.today().isoformat()}"
+        rows = Rows.load(store)
+        with open_store(store) as opened:
+            write_bundle(export_bundle(opened), out / f"{stem}.json.gz")
+    (out / "gpu-check.log").replace(out / f"{stem}.log")
+    progress.replace(out / f"{stem}.checks.json")
+    title = f"GPU check: {fingerprint.get('device_name', device)}, {date.today().isoformat()}"
+    (out / f"{stem}.md").write_text(markdown(parts, rows, gpu, title))
+    print(summary(parts, rows, gpu))
+    print(f"wrote {out / stem}.json.gz, .md, .checks.json, .log")
+    return 0 if all(p["status"] == "ok" for p in parts.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""benchmarks/gpu_check.py end to end on the CPU: the code paths a GPU run takes, at toy sizes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+from db.bundle import check_bundle, read_bundle  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def check_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gpu-check")
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out)],
+                          capture_output=True, text=True, timeout=600, cwd=ROOT)
+    return proc, out
+
+
+@pytest.mark.slow
+def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
+    proc, out = check_run
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    (md,) = out.glob("*.md")
+    stem = md.name.removesuffix(".md")
+    assert sorted(p.name for p in out.iterdir()) == sorted(f"{stem}{ext}" for ext in (".checks.json", ".json.gz", ".log", ".md"))
+    parts = json.loads((out / f"{stem}.checks.json").read_text())
+    assert list(parts) == ["environment", "ledger", "suite", "offload", "repeat", "regret", "multi-rank"]
+    assert {name: p["status"] for name, p in parts.items()} == dict.fromkeys(parts, "ok")
+    runs = check_bundle(read_bundle(out / f"{stem}.json.gz"), "gpu check bundle")
+    assert [r.run["suite"] for r in runs][0] == "quick"  # then the check's own runs
+    assert all(r.fingerprint["device_type"] == "cpu" for r in runs)
+    report = md.read_text()
+    for section in ("## Targets", "## Training steps: predicted vs measured", "## Ledger vs probe", "## Plans and regret"):
+        assert section in report
+
+
+@pytest.mark.slow
+def test_on_the_cpu_every_ledger_check_matches_the_probe(check_run):
+    proc, out = check_run
+    parts = json.loads(next(out.glob("*.checks.json")).read_text())
+    checks = parts["ledger"]["result"]["checks"]
+    assert checks and {c["status"] for c in checks} == {"ok"}, [c["label"] for c in checks if c["status"] != "ok"]
+    assert {c["kernel"] for c in checks if c["case"]["backend"] == "math"} == {"math"}
+
+
+@pytest.mark.slow
+def test_regret_is_judged_at_80_gb_and_at_a_budget_that_forces_checkpointing(check_run):
+    proc, out = check_run
+    plans = json.loads(next(out.glob("*.checks.json")).read_text())["regret"]["result"]["plans"]
+    assert [p["budget"] for p in plans][0] == "80 GB" and plans[1]["budget"].endswith("(tight)")
+    for entry in plans:
+        assert entry["outcome"] == "ok" and entry["fit_by"] == "predicted"  # no allocator on a CPU
+        assert entry["best_tokens_per_s"] >= entry["recommended_tokens_per_s"] > 0
+        assert entry["regret"] == pytest.approx(1 - entry["recommended_tokens_per_s"] / entry["best_tokens_per_s"])
+    assert "none" not in plans[1]["recommended"]  # the tight budget leaves no plain configuration
+    summary = proc.stdout
+    assert "targets:" in summary and "regret at 80 GB" in summary and "n/a   peak allocated vs predicted" in summary
