@@ -111,17 +111,19 @@ class _Clock:
 
 
 class _Memory:
-    """The allocator's view of the timed steps (CUDA): peaks by phase, and what one forward keeps.
+    """The allocator's view of the timed steps (CUDA): peaks by phase, and the allocated bytes around the
+    last micro-batch of the last step (before and after its forward and its backward).
 
     The caching allocator books allocations and frees when they are enqueued,
-    so its counters are read without synchronising.
+    so its counters are read without synchronising. Each ``phase`` call ends
+    a phase: its peak is the most allocated since the previous call.
     """
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.cuda = device, device.type == "cuda"
         self.peaks: dict[str, int] = {}
         self.reserved = 0
-        self.kept: list[int] = []
+        self.allocated_at: dict[str, int] = {"case start": self.allocated()}
 
     def allocated(self) -> int:
         return torch.cuda.memory_allocated(self.device) if self.cuda else 0
@@ -130,16 +132,22 @@ class _Memory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats(self.device)
 
-    def end(self, phase: str) -> None:
-        if self.cuda:
-            self.peaks[phase] = max(self.peaks.get(phase, 0), torch.cuda.max_memory_allocated(self.device))
-            self.reserved = max(self.reserved, torch.cuda.max_memory_reserved(self.device))
-            torch.cuda.reset_peak_memory_stats(self.device)
+    def phase(self, name: str, snapshot: str | None = None) -> None:
+        """End phase ``name``; ``snapshot`` also records the bytes allocated now under that name."""
+        if not self.cuda:
+            return
+        self.peaks[name] = max(self.peaks.get(name, 0), torch.cuda.max_memory_allocated(self.device))
+        self.reserved = max(self.reserved, torch.cuda.max_memory_reserved(self.device))
+        torch.cuda.reset_peak_memory_stats(self.device)
+        if snapshot:
+            self.allocated_at[snapshot] = self.allocated()
 
     def details(self) -> dict:
         if not self.cuda or not self.peaks:
             return {}
-        return {"phase_peak_bytes": dict(self.peaks), "forward_kept_bytes": statistics.median(self.kept)}
+        at = self.allocated_at
+        return {"phase_peak_bytes": dict(self.peaks), "allocated_bytes": dict(at),
+                "forward_kept_bytes": at["after forward"] - at["before forward"]}
 
 
 ProfileSource = HardwareProfile | Callable[[], HardwareProfile | None] | None
@@ -178,20 +186,22 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
                 memory.start()
             start = clock.mark()
             for i, (tokens, targets) in enumerate(batches):
-                before = memory.allocated()
+                last = timed and i == len(batches) - 1
+                if last:
+                    memory.phase("backward", snapshot="before forward")
                 loss = forward_loss(model, tokens, targets, cfg.precision) / setup.accumulation_steps
-                if timed and i == 0:
-                    memory.kept.append(memory.allocated() - before)
+                if timed:
+                    memory.phase("forward", snapshot="after forward" if last else None)
                 loss.backward()
                 del loss
+                if timed:
+                    memory.phase("backward", snapshot="after backward" if last else None)
             middle = clock.mark()
-            if timed:
-                memory.end("forward_backward")
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             end = clock.mark()
             if timed:
-                memory.end("optimizer")
+                memory.phase("optimizer")
                 marks.append((start, middle, end))
         if device.type == "cuda":
             torch.cuda.synchronize(device)

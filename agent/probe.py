@@ -145,35 +145,36 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
     ``forward`` runs the model (under whatever autocast the caller wants) and
     returns the loss; nothing else may keep references to its intermediates.
     """
-    params = {_key(p): p for p in model.parameters()}
-    param_keys = set(params)
-    saved: dict[int, torch.Tensor] = {}
+    param_keys = {_key(p) for p in model.parameters()}
+    device = next(model.parameters()).device.type if param_keys else "cpu"
+    # What pack saw, by storage: a description, never the tensor. And pack returns a detached alias
+    # (same storage, no grad_fn): an op that saves its own output, packed as itself, would hold its
+    # node through the Python tensor, a cycle through C++ that Python's garbage collector cannot
+    # see, and every probed forward would leak its whole graph (seen on an H200: ~10 GB a probe).
+    saved: dict[int, tuple[tuple[int, ...], str, int, str]] = {}
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        saved.setdefault(_key(t), t)
-        return t
+        key = _key(t)
+        if key not in saved:
+            saved[key] = (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.untyped_storage().nbytes(), str(t.device))
+        return t.detach()
 
     tracker = _StorageTracker(param_keys, known=set(param_keys))
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
         loss = forward()
 
     output_keys = {_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
-    device = next(iter(params.values())).device.type if params else "cpu"
     result = ProbeResult(device_type=device)
     for key, (ref, info) in tracker.created.items():
         if key in output_keys or ref.expired():
             continue
         result.tensors.append(_with(info, saved_by_autograd=key in saved))
-    for key, t in saved.items():
+    for key, (shape, dtype, nbytes, where) in saved.items():
         if key in tracker.created:
             continue
         kind = "parameter" if key in param_keys else "input"
-        storage = t.untyped_storage()
-        result.tensors.append(
-            ProbedTensor("parameter" if kind == "parameter" else "input", tuple(t.shape),
-                         str(t.dtype).removeprefix("torch."), storage.nbytes(), str(t.device), kind, True)
-        )
-    del loss
+        result.tensors.append(ProbedTensor(kind, shape, dtype, nbytes, where, kind, True))
+    del loss  # only now: the graph it holds is what kept the storages above alive
     return result
 
 

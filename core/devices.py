@@ -26,6 +26,13 @@ class DeviceRules:
     """SDPA runs a fused kernel (CPU flash without dropout: measured); meta falls back to the math path."""
     fused_attention_dropout: bool
     """The fused kernel also does dropout (CUDA); on CPU dropout sends SDPA to the math path (measured)."""
+    fused_attention_fp32_gqa: bool
+    """A fused kernel takes fp32 inputs with grouped key/value heads (CPU flash: measured). On CUDA none
+    does: flash and cuDNN need 16-bit inputs, memory-efficient attention equal head counts, so SDPA runs
+    its math path (measured on an H200, torch 2.11)."""
+    fused_attention_rng_state: bool
+    """The fused kernel keeps its philox seed and offset, two int64 scalars (CUDA: measured on an H200
+    for cuDNN and memory-efficient attention; flash keeps 8 bytes more, not modelled)."""
     autocast: bool
     """Autocast exists for this device (not for meta)."""
     autocast_softmax_fp32: bool
@@ -36,26 +43,33 @@ class DeviceRules:
     """RMSNorm runs ``_fused_rms_norm``, whose backward keeps only input, fp32 rstd and weight (CUDA);
     CPU and meta run the composite that keeps the fp32 normalised tensor too (measured)."""
 
-    def fused_sdpa(self, attention: str, dropout: float) -> bool:
-        """Does ``flash`` attention run as one fused kernel here (else SDPA's math path)?"""
-        return attention == "flash" and self.fused_attention and (dropout == 0 or self.fused_attention_dropout)
+    def fused_sdpa(self, attention: str, dropout: float, fp32: bool = False, grouped: bool = False) -> bool:
+        """Does ``flash`` attention run as one fused kernel here (else SDPA's math path)?
+
+        ``fp32``: the attention inputs are fp32; ``grouped``: fewer key/value heads than query heads.
+        """
+        return (
+            attention == "flash" and self.fused_attention
+            and (dropout == 0 or self.fused_attention_dropout)
+            and (not (fp32 and grouped) or self.fused_attention_fp32_gqa)
+        )
 
 
 DEVICE_RULES: dict[str, DeviceRules] = {
     "cpu": DeviceRules(
         device="cpu", dropout_mask_bytes=None, norm_stats_fp32=False, fused_attention=True,
         fused_attention_dropout=False, autocast=True, autocast_softmax_fp32=False,
-        offload_moves=False, fused_rms_norm=False,
+        offload_moves=False, fused_rms_norm=False, fused_attention_fp32_gqa=True, fused_attention_rng_state=False,
     ),
     "meta": DeviceRules(
         device="meta", dropout_mask_bytes=None, norm_stats_fp32=True, fused_attention=False,
         fused_attention_dropout=False, autocast=False, autocast_softmax_fp32=False,
-        offload_moves=False, fused_rms_norm=False,
+        offload_moves=False, fused_rms_norm=False, fused_attention_fp32_gqa=False, fused_attention_rng_state=False,
     ),
     "cuda": DeviceRules(
         device="cuda", dropout_mask_bytes=1, norm_stats_fp32=True, fused_attention=True,
         fused_attention_dropout=True, autocast=True, autocast_softmax_fp32=True,
-        offload_moves=True, fused_rms_norm=True,
+        offload_moves=True, fused_rms_norm=True, fused_attention_fp32_gqa=False, fused_attention_rng_state=True,
     ),
 }
 

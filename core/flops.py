@@ -25,6 +25,7 @@ from core.config import TrainConfig
 from core.devices import device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
+from core.precision import get_precision
 
 
 def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int) -> int:
@@ -114,7 +115,9 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
         skipped = 0 if config.dropout > 0 else policy.segments(spec.n_layers) * layer["mlp_down"]
         return spec.n_layers * sum(layer.values()) - skipped
     if policy.kind == "selective":
-        fused = device_rules(device).fused_sdpa(config.attention, config.dropout)
+        fused = device_rules(device).fused_sdpa(config.attention, config.dropout,
+                                                fp32=get_precision(config.precision).compute_dtype == "fp32",
+                                                grouped=spec.n_kv_heads < spec.n_heads)
         return spec.n_layers * (layer["attn_scores"] + (layer["attn_values"] if fused else 0))
     return 0
 

@@ -137,11 +137,18 @@ class _Trace:
             self.keep(*tensors)
 
     def keep(self, *tensors: _Sym | None) -> None:
+        host = self.offloading and self.rules.offload_moves
         for t in tensors:
-            if t is None or t.storage in self.kept:
+            # save_on_cpu copies each saved tensor on its own: one storage saved by two ops (a norm's
+            # output read by three projections) is one tensor on the device but two host copies.
+            key = self._fresh() if host else t.storage if t is not None else None
+            if t is None or key in self.kept:
                 continue
-            host = self.offloading and self.rules.offload_moves
-            self._store(t.storage, SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer))
+            self._store(key, SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer))
+
+    def _fresh(self) -> int:
+        self._next += 1
+        return self._next
 
     def _store(self, key: int, saved: SavedTensor) -> None:
         self.kept[key] = saved
@@ -246,11 +253,14 @@ def _attention(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, q: _Sym, k: _Sym, 
     a, d, groups = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
     heads = (b, a, s, d)
     dropout = cfg.dropout > 0
-    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout):
-        # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp.
+    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1):
+        # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp (and on CUDA the
+        # dropout generator's seed and offset, kept with or without dropout).
         out = tr.matmul_output(tr.new("attn.sdpa_out", heads, q.dtype))
         lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"))
-        tr.save(q, k, v, out, lse)
+        rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64")) for n in ("seed", "offset")
+               ] if tr.rules.fused_attention_rng_state else []
+        tr.save(q, k, v, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
         return _Sym(out.storage, (b, s, spec.hidden), out.dtype, out.name)
     if cfg.attention == "flash":

@@ -102,13 +102,22 @@ def test_checkpointing_orders_memory_and_keeps_segment_inputs():
 
 
 def test_offload_moves_block_tensors_to_the_host_on_cuda_only():
+    """Every block tensor leaves the device; on the host each save is its own copy.
+
+    Under amp-bf16 one storage per block is saved twice: the fused attention
+    output, by SDPA and by the output projection (its input is a view of it).
+    save_on_cpu copies it twice, so the host holds one (b, s, h) bf16 tensor
+    per block more than the device did (measured on an H200 by
+    benchmarks/gpu_check.py).
+    """
     spec = get_preset("bench-llama-small")
-    config = _config(128, 2, "flash", 0.0, "offload", "amp-bf16")
+    b, s = 2, 128
+    config = _config(s, b, "flash", 0.0, "offload", "amp-bf16")
     cuda, cpu = activation_ledger(spec, config, "cuda"), activation_ledger(spec, config, "cpu")
     plain = activation_ledger(spec, dataclasses.replace(config, recompute=parse_policy("none")), "cuda")
     assert cpu.host_bytes == 0
-    assert cuda.host_bytes > 0
-    assert cuda.device_activation_bytes + cuda.total("activation", "host") == plain.device_activation_bytes
+    moved = plain.device_activation_bytes - cuda.device_activation_bytes
+    assert cuda.total("activation", "host") == moved + spec.n_layers * b * s * spec.hidden * 2
 
 
 @pytest.mark.parametrize(("precision", "per_norm"), [("bf16-pure", 6), ("amp-bf16", 4)])
@@ -120,11 +129,12 @@ def test_cuda_rms_norm_keeps_input_and_rstd_not_the_normalised_tensor(precision,
     (normalised) - 2sbh (the bf16 input the fused op keeps) = 6sbh bytes
     under bf16-pure; under amp-bf16 the residual stream is already fp32, so
     the copy is the input itself and the difference is the 4sbh normalised
-    tensor. Two norms per block; nothing else differs for a llama block with
-    flash attention and no dropout.
+    tensor. Two norms per block; the only other difference for a llama block
+    with flash attention and no dropout is the 16 bytes of seed and offset the
+    fused CUDA kernel keeps.
     """
     spec = get_preset("llama3.2-1b")
     s, b, h = 2048, 1, spec.hidden
     config = _config(s, b, "flash", 0.0, "none", precision)
     cpu, cuda = (activation_ledger(spec, config, d).per_layer_bytes for d in ("cpu", "cuda"))
-    assert cpu - cuda == 2 * per_norm * s * b * h
+    assert cpu - cuda == 2 * per_norm * s * b * h - 16
