@@ -157,7 +157,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     """``profile`` (or a function giving it when the case runs) predicts the step time; None: no prediction."""
     cfg, spec = setup.config, setup.spec
     profile = profile() if callable(profile) else profile
-    prediction = estimate(spec, cfg, device.type)
+    prediction = estimate(spec, cfg, device.type, setup.accumulation_steps)
     predicted_time = step_time(prediction, profile, setup.accumulation_steps).total_s if profile else None
     row = TrainStepResult(
         model_name=spec.name, model_spec=_spec_dict(spec), seq_len=cfg.seq_len, micro_batch=cfg.micro_batch,

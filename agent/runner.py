@@ -82,6 +82,9 @@ def settle(device: torch.device) -> None:
         return
     try:
         torch.cuda.synchronize(device)
+        clear_workspaces = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+        if clear_workspaces is not None:  # cuBLAS workspaces outlive their case unless released
+            clear_workspaces()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     except RuntimeError as err:  # torch.AcceleratorError: a sticky error from an earlier kernel

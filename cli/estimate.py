@@ -30,6 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
     p.add_argument("--precision", default="amp-bf16", choices=list(PRECISIONS), help="precision recipe (default amp-bf16)")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
+    p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
     p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="sharding stage over dp ranks: 0 none, 1 optimizer, 2 +grads, 3 +params (default 0)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
@@ -45,7 +46,7 @@ def run(args: argparse.Namespace) -> int:
         optimizer=args.optimizer, attention=args.attention, dropout=args.dropout,
         recompute=parse_policy(args.recompute), dp=args.dp, zero=args.zero,
     )
-    result = estimate(spec, config, args.device)
+    result = estimate(spec, config, args.device, args.accumulation)
     if args.json:
         report = result.to_dict()
         if args.ledger:
@@ -66,17 +67,18 @@ def render(result: Estimate) -> str:
         f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,})",
         f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
         f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
-        f"dp {cfg.dp}, zero {cfg.zero}, target {result.device}",
+        f"dp {cfg.dp}, zero {cfg.zero}, accumulation {result.accumulation_steps}, target {result.device}",
         "",
         f"{'memory per rank':<24}{'GB':>12}{'GiB':>12}",
     ]
     rows = ("parameters", "gradients", "master_weights", "optimizer_states", "weight_copies",
-            "activations", "activations_per_layer", "activations_host", "logits", "backward_transient", "peak")
+            "activations", "activations_per_layer", "activations_host", "logits", "autocast_cache",
+            "forward_transient", "backward_transient", "forward_peak", "backward_peak", "peak")
     for key in rows:
-        if memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host"):
+        if memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host", "autocast_cache"):
             continue
         label = key.replace("_", " ")
-        if key == "peak":
+        if key in ("forward_peak", "peak"):
             lines.append("  " + "-" * 46)
         lines.append(f"  {label:<22}{memory[key] / GB:>12,.2f}{memory[key] / GiB:>12,.2f}")
     lines += [

@@ -12,14 +12,17 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from core.config import TrainConfig
+from core.errors import ConfigError
 from core.flops import StepFlops, step_flops
 from core.ledger import Ledger, activation_ledger
 from core.memory import StaticMemory, static_memory
 from core.model import ModelSpec
 
 PEAK_NOTE = (
-    "peak = static state + weight copies + activations + logits + backward transient: gradients "
-    "are counted as allocated throughout, as they are under gradient accumulation"
+    "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
+    "+ log-probs + the logits the loss reads) and backward's first (static state + weight copies kept + "
+    "activations + log-probs + their two fp32 gradients) or a recomputed segment; without gradient "
+    "accumulation the gradients do not exist yet at those moments"
 )
 
 
@@ -31,6 +34,10 @@ class Estimate:
     static: StaticMemory
     ledger: Ledger
     flops: StepFlops
+    accumulation_steps: int = 1
+    """Micro-batches per optimizer step: with more than one, the gradients exist (from the previous
+    micro-batch) while the next forward and the start of its backward run; with one, gradients are
+    freed after each step (``zero_grad(set_to_none=True)``) and appear only as backward produces them."""
 
     @property
     def logits_bytes(self) -> int:
@@ -43,11 +50,34 @@ class Estimate:
         return self.ledger.device_activation_bytes - self.logits_bytes
 
     @property
+    def autocast_cache_bytes(self) -> int:
+        """Under amp-bf16, autocast's 16-bit copy of every matmul weight, alive until the forward ends
+        (the ones backward needs are kept beyond it: ``ledger.parameter_copy_bytes``)."""
+        return 2 * self.spec.matmul_weight_parameters() if self.config.precision == "amp-bf16" else 0
+
+    @property
+    def _static_at_loss(self) -> int:
+        """Static state at the loss: without accumulation the gradients do not exist yet."""
+        return self.static.total - (self.static.gradients if self.accumulation_steps == 1 else 0)
+
+    @property
+    def forward_peak_bytes(self) -> int:
+        """The forward's last moment: the loss reads fp32 logits while every weight copy is cached."""
+        copies = max(self.autocast_cache_bytes, self.ledger.parameter_copy_bytes)
+        return (self._static_at_loss + copies + self.activation_bytes + self.logits_bytes
+                + self.ledger.forward_transient_bytes)
+
+    @property
+    def backward_peak_bytes(self) -> int:
+        """The loss's backward (its two vocabulary-sized gradients), or a recomputed segment later on."""
+        kept = self.ledger.parameter_copy_bytes + self.activation_bytes + self.logits_bytes
+        return max(self._static_at_loss + kept + self.ledger.loss_gradient_bytes,
+                   self.static.total + kept + self.ledger.recompute_bytes)
+
+    @property
     def peak_bytes(self) -> int:
-        return (
-            self.static.total + self.ledger.parameter_copy_bytes + self.activation_bytes
-            + self.logits_bytes + self.ledger.transient_bytes
-        )
+        """Peak allocated bytes of the step (checked against torch.cuda.max_memory_allocated on an H200)."""
+        return max(self.forward_peak_bytes, self.backward_peak_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         model = asdict(self.spec) | {"parameters": self.spec.parameters}
@@ -63,6 +93,7 @@ class Estimate:
             "dp": self.config.dp,
             "zero": self.config.zero,
             "device": self.device,
+            "accumulation_steps": self.accumulation_steps,
         }
         memory = {
             "parameters": self.static.parameters,
@@ -75,6 +106,10 @@ class Estimate:
             "activations_host": self.ledger.host_bytes,
             "logits": self.logits_bytes,
             "backward_transient": self.ledger.transient_bytes,
+            "autocast_cache": self.autocast_cache_bytes,
+            "forward_transient": self.ledger.forward_transient_bytes,
+            "forward_peak": self.forward_peak_bytes,
+            "backward_peak": self.backward_peak_bytes,
             "peak": self.peak_bytes,
         }
         flops = {
@@ -97,7 +132,9 @@ class Estimate:
         return {"model": model, "config": config, "memory_bytes": memory, "flops": flops, "notes": notes}
 
 
-def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> Estimate:
+def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumulation_steps: int = 1) -> Estimate:
+    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps <= 0:
+        raise ConfigError(f"accumulation steps must be a positive integer, got {accumulation_steps!r}")
     return Estimate(
         spec=spec,
         config=config,
@@ -105,4 +142,5 @@ def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> Esti
         static=static_memory(spec, config),
         ledger=activation_ledger(spec, config, device),
         flops=step_flops(spec, config, device),
+        accumulation_steps=accumulation_steps,
     )

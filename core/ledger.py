@@ -63,10 +63,21 @@ class SavedTensor:
 class Ledger:
     tensors: tuple[SavedTensor, ...]
     n_layers: int
-    transient_bytes: int
-    """Extra device bytes at the worst moment of backward, on top of everything kept:
-    the loss gradient over the vocabulary, or a checkpointed segment (or offloaded
-    block) being brought back once the loss's log-probs are gone."""
+    loss_gradient_bytes: int
+    """Backward's first moment, on top of everything kept: the gradients of the log-probs (from
+    nll_loss) and of the logits (from log_softmax), fp32 over the vocabulary, while the log-probs
+    themselves are still alive (measured on an H200)."""
+    recompute_bytes: int
+    """Later in backward: a checkpointed segment (or offloaded block) brought back, less the
+    log-probs freed by then; 0 when nothing is brought back."""
+    forward_transient_bytes: int
+    """Forward's last moment, on top of everything kept: the logits the loss reads (fp32) and, when the
+    head computes in 16 bits, the head's own output (measured on an H200)."""
+
+    @property
+    def transient_bytes(self) -> int:
+        """The most backward adds on top of what forward kept."""
+        return max(self.loss_gradient_bytes, self.recompute_bytes)
 
     def total(self, kind: Kind | None = None, location: str | None = None) -> int:
         return sum(
@@ -406,22 +417,24 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
     if config.precision == "amp-bf16" and not rules.autocast:
         raise ConfigError(f"amp-bf16 needs autocast, which the {rules.device} device does not have")
     tr = _trace(spec, config, rules)
-    return Ledger(tuple(tr.kept.values()), spec.n_layers, _transient_bytes(spec, config, rules))
+    fp32_over_vocab = config.tokens * spec.vocab_size * 4
+    # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
+    head_output = 0 if config.precision == "fp32" else config.tokens * spec.vocab_size * 2
+    return Ledger(tuple(tr.kept.values()), spec.n_layers, loss_gradient_bytes=2 * fp32_over_vocab,
+                  recompute_bytes=_recompute_bytes(spec, config, rules),
+                  forward_transient_bytes=fp32_over_vocab + head_output)
 
 
-def _transient_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -> int:
-    """The largest thing backward materialises on top of what forward kept.
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -> int:
+    """What backward brings back at once, on top of what forward kept, once the log-probs are freed.
 
-    The loss gradient: fp32 over the vocabulary, and its 16-bit cast when the
-    logits are 16-bit. A checkpointed segment or an offloaded block: what its
-    blocks keep without recompute (full, every-K, op-selective, offload), or
-    one attention core (selective).
+    A checkpointed segment or an offloaded block: what its blocks keep without
+    recompute (full, every-K, op-selective, offload), or one attention core
+    (selective). The loss's log-probs are freed by the time a block's backward runs.
     """
-    log_probs = config.tokens * spec.vocab_size * 4
-    logits_grad = log_probs + (0 if config.precision == "fp32" else config.tokens * spec.vocab_size * 2)
     policy = config.recompute
     if policy.kind == "none" or (policy.kind == "offload" and not rules.offload_moves):
-        return logits_grad
+        return 0
     block = _block_bytes(spec, config, rules, "none")
     if policy.recomputes_blocks:
         segment = policy.segment_layers(spec.n_layers) * block
@@ -429,8 +442,7 @@ def _transient_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -
         segment = block - _block_bytes(spec, config, rules, "selective")
     else:  # op-selective recomputes, offload brings back, one block at a time
         segment = block
-    # The loss's log-probs are freed by the time a block's backward runs.
-    return max(logits_grad, segment - log_probs)
+    return max(0, segment - config.tokens * spec.vocab_size * 4)
 
 
 def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, policy: str) -> int:

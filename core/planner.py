@@ -166,8 +166,8 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
 
 def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
              micro_batch: int, policy: RecomputePolicy) -> Candidate:
-    est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device)
     accumulation = request.per_rank_batch // micro_batch
+    est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device, accumulation)
     time = step_time(est, profile, accumulation)
     step_s = time.total_s * calibration.time.factor
     peak = round(est.peak_bytes * calibration.memory.factor)

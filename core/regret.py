@@ -103,22 +103,27 @@ def regret(plan: Plan, measured: list[MeasuredConfig]) -> Regret:
                   recommended_tokens_per_s=ran.tokens_per_s if ran else None, **common)
 
 
-def tight_budget(plan: Plan, measured: list[MeasuredConfig]) -> int | None:
-    """A budget (whole MB) just under the smallest configuration that checkpoints nothing.
+PLAIN = ("none", "selective")
+"""Policies that keep (nearly) every activation: selective recomputes only the attention core, which
+a fused kernel keeps no s x s tensor of anyway."""
 
-    No ``none`` configuration fits it, so the planner must choose what to
-    recompute. Required bytes are measured (peak reserved + context reserve)
-    where the box has allocator statistics, else the plan's prediction. None
-    when nothing else would fit either.
+
+def tight_budget(plan: Plan, measured: list[MeasuredConfig]) -> int | None:
+    """A budget (whole MB) just under the smallest configuration that keeps every activation.
+
+    No ``none`` or ``selective`` configuration fits it, so the planner must
+    choose what to recompute or offload. Required bytes are measured (peak
+    reserved + context reserve) where the box has allocator statistics, else
+    the plan's prediction. None when nothing else would fit either.
     """
     reserve = plan.request.context_reserve_bytes
     required = {m.key: m.peak_reserved_bytes + reserve for m in measured
                 if m.status == "ok" and m.peak_reserved_bytes is not None}
     if not required:
         required = {_key(c): c.required_bytes for c in (*plan.candidates, *plan.rejected)}
-    plain = [need for key, need in required.items() if key[2] == "none"]
+    plain = [need for key, need in required.items() if key[2] in PLAIN]
     if not plain:
         return None
     budget = (min(plain) - 1) // MB * MB
-    others = [need for key, need in required.items() if key[2] != "none"]
+    others = [need for key, need in required.items() if key[2] not in PLAIN]
     return budget if budget > reserve and any(need <= budget for need in others) else None

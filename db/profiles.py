@@ -194,7 +194,7 @@ def _predict(row: TrainStepResult, dropout: float, profile: HardwareProfile) -> 
         config = TrainConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, precision=row.precision,
                              optimizer=row.optimizer, attention=row.attention,
                              recompute=parse_policy(row.recompute), dropout=dropout)
-        predicted = estimate(spec, config, profile.device)
+        predicted = estimate(spec, config, profile.device, row.accumulation_steps)
     except (ConfigError, TypeError):
         return None
     return predicted.peak_bytes, predicted.ledger.activation_bytes, step_time(predicted, profile, row.accumulation_steps).total_s
