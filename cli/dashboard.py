@@ -6,6 +6,7 @@ import argparse
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -18,7 +19,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Start the Streamlit dashboard over a result store (read-only). It listens on 127.0.0.1 "
         "only; --host 0.0.0.0 exposes it to the network. Example: headroom dashboard --db results.db --port 8501",
     )
-    p.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file; see `headroom db info`)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file; see `headroom db info`)")
+    source.add_argument("--bundle", type=Path, metavar="PATH",
+                        help="show a bundle instead of a store, e.g. a GPU check's reference data "
+                        "(tests/data/reference/*.json.gz): it is loaded into a temporary store, deleted on exit")
     p.add_argument("--port", type=int, default=8501, help="port to listen on (default 8501)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, this machine only; 0.0.0.0 for every interface)")
     p.set_defaults(handler=run)
@@ -44,8 +49,24 @@ def run(args: argparse.Namespace) -> int:
     env = dict(os.environ)
     if args.db:
         env["HEADROOM_DB"] = args.db
-    print(f"headroom dashboard: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
-    try:
-        return subprocess.call(command(args.host, args.port), env=env)
-    except KeyboardInterrupt:
-        return 0
+    with tempfile.TemporaryDirectory(prefix="headroom-bundle-") as scratch:
+        if args.bundle is not None:
+            env["HEADROOM_DB"] = load_bundle(args.bundle, Path(scratch))
+        print(f"headroom dashboard: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
+        try:
+            return subprocess.call(command(args.host, args.port), env=env)
+        except KeyboardInterrupt:
+            return 0
+
+
+def load_bundle(path: Path, scratch: Path) -> str:
+    """A store in ``scratch`` holding the bundle's runs; its URL. A bad bundle is refused before anything is written."""
+    from db.bundle import check_bundle, read_bundle, write_runs
+    from db.store import open_store
+
+    runs = check_bundle(read_bundle(path), str(path))
+    url = f"sqlite:///{scratch / 'bundle.db'}"
+    with open_store(url, mode="write") as store:
+        report = write_runs(store, runs, str(path))
+    print(f"headroom dashboard: {path}: {report}", flush=True)
+    return url

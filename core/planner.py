@@ -189,12 +189,8 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
     if static * profile.fragmentation + request.context_reserve_bytes > budget:
         term = f"static state alone ({static / GB:.1f} GB of parameters, gradients and optimizer state) breaks it"
     else:
-        dynamic = {
-            "activations": est.activation_bytes,
-            "logits": est.logits_bytes,
-            "backward transient": est.ledger.transient_bytes,
-            "weight copies": est.ledger.parameter_copy_bytes,
-        }
+        static_parts = ("parameters", "gradients", "master_weights", "optimizer_states")
+        dynamic = {k.replace("_", " "): v for k, v in est.peak_components.items() if k not in static_parts}
         name, size = max(dynamic.items(), key=lambda kv: kv[1])
         term = f"{name} ({size / GB:.1f} GB) break it on top of {static / GB:.1f} GB static"
     return (

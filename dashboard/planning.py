@@ -24,10 +24,6 @@ from core.units import GB, parse_bytes
 MODEL_SOURCES = ("preset", "dimensions", "config.json")
 DATASHEET_PREFIX = "datasheet: "
 MEASURED_PREFIX = "measured: "
-PEAK_COMPONENTS = (
-    "parameters", "gradients", "master_weights", "optimizer_states", "weight_copies",
-    "activations", "logits", "backward_transient",
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +44,7 @@ class PlanInputs:
     budget: str = "80GB"
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
     dp: int = 8
-    zero: int = 1
+    zero: int = 2
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -164,9 +160,8 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
     factor = result.calibration.memory.factor
     rows = []
     for order, c in enumerate(candidates):
-        memory = c.estimate.to_dict()["memory_bytes"]
-        for name in PEAK_COMPONENTS:
-            rows.append({"candidate": c.label, "order": order, "component": name, "gb": memory[name] * factor / GB})
+        for name, size in c.estimate.peak_components.items():  # at the moment the peak happens
+            rows.append({"candidate": c.label, "order": order, "component": name, "gb": size * factor / GB})
         rows.append({"candidate": c.label, "order": order, "component": "margin",
                      "gb": (c.required_bytes - c.peak_bytes) / GB})
     return pd.DataFrame(rows)

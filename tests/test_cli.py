@@ -25,8 +25,23 @@ def test_estimate_json_contract(headroom):
     assert all(isinstance(v, int) for v in report["memory_bytes"].values())
     memory = report["memory_bytes"]
     assert memory["parameters"] + memory["gradients"] + memory["master_weights"] + memory["optimizer_states"] == 16 * 6_738_415_616
-    parts = sum(v for k, v in memory.items() if k not in ("peak", "activations_per_layer", "activations_host"))
-    assert memory["peak"] == parts
+    peak = report["peak"]  # the components at the moment of the peak add up to it
+    assert peak["moment"] in ("forward", "loss backward", "recompute")
+    assert memory["peak"] == sum(peak["components"].values()) == max(memory["forward_peak"], memory["backward_peak"])
+    assert memory["autocast_cache"] == 0  # bf16-master: the model is bf16, autocast copies nothing
+
+    def plain(accumulation: str) -> dict:
+        out = headroom("estimate", "--model", "llama2-7b", "--seq-len", "4096", "--precision", "bf16-master",
+                       "--optimizer", "adam", "--accumulation", accumulation, "--json")
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)
+
+    # Without recompute the peak is backward's first moment: no gradient exists yet without accumulation.
+    single, accumulated = plain("1"), plain("4")
+    assert single["peak"]["moment"] == accumulated["peak"]["moment"] == "loss backward"
+    assert single["peak"]["components"]["gradients"] == 0
+    assert accumulated["peak"]["components"]["gradients"] == memory["gradients"] == 2 * 6_738_415_616
+    assert accumulated["memory_bytes"]["peak"] - single["memory_bytes"]["peak"] == memory["gradients"]
     flops = report["flops"]
     assert flops["step"] == flops["forward"] + flops["backward"] + flops["recompute"]
 

@@ -145,3 +145,40 @@ def test_export_snippets_come_with_download_buttons(tmp_path, monkeypatch):
     assert any("per_device_train_batch_size=" in s for s in snippets)
     assert any("gradient_accumulation_steps" in s or "train_micro_batch_size_per_gpu" in s for s in snippets)
     assert len(at.get("download_button")) == 4
+
+
+REFERENCE_BUNDLE = Path(__file__).parent / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
+
+
+@pytest.fixture(scope="module")
+def reference_store(tmp_path_factory):
+    """`headroom dashboard --bundle`'s store: the H200 reference run, loaded into a scratch SQLite file."""
+    from cli.dashboard import load_bundle
+
+    return load_bundle(REFERENCE_BUNDLE, tmp_path_factory.mktemp("bundle"))
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_page_shows_the_reference_gpu(page, reference_store, monkeypatch):
+    at = render(page, reference_store, monkeypatch)
+    shown = texts(at)
+    assert "headroom agent run" not in shown
+    if page == "plan":
+        measured = [o for o in at.selectbox(key="plan_hardware").options if o.startswith("measured: ")]
+        assert measured == ["measured: NVIDIA H200"]
+    elif page == "hardware":
+        assert "NVIDIA H200" in shown and len(at.get("vega_lite_chart")) == 3
+    elif page == "calibration":
+        stats = at.dataframe[0].value
+        assert set(stats["policy"]) == {"none", "full", "every-2", "selective", "op-selective", "offload"}
+
+
+def test_a_missing_or_damaged_bundle_is_refused_with_its_name(headroom, tmp_path):
+    missing = headroom("dashboard", "--bundle", str(tmp_path / "nowhere.json.gz"))
+    assert missing.returncode == 2 and "cannot read bundle" in missing.stderr and "nowhere.json.gz" in missing.stderr
+    truncated = tmp_path / "cut.json.gz"
+    truncated.write_bytes(REFERENCE_BUNDLE.read_bytes()[:5000])
+    cut = headroom("dashboard", "--bundle", str(truncated))
+    assert cut.returncode == 2 and "truncated or damaged gzip" in cut.stderr
+    both = headroom("dashboard", "--bundle", str(REFERENCE_BUNDLE), "--db", str(tmp_path / "x.db"))
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr
