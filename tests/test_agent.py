@@ -91,6 +91,31 @@ def test_ctrl_c_aborts_the_run_and_keeps_finished_results(tmp_path):
         assert len(s.scalars(select(MatmulResult)).all()) == 1
 
 
+def test_a_broken_cuda_context_records_the_rest_as_not_run_and_fails_the_run(tmp_path, monkeypatch):
+    """A sticky CUDA error surfaces when the runner settles the device after a case (simulated here)."""
+    from agent import runner
+
+    calls = []
+
+    def settle(device):
+        calls.append(device)
+        if len(calls) == 2:
+            raise runner.DeviceLost("AcceleratorError: CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(runner, "settle", settle)
+    url = f"sqlite:///{tmp_path / 'r.db'}"
+    cases = [bench_matmul.case("fp32", 32, 32, 32, label=str(i), budget_s=0.01) for i in range(4)]
+    with open_store(url, mode="write") as store, pytest.raises(runner.DeviceLost) as lost:
+        run_suite(store, CPU, "smoke", quiet=True, cases=cases)
+    assert "the CUDA context broke during 'fp32 1 32x32x32'" in str(lost.value) and "2 later case(s)" in str(lost.value)
+    assert [row.status for _, row in lost.value.report.rows] == ["ok", "ok", "error", "error"]
+    with open_store(url) as store, store.session() as s:
+        assert s.scalars(select(Run.status)).one() == "failed"
+        rows = s.scalars(select(MatmulResult).order_by(MatmulResult.id)).all()
+        assert [r.status for r in rows] == ["ok", "ok", "error", "error"]
+        assert all("not run: the CUDA context broke during 'fp32 1 32x32x32'" in r.message for r in rows[2:])
+
+
 def test_host_timer_keeps_every_sample_and_respects_its_budget():
     calls = []
     timing = time_fn(lambda i: (calls.append(i), time.sleep(0.01)), CPU, iterations=50, budget_s=0.1)
@@ -140,3 +165,21 @@ def test_agent_commands_from_the_cli(headroom, tmp_path):
         assert no_gpu.returncode == 2 and "no CUDA device is visible here; use --device cpu" in no_gpu.stderr
     bad = headroom("agent", "run", "--device", "cpu", "--only", "matmul,bogus", "--db", db)
     assert bad.returncode == 2 and "unknown benchmark kind(s) bogus" in bad.stderr
+
+
+def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):
+    from agent import bench_attention
+    from agent.runner import run_case
+
+    declined = bench_attention.measure(CPU, "efficient", "fp32", 1, 64, 2, 16, budget_s=0.01)
+    assert declined.status == "skipped" and declined.message.startswith("efficient cannot run this shape here: ")
+    ran = bench_attention.measure(CPU, "flash", "fp32", 1, 64, 2, 16, budget_s=0.01)
+    assert ran.status == "ok" and ran.details["kernel"] == "flash"  # the kernel that really ran
+
+    def out_of_memory(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 4.00 GiB (injected)")
+
+    monkeypatch.setattr(bench_attention.F, "scaled_dot_product_attention", out_of_memory)
+    (case,) = [c for c in bench_attention.cases(CPU, [(1, 64, 2, 16)], 0.01) if c.name.startswith("flash")]
+    row = run_case(case, CPU)
+    assert row.status == "oom" and "injected" in row.message  # not "skipped": memory is not a missing backend
