@@ -97,6 +97,8 @@ class _Blocks:
         self.index = itertools.count()
         self.cuda = device.type == "cuda"
         self.stream = torch.cuda.current_stream(device) if self.cuda else None
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.graph_calls = 0
 
     def sync(self) -> None:
         if self.cuda:
@@ -105,9 +107,6 @@ class _Blocks:
     def run(self, calls: int) -> None:
         for _ in range(calls):
             self.fn(next(self.index))
-
-    graph: torch.cuda.CUDAGraph | None = None
-    graph_calls = 0
 
     def capture(self, calls: int) -> None:
         """Record ``calls`` calls as one CUDA graph; ``enqueue(calls)`` then replays it."""

@@ -26,9 +26,12 @@ from agent.ledger_check import LedgerCase, check
 from agent.runner import profile_from_store, run_suite
 from agent.sdpa import kernel_label, kernels_run
 from agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
+from core.planner import PlanRequest, plan
+from core.presets import get_preset
 from core.regret import MeasuredConfig, regret, tight_budget
 from core.units import GB
 from db.models import TrainStepResult
+from db.profiles import build_profile, calibration_for
 from db.store import Store, open_store
 from db.validate import record_values
 
@@ -131,22 +134,20 @@ def ledger(ctx: Context) -> dict[str, Any]:
 # ---- measurements into the store ---------------------------------------------------------------
 
 
-def _record(ctx: Context, suite: str, cases) -> dict[str, Any]:
+def _record(ctx: Context, suite: str, cases=None) -> dict[str, Any]:
+    """Run ``cases`` (None: the suite's own) into the check's store; the run's summary."""
     with ctx.store() as store:
         report = run_suite(store, ctx.device, suite, cases=cases, deadline=ctx.deadline, quiet=False)
-    return {"run_id": report.run_id, "seconds": report.seconds,
-            "statuses": {s: report.count(s) for s in ("ok", "oom", "error", "skipped") if report.count(s)}}
-
-
-def suite(ctx: Context) -> dict[str, Any]:
-    """The quick suite as `headroom agent run --suite quick` runs it (smoke sizes on a CPU)."""
-    with ctx.store() as store:
-        report = run_suite(store, ctx.device, "quick", deadline=ctx.deadline, quiet=False)
     by_kind: dict[str, float] = {}
     for (case, _), seconds in zip(report.rows, report.case_seconds):
         by_kind[case.kind] = by_kind.get(case.kind, 0.0) + seconds
     return {"run_id": report.run_id, "seconds": report.seconds, "seconds_by_kind": by_kind,
             "statuses": {s: report.count(s) for s in ("ok", "oom", "error", "skipped") if report.count(s)}}
+
+
+def suite(ctx: Context) -> dict[str, Any]:
+    """The quick suite as `headroom agent run --suite quick` runs it (smoke sizes on a CPU)."""
+    return _record(ctx, "quick")
 
 
 def _train_cases(ctx: Context, setups: list[bench_train.TrainSetup], store: Store):
@@ -156,7 +157,8 @@ def _train_cases(ctx: Context, setups: list[bench_train.TrainSetup], store: Stor
 
 def offload(ctx: Context) -> dict[str, Any]:
     """The sweep's offload configurations (host copies are slow: the two smallest micro-batches)."""
-    sweep = dataclasses.replace(train_sweep(ctx), micro_batches=train_sweep(ctx).micro_batches[:2], policies=("offload",))
+    base = train_sweep(ctx)
+    sweep = dataclasses.replace(base, micro_batches=base.micro_batches[:2], policies=("offload",))
     with ctx.store() as store:
         cases = _train_cases(ctx, sweep.setups(), store)
     return _record(ctx, "gpu-check", cases)
@@ -194,10 +196,6 @@ def regret_part(ctx: Context) -> dict[str, Any]:
     A recommendation the sweep did not measure is measured now, so every plan is judged by what
     really happened.
     """
-    from core.planner import PlanRequest, plan
-    from core.presets import get_preset
-    from db.profiles import build_profile, calibration_for
-
     sweep = train_sweep(ctx)
     name = device_name(ctx.device)
     request = PlanRequest(spec=get_preset(sweep.model), seq_len=sweep.seq_len, global_batch=sweep.global_batch,
