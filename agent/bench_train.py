@@ -63,7 +63,7 @@ class TrainSetup:
 
 def forward_loss(model: Decoder, tokens: torch.Tensor, targets: torch.Tensor, precision: str) -> torch.Tensor:
     """One micro-batch's loss under the precision recipe."""
-    if precision == "amp-bf16":
+    if get_precision(precision).autocast:
         with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
             return model(tokens, targets)
     return model(tokens, targets)
@@ -73,7 +73,7 @@ def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
     cfg = setup.config
     with torch.device(device):
         model = Decoder(setup.spec, attention=cfg.attention, dropout=cfg.dropout, recompute=cfg.recompute)
-    if cfg.precision == "bf16-pure":
+    if cfg.recipe.param_dtype == "bf16":
         model = model.to(torch.bfloat16)
     return model.train()
 
@@ -168,8 +168,8 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         predicted_activation_bytes=prediction.ledger.activation_bytes,
         predicted_step_time_s=predicted_time,
     )
-    if cfg.precision == "bf16-master":
-        return skipped(row, "the agent's trainer has no master-copy optimizer for bf16-master")
+    if cfg.recipe.master_bytes or cfg.recipe.grad_bytes != cfg.recipe.param_bytes:
+        return skipped(row, f"the agent's trainer has no master-copy optimizer for {cfg.precision}")
     memory = _Memory(device)
     model = optimizer = batches = None
     try:

@@ -141,7 +141,7 @@ class Decoder(nn.Module):
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec
         self.recompute = parse_policy(recompute) if isinstance(recompute, str) else recompute
-        selective = self.recompute.kind == "selective"
+        selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = nn.Embedding(spec.max_seq_len, spec.hidden) if spec.block == "gpt" else None
         self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective) for _ in range(spec.n_layers))

@@ -22,6 +22,12 @@ reported apart from those on the device.
 
 On the meta device nothing is allocated but storages still exist with their
 sizes, so a 70B-scale layer can be probed on a laptop.
+
+Under ``torch.distributed`` a saved tensor may be a DTensor (tensor
+parallelism, FSDP): what it costs this rank is its local shard, so every
+tensor is counted (and deduplicated) by the storage of its local tensor, with
+the local shape. Each tensor also names the submodule (of the probed model)
+whose forward created or saved it, so a mismatch can be traced to a layer.
 """
 
 from __future__ import annotations
@@ -34,13 +40,29 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+try:  # tensors that wrap the one holding memory: a DTensor's local shard, an async collective's result
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+    from torch.distributed.tensor import DTensor
+
+    _WRAPPERS: tuple[tuple[type, str], ...] = ((DTensor, "_local_tensor"), (AsyncCollectiveTensor, "elem"))
+except ImportError:  # a torch built without distributed support
+    _WRAPPERS = ()
+
 CAST_OPS = frozenset({torch.ops.aten._to_copy.default, torch.ops.aten.to.dtype, torch.ops.aten.to.dtype_layout})
 COPY_INTO = torch.ops.aten.copy_.default
 """``save_on_cpu`` with pinned memory allocates a host tensor, then copies the saved one into it."""
 
 
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """The tensor whose storage this rank pays for: a DTensor's local shard, else ``t`` itself."""
+    for cls, attr in _WRAPPERS:
+        if isinstance(t, cls):
+            return _local(getattr(t, attr))
+    return t
+
+
 def _key(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata
+    return _local(t).untyped_storage()._cdata
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +78,9 @@ class ProbedTensor:
     """``activation``, ``input`` (token ids, targets), ``parameter`` or ``parameter_copy``."""
     saved_by_autograd: bool
     """Seen by saved_tensors_hooks (False: kept by a checkpoint cache or offload copy)."""
+    module: str = ""
+    """The probed model's submodule whose forward first saved it for backward (or, if autograd never
+    saw it, created it); '' for the model itself."""
 
 
 @dataclass(slots=True)
@@ -100,9 +125,9 @@ class ProbeResult:
 class _StorageTracker(TorchDispatchMode):
     """Weakly records the storage of every tensor an op creates."""
 
-    def __init__(self, param_keys: set[int], known: set[int]) -> None:
+    def __init__(self, param_keys: set[int], known: set[int], modules: list[str]) -> None:
         super().__init__()
-        self.param_keys, self.known = param_keys, known
+        self.param_keys, self.known, self.modules = param_keys, known, modules
         self.created: dict[int, tuple[StorageWeakRef, ProbedTensor]] = {}
         self.copy_keys: set[int] = set()
 
@@ -127,6 +152,7 @@ class _StorageTracker(TorchDispatchMode):
             key = _key(t)
             if key in self.known or key in self.created or key in inputs:
                 continue
+            t = _local(t)
             storage = t.untyped_storage()
             kind = "parameter_copy" if from_param else "activation"
             if from_param:
@@ -134,7 +160,7 @@ class _StorageTracker(TorchDispatchMode):
             self.created[key] = (
                 StorageWeakRef(storage),
                 ProbedTensor(str(func.overloadpacket.__name__), tuple(t.shape), str(t.dtype).removeprefix("torch."),
-                             storage.nbytes(), str(t.device), kind, False),
+                             storage.nbytes(), str(t.device), kind, False, self.modules[-1]),
             )
         return out
 
@@ -144,38 +170,81 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
 
     ``forward`` runs the model (under whatever autocast the caller wants) and
     returns the loss; nothing else may keep references to its intermediates.
+    Sizes are read after the forward: a storage freed in place by then (FSDP
+    resizes a gathered parameter to 0 bytes after its unit's forward) costs
+    nothing and is left out. Parameters are the model's before or after the
+    forward (FSDP registers its gathered parameters while they are in use).
     """
     param_keys = {_key(p) for p in model.parameters()}
     device = next(model.parameters()).device.type if param_keys else "cpu"
-    # What pack saw, by storage: a description, never the tensor. And pack returns a detached alias
-    # (same storage, no grad_fn): an op that saves its own output, packed as itself, would hold its
-    # node through the Python tensor, a cycle through C++ that Python's garbage collector cannot
-    # see, and every probed forward would leak its whole graph (seen on an H200: ~10 GB a probe).
-    saved: dict[int, tuple[tuple[int, ...], str, int, str]] = {}
+    # What pack saw, by storage: a description and a weak reference, never the tensor. And pack returns
+    # a detached alias (same storage, no grad_fn): an op that saves its own output, packed as itself,
+    # would hold its node through the Python tensor, a cycle through C++ that Python's garbage
+    # collector cannot see, and every probed forward would leak its whole graph (seen on an H200:
+    # ~10 GB a probe).
+    saved: dict[int, tuple[StorageWeakRef, ProbedTensor]] = {}
+    modules = [""]  # the submodules whose forward is running, innermost last
 
     def pack(t: torch.Tensor) -> torch.Tensor:
         key = _key(t)
         if key not in saved:
-            saved[key] = (tuple(t.shape), str(t.dtype).removeprefix("torch."), t.untyped_storage().nbytes(), str(t.device))
+            local = _local(t)
+            storage = local.untyped_storage()
+            saved[key] = (StorageWeakRef(storage), ProbedTensor(
+                "input", tuple(local.shape), str(local.dtype).removeprefix("torch."), storage.nbytes(),
+                str(local.device), "input", True, modules[-1]))
         return t.detach()
 
-    tracker = _StorageTracker(param_keys, known=set(param_keys))
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
-        loss = forward()
+    def enter(name: str) -> Callable[..., None]:
+        def hook(*_) -> None:
+            modules.append(name)
+        return hook
 
+    def leave(*_) -> None:  # a forward hook that returned something would replace the module's output
+        modules.pop()
+
+    hooks = []
+    for name, module in model.named_modules():
+        if name:
+            # First before, last after the module's own hooks (a parallel style's input and output
+            # redistribution belongs to the module it prepares).
+            hooks.append(module.register_forward_pre_hook(enter(name), prepend=True))
+            hooks.append(module.register_forward_hook(leave, always_call=True))
+    tracker = _StorageTracker(param_keys, known=set(param_keys), modules=modules)
+    try:
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
+            loss = forward()
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+    param_keys |= {_key(p) for p in model.parameters()}
     output_keys = {_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
     result = ProbeResult(device_type=device)
     for key, (ref, info) in tracker.created.items():
-        if key in output_keys or ref.expired():
+        nbytes = _alive_bytes(ref)
+        if key in output_keys or not nbytes:
             continue
-        result.tensors.append(_with(info, saved_by_autograd=key in saved))
-    for key, (shape, dtype, nbytes, where) in saved.items():
-        if key in tracker.created:
+        changes = {"saved_by_autograd": key in saved, "nbytes": nbytes}
+        if key in saved:  # named after the module that kept it (a block's input is kept by that block)
+            changes["module"] = saved[key][1].module
+        if key in param_keys:
+            changes["kind"] = "parameter"
+        result.tensors.append(_with(info, **changes))
+    for key, (ref, info) in saved.items():
+        nbytes = _alive_bytes(ref)
+        if key in tracker.created or not nbytes:
             continue
         kind = "parameter" if key in param_keys else "input"
-        result.tensors.append(ProbedTensor(kind, shape, dtype, nbytes, where, kind, True))
+        result.tensors.append(_with(info, op=kind, kind=kind, nbytes=nbytes))
     del loss  # only now: the graph it holds is what kept the storages above alive
     return result
+
+
+def _alive_bytes(ref: StorageWeakRef) -> int:
+    """The storage's size now: 0 once it is gone or was resized to nothing."""
+    storage = torch.UntypedStorage._new_with_weak_ptr(ref.cdata)
+    return 0 if storage is None else storage.nbytes()
 
 
 def _with(info: ProbedTensor, **changes) -> ProbedTensor:

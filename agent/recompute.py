@@ -26,7 +26,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import nn
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
 from core.recompute import RecomputePolicy
 
@@ -62,12 +66,12 @@ def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
 
 def apply_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, policy: RecomputePolicy) -> torch.Tensor:
     """Run the blocks under a checkpoint policy (``selective`` lives in Attention)."""
-    if not torch.is_grad_enabled() or policy.kind in ("none", "selective"):
+    if not torch.is_grad_enabled() or not (policy.recomputes_blocks or policy.caches_matmuls or policy.offloads):
         return _run(blocks, x)
-    if policy.kind == "offload":
+    if policy.offloads:
         with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
             return _run(blocks, x)
-    if policy.kind == "op-selective":
+    if policy.caches_matmuls:
         for block in blocks:
             x = checkpoint(block, x, use_reentrant=False, context_fn=op_selective_context)
         return x

@@ -16,7 +16,7 @@ never mixed with GPU results, and bigger shapes would only take longer.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -51,6 +51,12 @@ class TrainSweep:
     expected_s: float = 1.0
     """Rough seconds per configuration, for the ETA."""
 
+    @property
+    def base(self) -> TrainConfig:
+        """The configuration every point of the sweep shares (micro-batch 1, no checkpointing)."""
+        return TrainConfig(seq_len=self.seq_len, precision=self.precision, optimizer=self.optimizer,
+                           attention=self.attention)
+
     def accumulation(self, micro_batch: int) -> int:
         if self.global_batch is None:
             return self.accumulation_steps
@@ -63,8 +69,7 @@ class TrainSweep:
         return [
             bench_train.TrainSetup(
                 spec=spec,
-                config=TrainConfig(seq_len=self.seq_len, micro_batch=micro, precision=self.precision,
-                                   optimizer=self.optimizer, attention=self.attention, recompute=parse_policy(policy)),
+                config=replace(self.base, micro_batch=micro, recompute=parse_policy(policy)),
                 accumulation_steps=self.accumulation(micro), warmup_steps=self.warmup_steps, steps=self.steps,
             )
             for micro in self.micro_batches

@@ -36,7 +36,13 @@ from streamlit.testing.v1 import AppTest  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from dashboard import data  # noqa: E402
 from db.bundle import export_bundle, import_bundle  # noqa: E402
-from db.models import ElementwiseResult, AttentionResult, Fingerprint, MatmulResult, TrainStepResult  # noqa: E402
+from db.models import (  # noqa: E402
+    AttentionResult,
+    ElementwiseResult,
+    Fingerprint,
+    MatmulResult,
+    TrainStepResult,
+)
 from db.store import open_store  # noqa: E402
 
 DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA L40S", "NVIDIA GeForce RTX 4090")

@@ -1,17 +1,22 @@
-"""Planner speed: candidates evaluated per second on a full llama3-70b plan.
+"""Planner speed: candidates evaluated per second on full llama3-70b plans.
 
-    python benchmarks/bench_planner.py
+    python benchmarks/bench_planner.py [--search-only]
 
-Varies data-parallel ranks and sharding stages at s=8192 and prints, per plan,
-the candidates evaluated, the wall time and the rate. Target: one plan well
-under 0.5 s on a 2-core CPU.
+First, one fixed layout at a time: varies data-parallel ranks and sharding
+stages at s=8192 and prints, per plan, the candidates evaluated, the wall time
+and the rate. Then the cluster search: llama3-70b over 64 H100s with every
+axis free (tp x pp x cp x dp x sharding stage x micro-batch x recompute),
+printing the layouts searched, the candidates evaluated and the milliseconds
+per plan and per layout.
 """
 
 from __future__ import annotations
 
 import time
 
+from core.config import TrainConfig
 from core.hardware import get_hardware
+from core.layout import Layout
 from core.planner import PlanRequest, plan
 from core.presets import get_preset
 from core.timing import datasheet_profile
@@ -24,9 +29,10 @@ def main() -> None:
     total_candidates, total_s = 0, 0.0
     for dp in (16, 32, 64, 128):
         for zero in (1, 2, 3):
-            request = PlanRequest(spec=spec, seq_len=8192, global_batch=2 * dp * 8, dp=dp, zero=zero)
+            request = PlanRequest(spec=spec, train=TrainConfig(seq_len=8192, layout=Layout(dp=dp, zero=zero)),
+                                  global_batch=2 * dp * 8)
             start = time.perf_counter()
-            result = plan(request, profile, advise=False)
+            result = plan(request, profile)
             elapsed = time.perf_counter() - start
             n = len(result.candidates) + len(result.rejected)
             total_candidates, total_s = total_candidates + n, total_s + elapsed
@@ -35,5 +41,25 @@ def main() -> None:
           f"{total_s / 12:.3f} s per plan")
 
 
+def search() -> None:
+    """llama3-70b, s=8192, global batch 512 sequences (4M tokens), 64 GPUs, every axis free."""
+    profile = datasheet_profile(get_hardware("h100-sxm"))
+    request = PlanRequest(spec=get_preset("llama3-70b"), train=TrainConfig(seq_len=8192), global_batch=512, gpus=64)
+    start = time.perf_counter()
+    result = plan(request, profile)
+    elapsed = time.perf_counter() - start
+    n = len(result.candidates) + len(result.rejected)
+    layouts = len(result.layouts)
+    best = result.recommendation
+    print(f"\nsearch: llama3-70b on 64 GPUs: {layouts} layouts searched ({sum(o.fits for o in result.layouts)} fit), "
+          f"{n} candidates evaluated, {elapsed * 1000:,.0f} ms per plan, {elapsed * 1000 / layouts:.1f} ms per layout")
+    if best is not None:
+        print(f"  recommended: {best.layout}; {best.label}; {best.tokens_per_s / 64:,.0f} tokens/s per GPU")
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if "--search-only" not in sys.argv:
+        main()
+    search()

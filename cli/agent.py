@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from cli.train_flags import add_train_flags, train_config
 from core.errors import ConfigError
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
@@ -36,14 +37,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full",
     )
     train.add_argument("--model", required=True, help="preset name or path to a HuggingFace config.json")
-    train.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
-    train.add_argument("--micro-batch", default="1", help="micro-batch size(s), comma-separated (default 1)")
-    train.add_argument("--recompute", default="none", help="checkpoint policy(ies), comma-separated: none, full, every-K, selective, op-selective, offload (default none)")
+    add_train_flags(train, micro_batch="list", recompute="list", layout="none", precision_default=None)
     train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step (default 1)")
-    train.add_argument("--attention", default="flash", choices=("flash", "standard"), help="attention kernel (default flash)")
-    train.add_argument("--precision", default=None, help="fp32, amp-bf16, bf16-pure (default: amp-bf16 on a GPU, fp32 on a CPU)")
-    train.add_argument("--optimizer", default="adamw", help="sgd, sgd-momentum, adagrad, adam, adamw (default adamw)")
-    train.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
     train.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps (default 5)")
     train.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 if present, else cpu)")
     train.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file)")
@@ -132,9 +127,7 @@ def run_train(args: argparse.Namespace) -> int:
     from agent import bench_train
     from agent.runner import DeviceLost, profile_from_store, run_suite
     from agent.summary import summarize
-    from core.config import TrainConfig
     from core.presets import resolve_model
-    from core.recompute import parse_policy
     from db.store import open_store
 
     (device,) = devices(args.device) if args.device != "all" else (None,)
@@ -147,8 +140,7 @@ def run_train(args: argparse.Namespace) -> int:
     setups = [
         bench_train.TrainSetup(
             spec=spec,
-            config=TrainConfig(seq_len=args.seq_len, micro_batch=micro, precision=precision, optimizer=args.optimizer,
-                               attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy)),
+            config=train_config(args, precision=precision, micro_batch=micro, recompute=policy),
             accumulation_steps=args.accumulation, steps=args.steps,
         )
         for micro in _ints(args.micro_batch, "--micro-batch")

@@ -6,12 +6,10 @@ import argparse
 import json
 from dataclasses import asdict
 
-from core.config import ATTENTIONS, TrainConfig
+from cli.train_flags import add_train_flags, train_config
 from core.estimate import Estimate, estimate
 from core.ledger import Ledger
-from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import resolve_model
-from core.recompute import POLICY_NAMES, parse_policy
 from core.units import GB, GiB
 
 
@@ -23,16 +21,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Example: headroom estimate --model llama2-7b --seq-len 4096 --recompute full",
     )
     p.add_argument("--model", required=True, help="preset name (see `headroom models`) or path to a HuggingFace config.json")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
-    p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")
-    p.add_argument("--recompute", default="none", help=f"activation checkpointing: {'|'.join(POLICY_NAMES)} (default none)")
-    p.add_argument("--attention", default="flash", choices=ATTENTIONS, help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
-    p.add_argument("--precision", default="amp-bf16", choices=list(PRECISIONS), help="precision recipe (default amp-bf16)")
-    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
+    add_train_flags(p)
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="sharding stage over dp ranks: 0 none, 1 optimizer, 2 +grads, 3 +params (default 0)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
     p.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
     p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
@@ -41,11 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
-    config = TrainConfig(
-        seq_len=args.seq_len, micro_batch=args.micro_batch, precision=args.precision,
-        optimizer=args.optimizer, attention=args.attention, dropout=args.dropout,
-        recompute=parse_policy(args.recompute), dp=args.dp, zero=args.zero,
-    )
+    config = train_config(args)
     result = estimate(spec, config, args.device, args.accumulation)
     if args.json:
         report = result.to_dict()
@@ -67,15 +53,20 @@ def render(result: Estimate) -> str:
         f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,})",
         f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
         f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
-        f"dp {cfg.dp}, zero {cfg.zero}, accumulation {result.accumulation_steps}, target {result.device}",
+        f"accumulation {result.accumulation_steps}, target {result.device}, {cfg.stack} stack",
+        f"layout: {cfg.layout} ({cfg.layout.world} GPUs); memory of the {result.rank.name} rank"
+        + (f", the most loaded ({float(result.rank.in_flight):g} micro-batches in flight)" if len(result.ranks) > 1 else ""),
         "",
         f"{'memory per rank':<24}{'GB':>12}{'GiB':>12}",
     ]
-    rows = ("parameters", "gradients", "master_weights", "optimizer_states", "weight_copies",
+    rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets",
+            "gathered_parameters_forward", "gathered_parameters_backward", "weight_copies",
             "activations", "activations_per_layer", "activations_host", "logits", "autocast_cache",
             "forward_transient", "backward_transient", "forward_peak", "backward_peak", "peak")
+    optional = ("master_weights", "gradient_buckets", "gathered_parameters_forward", "gathered_parameters_backward",
+                "weight_copies", "activations_host", "autocast_cache")
     for key in rows:
-        if memory[key] == 0 and key in ("master_weights", "weight_copies", "activations_host", "autocast_cache"):
+        if memory[key] == 0 and key in optional:
             continue
         label = key.replace("_", " ")
         if key in ("forward_peak", "peak"):
@@ -90,6 +81,8 @@ def render(result: Estimate) -> str:
         f"  {'step (hardware)':<22}{flops['step'] / 1e12:>12,.2f}",
         f"  model FLOPs per token {flops['per_token']:,} ({flops['per_token'] / spec.parameters:.2f} x parameters)",
         "",
+        *([f"{'peak per rank kind':<24}{'GB':>12}", *(f"  {r['rank']:<22}{r['peak'] / GB:>12,.2f}" for r in report["ranks"]), ""]
+          if len(report["ranks"]) > 1 else []),
         *(f"note: {note}" for note in report["notes"]),
     ]
     return "\n".join(lines)

@@ -4,17 +4,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
-from core.calibration import Calibration
-from core.config import ATTENTIONS
+from cli.train_flags import add_train_flags, layout_from_args, pinned_axes, train_config
+from core.advice import plan_and_advise
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
-from core.hardware import get_hardware
-from core.planner import Plan, PlanRequest, plan, plan_to_dict
-from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster, cluster_for
+from core.planner import Plan, PlanRequest, plan_to_dict
 from core.presets import resolve_model
-from core.timing import HardwareProfile, datasheet_profile
+from core.timing import HardwareProfile
 from core.units import GB, parse_bytes
+from db.hardware import resolve_hardware
+
+SINGLE_GPU = {"tp": 1, "pp": 1, "cp": 1, "dp": 1, "zero": 0, "sp": False}
+"""Axes the flags leave free, without --gpus: today's one fixed layout."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -22,23 +26,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="recommend micro-batch, accumulation and checkpointing for a memory budget",
         description="For a model, a global batch and a per-GPU memory budget, rank every micro-batch x "
-        "checkpoint policy by predicted tokens/s, explain the winner and every rejection. "
-        "Example: headroom plan --model llama2-7b --seq-len 4096 --global-batch 64 --dp 8 --zero 1",
+        "checkpoint policy by predicted tokens/s, explain the winner and every rejection. With --gpus N, search "
+        "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs; --tp/--pp/--cp/--dp/"
+        "--zero/--sp pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
     )
     p.add_argument("--model", required=True, help="preset name (see `headroom models`) or path to a HuggingFace config.json")
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    add_train_flags(p, micro_batch="none", recompute="none", layout="free")
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")
     batch.add_argument("--global-tokens", type=int, help="tokens per optimizer step, all ranks together (a multiple of --seq-len)")
     p.add_argument("--budget", default="80GB", help="memory per GPU, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; default 80GB)")
     p.add_argument("--hardware", default="h100-sxm", help="a device measured in the store (its name) or a datasheet key from `headroom hardware` (default h100-sxm)")
     p.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
-    p.add_argument("--dp", type=int, default=1, help="data-parallel ranks (default 1)")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3), help="sharding stage over the ranks (default 0)")
-    p.add_argument("--precision", default="amp-bf16", choices=list(PRECISIONS), help="precision recipe (default amp-bf16)")
-    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
-    p.add_argument("--attention", default="flash", choices=ATTENTIONS, help="attention kernel (default flash)")
-    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
+    p.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
+    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
+    p.add_argument("--interconnect", default=DEFAULT_INTER_NODE_LINK, choices=list(LINKS_BY_KEY),
+                   help=f"link between nodes, per GPU (default {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
     p.add_argument("--offload", action="store_true", help="also consider offloading activations to host memory")
     p.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
     p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
@@ -57,33 +60,38 @@ def global_batch(args: argparse.Namespace) -> int:
     return args.global_tokens // args.seq_len
 
 
-def load_hardware(name: str, db_url: str | None) -> tuple[HardwareProfile, Calibration | None]:
-    """A device measured in the store, else a datasheet row."""
-    from db.profiles import measured_profile  # the store is optional: plain datasheet planning needs no database
-
-    measured = measured_profile(name, db_url)
-    if measured is not None:
-        return measured
-    return datasheet_profile(get_hardware(name)), None
+def cluster(profile: HardwareProfile, args: argparse.Namespace) -> Cluster:
+    """The hardware's own link inside a node (its datasheet's NVLink or PCIe), ``--interconnect`` between nodes."""
+    return cluster_for(profile.name, args.gpus_per_node, args.interconnect)
 
 
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
+    layout = layout_from_args(args, **SINGLE_GPU)
+    profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
-        spec=resolve_model(args.model), seq_len=args.seq_len, global_batch=global_batch(args),
-        budget_bytes=parse_bytes(args.budget), dp=args.dp, zero=args.zero, precision=args.precision,
-        optimizer=args.optimizer, attention=args.attention, dropout=args.dropout, allow_offload=args.offload,
+        spec=resolve_model(args.model), train=train_config(args, layout=layout), global_batch=global_batch(args),
+        budget_bytes=parse_bytes(args.budget), allow_offload=args.offload, gpus=args.gpus,
+        pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
+        cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
     )
-    profile, calibration = load_hardware(args.hardware, args.db)
-    result = plan(request, profile, calibration)
+    result = plan_and_advise(request, profile, calibration)
     top = args.top or None
     if args.json:
-        print(json.dumps(plan_to_dict(result, top), indent=2))
+        payload = plan_to_dict(result, top)
+        if args.export:
+            best = result.recommendation
+            payload["export"] = export(args.export, request, best).to_dict() if best else None
+        print(json.dumps(payload, indent=2))
     elif args.export:
         if result.recommendation is None:
             raise ConfigError("nothing fits, so there is nothing to export; " + result.advice[-1])
-        print(export(args.export, request, result.recommendation))
+        settings = export(args.export, request, result.recommendation)
+        print(settings.text)
+        if not settings.notes_in_text:
+            for note in settings.notes:
+                print(f"note: {note}", file=sys.stderr)
     else:
         print(render(result, top))
     return 0
@@ -92,11 +100,19 @@ def run(args: argparse.Namespace) -> int:
 def render(result: Plan, top: int | None) -> str:
     req, profile, best = result.request, result.profile, result.recommendation
     spec = req.spec
+    where = (f"{req.gpus} GPUs, every layout searched" + (f" ({', '.join(sorted(req.pinned))} pinned)" if req.pinned else "")
+             if req.gpus is not None else f"layout {req.layout}")
     lines = [
         f"plan: {spec.name} ({spec.parameters / 1e9:.2f}B parameters), seq-len {req.seq_len}, global batch "
-        f"{req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), {req.dp} rank(s), ZeRO-{req.zero}, "
-        f"{req.precision}, {req.optimizer}",
+        f"{req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), {where}, "
+        f"{req.precision}, {req.train.optimizer}, {req.train.stack} stack",
         f"hardware: {profile.name} ({profile.source})" + (f"; assumed: {'; '.join(profile.assumptions)}" if profile.assumptions else ""),
+    ]
+    if req.cluster is not None:
+        c = req.cluster
+        lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {c.intra.name}, nodes on {c.inter.name} (datasheet links"
+                     + (f"; {c.assumed})" if c.assumed else ")"))
+    lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per GPU (GB = 1e9 bytes); margin: peak x {profile.fragmentation:.2f} "
         f"fragmentation + {req.context_reserve_bytes / GB:.1f} GB CUDA context",
         f"confidence: {result.calibration.confidence()}",
@@ -105,21 +121,41 @@ def render(result: Plan, top: int | None) -> str:
     if best is None:
         lines += [f"nothing fits ({len(result.rejected)} candidates rejected)", *(f"  {a}" for a in result.advice)]
         return "\n".join(lines)
+    world = best.layout.world
     lines += [
-        f"recommendation: micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x {req.dp} rank(s), "
-        f"recompute {best.config.recompute}",
-        f"  {best.tokens_per_s:,.0f} tokens/s, {best.step_time_s:.3f} s per step, needs {best.required_bytes / GB:.1f} GB "
-        f"of {req.budget_bytes / GB:.1f} GB ({(req.budget_bytes - best.required_bytes) / GB:.1f} GB headroom)",
-        f"  why: the fastest of {len(result.candidates)} fitting candidates",
+        f"recommendation: {best.layout}; micro-batch {best.config.micro_batch} x accumulation "
+        f"{best.accumulation_steps}, recompute {best.config.recompute}",
+        f"  {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / world:,.0f} per GPU), {best.step_time_s:.3f} s per step, "
+        f"needs {best.required_bytes / GB:.1f} GB of {req.budget_bytes / GB:.1f} GB "
+        f"({(req.budget_bytes - best.required_bytes) / GB:.1f} GB headroom)",
+        f"  why: the fastest of {len(result.candidates)} fitting candidates"
+        + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)}" if req.gpus else ""),
+        "  step time by term: " + ", ".join(f"{k} {v:.3f} s" for k, v in best.time_by_term().items() if v),
     ]
+    if best.time.communication:
+        total = sum(t.seconds for t in best.time.communication)
+        lines.append(f"  communication: {total:.3f} s of collectives, {best.time.communication_s:.3f} s exposed after overlap: "
+                     + "; ".join(f"{t.axis} {t.op.replace('_', '-')} {t.total_bytes / GB:.2f} GB on {t.link_key}"
+                                 for t in best.time.communication))
+    if len(best.estimate.ranks) > 1:
+        lines.append("  memory per rank kind: " + ", ".join(
+            f"{r.rank.name} {r.peak_bytes / GB:.1f} GB ({float(r.rank.in_flight):g} micro-batches in flight)"
+            for r in best.estimate.ranks))
     faster = sorted((c for c in result.rejected if c.tokens_per_s > best.tokens_per_s), key=lambda c: -c.tokens_per_s)
     for c in faster[:3]:
-        lines.append(f"  faster but rejected: {c.label} ({c.tokens_per_s:,.0f} tokens/s) {c.rejection}")
-    lines += ["", f"{'#':>3}  {'micro':>5} {'accum':>5}  {'recompute':<13}{'tokens/s':>12}{'step s':>9}{'needs GB':>10}{'headroom GB':>13}"]
+        on = f" on {c.layout}" if req.gpus is not None else ""
+        lines.append(f"  faster but rejected: {c.label}{on} ({c.tokens_per_s:,.0f} tokens/s) {c.rejection}")
+    lines += ["", f"{'#':>3}  {'micro':>5} {'accum':>5}  {'recompute':<13}{'tokens/s':>12}{'step s':>9}{'needs GB':>10}"
+                  f"{'headroom GB':>13}" + ("  layout" if req.gpus is not None else "")]
     for i, c in enumerate(result.candidates[:top], 1):
         lines.append(
             f"{i:>3}  {c.config.micro_batch:>5} {c.accumulation_steps:>5}  {str(c.config.recompute):<13}{c.tokens_per_s:>12,.0f}"
             f"{c.step_time_s:>9.3f}{c.required_bytes / GB:>10.1f}{(req.budget_bytes - c.required_bytes) / GB:>13.1f}"
+            + (f"  {c.layout}" if req.gpus is not None else "")
         )
+    if req.gpus is not None:
+        lines += ["", f"layouts: {len(result.layouts)} searched; the best of each, and why it lost:"]
+        for o in result.layouts[: (top or len(result.layouts))]:
+            lines.append(f"  {str(o.layout):<52} {o.why_lost(best)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]
     return "\n".join(lines)

@@ -1,55 +1,121 @@
 """When nothing fits: say what dominates and find the smallest change that would fit.
 
-Changes are tried from least to most disruptive, and the first that fits is
-reported with the plan it would give:
+``plan_and_advise`` is the planner's front door: a plan, and when nothing fits,
+advice. Changes are tried from least to most disruptive, and the first that
+fits is reported with the plan it would give:
 
 1. a higher sharding stage on the same ranks (when there are several);
-2. more data-parallel ranks (x2, x4, ... x64) with a sharding stage, since
-   more ranks alone do not shrink per-rank state;
+2. more GPUs, doubling up to 64x: at each count every axis that could take
+   them (more data-parallel ranks with a sharding stage, since more ranks
+   alone do not shrink per-rank state; tensor parallelism within a node with
+   sequence parallelism; more pipeline stages; context parallelism), the
+   fastest that fits; with a GPU count to search (``--gpus``), the search
+   itself over twice, four times ... the GPUs;
 3. a shorter sequence (halved, down to 256 tokens);
 4. offloading activations to host memory.
 
-A change is screened by its least-memory candidate (micro-batch 1 under the
-memory-lightest policy) before a full plan is made for it.
+A change is screened by its least-memory candidates (micro-batch 1 under the
+memory-lightest policies) before a full plan is made for it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
+from core.calibration import Calibration
+from core.errors import ConfigError
+from core.layout_search import candidate_layouts
 from core.planner import Plan, PlanRequest, evaluate, plan, policies_worth_trying
+from core.timing import HardwareProfile
 from core.units import GB
 
-MAX_RANK_MULTIPLIER = 64
+MAX_GPU_MULTIPLIER = 64
 MIN_SEQ_LEN = 256
 
 
-def _variants(request: PlanRequest) -> Iterator[tuple[str, PlanRequest]]:
-    if request.dp > 1:
-        for stage in range(request.zero + 1, 4):
-            yield f"--zero {stage}", replace(request, zero=stage)
-    multiplier = 2
-    while multiplier <= MAX_RANK_MULTIPLIER:
-        dp = request.dp * multiplier
-        batch = -(-request.global_batch // dp) * dp  # the global batch must split over the ranks
-        for stage in range(max(request.zero, 1), 4):
-            label = f"--dp {dp} --zero {stage}" + (f" --global-batch {batch}" if batch != request.global_batch else "")
-            yield label, replace(request, dp=dp, zero=stage, global_batch=batch)
-        multiplier *= 2
-    seq_len = request.seq_len // 2
-    while seq_len >= MIN_SEQ_LEN:
-        yield f"--seq-len {seq_len}", replace(request, seq_len=seq_len)
-        seq_len //= 2
-    if not request.allow_offload:
-        yield "--offload", replace(request, allow_offload=True)
+def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None) -> Plan:
+    """The plan, with advice when nothing fits."""
+    result = plan(request, profile, calibration)
+    if result.recommendation is None:
+        result = replace(result, advice=advise_nothing_fits(result))
+    return result
+
+
+Variant = Callable[[], PlanRequest]
+"""Builds a changed request; raises ConfigError when the model cannot be split that way."""
+
+
+def _more_gpus(request: PlanRequest, multiplier: int, gpus_per_node: int) -> Iterator[tuple[str, Variant]]:
+    """Every way of spending ``multiplier`` times the GPUs on one axis of the request's layout."""
+    layout = request.layout
+    dp = layout.dp * multiplier
+    batch = -(-request.global_batch // dp) * dp  # the global batch must split over the ranks
+    suffix = f" --global-batch {batch}" if batch != request.global_batch else ""
+    for stage in range(max(layout.zero, 1), 4):
+        yield (f"--dp {dp} --zero {stage}{suffix}",
+               lambda stage=stage: request.with_layout(dp=dp, zero=stage, global_batch=batch))
+    tp = layout.tp * multiplier
+    if tp <= gpus_per_node:
+        yield f"--tp {tp} --sp on", lambda: request.with_layout(tp=tp, sp=True)
+    yield f"--pp {layout.pp * multiplier}", lambda: request.with_layout(pp=layout.pp * multiplier)
+    yield f"--cp {layout.cp * multiplier}", lambda: request.with_layout(cp=layout.cp * multiplier)
 
 
 def _could_fit(request: PlanRequest, base: Plan) -> bool:
-    return any(
-        evaluate(request, base.profile, base.calibration, 1, policy).rejection is None
-        for policy in policies_worth_trying(request)
-    )
+    """Does the lightest candidate of some layout of the request fit? (Bad splits: no.)"""
+    try:
+        if request.gpus is not None:
+            cluster = request.cluster_for(base.profile)
+            layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+                                        cluster.gpus_per_node, request.pinned)
+            return any(_could_fit(replace(request.on_layout(layout), cluster=cluster), base) for layout in layouts)
+        return any(
+            evaluate(request, base.profile, base.calibration, 1, policy).rejection is None
+            for policy in policies_worth_trying(request) if policy.kind in ("full", "every", "offload")
+        )
+    except ConfigError:
+        return False
+
+
+def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
+    """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily)."""
+    request = base.request
+
+    def planned(label: str, make: Variant) -> Iterator[tuple[str, Plan]]:
+        try:
+            variant = make()
+            if not _could_fit(variant, base):
+                return
+            result = plan(variant, base.profile, base.calibration)
+        except ConfigError:
+            return
+        if result.recommendation is not None:
+            yield label, result
+
+    if request.gpus is None and request.dp > 1:
+        for stage in range(request.zero + 1, 4):
+            yield from planned(f"--zero {stage}", lambda stage=stage: request.with_layout(zero=stage))
+    gpus_per_node = request.cluster_for(base.profile).gpus_per_node if request.layout.world > 1 or request.gpus \
+        else 8
+    multiplier = 2
+    while multiplier <= MAX_GPU_MULTIPLIER:
+        if request.gpus is not None:
+            gpus = request.gpus * multiplier
+            yield from planned(f"--gpus {gpus}", lambda: replace(request, gpus=gpus))
+        else:
+            options = [found for label, make in _more_gpus(request, multiplier, gpus_per_node)
+                       for found in planned(label, make)]
+            if options:
+                yield max(options, key=lambda o: o[1].recommendation.tokens_per_s)  # type: ignore[union-attr]
+        multiplier *= 2
+    seq_len = request.seq_len // 2
+    while seq_len >= MIN_SEQ_LEN:
+        yield from planned(f"--seq-len {seq_len}",
+                           lambda seq_len=seq_len: replace(request, train=replace(request.train, seq_len=seq_len)))
+        seq_len //= 2
+    if not request.allow_offload:
+        yield from planned("--offload", lambda: replace(request, allow_offload=True))
 
 
 def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
@@ -57,24 +123,25 @@ def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
     closest = min(base.rejected, key=lambda c: c.required_bytes)
     est = closest.estimate
     static = est.static
+    where = f" on {closest.layout}" if request.gpus is not None else ""
     lines = [
-        f"nothing fits in {request.budget_bytes / GB:.1f} GB: the closest candidate ({closest.label}) "
+        f"nothing fits in {request.budget_bytes / GB:.1f} GB: the closest candidate ({closest.label}{where}) "
         f"needs {closest.required_bytes / GB:.1f} GB",
         f"it holds {static.total / GB:.1f} GB of static state (parameters {static.parameters / GB:.1f}, "
         f"gradients {static.gradients / GB:.1f}, master weights {static.master_weights / GB:.1f}, "
         f"optimizer state {static.optimizer_states / GB:.1f}) and {est.activation_bytes / GB:.1f} GB of activations",
     ]
-    for label, variant in _variants(request):
-        if _could_fit(variant, base):
-            best = plan(variant, base.profile, base.calibration, advise=False).recommendation
-            assert best is not None
-            lines.append(
-                f"smallest change that fits: {label} (then {best.label}, "
-                f"{best.required_bytes / GB:.1f} GB, {best.tokens_per_s:,.0f} tokens/s)"
-            )
-            return tuple(lines)
+    for label, result in _fitting_plans(base):
+        best = result.recommendation
+        assert best is not None
+        layout = f" on {best.layout}" if best.layout.world > 1 else ""
+        lines.append(
+            f"smallest change that fits: {label} (then {best.label}{layout}, "
+            f"{best.required_bytes / GB:.1f} GB, {best.tokens_per_s:,.0f} tokens/s)"
+        )
+        return tuple(lines)
     lines.append(
-        f"no single change tried fits (up to {MAX_RANK_MULTIPLIER}x the ranks with ZeRO-3, "
-        f"sequences down to {MIN_SEQ_LEN}, offload): the model needs tensor or pipeline parallelism"
+        f"no single change tried fits (up to {MAX_GPU_MULTIPLIER}x the GPUs on any parallel axis, "
+        f"sequences down to {MIN_SEQ_LEN}, offload)"
     )
     return tuple(lines)

@@ -6,9 +6,11 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from core.errors import ConfigError
+from core.layout import SINGLE, Layout
 from core.model import ModelSpec
-from core.precision import get_precision, optimizer_state_bytes
+from core.precision import PrecisionRecipe, get_precision, optimizer_state_bytes
 from core.recompute import RecomputePolicy
+from core.stack import get_stack
 
 Attention = Literal["flash", "standard"]
 ATTENTIONS = ("flash", "standard")
@@ -30,32 +32,56 @@ class TrainConfig:
     """Dropout probability (``gpt`` blocks only)."""
     recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
     """Activation-checkpoint policy."""
-    dp: int = 1
-    """Data-parallel ranks."""
-    zero: int = 0
-    """Sharding stage over the data-parallel ranks: 0 none, 1 optimizer, 2 +gradients, 3 +parameters."""
+    stack: str = "torch"
+    """Training stack whose saving rules differ (core.stack): ``torch`` or ``megatron``."""
+    layout: Layout = SINGLE
+    """How the run is spread over GPUs (core.layout): tp, sp, pp, cp, dp and the sharding stage."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch", "dp"):
+        for name in ("seq_len", "micro_batch"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
-        if self.zero not in (0, 1, 2, 3):
-            raise ConfigError(f"zero (sharding stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if not isinstance(self.layout, Layout):
+            raise ConfigError(f"layout must be a core.layout.Layout, got {self.layout!r}")
         if self.attention not in ATTENTIONS:
             raise ConfigError(f"attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         get_precision(self.precision)
+        get_stack(self.stack)
+        if self.layout.cp > 1 and self.attention != "flash":
+            raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
         optimizer_state_bytes(self.optimizer)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks."""
+        return self.layout.dp
+
+    @property
+    def zero(self) -> int:
+        """Sharding stage over the data-parallel ranks."""
+        return self.layout.zero
+
+    @property
+    def recipe(self) -> PrecisionRecipe:
+        return get_precision(self.precision)
 
     @property
     def tokens(self) -> int:
         """Tokens in one micro-batch: b x s."""
         return self.micro_batch * self.seq_len
 
+    @property
+    def rank_tokens(self) -> int:
+        """Tokens of one micro-batch on one rank: b x s / cp (context parallelism splits the sequence)."""
+        return self.micro_batch * self.seq_len // self.layout.cp
+
     def check_model(self, spec: ModelSpec) -> None:
-        """Reject combinations the model cannot run."""
+        """Reject combinations the model cannot run, or cannot split by the layout."""
+        self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                                n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
         if spec.block == "llama" and self.dropout > 0:
             raise ConfigError(f"{spec.name}: llama blocks have no dropout; use --dropout 0")
         if spec.block == "gpt" and self.seq_len > spec.max_seq_len:

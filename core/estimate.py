@@ -9,15 +9,18 @@ are integers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field, replace
+from fractions import Fraction
 from typing import Any
 
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.flops import StepFlops, step_flops
+from core.layout import Layout
 from core.ledger import Ledger, activation_ledger
-from core.memory import StaticMemory, static_memory
+from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_memory
 from core.model import ModelSpec
+from core.pipeline import RankKind, check_micro_batches, rank_kinds
 
 PEAK_NOTE = (
     "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
@@ -39,37 +42,66 @@ class Estimate:
     """Micro-batches per optimizer step: with more than one, the gradients exist (from the previous
     micro-batch) while the next forward and the start of its backward run; with one, gradients are
     freed after each step (``zero_grad(set_to_none=True)``) and appear only as backward produces them."""
+    rank: RankKind = field(default_factory=lambda: RankKind("only", 0, 0, True, True, Fraction(1)))
+    """The rank this estimate is for (core.pipeline): its stage, layers and micro-batches in flight."""
+    ranks: tuple[Estimate, ...] = ()
+    """Every rank kind of the layout, this one included (set by ``estimate``)."""
+
+    def _in_flight(self, nbytes: int) -> int:
+        return nbytes * self.rank.in_flight.numerator // self.rank.in_flight.denominator
 
     @property
     def logits_bytes(self) -> int:
-        """The loss's fp32 log-probabilities over the vocabulary, kept for backward."""
-        return sum(t.bytes for t in self.ledger.tensors if t.name == "log_softmax")
+        """The loss's fp32 log-probabilities over the vocabulary, kept for backward (last stage)."""
+        return self._in_flight(sum(t.bytes for t in self.ledger.traced if t.name == "log_softmax"))
 
     @property
     def activation_bytes(self) -> int:
-        """Everything else forward keeps on the device for backward."""
-        return self.ledger.device_activation_bytes - self.logits_bytes
+        """Everything else forward keeps on the device for backward, for every micro-batch in flight."""
+        return self._in_flight(self.ledger.device_activation_bytes) - self.logits_bytes
+
+    @property
+    def weight_copy_bytes(self) -> int:
+        """Autocast's 16-bit weight copies backward keeps, one set per micro-batch in flight."""
+        return self._in_flight(self.ledger.parameter_copy_bytes)
 
     @property
     def autocast_cache_bytes(self) -> int:
-        """Under amp-bf16, autocast's 16-bit copy of every matmul weight, alive until the forward ends
-        (the ones backward needs are kept beyond it: ``ledger.parameter_copy_bytes``); measured on an
-        H200. Under ZeRO-3 the weights are gathered a unit at a time, so the cache is counted sharded
-        like the parameters themselves (not measured: the agent has no sharded trainer yet)."""
-        if self.config.precision != "amp-bf16":
+        """Under amp-bf16, autocast's 16-bit copy of every matmul weight of this rank, alive until the
+        forward ends (the ones backward needs are kept beyond it: ``weight_copy_bytes``); measured on an
+        H200. Under ZeRO-3, FSDP's mixed precision gathers bf16 units instead: no autocast cache."""
+        if not self.config.recipe.autocast or self.config.zero == 3:
             return 0
-        return 2 * self.spec.matmul_weight_parameters() // (self.config.dp if self.config.zero == 3 else 1)
+        return 2 * rank_matmul_weights(self.spec, self.config.layout, self.rank)
+
+    @property
+    def gathered_parameter_bytes(self) -> tuple[int, int]:
+        """FSDP (ZeRO-3): the unsharded units alive at once in forward and in backward.
+
+        Forward: the current and the prefetched unit, in the compute dtype (the largest two
+        neighbours). Backward: those, plus the current unit's unsharded gradient in the compute dtype
+        and its fp32 copy for the reduce-scatter (FSDP2's default reduce dtype is the parameters').
+        """
+        if self.config.zero < 3 or self.config.dp * self.config.layout.cp == 1:
+            return 0, 0
+        units = fsdp_units(self.spec, self.config.layout, self.rank)
+        pairs = [a + b for a, b in zip(units, units[1:])] or list(units)
+        compute = self.config.recipe.activation_bytes
+        reduce = self.config.recipe.grad_bytes
+        gathered = max(pairs) * compute
+        return gathered, gathered + max(units) * (compute + reduce)
 
     @property
     def _static_at_loss(self) -> int:
         """Static state at the loss: without accumulation the gradients do not exist yet."""
         return self.static.total - (self.static.gradients if self.accumulation_steps == 1 else 0)
 
-    def _moment(self, gradients: int, copies: int, transient: tuple[str, int]) -> dict[str, int]:
+    def _moment(self, gradients: int, copies: int, gathered: int, transient: tuple[str, int]) -> dict[str, int]:
         static = self.static
         return {
             "parameters": static.parameters, "gradients": gradients, "master_weights": static.master_weights,
-            "optimizer_states": static.optimizer_states, "weight_copies": copies,
+            "optimizer_states": static.optimizer_states, "gradient_buckets": static.gradient_buckets,
+            "gathered_parameters": gathered, "weight_copies": copies,
             "activations": self.activation_bytes, "logits": self.logits_bytes, transient[0]: transient[1],
         }
 
@@ -85,15 +117,19 @@ class Estimate:
         0.3% (tests/test_reference_data.py); the recompute bound never formed a measured peak.
         """
         gradients = self.static.gradients if self.accumulation_steps > 1 else 0
-        kept = self.ledger.parameter_copy_bytes
+        kept = self.weight_copy_bytes
         ledger = self.ledger
+        forward_units, backward_units = self.gathered_parameter_bytes
         moments = {
-            "forward": self._moment(gradients, max(self.autocast_cache_bytes, kept),
+            "forward": self._moment(gradients, max(self.autocast_cache_bytes, kept), forward_units,
                                     ("forward_transient", ledger.forward_transient_bytes)),
-            "loss backward": self._moment(gradients, kept, ("backward_transient", ledger.loss_gradient_bytes)),
+            # Ring attention's buffers in the last layer's backward replace the loss's gradients, freed by
+            # then: the larger of the two bounds both moments.
+            "loss backward": self._moment(gradients, kept, backward_units, (
+                "backward_transient", max(ledger.loss_gradient_bytes, ledger.ring_buffer_bytes))),
         }
         if ledger.recompute_bytes:
-            moments["recompute"] = self._moment(self.static.gradients, kept,
+            moments["recompute"] = self._moment(self.static.gradients, kept, backward_units,
                                                 ("backward_transient", ledger.recompute_bytes))
         return moments
 
@@ -134,6 +170,8 @@ class Estimate:
             "optimizer": self.config.optimizer,
             "dp": self.config.dp,
             "zero": self.config.zero,
+            "layout": layout_dict(self.config.layout),
+            "stack": self.config.stack,
             "device": self.device,
             "accumulation_steps": self.accumulation_steps,
         }
@@ -142,7 +180,10 @@ class Estimate:
             "gradients": self.static.gradients,
             "master_weights": self.static.master_weights,
             "optimizer_states": self.static.optimizer_states,
-            "weight_copies": self.ledger.parameter_copy_bytes,
+            "gradient_buckets": self.static.gradient_buckets,
+            "gathered_parameters_forward": self.gathered_parameter_bytes[0],
+            "gathered_parameters_backward": self.gathered_parameter_bytes[1],
+            "weight_copies": self.weight_copy_bytes,
             "activations": self.activation_bytes,
             "activations_per_layer": self.ledger.per_layer_bytes,
             "activations_host": self.ledger.host_bytes,
@@ -172,18 +213,33 @@ class Estimate:
             PEAK_NOTE,
         ]
         peak = {"moment": self.peak_moment, "components": self.peak_components}
-        return {"model": model, "config": config, "memory_bytes": memory, "peak": peak, "flops": flops, "notes": notes}
+        ranks = [
+            {"rank": r.rank.name, "stage": r.rank.stage, "layers": r.rank.layers,
+             "micro_batches_in_flight": float(r.rank.in_flight), "peak_moment": r.peak_moment,
+             "peak": r.peak_bytes, "components": r.peak_components}
+            for r in self.ranks or (self,)
+        ]
+        return {"model": model, "config": config, "rank": self.rank.name, "ranks": ranks, "memory_bytes": memory,
+                "peak": peak, "flops": flops, "notes": notes}
+
+
+def layout_dict(layout: Layout) -> dict[str, Any]:
+    """A layout as JSON: every axis, the schedule and the world size."""
+    return asdict(layout) | {"world": layout.world}
 
 
 def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumulation_steps: int = 1) -> Estimate:
+    """The most loaded rank of the layout (its ``ranks`` hold every rank kind's estimate)."""
     if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps <= 0:
         raise ConfigError(f"accumulation steps must be a positive integer, got {accumulation_steps!r}")
-    return Estimate(
-        spec=spec,
-        config=config,
-        device=device,
-        static=static_memory(spec, config),
-        ledger=activation_ledger(spec, config, device),
-        flops=step_flops(spec, config, device),
-        accumulation_steps=accumulation_steps,
+    config.check_model(spec)
+    check_micro_batches(config.layout, accumulation_steps)
+    flops = step_flops(spec, config, device)
+    ranks = tuple(
+        Estimate(spec=spec, config=config, device=device, static=static_memory(spec, config, rank),
+                 ledger=activation_ledger(spec, config, device, rank=rank), flops=flops,
+                 accumulation_steps=accumulation_steps, rank=rank)
+        for rank in rank_kinds(config.layout, spec.n_layers, accumulation_steps)
     )
+    worst = max(ranks, key=lambda r: r.peak_bytes)
+    return replace(worst, ranks=ranks) if len(ranks) > 1 else worst

@@ -114,7 +114,7 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     if policy.recomputes_blocks:
         skipped = 0 if config.dropout > 0 else policy.segments(spec.n_layers) * layer["mlp_down"]
         return spec.n_layers * sum(layer.values()) - skipped
-    if policy.kind == "selective":
+    if policy.recomputes_attention:
         fused = device_rules(device).fused_sdpa(config.attention, config.dropout,
                                                 fp32=get_precision(config.precision).compute_dtype == "fp32",
                                                 grouped=spec.n_kv_heads < spec.n_heads)

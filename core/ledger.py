@@ -24,6 +24,8 @@ core/devices.py says which device facts were measured where.
 from __future__ import annotations
 
 import contextlib
+import functools
+from fractions import Fraction
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from typing import Literal
@@ -32,8 +34,9 @@ from core.config import TrainConfig
 from core.devices import DeviceRules, device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
-from core.precision import get_precision
+from core.pipeline import RankKind, rank_kinds
 from core.recompute import RecomputePolicy
+from core.stack import get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 Kind = Literal["activation", "input", "parameter_copy"]
@@ -60,8 +63,18 @@ class SavedTensor:
 
 
 @dataclass(frozen=True, slots=True)
+class Repeat:
+    """Layers start..start+size-1 keep what layers template..template+size-1 kept."""
+
+    template: int
+    start: int
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
 class Ledger:
-    tensors: tuple[SavedTensor, ...]
+    traced: tuple[SavedTensor, ...]
+    """The tensors traced op by op: the first segments, the embedding, head and loss."""
     n_layers: int
     loss_gradient_bytes: int
     """Backward's first moment, on top of everything kept: the gradients of the log-probs (from
@@ -73,16 +86,46 @@ class Ledger:
     forward_transient_bytes: int
     """Forward's last moment, on top of everything kept: the logits the loss reads (fp32) and, when the
     head computes in 16 bits, the head's own output (measured on an H200)."""
+    ring_buffer_bytes: int = 0
+    """Context parallelism: ring attention's buffers in one layer's backward, on top of what is kept:
+    the K and V chunk being used and the next one arriving, with their gradients (2 x 2 x K, V)."""
+    repeats: tuple[Repeat, ...] = ()
+    """Later segments, kept as references to a traced one (an 80-layer model traces two segments)."""
+    _totals: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
+    """Bytes by (kind, location), summed once: the planner reads them for every candidate."""
+
+    def __post_init__(self) -> None:
+        totals: dict[tuple[str, str], int] = {}
+        by_layer: dict[int, list[SavedTensor]] = {}
+        for t in self.traced:
+            totals[(t.kind, t.location)] = totals.get((t.kind, t.location), 0) + t.bytes
+            if t.layer is not None:
+                by_layer.setdefault(t.layer, []).append(t)
+        for r in self.repeats:
+            for layer in range(r.template, r.template + r.size):
+                for t in by_layer.get(layer, ()):
+                    totals[(t.kind, t.location)] += t.bytes
+        object.__setattr__(self, "_totals", totals)
+
+    @property
+    def tensors(self) -> tuple[SavedTensor, ...]:
+        """Every tensor kept, layer by layer (repeated segments written out)."""
+        out = list(self.traced)
+        for r in self.repeats:
+            offset = r.start - r.template
+            out += [replace(t, layer=t.layer + offset) for t in self.traced
+                    if t.layer is not None and r.template <= t.layer < r.template + r.size]
+        return tuple(out)
 
     @property
     def transient_bytes(self) -> int:
         """The most backward adds on top of what forward kept."""
-        return max(self.loss_gradient_bytes, self.recompute_bytes)
+        return max(self.loss_gradient_bytes, self.recompute_bytes, self.ring_buffer_bytes)
 
     def total(self, kind: Kind | None = None, location: str | None = None) -> int:
         return sum(
-            t.bytes for t in self.tensors
-            if (kind is None or t.kind == kind) and (location is None or t.location == location)
+            n for (k, where), n in self._totals.items()
+            if (kind is None or k == kind) and (location is None or where == location)
         )
 
     @property
@@ -103,7 +146,11 @@ class Ledger:
         return self.total("parameter_copy", "device")
 
     def layer_bytes(self, layer: int) -> int:
-        return sum(t.bytes for t in self.tensors if t.layer == layer and t.kind != "parameter_copy")
+        for r in self.repeats:
+            if r.start <= layer < r.start + r.size:
+                layer -= r.start - r.template
+                break
+        return sum(t.bytes for t in self.traced if t.layer == layer and t.kind != "parameter_copy")
 
     @property
     def per_layer_bytes(self) -> int:
@@ -132,8 +179,8 @@ class _Trace:
     region: Literal["none", "checkpoint", "op-selective"] = "none"
     offloading: bool = False
     kept: dict[int, SavedTensor] = field(default_factory=dict)
-    by_layer: dict[int | None, list[SavedTensor]] = field(default_factory=dict)
     weight_copies: dict[str, _Sym] = field(default_factory=dict)
+    repeats: list[Repeat] = field(default_factory=list)
     _next: int = 0
 
     # ---- bookkeeping -----------------------------------------------------------
@@ -163,16 +210,10 @@ class _Trace:
 
     def _store(self, key: int, saved: SavedTensor) -> None:
         self.kept[key] = saved
-        self.by_layer.setdefault(saved.layer, []).append(saved)
 
     def repeat_segment(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
         """Keep for layers start.. what layers template_start.. kept; return a new segment output."""
-        offset = start - template_start
-        for layer in range(template_start, template_start + size):
-            for saved in self.by_layer.get(layer, ()):
-                self._next += 1
-                self._store(self._next, SavedTensor(saved.name, saved.shape, saved.dtype, saved.location,
-                                                    saved.kind, saved.layer + offset))
+        self.repeats.append(Repeat(template_start, start, size))
         self._next += 1
         return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
@@ -216,11 +257,18 @@ class _Trace:
             return self.weight_copies[key]
         return self.param(f"{name}.weight", shape, param_dtype)
 
-    def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str) -> _Sym:
-        """Saves its input (cast to bf16 per call under autocast) and its weight."""
+    def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str, kept: _Sym | None = None,
+               rows: int | None = None) -> _Sym:
+        """Saves its input (cast to bf16 per call under autocast) and its weight.
+
+        ``kept``: what backward keeps instead of x (a sharded input gathered again in backward);
+        ``rows``: the output's sequence length after a row-parallel reduce-scatter (sequence parallel).
+        """
         x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
-        self.save(x_in, self.weight(name, (out_features, x.shape[-1]), param_dtype))
-        return self.matmul_output(self.new(f"{name}.out", (*x.shape[:-1], out_features), x_in.dtype))
+        saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
+        self.save(saved, self.weight(name, (out_features, x.shape[-1]), param_dtype))
+        shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
+        return self.matmul_output(self.new(f"{name}.out", shape, x_in.dtype))
 
     def layer_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
@@ -258,11 +306,51 @@ class _Trace:
         return self.new(f"{name}.out", x.shape, x.dtype)
 
 
-def _attention(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym) -> _Sym:
-    """The attention core; returns the output-projection input (b, s, h)."""
-    b, s = cfg.micro_batch, cfg.seq_len
-    a, d, groups = spec.n_heads, spec.head_dim, spec.n_heads // spec.n_kv_heads
-    heads = (b, a, s, d)
+@dataclass(frozen=True, slots=True)
+class _Dims:
+    """The sizes one rank sees: the sequence split by cp (and the residual stream by tp under sp),
+    heads, widths and vocabulary split by tp."""
+
+    b: int
+    s: int
+    """Tokens per sequence on this rank: s / cp."""
+    rows: int
+    """Sequence length of the residual stream, norms and dropouts: s / cp, and / tp under sp."""
+    h: int
+    q: int
+    """Query projection width: h / tp."""
+    kv: int
+    """Key (and value) projection width: kv_dim / tp."""
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    vocab: int
+    sp: bool
+    """Sequence parallelism: column-parallel linears read an all-gathered input."""
+    keep_gathered: bool
+    """Backward keeps that gathered input (torch) rather than the sharded one (megatron)."""
+
+    @classmethod
+    def of(cls, spec: ModelSpec, cfg: TrainConfig) -> _Dims:
+        lay = cfg.layout
+        t, s = lay.tp, cfg.seq_len // lay.cp
+        return cls(b=cfg.micro_batch, s=s, rows=s // t if lay.sp else s, h=spec.hidden, q=spec.hidden // t,
+                   kv=spec.kv_dim // t, heads=spec.n_heads // t, kv_heads=spec.n_kv_heads // t,
+                   head_dim=spec.head_dim, ffn=spec.ffn_hidden // t, vocab=spec.vocab_size // t, sp=lay.sp,
+                   keep_gathered=get_stack(cfg.stack).sp_keeps_gathered_input)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens whose logits this rank computes: b x s / cp."""
+        return self.b * self.s
+
+
+def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym) -> _Sym:
+    """The attention core over this rank's heads; returns the output-projection input (b, s, q)."""
+    b, s = d.b, d.s
+    a, hd, groups = d.heads, d.head_dim, d.heads // d.kv_heads
+    heads = (b, a, s, hd)
     dropout = cfg.dropout > 0
     if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1):
         # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp (and on CUDA the
@@ -273,19 +361,19 @@ def _attention(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, q: _Sym, k: _Sym, 
                ] if tr.rules.fused_attention_rng_state else []
         tr.save(q, k, v, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
-        return _Sym(out.storage, (b, s, spec.hidden), out.dtype, out.name)
+        return _Sym(out.storage, (b, s, d.q), out.dtype, out.name)
     if cfg.attention == "flash":
         # SDPA's math path: upcasts 16-bit inputs, scales q and k, no mask tensor kept.
         acc = "fp32"
         q_b = tr.new("attn.math.q_scaled", heads, acc)
-        k_b = tr.new("attn.math.k_scaled_t", (b, a, d, s), acc)
+        k_b = tr.new("attn.math.k_scaled_t", (b, a, hd, s), acc)
         v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", heads, acc)
         mask = None
         softmax_dtype = acc
     else:
         # Explicit softmax(QK^T)V: bmm clones non-contiguous heads; repeat_interleave expands GQA.
         q_b = tr.new("attn.q_heads", heads, q.dtype)
-        k_b = tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t", (b, a, d, s) if groups == 1 else heads, k.dtype)
+        k_b = tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t", (b, a, hd, s) if groups == 1 else heads, k.dtype)
         v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", heads, v.dtype)
         mask = tr.new("attn.causal_mask", (s, s), "bool")
         softmax_dtype = "fp32" if tr.amp and tr.rules.autocast_softmax_fp32 else q.dtype
@@ -300,7 +388,7 @@ def _attention(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, q: _Sym, k: _Sym, 
     tr.save(probs, v_b)
     y = tr.matmul_output(tr.new("attn.pv", heads, v_b.dtype))
     del y
-    return tr.new("attn.out_heads_merged", (b, s, spec.hidden), q.dtype)
+    return tr.new("attn.out_heads_merged", (b, s, d.q), q.dtype)
 
 
 def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
@@ -310,80 +398,97 @@ def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
     return tr.new(f"{name}.rotated", x.shape, x.dtype)
 
 
-def _block(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: str) -> _Sym:
-    b, s, h = cfg.micro_batch, cfg.seq_len, spec.hidden
+def _column_input(tr: _Trace, d: _Dims, x: _Sym, name: str) -> tuple[_Sym, _Sym | None]:
+    """What a column-parallel linear reads, and what its backward keeps instead when that differs.
+
+    Without sequence parallelism: x itself. With it, x is all-gathered over the sequence first;
+    ``torch`` keeps the gathered tensor, ``megatron`` keeps x and gathers again in backward.
+    """
+    if not d.sp:
+        return x, None
+    gathered = tr.new(f"{name}.gathered", (d.b, d.s, x.shape[-1]), x.dtype)
+    return gathered, None if d.keep_gathered else x
+
+
+def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, param_dtype: str) -> _Sym:
+    b, rows, h = d.b, d.rows, d.h
     gpt = spec.block == "gpt"
     norm = tr.layer_norm if gpt else tr.rms_norm
 
-    a = norm(x, "attn_norm", param_dtype)
-    q = tr.linear(a, "attn.q_proj", h, param_dtype)
-    k = tr.linear(a, "attn.k_proj", spec.kv_dim, param_dtype)
-    v = tr.linear(a, "attn.v_proj", spec.kv_dim, param_dtype)
+    a, kept = _column_input(tr, d, norm(x, "attn_norm", param_dtype), "attn_norm")
+    q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept)
+    k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept)
+    v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept)
     if not gpt:
-        tables = (tr.new("rope.cos", (s, spec.head_dim), "fp32"), tr.new("rope.sin", (s, spec.head_dim), "fp32"))
+        tables = (tr.new("rope.cos", (d.s, d.head_dim), "fp32"), tr.new("rope.sin", (d.s, d.head_dim), "fp32"))
         q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
-    if cfg.recompute.kind == "selective":
+    if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
-            y = _attention(tr, spec, cfg, q, k, v)
+            y = _attention(tr, d, cfg, q, k, v)
     else:
-        y = _attention(tr, spec, cfg, q, k, v)
-    o = tr.linear(y, "attn.o_proj", h, param_dtype)
+        y = _attention(tr, d, cfg, q, k, v)
+    o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows)
     if cfg.dropout > 0:
         o = tr.dropout(o, "attn.resid_dropout")
-    x = tr.new("residual_attn", (b, s, h), x.dtype)
+    x = tr.new("residual_attn", (b, rows, h), x.dtype)
 
-    m = norm(x, "mlp_norm", param_dtype)
+    m, kept = _column_input(tr, d, norm(x, "mlp_norm", param_dtype), "mlp_norm")
     if gpt:
-        up = tr.linear(m, "mlp.up_proj", spec.ffn_hidden, param_dtype)
+        up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept)
         tr.save(up)  # GELU saves its input
         hidden = tr.new("mlp.gelu", up.shape, up.dtype)
     else:
-        gate = tr.linear(m, "mlp.gate_proj", spec.ffn_hidden, param_dtype)
-        up = tr.linear(m, "mlp.up_proj", spec.ffn_hidden, param_dtype)
+        gate = tr.linear(m, "mlp.gate_proj", d.ffn, param_dtype, kept)
+        up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept)
         tr.save(gate)  # SiLU saves its input
         silu = tr.new("mlp.silu", gate.shape, gate.dtype)
         tr.save(silu, up)  # the product saves both factors
         hidden = tr.new("mlp.swiglu", gate.shape, gate.dtype)
-    down = tr.linear(hidden, "mlp.down_proj", h, param_dtype)
+    down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows)
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
-    return tr.new("residual_mlp", (b, s, h), x.dtype)
+    return tr.new("residual_mlp", (b, rows, h), x.dtype)
 
 
-def _segment(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, x: _Sym, param_dtype: str, start: int, end: int) -> _Sym:
+def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, param_dtype: str,
+             start: int, end: int) -> _Sym:
     """Blocks start..end-1 under the policy: one checkpointed region, or plain (offloaded) blocks."""
     policy = cfg.recompute
     tr.layer = start
-    if policy.recomputes_blocks or policy.kind == "op-selective":
-        with tr.checkpointed(x, kind="op-selective" if policy.kind == "op-selective" else "checkpoint"):
+    if policy.recomputes_blocks or policy.caches_matmuls:
+        with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             for layer in range(start, end):
                 tr.layer = layer
-                x = _block(tr, spec, cfg, x, param_dtype)
+                x = _block(tr, spec, d, cfg, x, param_dtype)
         return x
-    tr.offloading = policy.kind == "offload"
+    tr.offloading = policy.offloads
     for layer in range(start, end):
         tr.layer = layer
-        x = _block(tr, spec, cfg, x, param_dtype)
+        x = _block(tr, spec, d, cfg, x, param_dtype)
     tr.offloading = False
     return x
 
 
-def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
-    amp = cfg.precision == "amp-bf16"
-    param_dtype = get_precision(cfg.precision).param_dtype
+def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
+    amp = _autocast(cfg)
+    param_dtype = _compute_param_dtype(cfg)
     tr = _Trace(rules=rules, amp=amp)
-    b, s, h = cfg.micro_batch, cfg.seq_len, spec.hidden
+    d = _Dims.of(spec, cfg)
+    b, h = d.b, d.h
 
-    tokens = tr.new("tokens", (b, s), "int64", "input")
-    tr.save(tokens)  # the embedding's backward needs the indices
-    x = tr.new("embed", (b, s, h), param_dtype)
-    if spec.block == "gpt":
-        tr.save(tr.new("positions", (s,), "int64"))
-        x = tr.new("embed_sum", (b, s, h), param_dtype)
-    if cfg.dropout > 0:
-        x = tr.dropout(x, "embed_dropout")
+    if rank.first:
+        tokens = tr.new("tokens", (b, d.s), "int64", "input")
+        tr.save(tokens)  # the embedding's backward needs the indices
+        x = tr.new("embed", (b, d.rows, h), param_dtype)
+        if spec.block == "gpt":
+            tr.save(tr.new("positions", (d.s,), "int64"))
+            x = tr.new("embed_sum", (b, d.rows, h), param_dtype)
+        if cfg.dropout > 0:
+            x = tr.dropout(x, "embed_dropout")
+    else:  # the previous stage's output, received
+        x = tr.new("stage_input", (b, d.rows, h), param_dtype)
 
-    policy, n = cfg.recompute, spec.n_layers
+    policy, n = cfg.recompute, rank.layers
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
     starts = list(range(0, n, size))
     for i, start in enumerate(starts):
@@ -392,40 +497,75 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules) -> _Trace:
         if 2 <= i and start + size <= n and (i < len(starts) - 1 or n % size == 0):
             x = tr.repeat_segment(starts[1], start, size, x)
             continue
-        x = _segment(tr, spec, cfg, x, param_dtype, start, min(start + size, n))
+        x = _segment(tr, spec, d, cfg, x, param_dtype, start, min(start + size, n))
     tr.layer = None
+    if not rank.last:
+        return tr
 
     final = (tr.layer_norm if spec.block == "gpt" else tr.rms_norm)(x, "final_norm", param_dtype)
-    logits = tr.linear(final, "lm_head", spec.vocab_size, param_dtype)
+    final, kept = _column_input(tr, d, final, "final_norm")
+    logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
     tr.save(
-        tr.new("log_softmax", (b * s, spec.vocab_size), "fp32"),
-        tr.new("targets", (b * s,), "int64", "input"),
+        tr.new("log_softmax", (d.tokens, d.vocab), "fp32"),
+        tr.new("targets", (d.tokens,), "int64", "input"),
         tr.new("loss.total_weight", (), "fp32"),
     )
     return tr
 
 
-def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda",
-                      rules: DeviceRules | None = None) -> Ledger:
-    """Every tensor kept for backward by one micro-batch of the agent's decoder on ``device``.
+def _autocast(cfg: TrainConfig) -> bool:
+    """Autocast runs the matmuls, unless FSDP (zero 3) gathers 16-bit parameters itself."""
+    return cfg.recipe.autocast and cfg.zero < 3
 
+
+def _compute_param_dtype(cfg: TrainConfig) -> str:
+    """Dtype the blocks see their parameters in: FSDP's mixed precision gathers them in bf16."""
+    if cfg.recipe.autocast and cfg.zero == 3:
+        return cfg.recipe.compute_dtype
+    return cfg.recipe.param_dtype
+
+
+def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda",
+                      rules: DeviceRules | None = None, rank: RankKind | None = None) -> Ledger:
+    """Every tensor one micro-batch keeps for backward on one rank of the layout, on ``device``.
+
+    ``rank``: the pipeline stage (core.pipeline); by default the first (the only one without a
+    pipeline). Tensor, sequence and context parallelism shrink the shapes (core.ledger._Dims).
     ``rules`` replaces the device's (core.devices), e.g. to predict SDPA forced onto its math path.
     """
     config.check_model(spec)
     rules = rules or device_rules(device)
-    if config.precision == "amp-bf16" and not rules.autocast:
+    rank = rank or rank_kinds(config.layout, spec.n_layers, 1)[0]
+    return _cached_ledger(spec, _ledger_key(config), rules, replace(rank, in_flight=Fraction(1)))
+
+
+def _ledger_key(config: TrainConfig) -> TrainConfig:
+    """The configuration with what one micro-batch's ledger ignores set to one value (a layout search
+    shares one ledger among them): the data-parallel ranks, the pipeline schedule (the rank's layers
+    carry it), and the sharding stage except whether FSDP gathers 16-bit units."""
+    fsdp_mixed = config.zero == 3 and config.recipe.autocast
+    layout = replace(config.layout, dp=1, zero=3 if fsdp_mixed else 0, schedule="1f1b", virtual_stages=1)
+    return replace(config, layout=layout) if layout != config.layout else config
+
+
+@functools.lru_cache(maxsize=2048)
+def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, rank: RankKind) -> Ledger:
+    if config.recipe.autocast and not rules.autocast:
         raise ConfigError(f"amp-bf16 needs autocast, which the {rules.device} device does not have")
-    tr = _trace(spec, config, rules)
-    fp32_over_vocab = config.tokens * spec.vocab_size * 4
+    tr = _trace(spec, config, rules, rank)
+    d = _Dims.of(spec, config)
+    fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0
     # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
-    head_output = 0 if config.precision == "fp32" else config.tokens * spec.vocab_size * 2
-    return Ledger(tuple(tr.kept.values()), spec.n_layers, loss_gradient_bytes=2 * fp32_over_vocab,
-                  recompute_bytes=_recompute_bytes(spec, config, rules),
-                  forward_transient_bytes=fp32_over_vocab + head_output)
+    head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
+    kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
+    ring = 4 * kv_chunk if config.layout.cp > 1 else 0
+    return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=2 * fp32_over_vocab,
+                  recompute_bytes=_recompute_bytes(spec, config, rules, d, fp32_over_vocab),
+                  forward_transient_bytes=fp32_over_vocab + head_output, ring_buffer_bytes=ring)
 
 
-def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -> int:
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, log_probs: int) -> int:
     """What backward brings back at once, on top of what forward kept, once the log-probs are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
@@ -433,23 +573,23 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules) -
     (selective). The loss's log-probs are freed by the time a block's backward runs.
     """
     policy = config.recompute
-    if policy.kind == "none" or (policy.kind == "offload" and not rules.offload_moves):
+    if not policy.recomputes and not (policy.offloads and rules.offload_moves):
         return 0
-    block = _block_bytes(spec, config, rules, "none")
+    block = _block_bytes(spec, config, rules, d, "none")
     if policy.recomputes_blocks:
-        segment = policy.segment_layers(spec.n_layers) * block
-    elif policy.kind == "selective":
-        segment = block - _block_bytes(spec, config, rules, "selective")
+        segment = policy.segment_layers(spec.n_layers // config.layout.pp) * block
+    elif policy.recomputes_attention:
+        segment = block - _block_bytes(spec, config, rules, d, "selective")
     else:  # op-selective recomputes, offload brings back, one block at a time
         segment = block
-    return max(0, segment - config.tokens * spec.vocab_size * 4)
+    return max(0, segment - log_probs)
 
 
-def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, policy: str) -> int:
+def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, policy: str) -> int:
     """Activation bytes one block keeps under ``none`` or ``selective``."""
     cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
-    param_dtype = get_precision(cfg.precision).param_dtype
-    tr = _Trace(rules=rules, amp=cfg.precision == "amp-bf16", layer=0)
-    x = tr.new("input", (cfg.micro_batch, cfg.seq_len, spec.hidden), param_dtype)
-    _block(tr, spec, cfg, x, param_dtype)
+    param_dtype = _compute_param_dtype(cfg)
+    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=0)
+    x = tr.new("input", (d.b, d.rows, d.h), param_dtype)
+    _block(tr, spec, d, cfg, x, param_dtype)
     return sum(t.bytes for t in tr.kept.values() if t.kind == "activation")

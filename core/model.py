@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core.divisors import divisors_near
 from core.errors import ConfigError
 
 BlockType = Literal["gpt", "llama"]
@@ -65,12 +66,12 @@ class ModelSpec:
         if self.hidden % self.n_heads:
             raise ConfigError(
                 f"{self.name}: hidden {self.hidden} is not divisible by n_heads {self.n_heads}; "
-                f"choose n_heads among {_divisors_near(self.hidden, self.n_heads)}"
+                f"choose n_heads among {divisors_near(self.hidden, self.n_heads)}"
             )
         if self.n_heads % self.n_kv_heads:
             raise ConfigError(
                 f"{self.name}: n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}; "
-                f"choose n_kv_heads among {_divisors_near(self.n_heads, self.n_kv_heads)}"
+                f"choose n_kv_heads among {divisors_near(self.n_heads, self.n_kv_heads)}"
             )
 
     # ---- derived sizes -------------------------------------------------------
@@ -144,9 +145,3 @@ class ModelSpec:
             + self.norm_parameters()
             + self.head_parameters()
         )
-
-
-def _divisors_near(n: int, near: int, count: int = 5) -> str:
-    divisors = [d for d in range(1, n + 1) if n % d == 0]
-    divisors.sort(key=lambda d: (abs(d - near), d))
-    return ", ".join(str(d) for d in sorted(divisors[:count]))

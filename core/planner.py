@@ -1,16 +1,23 @@
 """The planner: for a model, a global batch and a memory budget, what to run.
 
-Every micro-batch that divides the per-rank batch is tried with every
-checkpoint policy worth trying. Each candidate gets the ledger's peak memory
+On one layout (the request's), every micro-batch that divides the per-rank
+batch is tried with every checkpoint policy worth trying. Given a GPU count
+(``PlanRequest.gpus``), every layout of that many GPUs is tried
+(core.layout_search): a layout whose lightest candidate (micro-batch 1, full
+recompute) does not fit is dropped with that candidate as its reason. Each candidate gets the ledger's peak memory
 and the time model's step time on the chosen hardware, both corrected by that
 hardware's calibration. A candidate fits when
 
     required = calibrated peak x allocator fragmentation + CUDA context reserve <= budget.
 
 Fitting candidates are ranked by tokens/s, ties broken toward more headroom.
-Every rejected one says by how much it missed and which term broke the budget.
-When nothing fits, `core.advice` says what dominates and the smallest change
-that would fit.
+Candidates within 1% of the fastest (below what the time model can resolve)
+are ranked first by the fewest model-parallel ranks (tp x pp x cp) and the
+lowest sharding stage: such a layout is simpler to run, and the efficiency it
+loses to smaller GEMMs and more kernel launches the datasheet model does not see.
+Every rejected one says by how much it missed and which term broke the budget;
+every layout that lost says why. When nothing fits, `core.advice` says what
+dominates and the smallest change that would fit.
 """
 
 from __future__ import annotations
@@ -20,15 +27,22 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.calibration import Calibration, uncalibrated
-from core.config import ATTENTIONS, TrainConfig
+from core.config import TrainConfig
+from core.divisors import divisors
 from core.errors import ConfigError
-from core.estimate import Estimate, estimate
+from core.estimate import Estimate, estimate, layout_dict
+from core.interconnect import Cluster, cluster_for
+from core.layout import Layout
+from core.layout_search import candidate_layouts
+from core.ledger import activation_ledger
 from core.model import ModelSpec
 from core.precision import get_precision
 from core.recompute import RecomputePolicy
 from core.timing import HardwareProfile, StepTime, step_time, tokens_per_s
 from core.units import GB
 
+NEAR = 0.01
+"""Candidates this close to the fastest (relative tokens/s) count as equally fast."""
 DEFAULT_BUDGET_BYTES = 80 * GB
 DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""
@@ -37,48 +51,73 @@ DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlanRequest:
     spec: ModelSpec
-    seq_len: int
+    train: TrainConfig
+    """Sequence length, precision, optimizer, attention, dropout and layout; the planner chooses the
+    micro-batch and the checkpoint policy (their values here are ignored)."""
     global_batch: int
     """Sequences per optimizer step, across all data-parallel ranks."""
     budget_bytes: int = DEFAULT_BUDGET_BYTES
-    dp: int = 1
-    zero: int = 0
-    precision: str = "amp-bf16"
-    optimizer: str = "adamw"
-    attention: str = "flash"
-    dropout: float = 0.0
     allow_offload: bool = False
     context_reserve_bytes: int = DEFAULT_CONTEXT_RESERVE_BYTES
+    gpus: int | None = None
+    """Search every layout of this many GPUs; None: plan the one layout of ``train``."""
+    pinned: frozenset[str] = frozenset()
+    """Layout fields (core.layout_search.PINNABLE) the search keeps at ``train.layout``'s value."""
+    cluster: Cluster | None = None
+    """GPUs per node and links; None: core.interconnect.default_cluster of the hardware."""
 
     def __post_init__(self) -> None:
-        if self.global_batch <= 0:
-            raise ConfigError(f"global batch must be a positive number of sequences, got {self.global_batch}")
-        if self.dp <= 0:
-            raise ConfigError(f"dp must be a positive number of ranks, got {self.dp}")
-        if self.global_batch % self.dp:
-            valid = [d for d in range(1, self.global_batch + 1) if self.global_batch % d == 0]
-            raise ConfigError(
-                f"global batch {self.global_batch} does not split over {self.dp} data-parallel ranks; "
-                f"use --dp among {', '.join(map(str, valid[:12]))}{' ...' if len(valid) > 12 else ''}"
-            )
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise ConfigError(f"global batch must be a positive number of sequences, got {self.global_batch!r}")
+        if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus <= 0):
+            raise ConfigError(f"gpus must be a positive integer, got {self.gpus!r}")
+        self.train.layout.check_batch(self.global_batch)
         if self.budget_bytes <= self.context_reserve_bytes:
             raise ConfigError(
                 f"budget {self.budget_bytes / GB:.2f} GB leaves nothing after the "
                 f"{self.context_reserve_bytes / GB:.2f} GB CUDA context reserve"
             )
-        if self.attention not in ATTENTIONS:
-            raise ConfigError(f"attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
-        self.base_config(1, RecomputePolicy("none")).check_model(self.spec)
+        self.train.check_model(self.spec)
+
+    @property
+    def seq_len(self) -> int:
+        return self.train.seq_len
+
+    @property
+    def layout(self) -> Layout:
+        return self.train.layout
+
+    @property
+    def dp(self) -> int:
+        return self.train.dp
+
+    @property
+    def zero(self) -> int:
+        return self.train.zero
+
+    @property
+    def precision(self) -> str:
+        return self.train.precision
 
     @property
     def per_rank_batch(self) -> int:
         return self.global_batch // self.dp
 
     def base_config(self, micro_batch: int, policy: RecomputePolicy) -> TrainConfig:
-        return TrainConfig(
-            seq_len=self.seq_len, micro_batch=micro_batch, precision=self.precision, optimizer=self.optimizer,
-            attention=self.attention, dropout=self.dropout, recompute=policy, dp=self.dp, zero=self.zero,
-        )
+        return replace(self.train, micro_batch=micro_batch, recompute=policy)
+
+    def with_layout(self, global_batch: int | None = None, **changes: Any) -> PlanRequest:
+        """The same request on a changed layout (``dp=16, zero=3``), and optionally global batch."""
+        return self.on_layout(replace(self.train.layout, **changes), global_batch)
+
+    def on_layout(self, layout: Layout, global_batch: int | None = None) -> PlanRequest:
+        """The same request planned on exactly ``layout``."""
+        return replace(self, train=replace(self.train, layout=layout), gpus=None, pinned=frozenset(),
+                       global_batch=self.global_batch if global_batch is None else global_batch)
+
+    def cluster_for(self, profile: HardwareProfile) -> Cluster:
+        """The request's cluster, else the hardware's default one (8 GPUs a node, NVLink, InfiniBand NDR)."""
+        return self.cluster or cluster_for(profile.name)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +143,15 @@ class Candidate:
     def label(self) -> str:
         return f"micro {self.config.micro_batch} x accum {self.accumulation_steps}, {self.config.recompute}"
 
+    @property
+    def layout(self) -> Layout:
+        return self.config.layout
+
+    def time_by_term(self) -> dict[str, float]:
+        """Seconds per step by term, calibrated like ``step_time_s``: they add up to it."""
+        factor = self.step_time_s / self.time.total_s
+        return {term: seconds * factor for term, seconds in self.time.by_term().items()}
+
     def to_dict(self, budget_bytes: int) -> dict[str, Any]:
         memory = self.estimate.to_dict()["memory_bytes"]
         return {
@@ -115,15 +163,17 @@ class Candidate:
             "peak_bytes": self.peak_bytes,
             "required_bytes": self.required_bytes,
             "headroom_bytes": budget_bytes - self.required_bytes,
+            "layout": layout_dict(self.layout),
+            "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
             "memory_bytes": memory,
-            "time_s": {
-                "forward": self.time.forward_s * self.time.micro_batches,
-                "backward": self.time.backward_s * self.time.micro_batches,
-                "recompute": self.time.recompute_s * self.time.micro_batches,
-                "offload": self.time.offload_s * self.time.micro_batches,
-                "accumulation": self.time.accumulation_s,
-                "optimizer": self.time.optimizer_s,
-            },
+            "ranks": self.estimate.to_dict()["ranks"],
+            "time_s": self.time_by_term(),
+            "communication": [
+                {"axis": t.axis, "op": t.op, "message_bytes": t.message_bytes, "calls": t.calls,
+                 "group_size": t.group_size, "link": t.link_key, "seconds": t.seconds,
+                 "overlappable": t.overlappable, "note": t.note}
+                for t in self.time.communication
+            ],
             "rejection": self.rejection,
         }
 
@@ -138,10 +188,43 @@ class Plan:
     rejected: tuple[Candidate, ...]
     advice: tuple[str, ...] = field(default=())
     """When nothing fits: what dominates and the smallest change that would fit."""
+    layouts: tuple[LayoutOutcome, ...] = field(default=())
+    """Every layout searched, best first (one entry without a search)."""
 
     @property
     def recommendation(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOutcome:
+    """One layout searched: its fastest fitting candidate, or the lightest one and why it does not fit."""
+
+    layout: Layout
+    best: Candidate | None
+    closest: Candidate | None
+    """The least-memory candidate tried, when nothing fit."""
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    def why_lost(self, winner: Candidate | None) -> str:
+        """Why this layout is not the recommendation: its memory, or the terms that made it slower."""
+        if self.best is None:
+            assert self.closest is not None
+            return f"does not fit: {self.closest.label} {self.closest.rejection}"
+        if winner is None or self.best is winner:
+            return "recommended"
+        if self.best.tokens_per_s >= winner.tokens_per_s * (1 - NEAR):
+            return (f"as fast within {NEAR:.0%} ({self.best.label}), but splits the model over "
+                    f"{_split(self.layout)} ranks at ZeRO-{self.layout.zero} against {_split(winner.layout)} "
+                    f"at ZeRO-{winner.layout.zero}")
+        mine, theirs = self.best.time_by_term(), winner.time_by_term()
+        term = max(mine, key=lambda k: mine[k] - theirs[k])
+        slower = winner.tokens_per_s / self.best.tokens_per_s - 1
+        return (f"{slower:.0%} slower ({self.best.label}): {term} {_seconds(mine[term])} against "
+                f"{_seconds(theirs[term])} a step")
 
 
 def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
@@ -152,9 +235,10 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     its neighbours and 2 and 4 are tried too.
     """
     layers = request.spec.n_layers
-    probe = estimate(request.spec, request.base_config(1, RecomputePolicy("none")))
-    per_layer = max(1, probe.ledger.per_layer_bytes)
-    block_input = request.seq_len * request.spec.hidden * get_precision(request.precision).param_bytes
+    layers = layers // request.layout.pp
+    probe = activation_ledger(request.spec, request.base_config(1, RecomputePolicy("none")))
+    per_layer = max(1, probe.per_layer_bytes)
+    block_input = _block_input_bytes(request)
     best_k = round(math.sqrt(layers * block_input / per_layer))
     ks = sorted({k for k in (2, 4, best_k - 1, best_k, best_k + 1) if 2 <= k < layers})
     policies = [RecomputePolicy(kind) for kind in ("none", "selective", "op-selective", "full")]
@@ -164,21 +248,36 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     return policies
 
 
+def _block_input_bytes(request: PlanRequest) -> int:
+    """What a checkpointed block keeps: its input, this rank's share of the sequence."""
+    layout = request.layout
+    rows = request.seq_len // layout.cp // (layout.tp if layout.sp else 1)
+    return rows * request.spec.hidden * get_precision(request.precision).param_bytes
+
+
 def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
              micro_batch: int, policy: RecomputePolicy) -> Candidate:
     accumulation = request.per_rank_batch // micro_batch
     est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device, accumulation)
-    time = step_time(est, profile, accumulation)
+    cluster = request.cluster_for(profile) if request.layout.world > 1 else None
+    time = step_time(est, profile, accumulation, cluster)
     step_s = time.total_s * calibration.time.factor
     peak = round(est.peak_bytes * calibration.memory.factor)
     required = round(peak * profile.fragmentation) + request.context_reserve_bytes
     candidate = Candidate(
         estimate=est, accumulation_steps=accumulation, time=time, peak_bytes=peak, required_bytes=required,
-        tokens_per_s=tokens_per_s(est.config, time, request.dp) / calibration.time.factor, step_time_s=step_s,
+        tokens_per_s=tokens_per_s(est.config, time) / calibration.time.factor, step_time_s=step_s,
     )
     if required <= request.budget_bytes:
         return candidate
     return replace(candidate, rejection=rejection_reason(candidate, request, profile))
+
+
+def micro_batches(request: PlanRequest) -> list[int]:
+    """Micro-batches that divide the per-rank batch (into a multiple of pp under the interleaved schedule)."""
+    per_rank, layout = request.per_rank_batch, request.layout
+    group = layout.pp if layout.schedule == "interleaved" else 1
+    return [m for m in divisors(per_rank) if (per_rank // m) % group == 0]
 
 
 def rejection_reason(candidate: Candidate, request: PlanRequest, profile: HardwareProfile) -> str:
@@ -200,23 +299,86 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
     )
 
 
-def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None,
-         advise: bool = True) -> Plan:
-    calibration = calibration or uncalibrated(profile.name)
-    micro_batches = [m for m in range(1, request.per_rank_batch + 1) if request.per_rank_batch % m == 0]
-    evaluated = [
-        evaluate(request, profile, calibration, micro, policy)
-        for policy in policies_worth_trying(request)
-        for micro in micro_batches
-    ]
-    fitting = sorted((c for c in evaluated if c.rejection is None), key=lambda c: (-c.tokens_per_s, c.required_bytes))
-    rejected = tuple(c for c in evaluated if c.rejection is not None)
-    result = Plan(request, profile, calibration, tuple(fitting), rejected)
-    if not fitting and advise:
-        from core.advice import advise_nothing_fits
+def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None) -> Plan:
+    """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
 
-        result = replace(result, advice=advise_nothing_fits(result))
-    return result
+    No advice: when nothing fits, ``core.advice.plan_and_advise`` says what would.
+    """
+    calibration = calibration or uncalibrated(profile.name)
+    if request.gpus is None:
+        outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
+        fitting = [c for c in evaluated if c.rejection is None]
+        rejected = [c for c in evaluated if c.rejection is not None]
+        outcomes = [outcome]
+    else:
+        cluster = request.cluster_for(profile)
+        layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+                                    cluster.gpus_per_node, request.pinned)
+        fitting, rejected, outcomes = [], [], []
+        for layout in layouts:
+            sub = replace(request.on_layout(layout), cluster=cluster)
+            if not micro_batches(sub):  # interleaving needs micro-batches in groups of pp
+                continue
+            outcome, evaluated = _plan_layout(sub, profile, calibration, screen=True)
+            outcomes.append(outcome)
+            fitting += [c for c in evaluated if c.rejection is None]
+            rejected += [c for c in evaluated if c.rejection is not None]
+    fastest = max((c.tokens_per_s for c in fitting), default=0.0)
+    fitting.sort(key=lambda c: _rank(c, fastest))
+    outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
+    return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes))
+
+
+def _seconds(s: float) -> str:
+    """Seconds to three significant figures, in ms or us below a second."""
+    if s >= 1 or s == 0:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def _split(layout: Layout) -> int:
+    """Ranks one replica's model is split over."""
+    return layout.tp * layout.pp * layout.cp
+
+
+def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int], float, int]:
+    """Sort key: the near-fastest first, simplest layout first among them; then by speed and headroom."""
+    near = c.tokens_per_s >= fastest * (1 - NEAR)
+    simplicity = (_split(c.layout), c.layout.zero) if near else (0, 0)
+    return (not near, simplicity, -c.tokens_per_s, c.required_bytes)
+
+
+def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
+                 screen: bool) -> tuple[LayoutOutcome, list[Candidate]]:
+    """Every candidate of one layout. A policy's micro-batches are tried from small to large and stop at the
+    first that does not fit (memory grows with the micro-batch). ``screen``: first try the lightest
+    candidate, micro-batch 1 under full recompute, and give up on the layout if even that does not fit."""
+    layout = request.layout
+    if not micro_batches(request):
+        raise ConfigError(f"no micro-batch splits the per-rank batch {request.per_rank_batch} into a multiple of "
+                          f"pp {layout.pp} micro-batches for the interleaved schedule")
+    if screen:
+        lightest = evaluate(request, profile, calibration, min(micro_batches(request)), RecomputePolicy("full"))
+        if lightest.rejection is not None:
+            return LayoutOutcome(layout, None, lightest), [lightest]
+    evaluated: list[Candidate] = []
+    for policy in policies_worth_trying(request):
+        for micro in micro_batches(request):
+            candidate = evaluate(request, profile, calibration, micro, policy)
+            evaluated.append(candidate)
+            if candidate.rejection is not None and screen:
+                break
+    fitting = [c for c in evaluated if c.rejection is None]
+    if fitting:
+        best = min(fitting, key=lambda c: (-c.tokens_per_s, c.required_bytes))  # one layout: speed decides
+        return LayoutOutcome(layout, best, None), evaluated
+    return LayoutOutcome(layout, None, min(evaluated, key=lambda c: c.required_bytes)), evaluated
+
+
+def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    return {"gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra.key, "inter": cluster.inter.key,
+            "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
+            "source": "datasheet", "assumed": cluster.assumed}
 
 
 def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
@@ -234,9 +396,11 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "budget_bytes": budget,
             "dp": result.request.dp,
             "zero": result.request.zero,
+            "gpus": result.request.gpus,
+            "pinned": sorted(result.request.pinned),
             "precision": result.request.precision,
-            "optimizer": result.request.optimizer,
-            "attention": result.request.attention,
+            "optimizer": result.request.train.optimizer,
+            "attention": result.request.train.attention,
         },
         "hardware": {
             "name": profile.name,
@@ -245,10 +409,19 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "fragmentation": profile.fragmentation,
             "context_reserve_bytes": result.request.context_reserve_bytes,
             "assumptions": list(profile.assumptions),
+            "cluster": _cluster_dict(result.request.cluster_for(profile))
+            if result.request.gpus or result.request.layout.world > 1 else None,
         },
         "calibration": result.calibration.to_dict(),
         "recommendation": best.to_dict(budget) if best else None,
         "candidates": [c.to_dict(budget) for c in result.candidates[:top]],
         "rejected": [c.to_dict(budget) for c in result.rejected],
+        "layouts": [
+            {"layout": layout_dict(o.layout), "fits": o.fits,
+             "tokens_per_s": o.best.tokens_per_s if o.best else None,
+             "required_bytes": (o.best or o.closest).required_bytes if (o.best or o.closest) else None,
+             "why": o.why_lost(best)}
+            for o in result.layouts
+        ],
         "advice": list(result.advice),
     }

@@ -11,11 +11,21 @@ amp-bf16         4     4      0     PyTorch autocast: fp32 params and grads;
                                     that backward keeps alive (2 B each)
 bf16-pure        2     2      0     params, grads and activations bf16
 bf16-master      2     2      4     bf16 model, fp32 master copy for the update
+bf16-fp32grad    2     4      4     bf16 model, fp32 main gradients and master
+                                    copy: Megatron-LM's distributed optimizer
 =============  =====  ====  ======  ==========================================
 
 Optimizer state in fp32: SGD 0, SGD with momentum 4, AdaGrad 4, Adam/AdamW 8
 bytes per parameter. So fp32 + Adam = 16 B/param, bf16-pure + Adam = 12,
 bf16-master + Adam = 16 (a 7B model: 112 GB before any activation).
+bf16-fp32grad + Adam with the master copy and state sharded over d ranks
+(``--zero 1``) is Megatron's documented 6 + 12/d bytes per parameter
+(18 for d = 1; Megatron-LM docs, "Distributed Optimizer").
+
+Under FSDP (``--zero 3``) ``amp-bf16`` is FSDP's mixed precision
+(``MixedPrecisionPolicy(param_dtype=bfloat16)``): fp32 sharded parameters and
+gradients, each unit gathered in bf16 for its forward and backward, no
+autocast and so no per-op casts; core.estimate accounts the gathered units.
 """
 
 from __future__ import annotations
@@ -35,6 +45,8 @@ class PrecisionRecipe:
     """Element size of activations (the compute dtype)."""
     compute_dtype: str
     """Dtype the matmuls run in: picks the peak FLOP/s for MFU."""
+    autocast: bool = False
+    """Matmuls run under ``torch.autocast``: 16-bit copies of fp32 weights and per-op casts."""
 
     @property
     def param_dtype(self) -> str:
@@ -46,9 +58,10 @@ PRECISIONS: dict[str, PrecisionRecipe] = {
     r.name: r
     for r in (
         PrecisionRecipe("fp32", 4, 4, 0, 4, "fp32"),
-        PrecisionRecipe("amp-bf16", 4, 4, 0, 2, "bf16"),
+        PrecisionRecipe("amp-bf16", 4, 4, 0, 2, "bf16", autocast=True),
         PrecisionRecipe("bf16-pure", 2, 2, 0, 2, "bf16"),
         PrecisionRecipe("bf16-master", 2, 2, 4, 2, "bf16"),
+        PrecisionRecipe("bf16-fp32grad", 2, 4, 4, 2, "bf16"),
     )
 }
 

@@ -33,6 +33,26 @@ class RecomputePolicy:
         return f"every-{self.every}" if self.kind == "every" else self.kind
 
     @property
+    def recomputes_attention(self) -> bool:
+        """Only the attention core is checkpointed (selective)."""
+        return self.kind == "selective"
+
+    @property
+    def caches_matmuls(self) -> bool:
+        """Blocks are checkpointed but matmul and attention outputs are cached (op-selective)."""
+        return self.kind == "op-selective"
+
+    @property
+    def offloads(self) -> bool:
+        """Saved tensors go to host memory (offload)."""
+        return self.kind == "offload"
+
+    @property
+    def recomputes(self) -> bool:
+        """Backward runs some of the forward again (every policy but none and offload)."""
+        return self.kind not in ("none", "offload")
+
+    @property
     def recomputes_blocks(self) -> bool:
         """Whole blocks run their forward again in backward (full, every-K)."""
         return self.kind in ("full", "every")

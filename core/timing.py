@@ -23,10 +23,18 @@ per optimizer step:
 - accumulation: each micro-batch after the first adds its gradients into
   ``.grad`` (read both, write one);
 - optimizer: a memory-bound pass reading parameters, gradients, master copy and
-  state, and writing all but the gradients.
+  state, and writing all but the gradients;
+- communication (core.comm): tensor- and pipeline-parallel traffic in full;
+  data-parallel and FSDP traffic hidden behind the compute it overlaps with
+  (the last micro-batch's backward for DDP and ZeRO-1, every backward for
+  ZeRO-2, every forward and backward for FSDP), context-parallel ring traffic
+  behind the attention; what is left over is exposed and counted;
+- bubble: a pipeline idles (pp - 1) / v micro-batch times per step
+  (core.pipeline.bubble_fraction).
 
-Gradient all-reduce across data-parallel ranks is not modelled: DDP and FSDP
-overlap it with backward; the output says so.
+Per rank, the blocks are the rank's n_layers / pp, their FLOPs split over
+tp x cp ranks, and the head counted on every rank (the last stage, the slowest,
+sets the pipeline's pace).
 """
 
 from __future__ import annotations
@@ -37,14 +45,22 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from core.comm import (
+    DEFAULT_COLLECTIVE_EFFICIENCY,
+    CommTerm,
+    exposed_seconds,
+    step_communication,
+)
 from core.config import TrainConfig
+from core.errors import ConfigError
 from core.estimate import Estimate
 from core.flops import layer_forward_flops, logits_forward_flops
 from core.hardware import HardwareSpec
+from core.interconnect import Cluster
 from core.ledger import activation_ledger
 from core.model import ModelSpec
+from core.pipeline import bubble_fraction
 from core.recompute import RecomputePolicy
-from core.precision import get_precision
 
 # Defaults used when a box has no measurement of its own (stated in every plan that uses them).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -55,6 +71,13 @@ DEFAULT_BANDWIDTH_EFFICIENCY = 0.85
 """Large copies reach ~85-90% of HBM bandwidth (H200 here: ~4.3 of 4.8 TB/s)."""
 DEFAULT_FRAGMENTATION = 1.10
 """Reserved / allocated of PyTorch's caching allocator when the box measured none."""
+DEFAULT_COMPUTE_OVERHEAD = 1.6
+"""A full eager PyTorch step takes this many times the sum of its kernels at the efficiencies above (launch
+gaps, unfused elementwise work, power and clock limits). Fitted to published full training steps on H100:
+torchtitan docs/performance.md, Table 1 (Llama 3.1 8B, FSDP on 8 H100, local batch 2, seq 8192, selective
+AC, eager: 5,762 tokens/s per GPU) implies 1.61; its Llama 3.1 405B run (128 H100, TP 8 x FSDP 16, local
+batch 2, full AC: 109 tokens/s per GPU) implies 1.63. Both ran at a 500 W power limit on 96 GB HBM2e
+parts, so a 700 W SXM card may beat it; tests/test_published_runs.py keeps both within 15%."""
 DEFAULT_HOST_BYTES_PER_S = 25e9
 """PCIe Gen5 x16 in practice, for offload traffic."""
 ATTENTION_BACKWARD_RATIO = 2.5
@@ -82,6 +105,9 @@ class HardwareProfile:
     fragmentation: float = DEFAULT_FRAGMENTATION
     attention_backward_ratio: float = ATTENTION_BACKWARD_RATIO
     host_bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
+    compute_overhead: float = 1.0
+    """Full-step compute time over the sum of its kernels' (datasheet profiles: DEFAULT_COMPUTE_OVERHEAD;
+    a measured profile leaves it to the calibration)."""
     device: str = "cuda"
     """The device whose saving rules the ledger applies (core.devices)."""
     assumptions: tuple[str, ...] = field(default=())
@@ -111,11 +137,15 @@ def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
         matmul={d: (MatmulPoint(1.0, p * DEFAULT_MATMUL_EFFICIENCY),) for d, p in hw.peak_flop_per_s.items()},
         attention_flop_per_s=hw.peak("bf16") * DEFAULT_ATTENTION_EFFICIENCY,
         hbm_bytes_per_s=hw.hbm_bytes_per_s * DEFAULT_BANDWIDTH_EFFICIENCY,
+        compute_overhead=DEFAULT_COMPUTE_OVERHEAD,
         assumptions=(
             f"matmul at {DEFAULT_MATMUL_EFFICIENCY:.0%} of the dense datasheet peak",
             f"attention at {DEFAULT_ATTENTION_EFFICIENCY:.0%} of the bf16 peak",
             f"memory-bound work at {DEFAULT_BANDWIDTH_EFFICIENCY:.0%} of datasheet bandwidth",
             f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x",
+            f"full-step overhead {DEFAULT_COMPUTE_OVERHEAD:.1f}x the kernels' time (fitted to torchtitan's "
+            "published H100 runs)",
+            f"collectives at {DEFAULT_COLLECTIVE_EFFICIENCY:.0%} of link bandwidth",
         ),
     )
 
@@ -131,49 +161,106 @@ class StepTime:
     accumulation_s: float
     optimizer_s: float
     micro_batches: int
+    communication_s: float = 0.0
+    """Communication left exposed after overlap (per step)."""
+    bubble_s: float = 0.0
+    """Pipeline idle time (per step)."""
+    communication: tuple[CommTerm, ...] = ()
+    """Every collective of the step, before overlap."""
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        return self.forward_s + self.backward_s + self.recompute_s + self.offload_s
 
     @property
     def total_s(self) -> float:
-        per_micro = self.forward_s + self.backward_s + self.recompute_s + self.offload_s
-        return self.micro_batches * per_micro + self.accumulation_s + self.optimizer_s
+        return (self.micro_batches * self.per_micro_batch_s + self.accumulation_s + self.optimizer_s
+                + self.communication_s + self.bubble_s)
+
+    def by_term(self) -> dict[str, float]:
+        """Seconds per step by term; they add up to ``total_s``."""
+        m = self.micro_batches
+        return {"forward": self.forward_s * m, "backward": self.backward_s * m, "recompute": self.recompute_s * m,
+                "offload": self.offload_s * m, "accumulation": self.accumulation_s, "optimizer": self.optimizer_s,
+                "communication": self.communication_s, "bubble": self.bubble_s}
+
+
+def _plain_activation_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
+    """What one rank's blocks save without checkpointing: the elementwise traffic every policy runs forward."""
+    return _plain_ledger_bytes(spec, replace(config, recompute=RecomputePolicy("none")), device)
 
 
 @functools.lru_cache(maxsize=4096)
-def _plain_activation_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
-    """What the blocks save without checkpointing: the elementwise traffic every policy runs forward."""
-    return activation_ledger(spec, replace(config, recompute=RecomputePolicy("none")), device).activation_bytes
+def _plain_ledger_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
+    return activation_ledger(spec, config, device).activation_bytes
 
 
-def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int) -> StepTime:
-    """Predicted time of one optimizer step (``accumulation_steps`` micro-batches) on one rank."""
+def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int,
+              cluster: Cluster | None = None) -> StepTime:
+    """Predicted time of one optimizer step (``accumulation_steps`` micro-batches) on one rank.
+
+    ``cluster``: the interconnect, needed when the layout spans more than one GPU.
+    """
     spec, cfg = estimate.spec, estimate.config
-    dtype = get_precision(cfg.precision).compute_dtype
-    layer = layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
+    layout = cfg.layout
+    split = layout.tp * layout.cp  # ranks sharing one micro-batch's FLOPs within a stage
+    layers = spec.n_layers // layout.pp
+    dtype = cfg.recipe.compute_dtype
+    layer = {k: f // split for k, f in layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len).items()}
     attention_flops = layer.pop("attn_scores") + layer.pop("attn_values")
-    blocks_matmul_s = spec.n_layers * sum(f / profile.matmul_flop_per_s(dtype, f) for f in layer.values())
-    blocks_attention_s = spec.n_layers * attention_flops / profile.attention_flop_per_s
+    blocks_matmul_s = layers * sum(f / profile.matmul_flop_per_s(dtype, f) for f in layer.values())
+    blocks_attention_s = layers * attention_flops / profile.attention_flop_per_s
     blocks_elementwise_s = 2 * _plain_activation_bytes(spec, cfg, profile.device) / profile.hbm_bytes_per_s
     blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
-    logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
+    logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len) // split
     head_s = logits / profile.matmul_flop_per_s(dtype, logits)
 
-    forward_s = blocks_s + head_s
-    backward_s = 2 * (blocks_matmul_s + blocks_elementwise_s + head_s) + profile.attention_backward_ratio * blocks_attention_s
+    overhead = profile.compute_overhead
+    forward_s = overhead * (blocks_s + head_s)
+    backward_s = overhead * (2 * (blocks_matmul_s + blocks_elementwise_s + head_s)
+                             + profile.attention_backward_ratio * blocks_attention_s)
     policy = cfg.recompute
-    if policy.kind == "op-selective":  # matmul outputs are cached; every elementwise op runs again
-        recompute_s = blocks_elementwise_s
+    if policy.caches_matmuls:  # matmul outputs are cached; every elementwise op runs again
+        recompute_s = overhead * blocks_elementwise_s
     else:  # a fraction of the blocks' forward runs again, at the forward's blend of rates
-        blocks_flops = spec.n_layers * (sum(layer.values()) + attention_flops)
-        recompute_s = blocks_s * estimate.flops.recompute / blocks_flops
+        full = layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
+        recompute_s = overhead * blocks_s * estimate.flops.recompute / (spec.n_layers * sum(full.values()))
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
 
     static = estimate.static
     accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
     state = static.optimizer_states + static.master_weights
     optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
-    return StepTime(forward_s, backward_s, recompute_s, offload_s, accumulation_s, optimizer_s, accumulation_steps)
+
+    m = accumulation_steps
+    per_micro = forward_s + backward_s + recompute_s + offload_s
+    bubble_s = float(bubble_fraction(layout, m)) * m * per_micro
+    terms: tuple[CommTerm, ...] = ()
+    exposed = 0.0
+    if layout.world > 1:
+        if cluster is None:
+            raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
+        terms = step_communication(spec, cfg, m, cluster)
+        exposed = exposed_seconds(terms, {
+            "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recompute_s),
+            "cp": m * overhead * (1 + profile.attention_backward_ratio) * blocks_attention_s,
+        })
+    return StepTime(forward_s, backward_s, recompute_s, offload_s, accumulation_s, optimizer_s, m,
+                    communication_s=exposed, bubble_s=bubble_s, communication=terms)
 
 
-def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int) -> float:
-    """Tokens per second across all data-parallel ranks."""
-    return cfg.tokens * time.micro_batches * ranks / time.total_s
+def _dp_hideable(zero: int, m: int, forward_s: float, backward_s: float) -> float:
+    """Compute the data-parallel traffic can hide behind: the last backward for DDP and ZeRO-1 (gradients
+    are reduced once, as the last micro-batch's backward produces them), every backward for ZeRO-2,
+    every forward and backward for FSDP (gathers prefetched a unit ahead)."""
+    if zero <= 1:
+        return backward_s
+    if zero == 2:
+        return m * backward_s
+    return m * (forward_s + backward_s)
+
+
+def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int | None = None) -> float:
+    """Tokens per second across all data-parallel replicas (``ranks``, default the layout's dp)."""
+    replicas = cfg.dp if ranks is None else ranks
+    return cfg.tokens * time.micro_batches * replicas / time.total_s

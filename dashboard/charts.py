@@ -15,14 +15,15 @@ from core.roofline import attainable_flop_per_s
 Chart = alt.Chart | alt.LayerChart
 
 
-def build_peak_bar_chart(components: pd.DataFrame, budget_gb: float) -> alt.LayerChart:
-    """Stacked horizontal bars of peak memory by component per candidate, and the budget as a rule."""
+def build_peak_bar_chart(components: pd.DataFrame, budget_gb: float, row: str = "candidate") -> alt.LayerChart:
+    """Stacked horizontal bars of peak memory by component per ``row`` (a candidate, or a rank kind: ``row``,
+    ``order``, ``component``, ``gb``), and the budget as a rule."""
     bars = alt.Chart(components).mark_bar().encode(
         x=alt.X("sum(gb):Q", title="memory per GPU (GB = 1e9 bytes)", stack="zero"),
-        y=alt.Y("candidate:N", sort=alt.EncodingSortField("order"), title=None),
+        y=alt.Y(f"{row}:N", sort=alt.EncodingSortField("order"), title=None),
         color=alt.Color("component:N", title="component"),
         order=alt.Order("component:N"),
-        tooltip=["candidate:N", "component:N", alt.Tooltip("gb:Q", format=".2f")],
+        tooltip=[f"{row}:N", "component:N", alt.Tooltip("gb:Q", format=".2f")],
     )
     rule = alt.Chart(pd.DataFrame({"budget_gb": [budget_gb]})).mark_rule(color="red", strokeDash=[6, 3], size=2).encode(
         x="budget_gb:Q", tooltip=[alt.Tooltip("budget_gb:Q", title="budget GB", format=".1f")],
@@ -37,13 +38,32 @@ def build_candidates_chart(candidates: pd.DataFrame, budget_gb: float) -> alt.La
         y=alt.Y("tokens_per_s:Q", title="tokens/s (all ranks)"),
         color=alt.Color("fits:N", scale=alt.Scale(domain=["fits", "rejected"], range=["#2a9d8f", "#e76f51"])),
         shape=alt.Shape("recompute:N"),
-        tooltip=["candidate:N", "fits:N", alt.Tooltip("tokens_per_s:Q", format=",.0f"),
-                 alt.Tooltip("required_gb:Q", format=".1f"), "rejection:N"],
+        tooltip=["candidate:N", *(["layout:N"] if "layout" in candidates else []), "fits:N",
+                 alt.Tooltip("tokens_per_s:Q", format=",.0f"), alt.Tooltip("required_gb:Q", format=".1f"),
+                 "rejection:N"],
     )
     rule = alt.Chart(pd.DataFrame({"budget_gb": [budget_gb]})).mark_rule(color="red", strokeDash=[6, 3]).encode(
         x="budget_gb:Q"
     )
     return alt.layer(points, rule)
+
+
+TERM_COLORS = {"forward": "#4c78a8", "backward": "#72b7b2", "recompute": "#f58518", "offload": "#b279a2",
+               "accumulation": "#9d755d", "optimizer": "#bab0ac", "communication": "#e45756", "bubble": "#eeca3b"}
+"""One colour per step-time term (dashboard.planning.TIME_TERMS), fixed so two charts read alike."""
+
+
+def build_step_time_chart(terms: pd.DataFrame) -> alt.Chart:
+    """Stacked horizontal bars of one step's seconds by term per row (``row``, ``order``, ``term``,
+    ``term_order``, ``seconds``): compute, recompute, offload, exposed communication and the pipeline bubble."""
+    return alt.Chart(terms).mark_bar().encode(
+        x=alt.X("sum(seconds):Q", title="seconds per optimizer step", stack="zero"),
+        y=alt.Y("row:N", sort=alt.EncodingSortField("order"), title=None),
+        color=alt.Color("term:N", title="term", scale=alt.Scale(domain=list(TERM_COLORS),
+                                                                  range=list(TERM_COLORS.values()))),
+        order=alt.Order("term_order:Q"),
+        tooltip=["row:N", "term:N", alt.Tooltip("seconds:Q", format=".3g")],
+    )
 
 
 def roof_frame(roofs: dict[str, tuple[float, float]], intensities: np.ndarray | None = None) -> pd.DataFrame:

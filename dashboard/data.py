@@ -20,9 +20,18 @@ from sqlalchemy import select
 
 from core.calibration import Calibration
 from core.timing import HardwareProfile
+from dashboard.planning import DATASHEET_PREFIX, MEASURED_PREFIX
 from db.errors import OutdatedStoreError, StoreError
+from db.hardware import resolve_hardware
 from db.location import resolve_url
-from db.models import AttentionResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult
+from db.models import (
+    AttentionResult,
+    ElementwiseResult,
+    Fingerprint,
+    MatmulResult,
+    Run,
+    TrainStepResult,
+)
 from db.store import Store, open_store
 
 TTL_S = 60
@@ -147,12 +156,19 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
 
 @st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
 def measured(url: str, device: str) -> tuple[HardwareProfile, Calibration]:
-    """The device's measured HardwareProfile and its calibration (db.profiles)."""
-    from db.profiles import build_profile, calibration_for
+    """The device's measured HardwareProfile and its calibration (db.hardware.resolve_hardware, from the store only)."""
+    return resolve_hardware(device, url, source="measured", store=store(url))
 
-    with store(url).session() as session:
-        profile = build_profile(session, device)
-        return profile, calibration_for(session, device, profile)
+
+def hardware(url: str, option: str) -> tuple[HardwareProfile, Calibration | None]:
+    """A Plan-page hardware option: "measured: NAME" from the store (cached), "datasheet: KEY" from the table.
+
+    The same resolution as ``headroom plan --hardware`` (db.hardware), told
+    which source the option names. ConfigError when it names nothing known.
+    """
+    if option.startswith(MEASURED_PREFIX):
+        return measured(url, option.removeprefix(MEASURED_PREFIX))
+    return resolve_hardware(option.removeprefix(DATASHEET_PREFIX), source="datasheet")
 
 
 @st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)

@@ -4,26 +4,54 @@ Inputs live in the query string (``?model=llama2-7b&seq_len=4096&budget=80GB``)
 so a plan can be shared by its URL. `PlanInputs.from_query` reads them,
 falling back to the defaults below for anything missing or unreadable;
 `PlanInputs.to_query` writes them back.
+
+The layout axes are pins: ``?gpus=64&tp=8`` searches every layout of 64 GPUs
+with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. Without
+a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
+`ONE_LAYOUT`. `build_request` is the one place inputs become a TrainConfig,
+a Layout and a Cluster.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
+from typing import Any
 
 import pandas as pd
 
+from core.advice import plan_and_advise
 from core.calibration import Calibration
+from core.config import TrainConfig
+from core.errors import ConfigError
 from core.hardware import HARDWARE
+from core.interconnect import (
+    DEFAULT_INTER_NODE_LINK,
+    LINKS_BY_KEY,
+    Cluster,
+    cluster_for,
+)
+from core.layout import SCHEDULES, Layout
+from core.layout_search import PINNABLE
 from core.model import ModelSpec
-from core.planner import Candidate, Plan, PlanRequest, plan
+from core.planner import Candidate, LayoutOutcome, Plan, PlanRequest
 from core.presets import get_preset
-from core.timing import HardwareProfile, datasheet_profile
+from core.timing import HardwareProfile
 from core.units import GB, parse_bytes
+from db.hardware import resolve_hardware
 
 MODEL_SOURCES = ("preset", "dimensions", "config.json")
 DATASHEET_PREFIX = "datasheet: "
 MEASURED_PREFIX = "measured: "
+AUTO = "auto"
+MAX_GPUS = 4096
+"""The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: ~470 layouts,
+most of a minute on one busy core); `headroom plan --gpus` has none."""
+ONE_LAYOUT: dict[str, Any] = {"tp": 1, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1, "dp": 8, "zero": 2}
+"""What an axis left on auto takes without a GPU count: eight data-parallel ranks at ZeRO-2 (sp: on when tp > 1,
+the search's own rule; virtual stages: 2 under the interleaved schedule, as on the command line)."""
+AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES)}
+"""Axes picked from a list; the others are typed (auto or a whole number)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +71,20 @@ class PlanInputs:
     global_batch: int = 64
     budget: str = "80GB"
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
-    dp: int = 8
-    zero: int = 2
+    gpus: int = 0
+    """Search every layout of this many GPUs; 0 plans the one layout the axes give."""
+    gpus_per_node: int = 8
+    interconnect: str = DEFAULT_INTER_NODE_LINK
+    """core.interconnect key of the link between nodes."""
+    # The Layout's fields (core.layout_search.PINNABLE), each AUTO or a value that pins it.
+    tp: str = AUTO
+    sp: str = AUTO
+    pp: str = AUTO
+    schedule: str = AUTO
+    virtual_stages: str = AUTO
+    cp: str = AUTO
+    dp: str = AUTO
+    zero: str = AUTO
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -60,13 +100,15 @@ class PlanInputs:
             raw = str(query[f.name])
             default = getattr(cls(), f.name)
             try:
-                if isinstance(default, bool):
+                if f.name in PINNABLE:
+                    values[f.name] = _axis_text(f.name, raw)
+                elif isinstance(default, bool):
                     values[f.name] = raw.lower() in ("1", "true", "yes", "on")
                 elif isinstance(default, int):
                     values[f.name] = int(raw)
                 else:
                     values[f.name] = raw
-            except ValueError:
+            except (ValueError, ConfigError):
                 continue
         return cls(**values)
 
@@ -94,22 +136,95 @@ def hardware_options(measured: list[str]) -> list[str]:
 
 
 def datasheet_hardware(option: str) -> tuple[HardwareProfile, Calibration | None]:
-    key = option.removeprefix(DATASHEET_PREFIX)
-    spec = next(hw for hw in HARDWARE if hw.key == key)
-    return datasheet_profile(spec), None
+    """A "datasheet: KEY" option's profile (db.hardware.resolve_hardware; the store is never read)."""
+    return resolve_hardware(option.removeprefix(DATASHEET_PREFIX), source="datasheet")
 
 
-def build_request(inputs: PlanInputs, spec: ModelSpec) -> PlanRequest:
-    """The planner's request; ConfigError (shown as is) when an input is invalid."""
-    return PlanRequest(
-        spec=spec, seq_len=inputs.seq_len, global_batch=inputs.global_batch, budget_bytes=parse_bytes(inputs.budget),
-        dp=inputs.dp, zero=inputs.zero, precision=inputs.precision, optimizer=inputs.optimizer,
-        attention=inputs.attention, allow_offload=inputs.offload,
-    )
+def _axis_text(axis: str, raw: str) -> str:
+    """An axis as the query string and the widgets hold it: AUTO, or its value normalised ("02" -> "2")."""
+    text = str(raw).strip().lower()
+    if text in ("", AUTO):
+        return AUTO
+    if axis in AXIS_CHOICES:
+        text = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(text, text)
+        if text not in AXIS_CHOICES[axis]:
+            raise ConfigError(f"{axis} {raw!r} is not one of {', '.join(AXIS_CHOICES[axis])}")
+        return text
+    try:
+        return str(int(text))
+    except ValueError:
+        raise ConfigError(f"{axis.replace('_', ' ')} {raw!r} is neither auto nor a whole number") from None
+
+
+def pinned_axes(inputs: PlanInputs) -> frozenset[str]:
+    """Layout fields the inputs set (not AUTO)."""
+    return frozenset(axis for axis in PINNABLE if _axis_text(axis, getattr(inputs, axis)) != AUTO)
+
+
+def pins_text(request: PlanRequest) -> str:
+    """The request's pinned axes with their values, in the Layout's field order: "tp 2, sp off, zero 1"."""
+    def value(axis: str) -> str:
+        held = getattr(request.layout, axis)
+        return ("on" if held else "off") if isinstance(held, bool) else str(held)
+
+    return ", ".join(f"{axis.replace('_', ' ')} {value(axis)}" for axis in PINNABLE if axis in request.pinned)
+
+
+def build_layout(inputs: PlanInputs) -> Layout:
+    """The layout the axes give: a pinned axis its value, an AUTO one `ONE_LAYOUT`'s without a GPU count and the
+    Layout default (what the search ignores) with one. ConfigError names the bad axis."""
+    search = inputs.gpus > 0
+    values: dict[str, Any] = {}
+    for axis in PINNABLE:
+        text = _axis_text(axis, getattr(inputs, axis))
+        if text != AUTO:
+            values[axis] = text == "on" if axis == "sp" else text if axis == "schedule" else int(text)
+    if search and values.get("sp") and "tp" not in values:
+        raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
+    if values.get("schedule") == "interleaved":
+        values.setdefault("virtual_stages", 2)
+    elif values.get("virtual_stages", 1) > 1:
+        values.setdefault("schedule", "interleaved")
+    if not search:
+        for axis, value in ONE_LAYOUT.items():
+            values.setdefault(axis, value)
+        values.setdefault("sp", values["tp"] > 1)
+    return Layout(**values)
+
+
+def build_cluster(inputs: PlanInputs, profile: HardwareProfile) -> Cluster:
+    """The hardware's own link inside a node (a stated stand-in when it has no datasheet row), the chosen
+    interconnect between nodes: datasheet links, core.interconnect.cluster_for."""
+    if inputs.interconnect not in LINKS_BY_KEY:
+        raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
+    return cluster_for(profile.name, inputs.gpus_per_node, inputs.interconnect)
+
+
+def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile | None = None) -> PlanRequest:
+    """The planner's request; ConfigError (shown as is) when an input is invalid.
+
+    With a GPU count the pinned axes are kept and the others searched; without one the
+    request plans exactly `build_layout`. ``profile`` names the hardware whose link joins a
+    node's GPUs; without it the planner takes the hardware's default cluster.
+    """
+    if isinstance(inputs.gpus, bool) or not isinstance(inputs.gpus, int) or inputs.gpus < 0:
+        raise ConfigError(f"GPUs to search must be 0 (plan the one layout) or a positive count, got {inputs.gpus!r}")
+    if inputs.gpus > MAX_GPUS:
+        raise ConfigError(f"{inputs.gpus} GPUs is over this page's cap of {MAX_GPUS} (every layout is tried, which "
+                          f"takes minutes at that size); plan it with `headroom plan --gpus {inputs.gpus}`")
+    layout = build_layout(inputs)
+    train = TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
+                        attention=inputs.attention, layout=layout)
+    search = inputs.gpus > 0
+    cluster = build_cluster(inputs, profile) if profile is not None and (search or layout.world > 1) else None
+    return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,
+                       budget_bytes=parse_bytes(inputs.budget), allow_offload=inputs.offload,
+                       gpus=inputs.gpus if search else None, pinned=pinned_axes(inputs) if search else frozenset(),
+                       cluster=cluster)
 
 
 def make_plan(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile, calibration: Calibration | None) -> Plan:
-    return plan(build_request(inputs, spec), profile, calibration)
+    return plan_and_advise(build_request(inputs, spec, profile), profile, calibration)
 
 
 def resolve_preset(name: str) -> ModelSpec:
@@ -120,11 +235,27 @@ def recommendation_text(result: Plan) -> str:
     """One line: what to run. Tests compare it across inputs."""
     best = result.recommendation
     if best is None:
-        return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget"
+        where = f" on any layout of {result.request.gpus} GPUs" if result.request.gpus is not None else ""
+        return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget{where}"
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "
-        f"{result.request.dp} rank(s), recompute {best.config.recompute}"
+        f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}, on {best.layout} "
+        f"({best.layout.world} GPUs)"
     )
+
+
+def seconds_text(seconds: float) -> str:
+    """A step time that reads at any size: "1.234 s", "12.3 ms", "45.6 us" (a tiny model's step is microseconds)."""
+    if seconds >= 0.1:
+        return f"{seconds:.3f} s"
+    if seconds >= 1e-4:
+        return f"{seconds * 1e3:.3g} ms"
+    return f"{seconds * 1e6:.3g} us"
+
+
+def candidate_label(result: Plan, candidate: Candidate) -> str:
+    """The candidate's label, with its layout when several layouts were searched (labels repeat across them)."""
+    return f"{candidate.label} on {candidate.layout}" if result.request.gpus is not None else candidate.label
 
 
 def candidates_frame(result: Plan) -> pd.DataFrame:
@@ -136,6 +267,7 @@ def candidates_frame(result: Plan) -> pd.DataFrame:
         rows.append({
             "rank": rank if fits else None,
             "candidate": c.label,
+            "layout": str(c.layout),
             "micro_batch": c.config.micro_batch,
             "accumulation": c.accumulation_steps,
             "recompute": str(c.config.recompute),
@@ -160,9 +292,10 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
     factor = result.calibration.memory.factor
     rows = []
     for order, c in enumerate(candidates):
+        label = candidate_label(result, c)
         for name, size in c.estimate.peak_components.items():  # at the moment the peak happens
-            rows.append({"candidate": c.label, "order": order, "component": name, "gb": size * factor / GB})
-        rows.append({"candidate": c.label, "order": order, "component": "margin",
+            rows.append({"candidate": label, "order": order, "component": name, "gb": size * factor / GB})
+        rows.append({"candidate": label, "order": order, "component": "margin",
                      "gb": (c.required_bytes - c.peak_bytes) / GB})
     return pd.DataFrame(rows)
 
@@ -171,3 +304,110 @@ def shown_candidates(result: Plan, fitting: int = 5, rejected: int = 3) -> list[
     """The best fitting candidates and the fastest rejected ones (what the stacked bar shows)."""
     faster = sorted(result.rejected, key=lambda c: -c.tokens_per_s)
     return [*result.candidates[:fitting], *faster[:rejected]]
+
+
+# --- Layouts: the chosen one, every one searched, and two side by side -------------------------------------------
+
+TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "accumulation", "optimizer",
+                               "communication", "bubble")
+"""core.timing.StepTime.by_term's keys, in the order the stacked bar draws them."""
+
+
+def shown_candidate(outcome: LayoutOutcome) -> Candidate:
+    """What a layout is shown by: its fastest fitting candidate, else the lightest one it tried."""
+    candidate = outcome.best or outcome.closest
+    assert candidate is not None, f"layout {outcome.layout} has no candidate"
+    return candidate
+
+
+def layout_options(result: Plan) -> list[str]:
+    """Every layout planned, best first, by its string (what the compare view offers)."""
+    return [str(o.layout) for o in result.layouts]
+
+
+def find_layout(result: Plan, label: str) -> LayoutOutcome:
+    """The outcome of the layout whose string is ``label``."""
+    for outcome in result.layouts:
+        if str(outcome.layout) == label:
+            return outcome
+    raise ConfigError(f"layout {label!r} was not planned; planned: {'; '.join(layout_options(result))}")
+
+
+def layouts_frame(result: Plan) -> pd.DataFrame:
+    """Every layout planned, best first: its fastest fitting candidate, or why nothing on it fits."""
+    winner = result.recommendation
+    rows = []
+    for rank, outcome in enumerate(result.layouts, 1):
+        shown = shown_candidate(outcome)
+        rows.append({
+            "rank": rank if outcome.fits else None,
+            "layout": str(outcome.layout),
+            "gpus": outcome.layout.world,
+            "fits": "fits" if outcome.fits else "does not fit",
+            "candidate": shown.label,
+            "tokens_per_s": shown.tokens_per_s if outcome.fits else None,
+            "step_time_s": shown.step_time_s if outcome.fits else None,
+            "required_gb": shown.required_bytes / GB,
+            "why": outcome.why_lost(winner),
+        })
+    return pd.DataFrame(rows)
+
+
+def time_terms_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
+    """Each candidate's step by term, calibrated (core.planner.Candidate.time_by_term), seconds.
+
+    The terms add up to ``step_time_s``: forward, backward, recompute and offload of every
+    micro-batch, gradient accumulation, the optimizer, communication left exposed after
+    overlap, and the pipeline bubble. ``shown`` maps a row label to its candidate.
+    """
+    rows = []
+    for order, (label, c) in enumerate(shown.items()):
+        terms = c.time_by_term()
+        for index, term in enumerate(TIME_TERMS):
+            rows.append({"row": label, "order": order, "term": term, "term_order": index,
+                         "seconds": terms[term]})
+    return pd.DataFrame(rows)
+
+
+def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
+    """Peak memory by component (GB) of every rank kind of each candidate, plus its margin.
+
+    One row per pipeline stage kind ("first stage", "middle stage", "last stage"; "every rank"
+    without a pipeline): each is the core's estimate for that rank times the memory calibration,
+    and ``margin`` (fragmentation and the CUDA context) makes the bar end at what that rank needs.
+    The most loaded rank's bar ends at the candidate's ``required_bytes``.
+    """
+    factor, fragmentation = result.calibration.memory.factor, result.profile.fragmentation
+    reserve = result.request.context_reserve_bytes
+    rows = []
+    order = 0
+    for label, c in shown.items():
+        for rank in c.estimate.ranks or (c.estimate,):
+            name = "every rank" if rank.rank.name == "only" else rank.rank.name
+            row = f"{label}: {name}" if label else name
+            for component, size in rank.peak_components.items():
+                rows.append({"row": row, "order": order, "component": component, "gb": size * factor / GB})
+            peak = round(rank.peak_bytes * factor)
+            rows.append({"row": row, "order": order, "component": "margin",
+                         "gb": (round(peak * fragmentation) + reserve - peak) / GB})
+            order += 1
+    return pd.DataFrame(rows)
+
+
+def communication_frame(candidate: Candidate) -> pd.DataFrame:
+    """Every collective of the candidate's step (core.comm.CommTerm), before overlap."""
+    return pd.DataFrame([
+        {"axis": t.axis, "op": t.op, "message_mb": t.message_bytes / 1e6, "calls": t.calls, "group": t.group_size,
+         "link": t.link_key, "seconds": t.seconds, "overlappable": t.overlappable, "note": t.note}
+        for t in candidate.time.communication
+    ], columns=["axis", "op", "message_mb", "calls", "group", "link", "seconds", "overlappable", "note"])
+
+
+def comparison(result: Plan, first: str, second: str) -> dict[str, tuple[LayoutOutcome, Candidate, str]]:
+    """Two layouts side by side: for "A" and "B", the outcome, the candidate shown and why it lost."""
+    winner = result.recommendation
+    pairs = {}
+    for tag, label in (("A", first), ("B", second)):
+        outcome = find_layout(result, label)
+        pairs[tag] = (outcome, shown_candidate(outcome), outcome.why_lost(winner))
+    return pairs

@@ -41,6 +41,16 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
     return f"sqlite:///{Path(path).expanduser().resolve()}"
 
 
+def nothing_recorded(url: str | None = None) -> bool:
+    """True when no store is named (no ``url``, no ``HEADROOM_DB``) and the default file does not exist.
+
+    Nothing was measured yet: a caller plans from datasheets without opening
+    (or importing) the store. A named store that cannot be read is the
+    opener's error to report, not "nothing recorded".
+    """
+    return url is None and ENV_VAR not in os.environ and not (data_dir() / STORE_FILENAME).exists()
+
+
 def resolve_url(url: str | None = None) -> str:
     """The store URL from an explicit value, else ``HEADROOM_DB``, else the default file."""
     text = url or os.environ.get(ENV_VAR) or default_url()

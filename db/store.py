@@ -36,7 +36,15 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.engine import check_sqlite_file, display_url, driver_message, enable_wal, make_engine, parse_url, sqlite_file
+from db.engine import (
+    check_sqlite_file,
+    display_url,
+    driver_message,
+    enable_wal,
+    make_engine,
+    parse_url,
+    sqlite_file,
+)
 from db.errors import StoreError
 from db.location import resolve_url
 from db.migrate import ensure_schema, head

@@ -20,7 +20,13 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from db.models import (
-    RESULT_MODELS, AttentionResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult,
+    RESULT_MODELS,
+    AttentionResult,
+    ElementwiseResult,
+    Fingerprint,
+    MatmulResult,
+    Run,
+    TrainStepResult,
 )
 from db.store import Store
 

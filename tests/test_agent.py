@@ -12,7 +12,14 @@ from agent.cases import Case  # noqa: E402
 from agent.runner import run_suite  # noqa: E402
 from agent.suites import build_cases  # noqa: E402
 from agent.timer import time_fn  # noqa: E402
-from db.models import AttentionResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult  # noqa: E402
+from db.models import (  # noqa: E402
+    AttentionResult,
+    ElementwiseResult,
+    Fingerprint,
+    MatmulResult,
+    Run,
+    TrainStepResult,
+)
 from db.store import open_store  # noqa: E402
 
 CPU = torch.device("cpu")

@@ -81,6 +81,9 @@ def _bad_config(tmp_path, **fields):
         (lambda tmp: ["--model", "llama2-7b", "--dropout", "0.1"], "llama blocks have no dropout"),
         (lambda tmp: ["--model", "gpt2-small", "--seq-len", "2048"], "exceeds its 1024 learned positions"),
         (lambda tmp: ["--model", str(tmp / "missing.json")], "does not exist"),
+        (lambda tmp: ["--model", "llama2-7b", "--tp", "3"], "32 attention heads do not split over tp 3; use --tp among"),
+        (lambda tmp: ["--model", "llama2-7b", "--sp", "on"], "sequence parallelism splits work between tensor-parallel"),
+        (lambda tmp: ["--model", "llama2-7b", "--cp", "2", "--attention", "standard"], "ring attention on fused kernels"),
     ],
 )
 def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
@@ -119,3 +122,18 @@ def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(headroom):
     assert report["config"]["device"] == "cpu"
     table = headroom("estimate", "--model", "bench-llama-small", "--ledger")
     assert "block.attn.sdpa_out" in table.stdout and "log_softmax" in table.stdout
+
+
+def test_plan_searches_layouts_and_exports_the_winner(headroom):
+    """--gpus searches layouts; the JSON names each layout's fate, and --export carries the chosen one."""
+    args = ("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--tp", "2")
+    report = json.loads(headroom(*args, "--json", "--export", "deepspeed").stdout)
+    best = report["recommendation"]
+    assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["tp"]
+    assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
+    assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
+    assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
+    assert report["export"]["format"] == "deepspeed"
+    assert json.loads(report["export"]["text"])["train_batch_size"] == 64
+    megatron = headroom(*args, "--export", "megatron")
+    assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout

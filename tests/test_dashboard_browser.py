@@ -22,7 +22,8 @@ ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
 DRIVER = shutil.which("chromedriver")
 PAGES = {
-    "plan": ("Plan a training run", "Recommendation:", "Peak memory by component", "Ranked candidates"),
+    "plan": ("Plan a training run", "Recommendation:", "Chosen layout:", "Step time by term", "Memory per rank kind",
+             "Peak memory by component", "Ranked candidates"),
     "hardware": ("Hardware", "Roofline", "Matmul TFLOP/s by size", "Bandwidth by op"),
     "history": ("History", "Compare runs", "Timeline"),
     "calibration": ("Calibration", "Peak memory (GB)", "Step time (s)", "What plans apply"),

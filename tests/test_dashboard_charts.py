@@ -133,6 +133,11 @@ def test_key_figures_of_the_smoke_run(smoke_store):
 
 
 def test_query_string_round_trip():
-    inputs = planning.PlanInputs(model="gpt2-xl", budget="24GiB", dp=2, offload=True)
+    inputs = planning.PlanInputs(model="gpt2-xl", budget="24GiB", dp="2", offload=True, gpus=64, tp="8", sp="off",
+                                 interconnect="ib-hdr")
     assert planning.PlanInputs.from_query(inputs.to_query()) == inputs
     assert planning.PlanInputs.from_query({"dp": "many", "seq_len": "1024"}) == planning.PlanInputs(seq_len=1024)
+    # pins are normalised; unreadable ones keep their default (auto), as every other malformed value does
+    assert planning.PlanInputs.from_query({"tp": " 04", "sp": "true", "schedule": "Interleaved", "zero": ""}) == \
+        planning.PlanInputs(tp="4", sp="on", schedule="interleaved", zero="auto")
+    assert planning.PlanInputs.from_query({"sp": "maybe", "schedule": "zigzag"}) == planning.PlanInputs()

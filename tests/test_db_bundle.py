@@ -9,10 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from db.bundle import BUNDLE_FORMAT, export_bundle, import_bundle, merge_stores, read_bundle, write_bundle
+from db.bundle import (
+    BUNDLE_FORMAT,
+    export_bundle,
+    import_bundle,
+    merge_stores,
+    read_bundle,
+    write_bundle,
+)
 from db.errors import BundleError
 from db.store import open_store
-from tests.db_support import fingerprint, postgres_url, record_run, results, row_counts, sqlite_url  # noqa: F401
+from tests.db_support import (  # noqa: F401
+    fingerprint,
+    postgres_url,
+    record_run,
+    results,
+    row_counts,
+    sqlite_url,
+)
 
 
 @pytest.fixture

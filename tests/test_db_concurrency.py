@@ -19,7 +19,13 @@ from db import queries
 from db.models import RESULT_MODELS, MatmulResult, Run
 from db.store import open_store
 from tests.db_support import (  # noqa: F401  (fixtures)
-    WRITER, postgres_url, record_run, row_counts, sqlite_integrity, sqlite_url, store_url,
+    WRITER,
+    postgres_url,
+    record_run,
+    row_counts,
+    sqlite_integrity,
+    sqlite_url,
+    store_url,
 )
 
 WORKERS, RUNS = 8, 50

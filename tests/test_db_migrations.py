@@ -25,7 +25,12 @@ from db.models import Base, Fingerprint, TrainStepResult
 from db.store import open_store
 from db.validate import record_values
 from tests.db_support import (  # noqa: F401
-    file_state, postgres_url, record_run, row_counts, sqlite_integrity, sqlite_url,
+    file_state,
+    postgres_url,
+    record_run,
+    row_counts,
+    sqlite_integrity,
+    sqlite_url,
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "db" / "store-0001.db"

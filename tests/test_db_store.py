@@ -13,9 +13,14 @@ from db.location import default_url, resolve_url
 from db.models import Fingerprint, MatmulResult, Run, TrainStepResult
 from db.store import open_store
 from tests.db_support import (  # noqa: F401  (fixtures)
-    fingerprint, postgres_url, record_run, results, row_counts, sqlite_url, store_url,
+    fingerprint,
+    postgres_url,
+    record_run,
+    results,
+    row_counts,
+    sqlite_url,
+    store_url,
 )
-
 
 # ---- location ------------------------------------------------------------------------
 

@@ -1,46 +1,311 @@
-"""Exported settings parse in their own format and carry the recommendation."""
+"""Exported settings parse in their own format, as is, carry the plan's layout, and say what they cannot express."""
 
 import ast
 import json
-import tomllib
+import shlex
 
 import pytest
+import tomllib
 
+from core.calibration import uncalibrated
+from core.config import TrainConfig
 from core.errors import ConfigError
-from core.export import export
+from core.export import EXPORTERS, Export, export
 from core.hardware import get_hardware
-from core.planner import PlanRequest, plan
+from core.layout import Layout
+from core.planner import PlanRequest, evaluate, plan
 from core.presets import get_preset
+from core.recompute import parse_policy
 from core.timing import datasheet_profile
 
-REQUEST = PlanRequest(spec=get_preset("llama2-7b"), seq_len=4096, global_batch=64, dp=8, zero=3)
-BEST = plan(REQUEST, datasheet_profile(get_hardware("h100-sxm"))).recommendation
+PROFILE = datasheet_profile(get_hardware("h100-sxm"))
+LLAMA = get_preset("llama2-7b")  # 32 layers
+
+REQUEST = PlanRequest(spec=LLAMA, train=TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3)), global_batch=64)
+BEST = plan(REQUEST, PROFILE).recommendation
+
+PARALLEL = PlanRequest(spec=LLAMA, train=TrainConfig(seq_len=4096, layout=Layout(tp=2, sp=True, pp=2, dp=2, zero=1)),
+                       global_batch=64)
+PARALLEL_BEST = plan(PARALLEL, PROFILE).recommendation
+
+PARSE = {
+    "hf": ast.parse,
+    "lightning": ast.parse,
+    "torchtitan": tomllib.loads,
+    "deepspeed": json.loads,
+    "megatron": shlex.split,
+}
 
 
-def test_deepspeed_json():
-    text = export("deepspeed", REQUEST, BEST)
-    config = json.loads("\n".join(line for line in text.splitlines() if not line.startswith("//")))
+def candidate(layout: Layout, policy: str = "none", micro_batch: int = 1, global_batch: int = 64, spec=LLAMA,
+              **train):
+    """One candidate of a request on ``layout``: that micro-batch under that checkpoint policy."""
+    request = PlanRequest(spec=spec, train=TrainConfig(seq_len=train.pop("seq_len", 4096), layout=layout, **train),
+                          global_batch=global_batch)
+    return request, evaluate(request, PROFILE, uncalibrated(PROFILE.name), micro_batch, parse_policy(policy))
+
+
+def flags(text: str) -> dict[str, str | None]:
+    """A Megatron command line as {flag: its value, or None for a switch}."""
+    args, out = shlex.split(text), {}
+    for i, arg in enumerate(args):
+        if arg.startswith("--"):
+            nxt = args[i + 1] if i + 1 < len(args) else None
+            out[arg] = None if nxt is None or nxt.startswith("--") else nxt
+    return out
+
+
+def training_arguments(text: str) -> dict:
+    """The keyword arguments of the snippet's TrainingArguments(...) call, evaluated."""
+    call = next(n for n in ast.walk(ast.parse(text))
+                if isinstance(n, ast.Call) and getattr(n.func, "id", None) == "TrainingArguments")
+    return {k.arg: ast.literal_eval(k.value) for k in call.keywords}
+
+
+def trainer_arguments(text: str) -> dict[str, str]:
+    """The keyword arguments of the snippet's L.Trainer(...) call, as source."""
+    call = next(n for n in ast.walk(ast.parse(text))
+                if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "Trainer")
+    return {k.arg: ast.unparse(k.value) for k in call.keywords}
+
+
+CASES = {
+    "zero3": (REQUEST, BEST),
+    "tp-sp-pp-zero1": (PARALLEL, PARALLEL_BEST),
+    "interleaved-every2-zero2": candidate(Layout(pp=4, schedule="interleaved", virtual_stages=2, dp=2, zero=2),
+                                          "every-2"),
+    "cp-op-selective-bf16-pure": candidate(Layout(cp=2, dp=4, zero=3), "op-selective", precision="bf16-pure"),
+    "gpipe-selective-standard": candidate(Layout(pp=2, schedule="gpipe", dp=4), "selective", attention="standard",
+                                          precision="bf16-master"),
+    "single-offload-fp32-sgd": candidate(Layout(), "offload", global_batch=8, precision="fp32",
+                                         optimizer="sgd-momentum"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("fmt", PARSE)
+def test_every_format_parses_as_is_and_keeps_its_notes(fmt, case):
+    exported = export(fmt, *CASES[case])
+    assert isinstance(exported, Export) and exported.format == fmt
+    PARSE[fmt](exported.text)  # no pre-processing: a trailing comment in JSON would fail here
+    assert exported.notes_in_text == (fmt in ("hf", "torchtitan", "lightning"))
+    if exported.notes_in_text:
+        for note in exported.notes:
+            assert f"# note: {note}" in exported.text
+    assert str(exported) == exported.text
+    assert exported.to_dict() == {"format": fmt, "text": exported.text, "notes": list(exported.notes)}
+
+
+def test_megatron_carries_the_layout():
+    args = flags(export("megatron", PARALLEL, PARALLEL_BEST).text)
+    assert args["--tensor-model-parallel-size"] == "2"
+    assert "--sequence-parallel" in args and args["--sequence-parallel"] is None
+    assert args["--pipeline-model-parallel-size"] == "2"
+    assert args["--context-parallel-size"] == "1"
+    assert "--use-distributed-optimizer" in args and "--use-megatron-fsdp" not in args  # ZeRO-1 exactly
+    assert args["--micro-batch-size"] == str(PARALLEL_BEST.config.micro_batch)
+    assert args["--global-batch-size"] == "64"
+    assert args["--seq-length"] == "4096"
+    assert "--num-layers-per-virtual-pipeline-stage" not in args
+
+
+def test_megatron_interleaving_segments_and_zero3():
+    request, best = candidate(Layout(pp=4, schedule="interleaved", virtual_stages=2, dp=2, zero=3), "every-2",
+                              precision="bf16-fp32grad")
+    exported = export("megatron", request, best)
+    args = flags(exported.text)
+    assert args["--num-layers-per-virtual-pipeline-stage"] == "4"  # 32 layers / (pp 4 x 2 chunks)
+    assert (args["--recompute-granularity"], args["--recompute-method"], args["--recompute-num-layers"]) == (
+        "full", "uniform", "2")
+    assert args["--use-megatron-fsdp"] is None and args["--data-parallel-sharding-strategy"] == "optim_grads_params"
+    assert args["--ckpt-format"] == "fsdp_dtensor"
+    assert "--bf16" in args and "--grad-reduce-in-bf16" not in args  # bf16-fp32grad is Megatron's own --bf16
+    assert any("ZeRO-1" in n and "Megatron-FSDP" in n for n in exported.notes)
+    assert any("launch 8 ranks" in n for n in exported.notes)
+
+
+@pytest.mark.parametrize("policy, expected, note", [
+    ("none", {}, None),
+    ("full", {"--recompute-granularity": "full", "--recompute-method": "uniform", "--recompute-num-layers": "1"}, None),
+    ("selective", {"--recompute-granularity": "selective", "--recompute-modules": "core_attn"}, None),
+    ("op-selective", {"--recompute-granularity": "selective", "--recompute-modules": "layernorm"}, "op-level"),
+    ("offload", {}, "offload"),
+])
+def test_megatron_recompute(policy, expected, note):
+    exported = export("megatron", *candidate(Layout(dp=8), policy, precision="bf16-fp32grad"))  # Megatron's own
+    args = flags(exported.text)
+    assert {k: v for k, v in args.items() if k.startswith("--recompute")} == expected
+    assert any(note in n for n in exported.notes) if note else len(exported.notes) == 1  # just the launch note
+
+
+def test_megatron_writes_dropout_and_precision_it_cannot_match():
+    # Megatron's dropouts default to 0.1: 0 must be said.
+    args = flags(export("megatron", *candidate(Layout(dp=8))).text)
+    assert args["--attention-dropout"] == "0" and args["--hidden-dropout"] == "0"
+    request, best = candidate(Layout(dp=8), spec=get_preset("gpt2-small"), seq_len=1024, dropout=0.1,
+                              precision="bf16-pure", attention="standard")
+    exported = export("megatron", request, best)
+    args = flags(exported.text)
+    assert args["--attention-dropout"] == "0.1" and args["--hidden-dropout"] == "0.1"
+    assert args["--attention-backend"] == "unfused"
+    assert "--grad-reduce-in-bf16" in args and any("fp32 master copy" in n for n in exported.notes)
+
+
+def test_torchtitan_carries_the_layout():
+    exported = export("torchtitan", PARALLEL, PARALLEL_BEST)
+    config = tomllib.loads(exported.text)
+    p, t = config["parallelism"], config["training"]
+    assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
+    assert p["pipeline_parallel_schedule"] == "1F1B"
+    assert p["enable_async_tensor_parallel"] is False
+    # torchtitan has no ZeRO-1: FSDP over the 2 data-parallel ranks, said in a note.
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (1, 2)
+    assert any("no ZeRO-1" in n for n in exported.notes)
+    degrees = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+               "pipeline_parallel_degree", "context_parallel_degree")
+    world = 1
+    for d in degrees:
+        world *= p[d]
+    assert world == 8
+    # One optimizer step is one pipeline flush: the per-rank batch split into micro-batches.
+    micro, accumulation = PARALLEL_BEST.config.micro_batch, PARALLEL_BEST.accumulation_steps
+    assert t["local_batch_size"] == micro * accumulation and p["pipeline_parallel_microbatch_size"] == micro
+    assert t["global_batch_size"] == 64 and t["seq_len"] == 4096
+    assert p["pipeline_parallel_layers_per_stage"] == 16
+    assert "num_pp_microbatches" in exported.text  # how current, Python-configured torchtitan takes the same
+
+
+@pytest.mark.parametrize("layout, replicate, shard, noted", [
+    (Layout(dp=8), 8, 1, False),
+    (Layout(dp=8, zero=3), 1, 8, False),
+    (Layout(dp=8, zero=2), 1, 8, True),
+    (Layout(tp=2, dp=4), 1, 4, True),  # torchtitan replicates only when data parallelism is its one axis
+    (Layout(cp=2, dp=4), 4, 1, True),  # HSDP: FSDP over the cp ranks, said in a note
+])
+def test_torchtitan_data_parallel_degrees(layout, replicate, shard, noted):
+    exported = export("torchtitan", *candidate(layout))
+    p = tomllib.loads(exported.text)["parallelism"]
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (replicate, shard)
+    assert bool(exported.notes) == noted
+
+
+@pytest.mark.parametrize("layout, schedule, layers", [
+    (Layout(pp=4, schedule="interleaved", virtual_stages=2, dp=2), "Interleaved1F1B", 4),
+    (Layout(pp=2, schedule="gpipe", dp=4), "GPipe", 16),
+])
+def test_torchtitan_pipeline_schedules(layout, schedule, layers):
+    p = tomllib.loads(export("torchtitan", *candidate(layout)).text)["parallelism"]
+    assert p["pipeline_parallel_schedule"] == schedule
+    assert p["pipeline_parallel_layers_per_stage"] == layers
+    assert p["pipeline_parallel_first_stage_less_layers"] == p["pipeline_parallel_last_stage_less_layers"] == 0
+
+
+@pytest.mark.parametrize("policy, mode, option, note", [
+    ("none", "none", None, None),
+    ("full", "full", None, None),
+    ("op-selective", "selective", "op", "every second matmul"),
+    ("every-4", "full", None, "every-4"),
+    ("selective", "none", None, "attention core"),
+])
+def test_torchtitan_checkpointing(policy, mode, option, note):
+    exported = export("torchtitan", *candidate(Layout(dp=8, zero=3), policy))
+    section = tomllib.loads(exported.text)["activation_checkpoint"]
+    assert section["mode"] == mode and section.get("selective_ac_option") == option
+    assert any(note in n for n in exported.notes) if note else not exported.notes
+
+
+def test_deepspeed_is_strict_json():
+    exported = export("deepspeed", REQUEST, BEST)
+    config = json.loads(exported.text)
     assert config["train_batch_size"] == 64
     assert config["train_micro_batch_size_per_gpu"] * config["gradient_accumulation_steps"] * 8 == 64
     assert config["zero_optimization"]["stage"] == 3
+    # amp-bf16 is autocast over fp32 parameters, not DeepSpeed's bf16 (bf16 parameters, fp32 master copy).
+    assert config["torch_autocast"] == {"enabled": True, "dtype": "bfloat16"} and "bf16" not in config
+    assert not exported.notes_in_text
 
 
-def test_torchtitan_toml():
-    config = tomllib.loads(export("torchtitan", REQUEST, BEST))
-    assert config["training"]["local_batch_size"] == BEST.config.micro_batch
-    assert config["training"]["global_batch_size"] == 64
-    assert config["parallelism"]["data_parallel_shard_degree"] == 8
-    assert config["activation_checkpoint"]["mode"] in ("none", "full", "selective")
+def test_deepspeed_says_what_its_config_cannot_express():
+    exported = export("deepspeed", PARALLEL, PARALLEL_BEST)
+    config = json.loads(exported.text)
+    assert config["tensor_parallel"] == {"autotp_size": 2}
+    notes = " ".join(exported.notes)
+    assert "pipeline parallelism" in notes and "without sequence parallelism" in notes
+    request, best = candidate(Layout(cp=2, dp=4, zero=3), "op-selective", precision="bf16-pure")
+    exported = export("deepspeed", request, best)
+    config = json.loads(exported.text)
+    assert config["bf16"] == {"enabled": True}
+    notes = " ".join(exported.notes)
+    assert "context parallelism" in notes and "master copy" in notes and "no op-level selection" in notes
 
 
-@pytest.mark.parametrize("fmt", ["hf", "lightning"])
-def test_python_snippets_parse_and_carry_the_batch(fmt):
-    text = export(fmt, REQUEST, BEST)
-    ast.parse(text)
-    assert f"{BEST.accumulation_steps}," in text
-    assert f"{BEST.config.micro_batch}" in text
+@pytest.mark.parametrize("zero, grad_accum", [(1, "fp32"), (2, None)])
+def test_deepspeed_fp32_gradients_only_under_zero1(zero, grad_accum):
+    exported = export("deepspeed", *candidate(Layout(dp=8, zero=zero), "full", precision="bf16-fp32grad"))
+    config = json.loads(exported.text)
+    assert config.get("data_types", {}).get("grad_accum_dtype") == grad_accum
+    assert any("deepspeed.checkpointing.checkpoint" in n for n in exported.notes)
+    assert any("only under ZeRO-1" in n for n in exported.notes) == (grad_accum is None)
+
+
+def test_hf_sharding_and_whole_layer_checkpointing():
+    kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=3), "full")).text)
+    # Under FSDP the Trainer checkpoints through fsdp_config and refuses gradient_checkpointing with it.
+    assert kwargs["fsdp"] == "full_shard auto_wrap" and kwargs["fsdp_config"] == {"activation_checkpointing": True}
+    assert kwargs["gradient_checkpointing"] is False
+    kwargs = training_arguments(export("hf", *candidate(Layout(dp=8), "full")).text)
+    assert kwargs["gradient_checkpointing"] is True and "fsdp" not in kwargs
+    kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=1))).text)
+    assert kwargs["deepspeed"] == "ds_config.json"
+
+
+def test_hf_does_not_pass_op_selective_off_as_full():
+    exported = export("hf", *candidate(Layout(dp=8), "op-selective"))
+    assert training_arguments(exported.text)["gradient_checkpointing"] is False
+    assert "create_selective_checkpoint_contexts" in exported.text and "context_fn" in exported.text
+    assert any("whole layers" in n for n in exported.notes)
+    exported = export("hf", *candidate(Layout(dp=8), "every-4"))
+    assert training_arguments(exported.text)["gradient_checkpointing"] is True
+    assert any("every-4" in n for n in exported.notes)
+
+
+def test_hf_says_it_cannot_express_model_parallelism():
+    exported = export("hf", PARALLEL, PARALLEL_BEST)
+    assert any("cannot express tp 2, pp 2" in n for n in exported.notes)
+    assert any("no pipeline parallelism" in n for n in exported.notes)
+
+
+def test_lightning_strategies():
+    args = trainer_arguments(export("lightning", *candidate(Layout(dp=8, zero=3), "full")).text)
+    assert args["strategy"] == "FSDPStrategy(sharding_strategy='FULL_SHARD', activation_checkpointing_policy={Block})"
+    assert (args["devices"], args["num_nodes"]) == ("8", "1")
+    args = trainer_arguments(export("lightning", *candidate(Layout(dp=16, zero=2), global_batch=128)).text)
+    assert args["strategy"] == "FSDPStrategy(sharding_strategy='SHARD_GRAD_OP')"
+    assert (args["devices"], args["num_nodes"]) == ("8", "2")
+    exported = export("lightning", PARALLEL, PARALLEL_BEST)
+    args = trainer_arguments(exported.text)
+    assert args["strategy"] == "ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)"
+    assert any("pp 2 cannot be expressed" in n for n in exported.notes)
+
+
+def test_export_uses_the_searched_layout_not_the_requests():
+    request = PlanRequest(spec=LLAMA, train=TrainConfig(seq_len=4096), global_batch=64, gpus=8)
+    best = plan(request, PROFILE).recommendation
+    assert best.layout.world == 8 and request.layout.world == 1
+    args = flags(export("megatron", request, best).text)
+    assert args["--tensor-model-parallel-size"] == str(best.layout.tp)
+    assert args["--pipeline-model-parallel-size"] == str(best.layout.pp)
+    assert int(args["--micro-batch-size"]) * best.accumulation_steps * best.layout.dp == 64
+
+
+def test_a_candidate_of_another_request_is_refused():
+    with pytest.raises(ConfigError, match="is not the request's global batch 128"):
+        export("megatron", PlanRequest(spec=LLAMA, train=TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3)),
+                                       global_batch=128), BEST)
 
 
 def test_unknown_format():
-    with pytest.raises(ConfigError, match="unknown export format 'megatron'; valid: hf, torchtitan, deepspeed, lightning"):
-        export("megatron", REQUEST, BEST)
+    assert list(EXPORTERS) == ["hf", "torchtitan", "megatron", "deepspeed", "lightning"]
+    valid = "hf, torchtitan, megatron, deepspeed, lightning"
+    with pytest.raises(ConfigError, match=f"unknown export format 'axolotl'; valid: {valid}"):
+        export("axolotl", REQUEST, BEST)

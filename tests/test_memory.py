@@ -3,7 +3,12 @@
 import pytest
 
 from core.config import TrainConfig
-from core.memory import korthikanti_layer_activations, static_bytes_per_parameter, static_memory_of
+from core.layout import Layout
+from core.memory import (
+    korthikanti_layer_activations,
+    static_bytes_per_parameter,
+    static_memory_of,
+)
 from core.units import GB
 
 
@@ -45,5 +50,5 @@ def test_7b_with_master_copy_is_112_gb_static():
 @pytest.mark.parametrize(("stage", "published_gb"), [(0, 120), (1, 31.4), (2, 16.6), (3, 1.9)])
 def test_zero_stages_match_the_zero_paper(stage, published_gb):
     """Rajbhandari et al. 2020, Fig. 1: 7.5B params, 64 ranks, 2 + 2 + 12 bytes/param."""
-    config = TrainConfig(seq_len=1, precision="bf16-master", optimizer="adam", dp=64, zero=stage)
+    config = TrainConfig(seq_len=1, precision="bf16-master", optimizer="adam", layout=Layout(dp=64, zero=stage))
     assert static_memory_of(7_500_000_000, config).total / GB == pytest.approx(published_gb, abs=0.05)

@@ -4,9 +4,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.advice import plan_and_advise
 from core.calibration import Observation, calibrate
+from core.config import TrainConfig
 from core.errors import ConfigError
 from core.hardware import get_hardware
+from core.layout import Layout
 from core.planner import PlanRequest, plan
 from core.presets import get_preset
 from core.timing import datasheet_profile
@@ -16,9 +19,7 @@ H100 = datasheet_profile(get_hardware("h100-sxm"))
 MODELS = ["gpt2-small", "bench-llama-small", "llama3.2-1b", "llama2-7b"]
 
 requests = st.builds(
-    lambda model, seq, per_rank, dp, zero, budget: PlanRequest(
-        spec=get_preset(model), seq_len=seq, global_batch=per_rank * dp, dp=dp, zero=zero, budget_bytes=budget * GB,
-    ),
+    lambda model, seq, per_rank, dp, zero, budget: PlanRequest(spec=get_preset(model), train=TrainConfig(seq_len=seq, layout=Layout(dp=dp, zero=zero)), global_batch=per_rank * dp, budget_bytes=budget * GB),
     model=st.sampled_from(MODELS),
     seq=st.sampled_from([256, 512, 1024]),
     per_rank=st.sampled_from([1, 2, 4, 6, 8, 12, 16]),
@@ -32,7 +33,7 @@ PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[Healt
 @PROPERTY
 @given(requests)
 def test_recommendation_fits_and_splits_the_batch_exactly(request):
-    result = plan(request, H100, advise=False)
+    result = plan(request, H100)
     for candidate in result.candidates:
         assert candidate.required_bytes <= request.budget_bytes
         assert candidate.config.micro_batch * candidate.accumulation_steps * request.dp == request.global_batch
@@ -45,8 +46,8 @@ def test_recommendation_fits_and_splits_the_batch_exactly(request):
 def test_raising_the_budget_never_lowers_the_best_throughput(request, extra_gb):
     from dataclasses import replace
 
-    low = plan(request, H100, advise=False).recommendation
-    high = plan(replace(request, budget_bytes=request.budget_bytes + extra_gb * GB), H100, advise=False).recommendation
+    low = plan(request, H100).recommendation
+    high = plan(replace(request, budget_bytes=request.budget_bytes + extra_gb * GB), H100).recommendation
     if low is not None:
         assert high is not None and high.tokens_per_s >= low.tokens_per_s
 
@@ -54,7 +55,7 @@ def test_raising_the_budget_never_lowers_the_best_throughput(request, extra_gb):
 def test_ranking_is_by_throughput_then_headroom():
     # ZeRO-2: under ZeRO-1 the unsharded fp32 gradients and autocast's 13.5 GB of bf16 weight copies
     # (alive through every forward, measured on an H200) leave nothing that fits in 80 GB.
-    result = plan(PlanRequest(spec=get_preset("llama2-7b"), seq_len=4096, global_batch=64, dp=8, zero=2), H100)
+    result = plan(PlanRequest(spec=get_preset("llama2-7b"), train=TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=2)), global_batch=64), H100)
     speeds = [c.tokens_per_s for c in result.candidates]
     assert speeds == sorted(speeds, reverse=True)
     assert len(result.candidates) >= 3
@@ -65,7 +66,7 @@ def test_ranking_is_by_throughput_then_headroom():
 
 def test_impossible_request_explains_and_finds_the_smallest_change():
     """llama2-70b on one 80 GB card without sharding: 1.1 TB of static state."""
-    result = plan(PlanRequest(spec=get_preset("llama2-70b"), seq_len=4096, global_batch=32), H100)
+    result = plan_and_advise(PlanRequest(spec=get_preset("llama2-70b"), train=TrainConfig(seq_len=4096), global_batch=32), H100)
     assert result.recommendation is None and result.rejected
     assert any("static state alone" in c.rejection for c in result.rejected)
     advice = "\n".join(result.advice)
@@ -76,9 +77,9 @@ def test_impossible_request_explains_and_finds_the_smallest_change():
 def test_bad_requests_name_the_value():
     spec = get_preset("llama2-7b")
     with pytest.raises(ConfigError, match="global batch 10 does not split over 4 data-parallel ranks; use --dp among 1, 2, 5, 10"):
-        PlanRequest(spec=spec, seq_len=512, global_batch=10, dp=4)
+        PlanRequest(spec=spec, train=TrainConfig(seq_len=512, layout=Layout(dp=4)), global_batch=10)
     with pytest.raises(ConfigError, match="leaves nothing after the 1.00 GB CUDA context reserve"):
-        PlanRequest(spec=spec, seq_len=512, global_batch=8, budget_bytes=GB // 2)
+        PlanRequest(spec=spec, train=TrainConfig(seq_len=512), global_batch=8, budget_bytes=GB // 2)
 
 
 def test_calibration_corrects_predictions_and_reports_remaining_error():
@@ -88,7 +89,7 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
     assert calibration.memory.factor == pytest.approx(1.10)
     assert calibration.time.factor == pytest.approx(1.5)
     assert calibration.memory.error == pytest.approx(abs(1.1 * 200 / 222 - 1))
-    request = PlanRequest(spec=get_preset("bench-llama-small"), seq_len=256, global_batch=8)
+    request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=256), global_batch=8)
     raw = plan(request, H100).recommendation
     corrected = plan(request, H100, calibration).recommendation
     assert corrected.step_time_s == pytest.approx(raw.step_time_s * 1.5, rel=1e-9)

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from core.config import TrainConfig
 from core.hardware import get_hardware
 from core.planner import PlanRequest, plan
 from core.presets import get_preset
@@ -12,7 +13,7 @@ from core.timing import datasheet_profile
 from core.units import GB, MB
 
 PROFILE = datasheet_profile(get_hardware("h100-sxm"))
-REQUEST = PlanRequest(spec=get_preset("llama3.2-1b"), seq_len=2048, global_batch=8, budget_bytes=80 * GB)
+REQUEST = PlanRequest(spec=get_preset("llama3.2-1b"), train=TrainConfig(seq_len=2048), global_batch=8, budget_bytes=80 * GB)
 
 
 def _measured(result, tokens_per_s, reserved=None, status="ok"):

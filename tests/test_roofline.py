@@ -1,7 +1,13 @@
 import pytest
 
 from core.hardware import get_hardware
-from core.roofline import arithmetic_intensity, attainable_flop_per_s, bound, matmul_intensity, ridge_intensity
+from core.roofline import (
+    arithmetic_intensity,
+    attainable_flop_per_s,
+    bound,
+    matmul_intensity,
+    ridge_intensity,
+)
 
 
 @pytest.mark.parametrize(("key", "expected"), [("h100-sxm", 295), ("h200", 206)])

@@ -198,8 +198,8 @@ def regret_part(ctx: Context) -> dict[str, Any]:
     """
     sweep = train_sweep(ctx)
     name = device_name(ctx.device)
-    request = PlanRequest(spec=get_preset(sweep.model), seq_len=sweep.seq_len, global_batch=sweep.global_batch,
-                          precision=sweep.precision, optimizer=sweep.optimizer, allow_offload=True)
+    request = PlanRequest(spec=get_preset(sweep.model), train=sweep.base, global_batch=sweep.global_batch,
+                          allow_offload=True)
     with ctx.store() as store:
         with store.session() as session:
             profile = build_profile(session, name)

@@ -19,7 +19,14 @@ from typing import Any
 
 from sqlalchemy import select
 
-from db.models import AttentionResult, ElementwiseResult, MatmulResult, Result, Run, TrainStepResult
+from db.models import (
+    AttentionResult,
+    ElementwiseResult,
+    MatmulResult,
+    Result,
+    Run,
+    TrainStepResult,
+)
 from db.store import open_store
 
 MEMORY_MEDIAN, MEMORY_WORST, LEDGER_TOLERANCE = 0.03, 0.08, 0.02

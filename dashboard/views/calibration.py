@@ -39,9 +39,9 @@ with right:
     st.dataframe(calibration.error_stats(time), hide_index=True)
 
 st.subheader("What plans apply")
-st.caption("db.profiles.calibration_for: every step predicted again by today's core with the device's measured "
-           "profile; the median measured / predicted becomes the factor plans multiply by, and the error left "
-           "after it is the confidence plans quote.")
+st.caption("core.measurements.calibration_from_steps: every step predicted again by today's core with the "
+           "device's measured profile; the median measured / predicted becomes the factor plans multiply by, and "
+           "the error left after it is the confidence plans quote.")
 device = st.selectbox("device", chosen, key="calibration_factor_device")
 if device is not None:
     try:

@@ -1,4 +1,5 @@
-"""Plan: micro-batch, accumulation and checkpoint policy for a model, a batch and a budget."""
+"""Plan: micro-batch, accumulation and checkpoint policy for a model, a batch and a budget; with a GPU
+count, every layout of that many GPUs, the chosen one's memory per rank and time by term, and two side by side."""
 
 from __future__ import annotations
 
@@ -7,19 +8,38 @@ from dataclasses import asdict, fields
 
 import streamlit as st
 
+from core.calibration import Calibration
 from core.config import ATTENTIONS
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.hf_config import spec_from_hf_config
+from core.interconnect import LINKS_BY_KEY
+from core.model import ModelSpec
+from core.planner import Plan
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
+from core.timing import HardwareProfile
 from core.units import GB
 from dashboard import charts, data, planning
 from dashboard.notices import store_notice
-from dashboard.planning import MEASURED_PREFIX, PlanInputs
+from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
 
 EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan.toml", "toml"),
-                "deepspeed": ("ds_config.json", "json"), "lightning": ("lightning_trainer.py", "python")}
+                "megatron": ("megatron_args.txt", "bash"), "deepspeed": ("ds_config.json", "json"),
+                "lightning": ("lightning_trainer.py", "python")}
+
+
+@st.cache_resource(ttl=600, max_entries=16, show_spinner=False)
+def cached_plan(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile,
+                calibration: Calibration | None) -> Plan:
+    """The plan, once per inputs: a search over many layouts takes seconds, and the compare view reruns the page.
+
+    A resource cache, not st.cache_data: a Plan is frozen all the way down, so sharing one is safe, while
+    cache_data unpickles a copy on every hit, and a search's tens of thousands of frozen dataclasses take
+    longer to unpickle (~1.5 s for 8 GPUs of a tiny model) than some searches take to run.
+    """
+    return planning.make_plan(inputs, spec, profile, calibration)
+
 
 st.title("Plan a training run")
 url = data.store_url()
@@ -37,6 +57,8 @@ if st.session_state.plan_model not in PRESETS:
     st.session_state.plan_model = PlanInputs().model
 if st.session_state.plan_hardware not in hardware_options:
     st.session_state.plan_hardware = hardware_options[0] if measured_devices else PlanInputs().hardware
+if st.session_state.plan_interconnect not in LINKS_BY_KEY:
+    st.session_state.plan_interconnect = PlanInputs().interconnect
 
 with st.sidebar:
     st.header("Inputs")
@@ -54,8 +76,25 @@ with st.sidebar:
     st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
     st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget")
     st.selectbox("hardware", hardware_options, key="plan_hardware")
-    st.number_input("data-parallel ranks", min_value=1, step=1, key="plan_dp")
-    st.selectbox("ZeRO sharding stage", (0, 1, 2, 3), key="plan_zero")
+    st.subheader("Cluster and layout")
+    st.number_input(f"GPUs to search (0 = plan this one layout; at most {MAX_GPUS})", min_value=0, step=8,
+                    key="plan_gpus", help="every tp x pp x cp x dp layout and sharding stage of this many GPUs")
+    st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
+                    help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
+    st.selectbox("inter-node interconnect (per GPU)", list(LINKS_BY_KEY), key="plan_interconnect",
+                 format_func=lambda key: f"{key}: {LINKS_BY_KEY[key].name}")
+    st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or without a GPU count takes "
+               f"{planning.build_layout(PlanInputs())} (sp on when tp > 1).")
+    axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
+                   "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
+                   "virtual_stages": "virtual stages"}
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "sp"), ("schedule", "virtual_stages")):
+        for column, axis in zip(st.columns(3), row):
+            with column:
+                if axis in AXIS_CHOICES:
+                    st.selectbox(axis_labels[axis], AXIS_CHOICES[axis], key=f"plan_{axis}")
+                else:
+                    st.text_input(axis_labels[axis], key=f"plan_{axis}", placeholder=AUTO)
     st.selectbox("precision", list(PRECISIONS), key="plan_precision")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
@@ -82,23 +121,32 @@ try:
         spec = spec_from_hf_config(json.loads(uploaded.getvalue()), name=uploaded.name.removesuffix(".json"))
     else:
         spec = planning.dimensions_spec(inputs)
-    if inputs.hardware.startswith(MEASURED_PREFIX):
-        profile, calibration = data.measured(url, inputs.hardware.removeprefix(MEASURED_PREFIX))
-    else:
-        profile, calibration = planning.datasheet_hardware(inputs.hardware)
-    result = planning.make_plan(inputs, spec, profile, calibration)
+    profile, calibration = data.hardware(url, inputs.hardware)
+    with st.spinner(f"Searching every layout of {inputs.gpus} GPUs..." if inputs.gpus else "Planning..."):
+        result = cached_plan(inputs, spec, profile, calibration)
 except (ConfigError, ValueError) as err:
     st.error(str(err))
     st.stop()
 
 request, best = result.request, result.recommendation
+searched = request.gpus is not None
 budget_gb = request.budget_bytes / GB
+if searched:
+    pins = planning.pins_text(request)
+    where = f"every layout of {request.gpus} GPUs" + (f" with {pins} pinned" if pins else "")
+else:
+    where = f"{request.layout} ({request.layout.world} GPUs)"
 st.markdown(
     f"**{spec.name}** ({spec.parameters / 1e9:.2f}B parameters), sequence {request.seq_len}, global batch "
-    f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {request.dp} rank(s), "
-    f"ZeRO-{request.zero}, {request.precision}, {request.optimizer} on **{profile.name}** ({profile.source}), "
+    f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
+    f"{request.precision}, {request.train.optimizer} on **{profile.name}** ({profile.source}), "
     f"budget {budget_gb:.1f} GB per GPU"
 )
+if request.cluster is not None:
+    cluster = request.cluster
+    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {cluster.intra.name}, nodes on {cluster.inter.name}"
+               + (f" ({cluster.assumed})" if cluster.assumed else "")
+               + ". Communication from datasheet links: the store holds no collective measurements yet.")
 if best is None:
     st.error(f"**Recommendation:** {planning.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
     for line in result.advice:
@@ -107,7 +155,7 @@ else:
     st.success(f"**Recommendation:** {planning.recommendation_text(result)}")
     cols = st.columns(4)
     cols[0].metric("tokens/s (all ranks)", f"{best.tokens_per_s:,.0f}")
-    cols[1].metric("step time", f"{best.step_time_s:.3f} s")
+    cols[1].metric("step time", planning.seconds_text(best.step_time_s))
     cols[2].metric("needs per GPU", f"{best.required_bytes / GB:.1f} GB", help="peak x fragmentation + context reserve")
     cols[3].metric("headroom", f"{(request.budget_bytes - best.required_bytes) / GB:.1f} GB")
 st.markdown(f"**Confidence:** {result.calibration.confidence()}")
@@ -116,7 +164,71 @@ if profile.assumptions:
 st.caption(f"Margin: peak x {profile.fragmentation:.2f} allocator fragmentation + "
            f"{request.context_reserve_bytes / GB:.1f} GB CUDA context. GB = 1e9 bytes.")
 
+if best is not None:
+    st.subheader(f"Chosen layout: {best.layout}")
+    st.caption(f"{best.layout.world} GPUs; {best.label}. Step time is the calibrated prediction by term; "
+               "communication is what overlap leaves exposed, bubble the pipeline's idle time.")
+    left, right = st.columns(2)
+    with left:
+        st.subheader("Step time by term")
+        st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, {str(best.layout): best})),
+                        width="stretch")
+    with right:
+        st.subheader("Memory per rank kind")
+        st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, {"": best}), budget_gb,
+                                                    row="row"), width="stretch")
+    collectives = planning.communication_frame(best)
+    if len(collectives):
+        with st.expander(f"Collectives of one step ({len(collectives)}), before overlap"):
+            st.dataframe(collectives, hide_index=True, column_config={
+                "message_mb": st.column_config.NumberColumn("message MB", format="%.2f"),
+                "seconds": st.column_config.NumberColumn("seconds", format="%.3g")})
+
+NUMBERS = {
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.0f"),
+    "step_time_s": st.column_config.NumberColumn("step s", format="%.4g"),
+    **{name: st.column_config.NumberColumn(name.replace("_gb", " GB"), format="%.1f")
+       for name in ("peak_gb", "required_gb", "headroom_gb")},
+}
+
+if searched:
+    fitting_layouts = sum(o.fits for o in result.layouts)
+    st.subheader(f"Layouts searched ({fitting_layouts} of {len(result.layouts)} fit)")
+    st.dataframe(planning.layouts_frame(result), hide_index=True, column_config=NUMBERS)
+    options = planning.layout_options(result)
+    if len(options) >= 2:
+        st.subheader("Compare two layouts")
+        first = str(best.layout) if best is not None else options[0]
+        runner_up = next(option for option in options if option != first)
+        for key, default in (("compare_a", first), ("compare_b", runner_up)):
+            if st.session_state.get(key) not in options:  # new inputs, new layouts: recommendation and runner-up
+                st.session_state[key] = default
+        columns = st.columns(2)
+        for column, tag in zip(columns, "AB"):
+            column.selectbox(f"layout {tag}", options, key=f"compare_{tag.lower()}")
+        pair = planning.comparison(result, st.session_state.compare_a, st.session_state.compare_b)
+        for column, (tag, (outcome, shown, why)) in zip(columns, pair.items()):
+            with column:
+                st.markdown(f"**{tag}: {outcome.layout}** ({outcome.layout.world} GPUs, {shown.label})")
+                cols = st.columns(3)
+                cols[0].metric("tokens/s", f"{shown.tokens_per_s:,.0f}" if outcome.fits else "does not fit")
+                cols[1].metric("step time", planning.seconds_text(shown.step_time_s))
+                cols[2].metric("needs per GPU", f"{shown.required_bytes / GB:.1f} GB")
+                st.markdown(f"**Why it lost:** {why}")
+        shown_pair = {tag: shown for tag, (_, shown, _) in pair.items()}
+        left, right = st.columns(2)
+        with left:
+            st.markdown("**Step time by term, A and B**")
+            st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, shown_pair)),
+                            width="stretch")
+        with right:
+            st.markdown("**Memory per rank kind, A and B**")
+            st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, shown_pair), budget_gb,
+                                                        row="row"), width="stretch")
+
 table = planning.candidates_frame(result)
+if not searched:
+    table = table.drop(columns=["layout"])
 left, right = st.columns(2)
 with left:
     st.subheader("Peak memory by component")
@@ -127,24 +239,21 @@ with right:
     st.subheader("Throughput vs memory, every candidate")
     st.altair_chart(charts.build_candidates_chart(table, budget_gb), width="stretch")
 
-NUMBERS = {
-    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.0f"),
-    "step_time_s": st.column_config.NumberColumn("step s", format="%.3f"),
-    **{name: st.column_config.NumberColumn(name.replace("_gb", " GB"), format="%.1f")
-       for name in ("peak_gb", "required_gb", "headroom_gb")},
-}
 st.subheader(f"Ranked candidates ({len(result.candidates)} fit)")
 st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection"]), hide_index=True,
              column_config=NUMBERS)
 st.subheader(f"Rejected ({len(result.rejected)})")
-st.dataframe(table[table["fits"] == "rejected"][["candidate", "tokens_per_s", "required_gb", "rejection"]],
-             hide_index=True, column_config=NUMBERS)
+rejected_columns = ["candidate", *(["layout"] if searched else []), "tokens_per_s", "required_gb", "rejection"]
+st.dataframe(table[table["fits"] == "rejected"][rejected_columns], hide_index=True, column_config=NUMBERS)
 
 if best is not None:
     st.subheader("Export")
     for tab, fmt in zip(st.tabs(list(EXPORTERS)), EXPORTERS):
         filename, language = EXPORT_FILES.get(fmt, (f"{fmt}.txt", None))
-        snippet = export(fmt, request, best)
+        exported = export(fmt, request, best)  # the candidate's own layout, whatever the search started from
         with tab:
-            st.code(snippet, language=language)
-            st.download_button(f"download {filename}", snippet, file_name=filename, key=f"download_{fmt}")
+            st.code(exported.text, language=language)
+            if not exported.notes_in_text:  # a format without comments: its notes go beside it
+                for note in exported.notes:
+                    st.caption(f"Note: {note}")
+            st.download_button(f"download {filename}", exported.text, file_name=filename, key=f"download_{fmt}")

@@ -1,0 +1,131 @@
+"""Tensor parallelism and FSDP2 for the agent's decoder, the way torchtitan applies them to Llama.
+
+Tensor parallelism (Megatron, Shoeybi et al. 2019) with DTensor
+(``torch.distributed.tensor.parallel``), following torchtitan's
+``apply_tp`` for Llama:
+
+- q, k, v, and the MLP's gate and up projections are ``ColwiseParallel``:
+  each rank holds 1/tp of their output features (whole heads);
+- the output and down projections are ``RowwiseParallel``: each rank holds
+  1/tp of their input features and the partial sums are all-reduced;
+- with sequence parallelism (Korthikanti et al. 2022) the norms are
+  ``SequenceParallel`` (each rank normalises s/tp tokens), attention and MLP
+  inputs are all-gathered along the sequence (``PrepareModuleInput``
+  Shard(1) -> Replicate) and the row-parallel outputs are reduce-scattered to
+  Shard(1) instead of all-reduced, so the residual stream and the dropouts
+  between blocks hold s/tp tokens per rank.
+
+The attention module reshapes its projections into heads, so its head counts
+become the local ones (torchtitan divides ``n_heads`` by tp the same way).
+Only the blocks are parallelised: the embedding, final norm and head stay
+replicated. Under sequence parallelism the first block's input is split along
+the sequence and the last block's output gathered again, so a ``Decoder``
+still takes token ids and returns the loss.
+
+FSDP2 (``fully_shard``): each block is one unit; the embedding, final norm
+and head are either the root's unit or, as torchtitan wraps Llama, units of
+their own (``shard_fully``).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from agent.model import Block, Decoder
+
+Units = Literal["blocks", "torchtitan"]
+UNITS: tuple[str, ...] = ("blocks", "torchtitan")
+
+
+def block_plan(block: Block, sequence_parallel: bool) -> dict[str, object]:
+    """torchtitan's tensor-parallel plan for one block (``apply_tp`` for Llama)."""
+    row_output = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, object] = {
+        "attn.q_proj": ColwiseParallel(),
+        "attn.k_proj": ColwiseParallel(),
+        "attn.v_proj": ColwiseParallel(),
+        "attn.o_proj": RowwiseParallel(output_layouts=row_output),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=row_output),
+    }
+    if block.mlp.swiglu:
+        plan["mlp.gate_proj"] = ColwiseParallel()
+    if sequence_parallel:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
+                                    use_local_output=True)
+        plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather, "mlp": gather}
+    return plan
+
+
+def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parallel: bool) -> Decoder | Block:
+    """Shard every block of ``model`` (a Decoder, or one Block) over the 1-D ``mesh``, in place, once.
+
+    A Block under sequence parallelism takes and returns its rank's s/tp
+    tokens (a plain tensor, as between torchtitan's blocks); a Decoder still
+    maps token ids to a loss. Every rank must hold the same weights before
+    (the same seed): each keeps its shard of what it holds.
+    """
+    tp = mesh.size()
+    blocks = list(model.blocks) if isinstance(model, Decoder) else [model]
+    for block in blocks:
+        attn = block.attn
+        if isinstance(attn.q_proj.weight, DTensor):
+            raise ValueError("this model is already parallelised: its head counts are per rank already")
+        if attn.n_heads % tp or attn.n_kv_heads % tp:
+            raise ValueError(f"{attn.n_heads} query and {attn.n_kv_heads} key/value heads do not split over "
+                             f"tp {tp}; use a tp that divides both")
+        parallelize_module(block, mesh, block_plan(block, sequence_parallel))
+        # The projections now return this rank's heads only.
+        attn.n_heads //= tp
+        attn.n_kv_heads //= tp
+    if sequence_parallel and isinstance(model, Decoder):
+        # The embedding's output is replicated: hand each rank its slice of the sequence, gather after.
+        parallelize_module(blocks[0], mesh, PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True))
+        parallelize_module(blocks[-1], mesh, PrepareModuleOutput(
+            output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
+    return model
+
+
+def shard_fully(model: Decoder, mesh: DeviceMesh, param_dtype: torch.dtype | None = torch.bfloat16,
+                reduce_dtype: torch.dtype | None = torch.float32, units: Units = "blocks") -> Decoder:
+    """FSDP2 over ``mesh``, parameters gathered in ``param_dtype`` and gradients reduced in ``reduce_dtype``.
+
+    ``units``: ``blocks``, each block a unit and the root (embedding, final
+    norm, head) one more, which FSDP keeps gathered from forward to backward;
+    or ``torchtitan``, its Llama wrapping: the embedding, each block, the final
+    norm with the head (not resharded after forward: backward needs it first),
+    then the root, which holds no parameters of its own.
+    """
+    if units not in UNITS:
+        raise ValueError(f"FSDP units {units!r} are not one of {', '.join(UNITS)}")
+    policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if units == "torchtitan":
+        if model.spec.tied_embeddings:
+            raise ValueError(f"{model.spec.name}: tied embeddings share a parameter between the embedding "
+                             "and head units; use units='blocks'")
+        fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh, mp_policy=policy)
+    if units == "torchtitan":
+        fully_shard([model.final_norm, model.lm_head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def local_tensor(t: torch.Tensor) -> torch.Tensor:
+    """What a tensor costs on this rank: a DTensor's local shard, any other tensor itself."""
+    return t.to_local() if isinstance(t, DTensor) else t

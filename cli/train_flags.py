@@ -1,0 +1,105 @@
+"""The flags of a training configuration, declared once for ``estimate``, ``plan`` and ``agent train``.
+
+Each flag maps to a field of core.config.TrainConfig or core.layout.Layout;
+`train_config` builds the configuration back from parsed arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import fields
+from typing import Literal
+
+from core.config import ATTENTIONS, TrainConfig
+from core.errors import ConfigError
+from core.layout import SCHEDULES, Layout
+from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from core.recompute import POLICY_NAMES, parse_policy
+from core.stack import STACKS
+
+Many = Literal["one", "list", "none"]
+LAYOUT_AXES = ("tp", "pp", "cp", "dp")
+
+
+def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
+                    layout: Literal["fixed", "free", "none"] = "fixed", precision_default: str | None = "amp-bf16") -> None:
+    """Add the training-configuration flags.
+
+    ``micro_batch`` / ``recompute``: one value, a comma-separated list (the agent's sweep), or no flag
+    (the planner chooses). ``layout``: ``fixed`` (every axis defaults to 1), ``free`` (an axis left
+    out is the planner's to choose; ``--tp 2`` pins it) or ``none`` (single device).
+    """
+    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    if micro_batch == "one":
+        p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")
+    elif micro_batch == "list":
+        p.add_argument("--micro-batch", default="1", help="micro-batch size(s), comma-separated (default 1)")
+    policies = "|".join(POLICY_NAMES)
+    if recompute == "one":
+        p.add_argument("--recompute", default="none", help=f"activation checkpointing: {policies} (default none)")
+    elif recompute == "list":
+        p.add_argument("--recompute", default="none", help=f"checkpoint policy(ies), comma-separated: {policies} (default none)")
+    p.add_argument("--precision", default=precision_default, choices=list(PRECISIONS),
+                   help="precision recipe (default " + (precision_default or "amp-bf16 on a GPU, fp32 on a CPU") + ")")
+    p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
+    p.add_argument("--attention", default="flash", choices=ATTENTIONS,
+                   help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
+    p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
+    p.add_argument("--stack", default="torch", choices=list(STACKS),
+                   help="training stack whose saving rules apply: torch (torchtitan, FSDP2, DTensor) or megatron (default torch)")
+    if layout == "none":
+        return
+    free = layout == "free"
+    what = {"tp": "tensor-parallel ranks", "pp": "pipeline stages", "cp": "context-parallel ranks (ring attention)",
+            "dp": "data-parallel ranks"}
+    for axis in LAYOUT_AXES:
+        p.add_argument(f"--{axis}", type=int, default=None if free else 1,
+                       help=f"{what[axis]} (default " + ("chosen by the planner" if free else "1") + ")")
+    p.add_argument("--zero", type=int, default=None if free else 0, choices=(0, 1, 2, 3),
+                   help="sharding stage over dp ranks: 0 none, 1 optimizer, 2 +grads, 3 +params (FSDP) (default "
+                   + ("chosen by the planner" if free else "0") + ")")
+    p.add_argument("--sp", default=None if free else "off", choices=("on", "off"),
+                   help="sequence parallelism between tensor-parallel ranks, needs tp > 1 (default "
+                   + ("chosen by the planner" if free else "off") + ")")
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    p.add_argument("--virtual-stages", type=int, default=None,
+                   help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
+
+
+def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
+    """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
+    names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages"}
+    pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
+    if getattr(args, "schedule", "1f1b") != "1f1b":
+        pinned.add("schedule")
+    return frozenset(pinned)
+
+
+def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
+    """The layout the flags give; an axis the flags leave free takes ``defaults`` (else the Layout default)."""
+    values: dict[str, object] = {}
+    for f in fields(Layout):
+        raw = getattr(args, f.name, None)
+        if f.name == "sp" and raw is not None:
+            raw = raw == "on"
+        if raw is not None:
+            values[f.name] = raw
+        elif f.name in defaults:
+            values[f.name] = defaults[f.name]
+    if values.get("virtual_stages") is None and values.get("schedule") == "interleaved":
+        values["virtual_stages"] = 2
+    return Layout(**values)  # type: ignore[arg-type]
+
+
+def train_config(args: argparse.Namespace, *, precision: str | None = None, micro_batch: int | None = None,
+                 recompute: str | None = None, layout: Layout | None = None) -> TrainConfig:
+    """The TrainConfig the flags give; keyword arguments override a flag (one value of a swept list)."""
+    micro = micro_batch if micro_batch is not None else getattr(args, "micro_batch", 1)
+    policy = recompute if recompute is not None else getattr(args, "recompute", "none")
+    if not isinstance(micro, int):
+        raise ConfigError(f"--micro-batch {micro!r} is not one integer")
+    return TrainConfig(
+        seq_len=args.seq_len, micro_batch=micro, precision=precision or args.precision, optimizer=args.optimizer,
+        attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
+        layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
+    )

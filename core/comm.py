@@ -1,0 +1,294 @@
+"""Communication of one training step: collective times, and the traffic a layout makes.
+
+Collective time (nccl-tests conventions, doc/PERFORMANCE.md). A collective on
+a message of S bytes over n ranks, each with B bytes/s to the outside world
+in each direction (core.interconnect), takes at best
+
+    t = S x bus_factor(op, n) / B
+
+with bus_factor all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
+(S the full gathered buffer / the full input, i.e. n x the per-rank shard),
+all-to-all (n-1)/n, send/recv 1. We add a ring latency term, one
+``link.latency_s`` per ring step: 2(n-1) steps for all-reduce (a
+reduce-scatter pass then an all-gather pass), n-1 for all-gather,
+reduce-scatter and all-to-all, 1 for send/recv (= bus_factor x n), and divide B
+by an efficiency for protocol overhead. NVLink SHARP (NVLS) all-reduce, which
+reduces inside the switch and beats the ring bound, is not modelled.
+
+Placement. Ranks are numbered tp fastest, then cp, then dp, then pp
+(Megatron's default order tp-cp-dp-pp, without experts). A group along one axis
+is ``size`` ranks ``stride`` apart, stride = product of the axes inside it. All
+such groups stay inside a node when stride x size divides ``gpus_per_node``;
+otherwise some group straddles nodes, the step waits for it, and it runs at the
+slower of the node's link and the per-GPU NIC.
+
+Step traffic: see `step_communication`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.interconnect import Cluster, Link
+from core.layout import Layout
+from core.memory import rank_parameters
+from core.model import ModelSpec
+from core.pipeline import rank_kinds
+
+Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
+OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+"""Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
+GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp")
+"""Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones."""
+
+DEFAULT_COLLECTIVE_EFFICIENCY = 0.8
+"""Fraction of link bandwidth NCCL reaches on large messages. Source: S. Jeaugey (NCCL),
+NVIDIA/nccl-tests issue #212 (2024): "450GB/s is the line rate. With the protocol
+overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" (busbw of
+ring collectives on 8 x H100), 370/450 = 0.82. Applied to every link; for PCIe
+and networks it is an assumption."""
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ConfigError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``op`` over ``n`` ranks; 0 for n == 1 (nothing moves)."""
+    _check_op(op)
+    _count("group size", n)
+    if n == 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op == "send_recv":
+        return 1.0
+    return (n - 1) / n
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Latency-bound steps of the ring algorithm: bus_factor x n (2(n-1), n-1 or 1)."""
+    _check_op(op)
+    _count("group size", n)
+    if n == 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
+
+
+def collective_seconds(
+    op: str, message_bytes: int, group_size: int, link: Link,
+    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
+) -> float:
+    """One collective: ring_steps x latency + S x bus_factor / (B x efficiency).
+
+    ``message_bytes`` is nccl-tests' S (for all-gather the gathered buffer, for
+    reduce-scatter the full input); ``link.bytes_per_s`` is B, per GPU per direction.
+    """
+    _count("message bytes", message_bytes, minimum=0)
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+        raise ConfigError(f"collective efficiency must be in (0, 1], got {efficiency!r}")
+    steps = ring_steps(op, group_size)
+    if steps == 0:
+        return 0.0
+    return steps * link.latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
+
+
+# ---- placement ------------------------------------------------------------------
+
+
+def _group(axis: str, layout: Layout) -> tuple[int, int]:
+    """(stride, size) of the groups along an axis, ranks numbered tp-cp-dp-pp."""
+    if axis not in GROUPS:
+        raise ConfigError(f"unknown parallel axis {axis!r}; valid: {', '.join(GROUPS)}")
+    if axis == "dp-cp":
+        return layout.tp, layout.cp * layout.dp
+    stride = 1
+    for inner in RANK_ORDER[: RANK_ORDER.index(axis)]:
+        stride *= getattr(layout, inner)
+    return stride, getattr(layout, axis)
+
+
+def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
+    """Some group along ``axis`` spans more than one node: stride x size does not divide gpus_per_node."""
+    stride, size = _group(axis, layout)
+    return size > 1 and cluster.gpus_per_node % (stride * size) != 0
+
+
+def group_link(axis: str, layout: Layout, cluster: Cluster) -> Link:
+    """The link a group along ``axis`` runs at: the node's link, or across nodes the slower of
+    the node's link and the per-GPU NIC (a ring through a NIC also uses the node's link)."""
+    if not crosses_nodes(axis, layout, cluster):
+        return cluster.intra
+    return min((cluster.inter, cluster.intra), key=lambda link: link.bytes_per_s)
+
+
+# ---- parameters held by one rank ----------------------------------------------------
+
+
+def largest_rank_parameters(spec: ModelSpec, layout: Layout) -> int:
+    """Parameters of the most loaded rank kind before data-parallel sharding (core.memory.rank_parameters)."""
+    return max(rank_parameters(spec, layout, rank) for rank in rank_kinds(layout, spec.n_layers, 1))
+
+
+# ---- traffic of one step ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommTerm:
+    """One kind of collective a rank runs during one optimizer step."""
+
+    axis: str
+    """Parallel axis: ``tp``, ``cp``, ``pp`` or ``dp`` (the dp x cp gradient group)."""
+    op: str
+    """Collective: one of OPS."""
+    message_bytes: int
+    """nccl-tests S of one call, bytes."""
+    calls: int
+    """Calls per optimizer step."""
+    group_size: int
+    """Ranks in the group (2 or more)."""
+    link_key: str
+    """core.interconnect key of the link it runs at."""
+    seconds: float
+    """All calls of the step, seconds."""
+    overlappable: bool
+    """Can run while compute runs (see `exposed_seconds`)."""
+    note: str
+    """What moves and why, with its source."""
+
+    @property
+    def total_bytes(self) -> int:
+        """message_bytes x calls."""
+        return self.message_bytes * self.calls
+
+
+def step_communication(
+    spec: ModelSpec, config: TrainConfig, accumulation_steps: int, cluster: Cluster,
+    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
+) -> tuple[CommTerm, ...]:
+    """Collectives of ONE rank in one optimizer step of m = ``accumulation_steps`` micro-batches.
+
+    b micro-batch, s = seq_len/cp, h hidden, e activation bytes (the compute dtype),
+    L' = ceil(n_layers/pp) layers per rank, v virtual stages:
+
+    - tp: per layer and micro-batch 2 all-reduces of b s h e forward, 2 backward
+      (Shoeybi et al. 2019, Sec. 3); with sp 4 all-gathers + 4 reduce-scatters of the
+      same S instead, the same bus bytes (Korthikanti et al. 2022, Sec. 4.2.2); full or
+      every-K recompute runs the forward's 2 again. Not overlapped. Not counted: the
+      vocab-parallel embedding / head / cross-entropy collectives (first and last stage,
+      about 2 more per micro-batch) and Megatron's extra all-gather of each
+      column-parallel input in backward under sp (overlapped with the weight gradient).
+    - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
+      times per layer forward (again under block recompute) and K, V with dK, dV
+      (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
+    - pp: per micro-batch a rank sends v activations forward and v gradients back,
+      b s h e each, divided by tp under sp (megatron-core's p2p tensor shape; the
+      scatter-gather of Narayanan et al. 2021 Sec. 4.1 is not modelled). Not overlapped.
+    - dp: over the dp x cp ranks that share weights, P = largest_rank_parameters:
+      zero 0 one all-reduce of P x grad_bytes per step (gradient accumulation
+      without sync until the last micro-batch); zero 1 one reduce-scatter of the
+      gradients and one all-gather of P x param_bytes per step; zero 2 the same but
+      the gradient reduce-scatter runs every micro-batch (only a shard of the
+      gradient is kept); zero 3 (FSDP) per micro-batch an all-gather of P x e forward
+      and again backward (FSDP MixedPrecisionPolicy.param_dtype = compute dtype) and a
+      reduce-scatter of P x grad_bytes (the sharded gradient's dtype: fp32 under
+      amp-bf16, torchtitan's default reduce dtype; FSDP2 with reduce_dtype=None
+      would reduce in bf16). Overlapped. Not counted: the tied-embedding gradient
+      all-reduce between first and last pipeline stage.
+    """
+    m = _count("accumulation-steps", accumulation_steps)
+    layout, recipe = config.layout, config.recipe
+    b, h, e = config.micro_batch, spec.hidden, recipe.activation_bytes
+    s = _ceil(config.seq_len, layout.cp)
+    layers = _ceil(spec.n_layers, layout.pp)
+    forwards = 2 if config.recompute.recomputes_blocks else 1
+    terms: list[CommTerm] = []
+
+    def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str) -> None:
+        link = group_link("dp-cp" if axis == "dp" else axis, layout, cluster)
+        per_call = collective_seconds(op, message, size, link, efficiency)
+        terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
+                              link_key=link.key, seconds=calls * per_call, overlappable=overlappable, note=note))
+
+    if layout.tp > 1:
+        per_layer = 2 * (forwards + 1)
+        again = " (+2 recomputed forward)" if forwards == 2 else ""
+        calls = m * layers * per_layer
+        if layout.sp:
+            note = f"sequence parallel: {per_layer} per layer{again}; Korthikanti 2022 Sec. 4.2.2"
+            add("tp", "all_gather", b * s * h * e, calls, layout.tp, False, note)
+            add("tp", "reduce_scatter", b * s * h * e, calls, layout.tp, False, note)
+        else:
+            note = f"2 per layer forward, 2 backward{again}; Shoeybi 2019 Sec. 3"
+            add("tp", "all_reduce", b * s * h * e, calls, layout.tp, False, note)
+    if layout.cp > 1:
+        kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
+        hops = m * layers * (layout.cp - 1)
+        add("cp", "send_recv", kv, forwards * hops, layout.cp, True,
+            "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""))
+        add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV")
+    if layout.pp > 1:
+        activation = _ceil(b * s * h * e, layout.tp if layout.sp else 1)
+        add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
+            "activation forward and gradient backward per micro-batch and virtual stage")
+    ranks = layout.dp * layout.cp
+    if ranks > 1:
+        p = largest_rank_parameters(spec, layout)
+        grads, params = p * recipe.grad_bytes, p * recipe.param_bytes
+        group = f"over dp x cp = {ranks} ranks"
+        if layout.zero == 0:
+            add("dp", "all_reduce", grads, 1, ranks, True, f"gradients once per step {group}")
+        elif layout.zero in (1, 2):
+            rs_calls = 1 if layout.zero == 1 else m
+            add("dp", "reduce_scatter", grads, rs_calls, ranks, True,
+                f"gradients {'once per step' if rs_calls == 1 else 'every micro-batch'} {group}")
+            add("dp", "all_gather", params, 1, ranks, True, f"updated parameters once per step {group}")
+        else:
+            add("dp", "all_gather", p * e, 2 * m, ranks, True,
+                f"FSDP: parameters in the compute dtype, forward and backward, every micro-batch {group}")
+            add("dp", "reduce_scatter", grads, m, ranks, True, f"FSDP: gradients every micro-batch {group}")
+    return tuple(terms)
+
+
+def total_seconds(terms: Iterable[CommTerm]) -> float:
+    """Communication time if nothing overlapped."""
+    return sum(term.seconds for term in terms)
+
+
+def exposed_seconds(terms: Iterable[CommTerm], hideable_s: Mapping[str, float]) -> float:
+    """Communication time the step waits for.
+
+    Rule: a non-overlappable term (tp, pp) is fully exposed. The overlappable terms
+    of one axis hide behind up to ``hideable_s[axis]`` seconds of compute and the
+    rest is exposed; an axis missing from the mapping hides nothing. The caller
+    picks the compute each axis can hide behind, e.g. dp under zero 0-2: the
+    backward compute (gradients reduce while earlier layers still run backward);
+    dp under zero 3: forward + backward compute (prefetched gathers); cp: the
+    attention compute. Axes are independent: the same compute may hide several.
+    """
+    terms = tuple(terms)
+    for axis, budget in hideable_s.items():
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+            raise ConfigError(f"compute time to hide {axis} communication behind must be >= 0 s, got {budget!r}")
+    exposed = sum(term.seconds for term in terms if not term.overlappable)
+    for axis in sorted({term.axis for term in terms if term.overlappable}):
+        comm = sum(term.seconds for term in terms if term.overlappable and term.axis == axis)
+        exposed += max(0.0, comm - hideable_s.get(axis, 0.0))
+    return exposed

@@ -1,0 +1,102 @@
+"""DeepSpeed config (``ds_config.json``): strict JSON, so every caveat is a note beside it.
+
+Keys checked against DeepSpeed's ``docs/_pages/config-json.md`` and
+``deepspeed/runtime/constants.py``, ``config.py`` and ``engine.py`` (master of
+2026-08-22, version 0.19.6):
+
+- batch: ``train_batch_size`` = ``train_micro_batch_size_per_gpu`` x
+  ``gradient_accumulation_steps`` x data-parallel ranks.
+- ``zero_optimization.stage`` 0-3 is the ZeRO stage itself.
+- precision: ``bf16.enabled`` is bf16 parameters with an fp32 master copy kept
+  by the optimizer; gradients accumulate in bf16 unless
+  ``data_types.grad_accum_dtype`` is ``fp32``, which DeepSpeed accepts under
+  ZeRO-1 only (its ``BF16_Optimizer``). ``torch_autocast`` runs torch.autocast
+  over fp32 parameters (headroom's amp-bf16; with ZeRO since v0.17.2,
+  deepspeedai/DeepSpeed#6993), reducing ``torch.nn.Linear`` gradients in bf16.
+- ``tensor_parallel.autotp_size`` is AutoTP: the model's linear layers split
+  Megatron-style, no sequence parallelism. Pipeline parallelism is
+  ``deepspeed.pipe.PipelineModule`` in model code; there is no ring-attention
+  context parallelism (DeepSpeed's sequence parallelism is Ulysses).
+- ``activation_checkpointing`` only tunes ``deepspeed.checkpointing.checkpoint``,
+  which recomputes whatever function the model code wraps, whole; the config
+  cannot switch checkpointing on, so the section is left out.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from core.exports.run import Export, Run, offload_note
+
+WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
+
+
+def _precision(run: Run, config: dict[str, Any], notes: list[str]) -> None:
+    if run.precision == "fp32":
+        return
+    if run.precision == "amp-bf16":
+        config["torch_autocast"] = {"enabled": True, "dtype": "bfloat16"}
+        notes.append("torch_autocast needs DeepSpeed >= 0.17.2 under ZeRO, and reduces torch.nn.Linear gradients "
+                     "in bf16 rather than fp32")
+        return
+    config["bf16"] = {"enabled": True}
+    if run.precision == "bf16-pure":
+        notes.append("DeepSpeed's bf16 keeps an fp32 master copy of the parameters (bf16-master): 4 bytes a "
+                     "parameter more than the planned bf16-pure")
+    elif run.precision == "bf16-fp32grad":
+        if run.layout.zero == 1:
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+        else:
+            notes.append(f"DeepSpeed accumulates fp32 gradients of bf16 parameters only under ZeRO-1; under "
+                         f"ZeRO-{run.layout.zero} they stay bf16 (bf16-master), 2 bytes a parameter fewer than "
+                         "planned")
+
+
+def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
+    layout = run.layout
+    if layout.tp > 1:
+        config["tensor_parallel"] = {"autotp_size": layout.tp}
+        if layout.sp:
+            notes.append("DeepSpeed's AutoTP splits the linear layers without sequence parallelism: norms and "
+                         "dropouts run whole on every tensor-parallel rank, more activation memory than planned")
+    if layout.pp > 1:
+        notes.append(f"DeepSpeed's config cannot express pipeline parallelism (pp {layout.pp}, {layout.schedule}): "
+                     "build the model as a deepspeed.pipe.PipelineModule in code, or DeepSpeed counts those ranks "
+                     "as data-parallel")
+    if layout.cp > 1:
+        notes.append(f"DeepSpeed cannot express context parallelism (cp {layout.cp}, ring attention): its sequence "
+                     "parallelism is Ulysses, set up in model code")
+
+
+def _checkpointing(run: Run, notes: list[str]) -> None:
+    policy = run.policy
+    if policy.kind == "full":
+        notes.append(f"wrap each block in deepspeed.checkpointing.checkpoint {WRAP}")
+    elif policy.kind == "every":
+        notes.append(f"wrap each run of {policy.every} consecutive blocks in one deepspeed.checkpointing.checkpoint "
+                     f"call {WRAP}")
+    elif policy.kind == "selective":
+        notes.append(f"wrap only the attention core (QK^T, softmax, dropout, PV) in "
+                     f"deepspeed.checkpointing.checkpoint {WRAP}")
+    elif policy.kind == "op-selective":
+        notes.append("DeepSpeed's checkpointing recomputes whole blocks, with no op-level selection: use "
+                     "torch.utils.checkpoint.checkpoint(block, context_fn=...) with "
+                     "create_selective_checkpoint_contexts in your model code")
+    elif policy.kind == "offload":
+        notes.append(offload_note("DeepSpeed", " (activation_checkpointing.cpu_checkpointing moves only "
+                                               "checkpointed inputs to host memory)"))
+
+
+def deepspeed(run: Run) -> Export:
+    config: dict[str, Any] = {
+        "train_batch_size": run.global_batch,
+        "train_micro_batch_size_per_gpu": run.micro_batch,
+        "gradient_accumulation_steps": run.accumulation_steps,
+        "zero_optimization": {"stage": run.layout.zero},
+    }
+    notes: list[str] = []
+    _precision(run, config, notes)
+    _layout(run, config, notes)
+    _checkpointing(run, notes)
+    return Export("deepspeed", json.dumps(config, indent=2), tuple(notes), notes_in_text=False)

@@ -1,0 +1,125 @@
+"""HuggingFace Trainer: a ``TrainingArguments(...)`` snippet (Python), caveats as comments.
+
+Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
+(``FSDPOption``) and ``trainer.py`` (main, 2026):
+
+- ``per_device_train_batch_size`` x ``gradient_accumulation_steps`` x devices
+  is the global batch.
+- ``bf16=True`` is torch.autocast over the model's own parameter dtype.
+- ``gradient_checkpointing`` checkpoints every decoder layer, whole;
+  ``gradient_checkpointing_kwargs`` go to ``torch.utils.checkpoint.checkpoint``
+  (``functools.partial(checkpoint, **kwargs)``), so a ``context_fn`` from
+  ``create_selective_checkpoint_contexts`` gives op-level selection. Under FSDP
+  the Trainer wants ``fsdp_config={"activation_checkpointing": True}`` instead
+  and refuses both at once.
+- ``fsdp="full_shard auto_wrap"`` is ZeRO-3, ``"shard_grad_op auto_wrap"``
+  ZeRO-2; ZeRO-1 goes through ``deepspeed="ds_config.json"``.
+- ``optim="sgd"`` is ``torch.optim.SGD`` without momentum; ``adamw_torch_fused``
+  with the default ``weight_decay=0`` is Adam.
+- Tensor and context parallelism need accelerate's ``ParallelismConfig``
+  (``TrainingArguments(parallelism_config=...)``, accelerate >= 1.10.1), not
+  written here; the Trainer has no pipeline parallelism.
+"""
+
+from __future__ import annotations
+
+from core.exports.run import Export, Run, commented, offload_note, ranks
+
+OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused", "sgd": "sgd", "sgd-momentum": "sgd",
+              "adagrad": "adagrad"}
+"""headroom's optimizer -> TrainingArguments.optim."""
+
+FSDP = {2: "shard_grad_op auto_wrap", 3: "full_shard auto_wrap"}
+
+OP_SELECTIVE = [
+    "from functools import partial",
+    "",
+    "import torch",
+    "from torch.utils.checkpoint import create_selective_checkpoint_contexts",
+    "",
+    "# op-selective: keep matmul and attention outputs, recompute the elementwise ops between them",
+    "aten = torch.ops.aten",
+    "SAVED = [aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_dot_product_flash_attention.default,",
+    "         aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default]",
+    "model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={",
+    '    "use_reentrant": False, "context_fn": partial(create_selective_checkpoint_contexts, SAVED)})',
+    "",
+]
+
+
+def _checkpointing(run: Run, notes: list[str]) -> tuple[bool, list[str]]:
+    """(whole-layer checkpointing on, lines before TrainingArguments)."""
+    policy = run.policy
+    if policy.kind == "full":
+        return True, []
+    if policy.kind == "every":
+        notes.append(f"the HF Trainer checkpoints every layer, with no every-{policy.every} segments; set: "
+                     "gradient checkpointing (full), the same recompute but every layer's input kept, more memory "
+                     "than planned: check with headroom estimate --recompute full")
+        return True, []
+    if policy.kind == "op-selective":
+        notes.append("gradient_checkpointing=True would recompute whole layers (full); op-selective is set on the "
+                     "model instead, through gradient_checkpointing_kwargs' context_fn")
+        return False, OP_SELECTIVE
+    if policy.kind == "selective":
+        notes.append("the HF Trainer cannot recompute the attention core alone; load the model with "
+                     'attn_implementation="sdpa" (or "flash_attention_2"), which keeps no s x s tensor: what '
+                     "selective recompute removes, without recompute")
+    elif policy.kind == "offload":
+        notes.append(offload_note("the HF Trainer"))
+    return False, []
+
+
+def _precision(run: Run, notes: list[str]) -> bool:
+    if run.precision == "fp32":
+        return False
+    if run.precision == "bf16-pure":
+        notes.append("bf16-pure: load the model with torch_dtype=torch.bfloat16; torch optimizers then keep their "
+                     "state in bf16 too (Adam: 4 bytes a parameter instead of the planned 8)")
+    elif run.precision in ("bf16-master", "bf16-fp32grad"):
+        notes.append(f"the HF Trainer has no {run.precision} recipe (bf16 parameters, fp32 master copy); bf16=True "
+                     "over an fp32 model is amp-bf16: fp32 parameters and gradients, bf16 weight copies in forward")
+    return True
+
+
+def _layout(run: Run, notes: list[str]) -> None:
+    layout = run.layout
+    axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp)) if size > 1]
+    if axes:
+        notes.append(f"TrainingArguments cannot express {', '.join(axes)}: accelerate's ParallelismConfig "
+                     "(parallelism_config=, accelerate >= 1.10.1) takes tp_size and cp_size with FSDP2, not "
+                     "written here; the HF Trainer has no pipeline parallelism")
+    if layout.zero == 1 and layout.dp > 1:
+        notes.append("ZeRO-1 runs through DeepSpeed: write ds_config.json with headroom plan ... --export deepspeed; "
+                     "it decides the precision")
+
+
+def huggingface(run: Run) -> Export:
+    layout = run.layout
+    notes: list[str] = []
+    whole_layers, before = _checkpointing(run, notes)
+    bf16 = _precision(run, notes)
+    fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
+    args = [
+        '    output_dir="out",',
+        f"    per_device_train_batch_size={run.micro_batch},",
+        f"    gradient_accumulation_steps={run.accumulation_steps},",
+        f"    gradient_checkpointing={whole_layers and fsdp is None},",
+        '    gradient_checkpointing_kwargs={"use_reentrant": False},',
+        f"    bf16={bf16},",
+        f'    optim="{OPTIMIZERS[run.optimizer]}",',
+    ]
+    if fsdp is not None:
+        args.append(f'    fsdp="{fsdp}",')
+        if whole_layers:
+            args.append('    fsdp_config={"activation_checkpointing": True},')
+    elif layout.zero == 1 and layout.dp > 1:
+        args.append('    deepspeed="ds_config.json",')
+    if run.optimizer == "sgd-momentum":
+        notes.append('optim="sgd" is torch.optim.SGD without momentum (0 bytes of state, not the planned 4): pass '
+                     "an SGD(momentum=0.9) through Trainer(optimizers=...)")
+    _layout(run, notes)
+    lines = [*before, "from transformers import TrainingArguments", "", "args = TrainingArguments(", *args, ")",
+             (f"# {ranks(layout.dp)} (data-parallel) x {run.micro_batch} x {run.accumulation_steps} = "
+              f"{run.global_batch} sequences of {run.seq_len} tokens per step")]
+    return commented("hf", lines, notes, run)

@@ -1,0 +1,130 @@
+"""Megatron-LM command-line arguments (for ``pretrain_gpt.py``), one line, no comments.
+
+Flag names checked by building Megatron-LM's own parser
+(``megatron.training.arguments.add_megatron_arguments``, main of 2026-08-22)
+and against its docs (``docs/user-guide/features/dist_optimizer.md``,
+``megatron_fsdp.md``):
+
+- layout: ``--tensor-model-parallel-size``, ``--sequence-parallel``,
+  ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``
+  (interleaved 1F1B; Megatron has no GPipe schedule), ``--context-parallel-size``;
+  the data-parallel size is what the world size leaves.
+- batch: ``--micro-batch-size``, ``--global-batch-size`` (micro-batches per
+  step = global / (micro x dp)), ``--seq-length``.
+- precision: ``--bf16`` is bf16 parameters, fp32 main gradients and an fp32
+  master copy (headroom's bf16-fp32grad); ``--grad-reduce-in-bf16`` keeps the
+  gradients in bf16 (bf16-master). The optimizer always steps fp32 main params.
+- sharding: ``--use-distributed-optimizer`` shards the optimizer state and the
+  master copy over data-parallel ranks (ZeRO-1: 6 + 12/d bytes a parameter for
+  bf16 with fp32 gradients); Megatron-FSDP (``--use-megatron-fsdp
+  --data-parallel-sharding-strategy optim_grads|optim_grads_params``, with
+  ``--ckpt-format fsdp_dtensor``) is ZeRO-2/3.
+- recompute: ``--recompute-granularity full --recompute-method uniform
+  --recompute-num-layers K`` checkpoints segments of K layers of each model
+  chunk (headroom's every-K; K = 1 is full); ``--recompute-granularity
+  selective --recompute-modules core_attn`` is the attention core.
+- ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1, so both are
+  always written.
+"""
+
+from __future__ import annotations
+
+import shlex
+
+from core.exports.run import Export, Run, offload_note, ranks, stack_note
+
+SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
+"""ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy."""
+
+
+def _precision(run: Run, notes: list[str]) -> list[str]:
+    if run.precision == "fp32":
+        return []
+    if run.precision == "amp-bf16":
+        notes.append("Megatron-LM has no autocast over fp32 parameters; set: --bf16, bf16 parameters with fp32 "
+                     "main gradients and master copy (bf16-fp32grad: 18 bytes a parameter with Adam before "
+                     "sharding, against the planned 16)")
+        return ["--bf16"]
+    if run.precision == "bf16-pure":
+        notes.append("Megatron-LM always keeps an fp32 master copy of bf16 parameters; set: bf16-master "
+                     "(--grad-reduce-in-bf16), 4 bytes a parameter more than planned")
+        return ["--bf16", "--grad-reduce-in-bf16"]
+    if run.precision == "bf16-master":
+        return ["--bf16", "--grad-reduce-in-bf16"]
+    return ["--bf16"]
+
+
+def _sharding(run: Run, notes: list[str]) -> list[str]:
+    zero = run.layout.zero
+    if zero == 0:
+        return []
+    if zero == 1:
+        return ["--use-distributed-optimizer"]
+    notes.append(f"Megatron-LM's distributed optimizer alone is ZeRO-1 (the optimizer state and master copy "
+                 f"sharded, gradients and parameters whole); ZeRO-{zero} is Megatron-FSDP, set here, which needs "
+                 "the fsdp_dtensor checkpoint format")
+    return ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
+            SHARDING[zero], "--ckpt-format", "fsdp_dtensor"]
+
+
+def _recompute(run: Run, notes: list[str]) -> list[str]:
+    policy = run.policy
+    if policy.kind in ("full", "every"):
+        k = policy.segment_layers(run.n_layers)
+        if k > run.layers_per_chunk:
+            notes.append(f"Megatron-LM recomputes segments within one model chunk of {run.layers_per_chunk} "
+                         f"layers, so every-{k} runs as every-{run.layers_per_chunk}: one segment input kept "
+                         "per chunk")
+            k = run.layers_per_chunk
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(k)]
+    if policy.kind == "selective":
+        return ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
+    if policy.kind == "op-selective":
+        notes.append("Megatron-LM has no op-level selective recompute; set: --recompute-modules layernorm, which "
+                     "recomputes the norms but keeps the MLP activation's tensors, more memory than planned")
+        return ["--recompute-granularity", "selective", "--recompute-modules", "layernorm"]
+    if policy.kind == "offload":
+        notes.append(offload_note("Megatron-LM's command line"))
+    return []
+
+
+def _optimizer(run: Run, notes: list[str]) -> list[str]:
+    if run.optimizer in ("adam", "adamw"):
+        if run.optimizer == "adam":
+            notes.append("Megatron-LM's adam is AdamW (decoupled weight decay); with --weight-decay 0 they agree")
+        return ["--optimizer", "adam"]
+    if run.optimizer == "sgd":
+        return ["--optimizer", "sgd", "--sgd-momentum", "0"]
+    if run.optimizer == "sgd-momentum":
+        return ["--optimizer", "sgd"]
+    notes.append(f"Megatron-LM has no {run.optimizer} optimizer: its default adam keeps 8 bytes of state a "
+                 "parameter, more than planned")
+    return []
+
+
+def megatron(run: Run) -> Export:
+    layout = run.layout
+    notes: list[str] = [(f"launch {ranks(layout.world)}: Megatron-LM derives the data-parallel size "
+                         f"{layout.dp} as world / (tp {layout.tp} x pp {layout.pp} x cp {layout.cp})")]
+    args = ["--tensor-model-parallel-size", str(layout.tp)]
+    if layout.sp:
+        args.append("--sequence-parallel")
+    args += ["--pipeline-model-parallel-size", str(layout.pp)]
+    if layout.schedule == "interleaved":
+        args += ["--num-layers-per-virtual-pipeline-stage", str(run.layers_per_chunk)]
+    elif layout.schedule == "gpipe" and layout.pp > 1:
+        notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
+                     "flight: less activation memory than planned, the same bubble")
+    args += ["--context-parallel-size", str(layout.cp),
+             "--micro-batch-size", str(run.micro_batch),
+             "--global-batch-size", str(run.global_batch),
+             "--seq-length", str(run.seq_len)]
+    args += _precision(run, notes)
+    args += _sharding(run, notes)
+    args += _recompute(run, notes)
+    args += ["--attention-dropout", f"{run.dropout:g}", "--hidden-dropout", f"{run.dropout:g}",
+             "--attention-backend", "flash" if run.attention == "flash" else "unfused"]
+    args += _optimizer(run, notes)
+    if (note := stack_note(run, "Megatron-LM", "megatron")) is not None:
+        notes.append(note)
+    return Export("megatron", shlex.join(args), tuple(notes), notes_in_text=False)

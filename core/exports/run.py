@@ -1,0 +1,118 @@
+"""What every exporter shares: the recommendation reduced to a `Run`, and the `Export` it returns.
+
+A framework's settings rarely express a plan exactly. Each writer sets what its
+format can say and returns a note, one sentence each, for what it cannot: the
+setting it wrote instead and which way that moves memory or time. Formats with
+comments (TOML, Python) also carry the notes as comments, so a saved file keeps
+them; for the others (JSON, a command line) the caller shows them apart
+(``headroom plan --export`` prints them to stderr).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from core.errors import ConfigError
+from core.layout import Layout
+from core.planner import Candidate, PlanRequest
+from core.recompute import RecomputePolicy
+
+
+@dataclass(frozen=True, slots=True)
+class Export:
+    """A recommendation as one framework's settings."""
+
+    format: str
+    """The exporter's name: a key of ``core.export.EXPORTERS``."""
+    text: str
+    """The settings in the framework's own syntax; parses as that format with no pre-processing."""
+    notes: tuple[str, ...]
+    """What the format cannot express, or expresses differently from the plan: one sentence each."""
+    notes_in_text: bool
+    """The format has comments and ``text`` carries every note as one; otherwise show ``notes`` beside it."""
+
+    def __str__(self) -> str:
+        return self.text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``export`` entry of ``headroom plan --json --export FORMAT``."""
+        return {"format": self.format, "text": self.text, "notes": list(self.notes)}
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One recommended candidate, reduced to what a framework's settings need."""
+
+    model: str
+    n_layers: int
+    seq_len: int
+    global_batch: int
+    """Sequences per optimizer step, all data-parallel ranks: dp x micro-batch x accumulation."""
+    micro_batch: int
+    accumulation_steps: int
+    """Micro-batches per rank per optimizer step (under pipeline parallelism: those in one pipeline flush)."""
+    layout: Layout
+    """The candidate's layout (a layout search's winner, not the request's starting layout)."""
+    precision: str
+    optimizer: str
+    attention: str
+    dropout: float
+    policy: RecomputePolicy
+    stack: str
+    gpus_per_node: int = 8
+    """GPUs a node: the request's cluster's, else core.interconnect.default_cluster's 8."""
+
+    @classmethod
+    def of(cls, request: PlanRequest, best: Candidate) -> Run:
+        cfg = best.config
+        if cfg.layout.dp * cfg.micro_batch * best.accumulation_steps != request.global_batch:
+            raise ConfigError(
+                f"the candidate's dp {cfg.layout.dp} x micro-batch {cfg.micro_batch} x accumulation "
+                f"{best.accumulation_steps} is not the request's global batch {request.global_batch}; "
+                "export a candidate of this request's plan"
+            )
+        return cls(model=request.spec.name, n_layers=request.spec.n_layers, seq_len=cfg.seq_len,
+                   global_batch=request.global_batch, micro_batch=cfg.micro_batch,
+                   accumulation_steps=best.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
+                   optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
+                   stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8)
+
+    @property
+    def per_rank_batch(self) -> int:
+        """Sequences per data-parallel rank per optimizer step: micro-batch x accumulation."""
+        return self.micro_batch * self.accumulation_steps
+
+    @property
+    def layers_per_chunk(self) -> int:
+        """Blocks in one pipeline chunk: n_layers / (pp x virtual stages)."""
+        return self.n_layers // self.layout.chunks
+
+    def summary(self) -> str:
+        return (f"headroom plan: {self.model}, seq-len {self.seq_len}, global batch {self.global_batch}; "
+                f"{self.layout}; micro-batch {self.micro_batch} x accumulation {self.accumulation_steps}, "
+                f"recompute {self.policy}, {self.precision}")
+
+
+def commented(fmt: str, lines: list[str], notes: list[str], run: Run, header: tuple[str, ...] = ()) -> Export:
+    """``lines`` under '#' comments: the plan's summary, ``header``, then every note."""
+    top = [f"# {run.summary()}", *(f"# {h}" for h in header), *(f"# note: {n}" for n in notes)]
+    return Export(fmt, "\n".join([*top, "", *lines]), tuple(notes), notes_in_text=True)
+
+
+def ranks(n: int) -> str:
+    return f"{n} rank" if n == 1 else f"{n} ranks"
+
+
+def offload_note(framework: str, aside: str = "") -> str:
+    return (f"{framework} has no activation-offload setting{aside}: none is set; 'offload' keeps every saved "
+            "tensor in host memory, so wrap the blocks in torch.autograd.graph.save_on_cpu in your model code, "
+            "or re-plan without --offload")
+
+
+def stack_note(run: Run, framework: str, stack: str) -> str | None:
+    """When the plan's sequence-parallel saving rules (core.stack) are another stack's than the framework's."""
+    if not run.layout.sp or run.stack == stack:
+        return None
+    return (f"planned with the {run.stack} stack's sequence-parallel saving rules, but {framework} follows "
+            f"the {stack} stack's: re-plan with --stack {stack} for its activation memory")

@@ -1,0 +1,98 @@
+"""The layouts worth trying on N GPUs: every tp x pp x cp x dp x sharding stage that divides.
+
+Rules, each a pruning that cannot lose the fastest layout or that states why:
+
+- tp stays inside a node (``tp <= gpus_per_node``): its all-reduces run every
+  layer and cannot hide; it divides the attention and key/value heads.
+- sequence parallelism is on whenever tp > 1: it moves the same bytes as plain
+  tensor parallelism (Korthikanti et al. 2022, Sec. 4.2.2) and keeps less.
+- pp divides the layers; with pp > 1 both ``1f1b`` and ``interleaved`` with
+  two virtual stages (when the layers split that far) are tried.
+- cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
+- dp is what is left; it must divide the global batch. The sharding stage is
+  tried from 0 to 3 when there is more than one data-parallel rank.
+
+An axis the user pinned (``--tp 2``) takes only that value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import fields
+
+from core.config import TrainConfig
+from core.divisors import divisors
+from core.errors import ConfigError
+from core.layout import Layout
+from core.model import ModelSpec
+
+PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
+
+
+def candidate_layouts(spec: ModelSpec, train: TrainConfig, global_batch: int, gpus: int, gpus_per_node: int,
+                      pinned: frozenset[str]) -> list[Layout]:
+    """Every layout over exactly ``gpus`` GPUs that the model, sequence and batch can be split by."""
+    fixed = train.layout
+    unknown = pinned - set(PINNABLE)
+    if unknown:
+        raise ConfigError(f"cannot pin {', '.join(sorted(unknown))}; pinnable: {', '.join(PINNABLE)}")
+    world = 1
+    for axis in ("tp", "pp", "cp", "dp"):
+        world *= getattr(fixed, axis) if axis in pinned else 1
+    if gpus % world:
+        raise ConfigError(f"--gpus {gpus} is not a multiple of the pinned axes' product {world}; "
+                          f"use a multiple of {world} GPUs")
+    layouts = [
+        layout for layout in _layouts(spec, train, gpus, gpus_per_node, pinned)
+        if global_batch % layout.dp == 0
+    ]
+    if not layouts:
+        raise ConfigError(
+            f"no layout of {gpus} GPUs splits {spec.name} (its {spec.n_heads} heads, {spec.n_kv_heads} kv heads, "
+            f"{spec.n_layers} layers), seq-len {train.seq_len} and global batch {global_batch}"
+            + (f" with {', '.join(sorted(pinned))} pinned" if pinned else "")
+            + "; try a global batch divisible by more GPU counts, or fewer pinned axes"
+        )
+    return layouts
+
+
+def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
+             pinned: frozenset[str]) -> Iterator[Layout]:
+    fixed = train.layout
+
+    def choices(axis: str, options: list[int]) -> list[int]:
+        return [getattr(fixed, axis)] if axis in pinned else options
+
+    for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node
+                             and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
+        if gpus % tp:
+            continue
+        for pp in choices("pp", [p for p in divisors(gpus // tp) if spec.n_layers % p == 0]):
+            if (gpus // tp) % pp:
+                continue
+            for cp in choices("cp", divisors(gpus // (tp * pp))):
+                if (gpus // (tp * pp)) % cp:
+                    continue
+                dp = gpus // (tp * pp * cp)
+                if "dp" in pinned and dp != fixed.dp:
+                    continue
+                yield from _variants(spec, train, tp, pp, cp, dp, pinned)
+
+
+def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp: int,
+              pinned: frozenset[str]) -> Iterator[Layout]:
+    fixed = train.layout
+    sp = fixed.sp if "sp" in pinned else tp > 1
+    if sp and tp == 1:
+        return
+    if "schedule" in pinned or "virtual_stages" in pinned:
+        schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
+    else:
+        schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
+    zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+    split = (2 * cp if cp > 1 else 1) * (tp if sp else 1)
+    if train.seq_len % split or (cp > 1 and train.attention != "flash"):
+        return
+    for schedule, v in schedules:
+        for zero in zeros:
+            yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero)

@@ -1,0 +1,298 @@
+"""A device's stored measurements as plain records, and the profile and calibration they make.
+
+The store (db.profiles) fetches rows and hands them over as the records
+below; this module decides what they mean:
+
+- matmul throughput by dtype: the median over runs of each GEMM size, made
+  non-decreasing in size (`matmul_curve`), for interpolation over GEMM sizes;
+- attention throughput and the backward / forward time ratio: the fastest
+  backend at the largest measured shape (`attention_throughput`);
+- bandwidth: the best copy (`copy_bandwidth`);
+- allocator fragmentation: the median reserved / allocated of the training
+  steps (`allocator_fragmentation`; CUDA only, the stated default otherwise);
+- a calibration: each training step predicted again by the current core with
+  the profile, against what was measured (`calibration_from_steps`).
+
+Only datasheet peaks (for MFU) come from core.hardware. A figure the records
+lack falls back to the datasheet default, or without a datasheet row to a
+stated guess, and the profile lists it among its assumptions.
+
+Units as everywhere: FLOPs, FLOP/s, bytes, bytes/s, seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from core.calibration import Calibration, Observation, calibrate
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.estimate import estimate
+from core.flops import attention_forward_flops
+from core.hardware import match_device
+from core.model import ModelSpec
+from core.recompute import parse_policy
+from core.timing import (
+    DEFAULT_FRAGMENTATION,
+    HardwareProfile,
+    MatmulPoint,
+    datasheet_profile,
+    step_time,
+)
+
+UNMEASURED_BANDWIDTH_BYTES_PER_S = 10e9
+"""Bandwidth assumed for a device with neither a measured copy nor a datasheet row (a host's DRAM, roughly)."""
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceRecord:
+    """The measured device, from its latest fingerprint."""
+
+    name: str
+    """As torch reports it, e.g. "NVIDIA H100 80GB HBM3"; matched to a datasheet row when ``device_type`` is cuda."""
+    device_type: str
+    """``cuda`` or ``cpu``."""
+    memory_bytes: int | None = None
+    """Device memory as the fingerprint read it; None when it could not."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulRecord:
+    """One ok matmul measurement."""
+
+    dtype: str
+    flops: int
+    """2 m n k x batch."""
+    flop_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionRecord:
+    """One ok attention measurement (one backend, one shape)."""
+
+    batch: int
+    seq_len: int
+    n_heads: int
+    head_dim: int
+    forward_s: float | None
+    """Median forward time; a record without one is ignored."""
+    backward_s: float | None = None
+    """Median backward time; None when only the forward pass was measured."""
+
+    @property
+    def forward_flops(self) -> int:
+        return attention_forward_flops(self.batch, self.seq_len, self.n_heads, self.head_dim)
+
+
+@dataclass(frozen=True, slots=True)
+class ElementwiseRecord:
+    """One ok memory-bound op measurement: its achieved bandwidth (a copy counts read and write)."""
+
+    op: str
+    bytes_per_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class TrainStepRecord:
+    """One ok measured training step: the configuration it ran and what it measured."""
+
+    model_name: str
+    model_spec: Mapping
+    """core.model.ModelSpec as a dict (dataclasses.asdict), as stored."""
+    seq_len: int
+    micro_batch: int
+    accumulation_steps: int
+    precision: str
+    optimizer: str
+    attention: str
+    recompute: str
+    """The policy as core.recompute names it (``none``, ``full``, ``every-2``, ...)."""
+    median_s: float | None
+    """Median time of one optimizer step."""
+    dropout: float = 0.0
+    peak_allocated_bytes: int | None = None
+    """torch.cuda.max_memory_allocated() at steady state; None on a CPU."""
+    peak_reserved_bytes: int | None = None
+    activation_bytes: int | None = None
+    """Saved-for-backward bytes (saved_tensors_hooks, deduplicated by storage)."""
+
+    @property
+    def key(self) -> tuple:
+        """What makes two steps the same configuration (a fleet reruns the same ones night after night)."""
+        return (json.dumps(self.model_spec, sort_keys=True), self.seq_len, self.micro_batch, self.accumulation_steps,
+                self.precision, self.optimizer, self.attention, self.recompute, self.dropout)
+
+    @property
+    def label(self) -> str:
+        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}"
+
+
+@dataclass(frozen=True, slots=True)
+class StepPrediction:
+    """What the current core predicts for a measured step's configuration."""
+
+    peak_bytes: int
+    activation_bytes: int
+    """Saved-activation bytes (the ledger's)."""
+    step_time_s: float
+
+
+def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint, ...]]:
+    """Throughput by dtype and GEMM size: the median over runs of each size, non-decreasing in size.
+
+    A larger GEMM is not slower per FLOP than a smaller one the same box ran:
+    a dip is noise (a busy host, a cold clock), so each point carries the best
+    rate seen at any smaller size of its dtype.
+    """
+    by_shape: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r in records:
+        by_shape[(r.dtype, r.flops)].append(r.flop_per_s)
+    points: dict[str, list[MatmulPoint]] = defaultdict(list)
+    for (dtype, flops), rates in sorted(by_shape.items(), key=lambda kv: kv[0][1]):
+        best = max(statistics.median(rates), points[dtype][-1].flop_per_s if points[dtype] else 0.0)
+        points[dtype].append(MatmulPoint(float(flops), best))
+    return {dtype: tuple(p) for dtype, p in points.items()}
+
+
+def attention_throughput(records: Iterable[AttentionRecord]) -> tuple[float, float | None] | None:
+    """(forward FLOP/s, backward / forward time) of the fastest backend at the largest shape; None without any.
+
+    FLOPs are core.flops.attention_forward_flops (causal counted in full). The
+    ratio is None when that measurement has no backward time.
+    """
+    timed = [r for r in records if r.forward_s]
+    if not timed:
+        return None
+    largest = max(r.forward_flops for r in timed)
+    best = min((r for r in timed if r.forward_flops == largest), key=lambda r: r.forward_s)
+    ratio = best.backward_s / best.forward_s if best.backward_s else None
+    return largest / best.forward_s, ratio
+
+
+def copy_bandwidth(records: Iterable[ElementwiseRecord]) -> float | None:
+    """The best copy's bandwidth, bytes/s (read plus written); None without a copy."""
+    copies = [r.bytes_per_s for r in records if r.op == "copy"]
+    return max(copies) if copies else None
+
+
+def allocator_fragmentation(steps: Iterable[TrainStepRecord]) -> float | None:
+    """Median peak reserved / peak allocated over the steps that have both (CUDA); None without any."""
+    ratios = [s.peak_reserved_bytes / s.peak_allocated_bytes for s in steps
+              if s.peak_reserved_bytes and s.peak_allocated_bytes]
+    return statistics.median(ratios) if ratios else None
+
+
+def profile_from_measurements(
+    device: DeviceRecord,
+    *,
+    matmul: Iterable[MatmulRecord] = (),
+    attention: Iterable[AttentionRecord] = (),
+    elementwise: Iterable[ElementwiseRecord] = (),
+    train_steps: Iterable[TrainStepRecord] = (),
+    host_memory_bytes: int | None = None,
+) -> HardwareProfile:
+    """The planner's HardwareProfile of a measured device (``source="measured"``).
+
+    A CUDA device whose name matches a datasheet row (core.hardware.match_device)
+    takes its dense peaks from it, and that row's datasheet profile fills in
+    what was not measured. Without a row: attention at half the best matmul
+    rate, bandwidth UNMEASURED_BANDWIDTH_BYTES_PER_S, and memory
+    ``host_memory_bytes`` when the fingerprint has none (a CPU's memory is the
+    host's). Each fallback is listed in ``assumptions``. ConfigError when
+    there is no matmul measurement and no datasheet row to stand in for it.
+    """
+    datasheet = match_device(device.name).spec if device.device_type == "cuda" else None
+    fallback = datasheet_profile(datasheet) if datasheet else None
+    assumptions = []
+    curve = matmul_curve(matmul)
+    if not curve:
+        if fallback is None:
+            raise ConfigError(f"{device.name} has no matmul measurements in the store and no datasheet row; "
+                              "run `headroom agent run` on it")
+        curve = fallback.matmul
+        assumptions.append(fallback.assumptions[0])
+    attention_rate = attention_throughput(attention)
+    if attention_rate is None:
+        rate = fallback.attention_flop_per_s if fallback else max(p.flop_per_s for ps in curve.values() for p in ps) / 2
+        attention_rate = (rate, None)
+        assumptions.append("attention at half the matmul rate (not measured)")
+    bandwidth = copy_bandwidth(elementwise)
+    if bandwidth is None:
+        bandwidth = fallback.hbm_bytes_per_s if fallback else UNMEASURED_BANDWIDTH_BYTES_PER_S
+        assumptions.append("bandwidth not measured")
+    fragmentation = allocator_fragmentation(train_steps)
+    if fragmentation is None:
+        fragmentation = DEFAULT_FRAGMENTATION
+        assumptions.append(f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x (no CUDA allocator statistics stored)")
+    memory = device.memory_bytes or (datasheet.memory_bytes if datasheet else host_memory_bytes)
+    if not memory:
+        raise ConfigError(f"{device.name}: memory size unknown (not in its fingerprint, no datasheet row, "
+                          "no host memory given)")
+    profile = HardwareProfile(
+        name=device.name,
+        source="measured",
+        memory_bytes=memory,
+        peak_flop_per_s=dict(datasheet.peak_flop_per_s) if datasheet else {},
+        matmul=curve,
+        attention_flop_per_s=attention_rate[0],
+        hbm_bytes_per_s=bandwidth,
+        fragmentation=fragmentation,
+        device="cpu" if device.device_type == "cpu" else "cuda",
+        assumptions=tuple(assumptions),
+    )
+    backward_ratio = attention_rate[1]
+    return replace(profile, attention_backward_ratio=backward_ratio) if backward_ratio else profile
+
+
+def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPrediction | None:
+    """The current core's prediction for a measured step on ``profile``; None when the step no longer reads.
+
+    A step recorded by an older core may carry a spec or a configuration the
+    current one rejects (ConfigError) or does not know (TypeError): it is
+    left out rather than guessed.
+    """
+    try:
+        spec = ModelSpec(**step.model_spec)
+        config = TrainConfig(seq_len=step.seq_len, micro_batch=step.micro_batch, precision=step.precision,
+                             optimizer=step.optimizer, attention=step.attention,
+                             recompute=parse_policy(step.recompute), dropout=step.dropout)
+        predicted = estimate(spec, config, profile.device, step.accumulation_steps)
+    except (ConfigError, TypeError):
+        return None
+    return StepPrediction(predicted.peak_bytes, predicted.ledger.activation_bytes,
+                          step_time(predicted, profile, step.accumulation_steps).total_s)
+
+
+def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> list[Observation]:
+    """Each step that still reads, predicted again now, paired with what it measured.
+
+    Memory pairs the predicted peak with the measured peak allocated bytes
+    where the step has them (CUDA), else the saved-activation bytes (CPU).
+    Each distinct configuration (`TrainStepRecord.key`) is predicted once.
+    """
+    predictions: dict[tuple, StepPrediction | None] = {}
+    observations = []
+    for step in steps:
+        if step.key not in predictions:
+            predictions[step.key] = predict_step(step, profile)
+        predicted = predictions[step.key]
+        if predicted is None:
+            continue
+        if step.peak_allocated_bytes:
+            memory = (predicted.peak_bytes, step.peak_allocated_bytes)
+        else:
+            memory = (predicted.activation_bytes, step.activation_bytes)
+        observations.append(Observation(
+            predicted_bytes=memory[0], measured_bytes=memory[1], predicted_s=predicted.step_time_s,
+            measured_s=step.median_s, label=step.label,
+        ))
+    return observations
+
+
+def calibration_from_steps(device_name: str, steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> Calibration:
+    """core.calibration.calibrate over `step_observations`: how far today's core is from the measured steps."""
+    return calibrate(device_name, step_observations(steps, profile))

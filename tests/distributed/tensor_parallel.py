@@ -1,0 +1,126 @@
+"""What one tensor-parallel rank keeps for backward, block by block (agent/parallel.py's plan).
+
+Each variant builds the agent's decoder from a small preset, shards it over a
+1-D mesh (``tp`` ranks, optionally sequence parallel) and probes one forward
+with agent/probe.py, which counts a DTensor by its local shard. Tensors are
+attributed to the block whose forward saved them (``blocks.{i}``), as the
+ledger attributes them to a layer. ``tp == 1`` is the unsharded reference the
+current core ledger already predicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh
+
+from agent.bench_train import forward_loss
+from agent.ledger_check import build
+from agent.parallel import local_tensor, parallelize_tensor
+from agent.probe import ProbedTensor, probe
+from core.config import TrainConfig
+from core.model import ModelSpec
+from core.presets import get_preset
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TensorParallelCase:
+    model: str
+    """A ``bench-*`` preset; ``n_layers`` replaces its depth."""
+    attention: str
+    dropout: float
+    precision: str
+    """``bf16-pure`` (model.to(bfloat16)), ``amp-bf16`` (fp32 model under autocast) or ``fp32``."""
+    tp: int
+    sp: bool = False
+    n_layers: int = 2
+    seq_len: int = 32
+    micro_batch: int = 2
+
+    @property
+    def name(self) -> str:
+        layout = "single" if self.tp == 1 else f"tp{self.tp}" + ("-sp" if self.sp else "")
+        return f"{self.model}-{self.attention}-p{self.dropout:g}-{self.precision}-{layout}"
+
+    @property
+    def spec(self) -> ModelSpec:
+        return dataclasses.replace(get_preset(self.model), n_layers=self.n_layers)
+
+    @property
+    def config(self) -> TrainConfig:
+        """The single-device configuration (the layout is applied by ``measure``)."""
+        return TrainConfig(seq_len=self.seq_len, micro_batch=self.micro_batch, attention=self.attention,
+                           dropout=self.dropout, precision=self.precision)
+
+
+def cases(tp: int) -> list[TensorParallelCase]:
+    """A GPT block (LayerNorm, GELU, biases, explicit attention with dropout) and a Llama block
+    (RMSNorm, SwiGLU, SDPA flash, grouped key/value heads) in bf16 and under autocast, each unsharded,
+    TP and TP+SP."""
+    blocks = [
+        {"model": "bench-gpt-tiny", "attention": "standard", "dropout": 0.1, "precision": "bf16-pure"},
+        {"model": "bench-llama-tiny", "attention": "flash", "dropout": 0.0, "precision": "bf16-pure"},
+        {"model": "bench-llama-tiny", "attention": "flash", "dropout": 0.0, "precision": "amp-bf16"},
+    ]
+    return [TensorParallelCase(**block, tp=t, sp=sp)
+            for block in blocks for t, sp in ((1, False), (tp, False), (tp, True))]
+
+
+def _synchronised(loss: torch.Tensor) -> torch.Tensor:
+    """The loss, once every rank got here (no collective's buffer is still held by gloo's thread)."""
+    if dist.is_initialized():
+        dist.barrier()
+    return loss
+
+
+def _tensor_row(t: ProbedTensor) -> dict:
+    return {"module": t.module, "op": t.op, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes,
+            "kind": t.kind, "saved_by_autograd": t.saved_by_autograd}
+
+
+def _layer(module: str) -> int | None:
+    parts = module.split(".")
+    return int(parts[1]) if len(parts) > 1 and parts[0] == "blocks" else None
+
+
+def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
+    """One case on this rank: saved tensors by layer, loss, and the logits against the unsharded model."""
+    spec, config = case.spec, case.config
+    model, tokens, targets = build(spec, config, "cpu", seed=0)
+    reference = None
+    if case.tp > 1:
+        if mesh.size() != case.tp:
+            raise ValueError(f"case {case.name} needs a mesh of {case.tp} ranks, got {mesh.size()}")
+        reference, _, _ = build(spec, config, "cpu", seed=0)  # same seed: the same weights
+        parallelize_tensor(model, mesh, case.sp)
+
+    measured = probe(model, lambda: _synchronised(forward_loss(model, tokens, targets, config.precision)))
+    activations = [t for t in measured.tensors if t.kind in ("activation", "input")]
+    layer_bytes: dict[str, int] = {}
+    for t in activations:
+        layer = _layer(t.module)
+        key = "other" if layer is None else str(layer)
+        layer_bytes[key] = layer_bytes.get(key, 0) + t.nbytes
+
+    loss = forward_loss(model, tokens, targets, config.precision)
+    loss.backward()
+    grads_finite = all(torch.isfinite(local_tensor(p.grad)).all().item() for p in model.parameters())
+
+    logit_diff = None
+    if reference is not None:
+        model.eval(), reference.eval()
+        with torch.no_grad():
+            logit_diff = (model(tokens).float() - reference(tokens).float()).abs().max().item()
+    return {
+        "case": dataclasses.asdict(case) | {"name": case.name},
+        "activation_bytes": measured.activation_bytes,
+        "layer_bytes": layer_bytes,
+        "parameter_bytes": sum(local_tensor(p).untyped_storage().nbytes() for p in model.parameters()),
+        "loss": loss.item(),
+        "grads_finite": grads_finite,
+        "max_logit_diff_vs_unsharded": logit_diff,
+        "tensors": [_tensor_row(t) for t in measured.tensors],
+    }

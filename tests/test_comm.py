@@ -1,0 +1,262 @@
+"""Communication model: nccl-tests definitions, placement, and per-step traffic worked by hand."""
+
+import dataclasses
+
+import pytest
+
+from core.comm import (
+    DEFAULT_COLLECTIVE_EFFICIENCY,
+    OPS,
+    bus_factor,
+    collective_seconds,
+    crosses_nodes,
+    exposed_seconds,
+    group_link,
+    largest_rank_parameters,
+    ring_steps,
+    step_communication,
+    total_seconds,
+)
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.hardware import HARDWARE
+from core.interconnect import (
+    INTRA_NODE_LINK,
+    LINKS,
+    Cluster,
+    Link,
+    default_cluster,
+    get_link,
+)
+from core.layout import Layout
+from core.memory import rank_parameters
+from core.pipeline import rank_kinds
+from core.presets import get_preset
+from core.recompute import RecomputePolicy
+from core.units import GB, GiB
+
+IDEAL = Link(key="ideal", name="450 GB/s, no latency", bytes_per_s=450e9, latency_s=0.0, source="test")
+SLOW = Link(key="slow", name="50 GB/s, no latency", bytes_per_s=50e9, latency_s=0.0, source="test")
+FLAT = Cluster(gpus_per_node=8, intra=IDEAL, inter=SLOW)
+SPEC = get_preset("bench-llama-small")  # 4 layers, h 256, 8 heads, 4 kv heads (kv_dim 128), vocab 4096, untied
+
+
+def config(**layout) -> TrainConfig:
+    return TrainConfig(seq_len=128, micro_batch=2, precision="bf16-pure", layout=Layout(**layout))
+
+
+def terms_of(layout: dict, m: int = 1, **train) -> dict[tuple[str, str], list]:
+    cfg = dataclasses.replace(config(**layout), **train)
+    out: dict[tuple[str, str], list] = {}
+    for term in step_communication(SPEC, cfg, m, FLAT, efficiency=1.0):
+        out.setdefault((term.axis, term.op), []).append(term)
+    return out
+
+
+# ---- nccl-tests definitions (doc/PERFORMANCE.md) ----------------------------------------
+
+
+def test_bus_factors_are_the_nccl_tests_definitions():
+    n = 8
+    assert bus_factor("all_reduce", n) == 2 * (n - 1) / n
+    assert bus_factor("all_gather", n) == (n - 1) / n
+    assert bus_factor("reduce_scatter", n) == (n - 1) / n
+    assert bus_factor("all_to_all", n) == (n - 1) / n
+    assert bus_factor("send_recv", n) == 1
+    assert all(bus_factor(op, 1) == 0 and ring_steps(op, 1) == 0 for op in OPS)
+
+
+def test_all_reduce_of_one_gib_over_eight_ranks_at_450_gb_per_s():
+    assert collective_seconds("all_reduce", GiB, 8, IDEAL, 1.0) == pytest.approx(2 * 7 / 8 * 2**30 / 450e9, rel=1e-12)
+    assert collective_seconds("all_gather", GiB, 8, IDEAL, 1.0) == pytest.approx(7 / 8 * 2**30 / 450e9, rel=1e-12)
+    # An all-reduce moves what a reduce-scatter plus an all-gather of the same S move.
+    both = sum(collective_seconds(op, GiB, 8, IDEAL, 1.0) for op in ("reduce_scatter", "all_gather"))
+    assert collective_seconds("all_reduce", GiB, 8, IDEAL, 1.0) == pytest.approx(both, rel=1e-12)
+
+
+def test_latency_is_one_link_latency_per_ring_step_and_efficiency_divides_bandwidth():
+    link = dataclasses.replace(IDEAL, latency_s=1e-5)
+    assert ring_steps("all_reduce", 8) == 14 and ring_steps("all_gather", 8) == 7 and ring_steps("send_recv", 8) == 1
+    assert collective_seconds("all_reduce", 0, 8, link) == pytest.approx(14e-5)
+    assert collective_seconds("all_gather", GB, 4, IDEAL, 0.5) == pytest.approx(3 / 4 * 1e9 / 225e9)
+    assert collective_seconds("all_reduce", GiB, 1, link) == 0.0
+
+
+@pytest.mark.parametrize("bad", [0, 1.5, -0.1, True])
+def test_bad_efficiency_is_a_config_error(bad):
+    with pytest.raises(ConfigError, match="efficiency"):
+        collective_seconds("all_reduce", GB, 8, IDEAL, bad)
+
+
+def test_unknown_op_names_the_valid_ones():
+    with pytest.raises(ConfigError, match="all_reduce"):
+        bus_factor("allreduce", 8)
+
+
+# ---- interconnect table ---------------------------------------------------------------
+
+
+def test_every_link_has_a_source_and_a_per_direction_rate():
+    for link in LINKS:
+        assert link.source and 1e9 <= link.bytes_per_s <= 1e12 and 0 < link.latency_s < 1e-4, link.key
+    assert get_link("nvlink4").bytes_per_s == 900e9 / 2  # H100/H200 datasheet 900 GB/s both directions
+    assert get_link("nvlink3").bytes_per_s == 600e9 / 2
+    assert get_link("nvlink5").bytes_per_s == 1.8e12 / 2
+    assert get_link("ib-ndr").bytes_per_s == 400e9 / 8 and get_link("ib-hdr").bytes_per_s == 200e9 / 8
+
+
+def test_every_gpu_has_a_default_cluster():
+    assert set(INTRA_NODE_LINK) == {hw.key for hw in HARDWARE}
+    for hw in HARDWARE:
+        cluster = default_cluster(hw.key)
+        assert cluster.gpus_per_node == 8 and cluster.inter.key == "ib-ndr"
+    assert default_cluster("h100-sxm").intra.key == "nvlink4"
+    assert default_cluster("NVIDIA H100 PCIe").intra.key == "pcie5-x16"
+    assert default_cluster("l40s", 4).intra.key == "pcie4-x16"
+
+
+def test_unknown_link_suggests_close_keys():
+    with pytest.raises(ConfigError, match="nvlink4"):
+        get_link("nvlink-4")
+
+
+@pytest.mark.parametrize("bad", [0, -8, 2.5, True, "8"])
+def test_gpus_per_node_must_be_a_positive_integer(bad):
+    with pytest.raises(ConfigError, match="gpus-per-node"):
+        Cluster(gpus_per_node=bad, intra=IDEAL, inter=SLOW)
+
+
+# ---- placement (tp-cp-dp-pp) ----------------------------------------------------------------
+
+
+def test_tp_eight_stays_in_an_eight_gpu_node_and_dp_crosses_on_the_nic():
+    layout = Layout(tp=8, dp=4)
+    assert group_link("tp", layout, FLAT) is IDEAL
+    assert group_link("dp", layout, FLAT) is SLOW
+
+
+def test_small_groups_share_a_node_and_a_group_that_does_not_divide_the_node_crosses():
+    layout = Layout(tp=2, cp=2, dp=2, pp=2)  # tp stride 1, cp 2, dp 4, pp 8
+    assert [crosses_nodes(axis, layout, FLAT) for axis in ("tp", "cp", "dp", "pp")] == [False, False, False, True]
+    assert crosses_nodes("tp", Layout(tp=3), FLAT)  # ranks 6, 7, 8 straddle two nodes
+    assert crosses_nodes("tp", Layout(tp=16), FLAT)
+    assert not crosses_nodes("dp", Layout(dp=1), FLAT)
+
+
+def test_a_crossing_group_runs_at_the_slower_of_nic_and_node_link():
+    pcie = get_link("pcie4-x16")  # 32 GB/s, slower than an NDR NIC
+    cluster = Cluster(gpus_per_node=8, intra=pcie, inter=get_link("ib-ndr"))
+    assert group_link("dp", Layout(dp=16), cluster) is pcie
+
+
+# ---- parameters per rank ------------------------------------------------------------------
+
+
+def test_gradient_traffic_counts_the_most_loaded_stage():
+    pp2 = Layout(pp=2)
+    kinds = rank_kinds(pp2, SPEC.n_layers, 1)
+    assert largest_rank_parameters(SPEC, pp2) == max(rank_parameters(SPEC, pp2, k) for k in kinds)
+    assert largest_rank_parameters(SPEC, Layout()) == SPEC.parameters
+
+
+# ---- traffic of one step ------------------------------------------------------------------------
+
+B, S, H, E = 2, 128, 256, 2  # micro-batch, seq_len, hidden, bf16
+BSHE = B * S * H * E
+
+
+def test_one_gpu_communicates_nothing():
+    assert step_communication(SPEC, config(), 4, FLAT) == ()
+
+
+def test_tp_all_reduces_four_times_b_s_h_e_per_layer():
+    (term,) = terms_of({"tp": 2})[("tp", "all_reduce")]
+    assert term.message_bytes == BSHE and term.calls == 4 * SPEC.n_layers and not term.overlappable
+    assert term.total_bytes == SPEC.n_layers * 4 * BSHE
+    assert term.seconds == pytest.approx(term.calls * 2 * (1 / 2) * BSHE / 450e9)
+
+
+def test_sequence_parallel_moves_the_same_bus_bytes_as_all_reduce():
+    plain = terms_of({"tp": 4})
+    sp = terms_of({"tp": 4, "sp": True})
+    (gather,), (scatter,) = sp[("tp", "all_gather")], sp[("tp", "reduce_scatter")]
+    assert gather.calls == scatter.calls == 4 * SPEC.n_layers and gather.message_bytes == BSHE
+    assert gather.seconds + scatter.seconds == pytest.approx(plain[("tp", "all_reduce")][0].seconds)
+
+
+def test_block_recompute_adds_a_forwards_tp_traffic():
+    full = terms_of({"tp": 2}, recompute=RecomputePolicy("full"))[("tp", "all_reduce")][0]
+    selective = terms_of({"tp": 2}, recompute=RecomputePolicy("selective"))[("tp", "all_reduce")][0]
+    assert full.calls == 6 * SPEC.n_layers and selective.calls == 4 * SPEC.n_layers
+
+
+def test_tp_calls_scale_with_micro_batches_and_context_parallel_halves_the_message():
+    (term,) = terms_of({"tp": 2, "cp": 2}, m=3)[("tp", "all_reduce")]
+    assert term.calls == 3 * 4 * SPEC.n_layers and term.message_bytes == BSHE // 2
+
+
+def test_context_parallel_ring_passes_k_and_v():
+    terms = terms_of({"cp": 4, "tp": 2})[("cp", "send_recv")]
+    forward, backward = terms
+    kv = B * (S // 4) * (SPEC.kv_dim // 2) * E * 2
+    assert forward.message_bytes == kv and forward.calls == 3 * SPEC.n_layers
+    assert backward.message_bytes == 2 * kv and backward.calls == 3 * SPEC.n_layers
+    assert forward.overlappable and backward.overlappable
+
+
+def test_pipeline_sends_activation_and_gradient_per_micro_batch_and_virtual_stage():
+    (plain,) = terms_of({"pp": 2}, m=8)[("pp", "send_recv")]
+    assert plain.message_bytes == BSHE and plain.calls == 2 * 8 and not plain.overlappable
+    (inter,) = terms_of({"pp": 2, "tp": 2, "sp": True, "schedule": "interleaved", "virtual_stages": 2},
+                        m=8)[("pp", "send_recv")]
+    assert inter.message_bytes == BSHE // 2 and inter.calls == 2 * 8 * 2
+
+
+def test_ddp_all_reduces_gradients_once_per_step():
+    (term,) = terms_of({"dp": 4}, m=8)[("dp", "all_reduce")]
+    assert term.message_bytes == SPEC.parameters * 2 and term.calls == 1 and term.overlappable
+
+
+def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():
+    z1 = terms_of({"dp": 4, "zero": 1}, m=8)
+    assert z1[("dp", "reduce_scatter")][0].calls == 1 and z1[("dp", "all_gather")][0].calls == 1
+    z2 = terms_of({"dp": 4, "zero": 2}, m=8)
+    assert z2[("dp", "reduce_scatter")][0].calls == 8 and z2[("dp", "all_gather")][0].calls == 1
+    assert z2[("dp", "all_gather")][0].message_bytes == SPEC.parameters * 2
+
+
+def test_zero_3_gathers_twice_and_reduce_scatters_once_per_micro_batch():
+    cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", layout=Layout(dp=8, zero=3))
+    terms = {t.op: t for t in step_communication(SPEC, cfg, 4, FLAT, efficiency=1.0)}
+    gather, scatter = terms["all_gather"], terms["reduce_scatter"]
+    assert gather.message_bytes == SPEC.parameters * 2 and gather.calls == 2 * 4  # bf16 gathers
+    assert scatter.message_bytes == SPEC.parameters * 4 and scatter.calls == 4  # fp32 gradients
+    assert gather.seconds == pytest.approx(8 * 7 / 8 * SPEC.parameters * 2 / 450e9)
+
+
+def test_context_parallel_ranks_join_the_gradient_reduction():
+    (term,) = terms_of({"cp": 2})[("dp", "all_reduce")]
+    assert term.group_size == 2
+    (term,) = terms_of({"cp": 2, "dp": 4, "tp": 2})[("dp", "all_reduce")]
+    assert term.group_size == 8 and term.link_key == "slow"  # tp 2 x cp 2 x dp 4 = 16 ranks > one node
+
+
+def test_exposed_time_hides_overlappable_terms_up_to_their_compute():
+    terms = step_communication(SPEC, config(tp=2, dp=4), 1, FLAT)
+    tp = sum(t.seconds for t in terms if t.axis == "tp")
+    dp = sum(t.seconds for t in terms if t.axis == "dp")
+    assert total_seconds(terms) == pytest.approx(tp + dp)
+    assert exposed_seconds(terms, {}) == pytest.approx(tp + dp)
+    assert exposed_seconds(terms, {"dp": dp / 4}) == pytest.approx(tp + 3 * dp / 4)
+    assert exposed_seconds(terms, {"dp": 10 * dp, "tp": 10 * tp}) == pytest.approx(tp)
+    with pytest.raises(ConfigError, match="dp"):
+        exposed_seconds(terms, {"dp": -1.0})
+
+
+def test_default_efficiency_is_the_nccl_ring_figure():
+    assert DEFAULT_COLLECTIVE_EFFICIENCY == pytest.approx(370 / 450, abs=0.03)
+
+
+def test_accumulation_steps_must_be_positive():
+    with pytest.raises(ConfigError, match="accumulation-steps"):
+        step_communication(SPEC, config(dp=2), 0, FLAT)

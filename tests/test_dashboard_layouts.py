@@ -1,0 +1,280 @@
+"""The Plan page on a cluster: GPU count, pins and links in the URL, the chosen layout, two layouts side by side.
+
+Expected values come from the core (core.advice.plan_and_advise on a request built here, not
+through dashboard.planning), so a test fails if the page plans something else than the CLI would.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("streamlit")
+import pandas as pd
+from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
+from streamlit.testing.v1 import AppTest
+
+from core.advice import plan_and_advise
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.hardware import get_hardware
+from core.interconnect import default_cluster
+from core.layout import SINGLE, Layout
+from core.layout_search import PINNABLE
+from core.planner import Plan, PlanRequest
+from core.presets import get_preset
+from core.timing import datasheet_profile
+from core.units import GB
+from dashboard import charts, planning
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+H100 = datasheet_profile(get_hardware("h100-sxm"))
+SMALL = {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8"}
+"""8 heads, 4 key/value heads, 4 layers: every axis has a choice on 8 GPUs, and a search takes seconds."""
+
+
+def core_plan(model: str, seq_len: int, global_batch: int, gpus: int, layout: Layout = SINGLE,
+              pinned: frozenset[str] = frozenset()) -> Plan:
+    """What `headroom plan --gpus` plans for the page's default precision, optimizer, attention and budget."""
+    request = PlanRequest(spec=get_preset(model), train=TrainConfig(seq_len=seq_len, layout=layout),
+                          global_batch=global_batch, gpus=gpus, pinned=pinned, cluster=default_cluster("h100-sxm"))
+    return plan_and_advise(request, H100)
+
+
+@pytest.fixture(scope="module")
+def small_search() -> Plan:
+    return core_plan("bench-llama-small", 128, 8, 8)
+
+
+@pytest.fixture(scope="module")
+def pipelined():
+    """The page's plan of 8 GPUs with pp pinned at 2 (two rank kinds), and the core's."""
+    inputs = planning.PlanInputs(model="bench-llama-small", seq_len=128, global_batch=8, gpus=8, pp="2")
+    page = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
+    return page, core_plan("bench-llama-small", 128, 8, 8, Layout(pp=2), frozenset({"pp"}))
+
+
+def render(monkeypatch, tmp_path, query: dict[str, str]) -> AppTest:
+    monkeypatch.setenv("HEADROOM_DB", str(tmp_path / "none.db"))
+    at = AppTest.from_file(APP, default_timeout=300)
+    at.query_params.update(query)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def chart_data(at: AppTest, color: str) -> list[pd.DataFrame]:
+    """The data of every chart whose colour encodes ``color`` (``term``: time by term; ``component``: memory)."""
+    found = []
+    for element in at.get("vega_lite_chart"):
+        spec = json.loads(element.proto.spec)
+        layers = spec.get("layer", [spec])
+        if any(layer.get("encoding", {}).get("color", {}).get("field") == color for layer in layers):
+            found.append(convert_arrow_bytes_to_pandas_df(element.proto.datasets[0].data.data))
+    return found
+
+
+# --- inputs -> request -----------------------------------------------------------------------------------------
+
+
+def test_the_inputs_pin_every_field_of_a_layout():
+    axes = {f for f in planning.PlanInputs.__dataclass_fields__ if f in PINNABLE}
+    assert axes == set(PINNABLE), "a Layout field the page cannot pin (or a pin the search does not know)"
+    assert all(getattr(planning.PlanInputs(), axis) == planning.AUTO for axis in PINNABLE)
+
+
+def test_without_a_gpu_count_the_page_plans_one_layout():
+    spec = get_preset("llama3.2-1b")
+    request = planning.build_request(planning.PlanInputs(), spec, H100)
+    assert request.gpus is None and request.pinned == frozenset()
+    assert request.layout == Layout(dp=8, zero=2)  # the page's default before layouts were searched
+    assert (request.cluster.gpus_per_node, request.cluster.intra.key, request.cluster.inter.key) == (8, "nvlink4", "ib-ndr")
+    tp = planning.build_request(planning.PlanInputs(tp="2", dp="1", zero="0"), spec, H100)
+    assert tp.layout == Layout(tp=2, sp=True)  # sp follows tp, the search's own rule
+    assert planning.build_layout(planning.PlanInputs(pp="2", schedule="interleaved")) == \
+        Layout(pp=2, schedule="interleaved", virtual_stages=2, dp=8, zero=2)
+    assert planning.build_layout(planning.PlanInputs(pp="2", virtual_stages="4")).schedule == "interleaved"
+    single = planning.build_request(planning.PlanInputs(dp="1", zero="0"), spec, H100)
+    assert single.layout.world == 1 and single.cluster is None
+
+
+def test_a_gpu_count_searches_and_keeps_what_is_pinned():
+    inputs = planning.PlanInputs(gpus=64, tp="8", zero="1", gpus_per_node=4, interconnect="ib-hdr")
+    request = planning.build_request(inputs, get_preset("llama3-8b"), H100)
+    assert request.gpus == 64 and request.pinned == frozenset({"tp", "zero"})
+    assert (request.layout.tp, request.layout.zero, request.layout.dp) == (8, 1, 1)
+    assert (request.cluster.gpus_per_node, request.cluster.intra.key, request.cluster.inter.key) == (4, "nvlink4", "ib-hdr")
+    assert planning.pins_text(request) == "tp 8, zero 1"
+    off = planning.build_request(planning.PlanInputs(gpus=8, sp="off", virtual_stages="2"), get_preset("llama3-8b"), H100)
+    assert planning.pins_text(off) == "sp off, virtual stages 2"
+
+
+def test_bad_inputs_raise_the_message_the_page_shows():
+    spec = get_preset("llama3.2-1b")
+    with pytest.raises(ConfigError) as core_error:
+        TrainConfig(seq_len=4096, layout=Layout(tp=3)).check_model(spec)
+    with pytest.raises(ConfigError) as page_error:
+        planning.build_request(planning.PlanInputs(model="llama3.2-1b", gpus=8, tp="3"), spec, H100)
+    assert str(page_error.value) == str(core_error.value) and "32 attention heads" in str(core_error.value)
+    cases = {
+        "cap of 4096": planning.PlanInputs(gpus=4097),
+        "0 (plan the one layout) or a positive count": planning.PlanInputs(gpus=-8),
+        "tp 'two' is neither auto nor a whole number": planning.PlanInputs(tp="two"),
+        "sp on needs tp pinned": planning.PlanInputs(gpus=8, sp="on"),
+        "interconnect 'carrier-pigeon' is not one of": planning.PlanInputs(interconnect="carrier-pigeon"),
+        "zero (sharding stage) must be 0, 1, 2 or 3, got 5": planning.PlanInputs(zero="5"),
+    }
+    for message, inputs in cases.items():
+        with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            planning.build_request(inputs, spec, H100)
+
+
+# --- frames and charts --------------------------------------------------------------------------------------------
+
+
+def test_the_page_plans_what_the_core_plans(pipelined):
+    page, core = pipelined
+    assert [str(o.layout) for o in page.layouts] == [str(o.layout) for o in core.layouts]
+    assert page.recommendation.layout == core.recommendation.layout
+    assert page.recommendation.tokens_per_s == core.recommendation.tokens_per_s
+    frame = planning.layouts_frame(page)
+    assert list(frame["layout"]) == [str(o.layout) for o in core.layouts]
+    assert all(o.layout.pp == 2 for o in page.layouts)
+    assert list(frame["why"]) == [o.why_lost(page.recommendation) for o in page.layouts]
+    assert frame["why"].iloc[0] == "recommended"
+    assert planning.recommendation_text(page).endswith(f"on {core.recommendation.layout} (8 GPUs)")
+
+
+def test_time_by_term_adds_up_to_the_step(pipelined):
+    page, _ = pipelined
+    winner, runner_up = (planning.shown_candidate(o) for o in page.layouts[:2])
+    frame = planning.time_terms_frame(page, {"A": winner, "B": runner_up})
+    assert tuple(winner.time.by_term()) == planning.TIME_TERMS == tuple(charts.TERM_COLORS)
+    for row, candidate in (("A", winner), ("B", runner_up)):
+        terms = frame[frame["row"] == row].set_index("term")["seconds"]
+        assert list(terms.index) == list(planning.TIME_TERMS)
+        assert terms.sum() == pytest.approx(candidate.step_time_s, rel=1e-12)
+        assert terms["bubble"] == pytest.approx(candidate.time.bubble_s)  # uncalibrated: factor 1
+        assert terms["bubble"] > 0  # pp 2: the pipeline idles
+    spec = charts.build_step_time_chart(frame).to_dict()
+    assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["stack"] == "zero"
+    assert spec["encoding"]["color"]["field"] == "term" and spec["encoding"]["y"]["field"] == "row"
+    assert spec["encoding"]["color"]["scale"]["domain"] == list(planning.TIME_TERMS)
+
+
+def test_memory_per_rank_kind_ends_at_what_the_most_loaded_rank_needs(pipelined):
+    page, _ = pipelined
+    best = page.recommendation
+    frame = planning.rank_memory_frame(page, {"": best})
+    totals = frame.groupby("row")["gb"].sum()
+    assert set(totals.index) == {r.rank.name for r in best.estimate.ranks} == {"first stage", "last stage"}
+    assert totals.max() == pytest.approx(best.required_bytes / GB, abs=1e-8)
+    first = frame[frame["row"] == "first stage"].set_index("component")["gb"]
+    stage0 = next(r for r in best.estimate.ranks if r.rank.name == "first stage")
+    assert first.drop("margin").to_dict() == pytest.approx({k: v / GB for k, v in stage0.peak_components.items()})
+    tagged = planning.rank_memory_frame(page, {"A": best, "B": planning.shown_candidate(page.layouts[1])})
+    assert {"A: first stage", "A: last stage", "B: first stage"} <= set(tagged["row"])
+    bars, rule = charts.build_peak_bar_chart(frame, 80.0, row="row").to_dict()["layer"]
+    assert bars["encoding"]["y"]["field"] == "row" and rule["encoding"]["x"]["field"] == "budget_gb"
+
+
+def test_collectives_and_the_comparison(pipelined):
+    page, _ = pipelined
+    best = page.recommendation
+    comm = planning.communication_frame(best)
+    assert len(comm) == len(best.time.communication) and "pp" in set(comm["axis"])
+    assert comm["seconds"].sum() == pytest.approx(sum(t.seconds for t in best.time.communication))
+    first, second = planning.layout_options(page)[:2]
+    pair = planning.comparison(page, first, second)
+    assert pair["A"][1] is best and pair["A"][2] == "recommended"
+    assert pair["B"][2] == page.layouts[1].why_lost(best)
+    with pytest.raises(ConfigError, match="was not planned"):
+        planning.find_layout(page, "tp 9, pp 9, cp 9, dp 9, zero 9")
+
+
+def test_searched_candidates_carry_their_layout(pipelined):
+    page, _ = pipelined
+    shown = planning.shown_candidates(page)
+    labels = planning.peak_components_frame(page, shown).drop_duplicates("order")["candidate"]
+    assert list(labels) == [f"{c.label} on {c.layout}" for c in shown]
+    table = planning.candidates_frame(page)
+    assert list(table["layout"][: len(page.candidates)]) == [str(c.layout) for c in page.candidates]
+
+
+def test_step_times_read_at_any_size():
+    assert [planning.seconds_text(s) for s in (12.3456, 0.1, 0.0123, 0.000112, 3.3e-5)] == \
+        ["12.346 s", "0.100 s", "12.3 ms", "0.112 ms", "33 us"]
+
+
+# --- the page -----------------------------------------------------------------------------------------------------
+
+
+def test_a_search_over_8_gpus_shows_the_layout_and_its_time_by_term(monkeypatch, tmp_path, small_search):
+    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8"})
+    best = small_search.recommendation
+    subheaders = [s.value for s in at.subheader]
+    assert f"Chosen layout: {best.layout}" in subheaders
+    assert f"Layouts searched ({len(small_search.layouts)} of {len(small_search.layouts)} fit)" in subheaders
+    (shown,) = [str(s.value) for s in at.success]
+    assert shown.endswith(f"on {best.layout} (8 GPUs)")
+    assert any("Communication from datasheet links" in c.value for c in at.caption)
+    assert any(str(best.layout) in c.value for c in at.code)  # the exports carry the winner's layout
+    chosen, compared = chart_data(at, "term")
+    assert chosen["seconds"].sum() == pytest.approx(best.step_time_s, rel=1e-12)
+    assert set(chosen["term"]) == set(planning.TIME_TERMS) and set(compared["row"]) == {"A", "B"}
+    layouts = next(d.value for d in at.dataframe if "why" in d.value.columns)
+    assert list(layouts["layout"]) == [str(o.layout) for o in small_search.layouts]
+
+
+def test_pins_in_the_url_are_honoured(monkeypatch, tmp_path):
+    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8", "tp": "2", "zero": "1", "interconnect": "ib-hdr"})
+    expected = core_plan("bench-llama-small", 128, 8, 8, Layout(tp=2, zero=1), frozenset({"tp", "zero"}))
+    assert at.text_input(key="plan_tp").value == "2" and at.text_input(key="plan_zero").value == "1"
+    assert at.text_input(key="plan_dp").value == planning.AUTO
+    layouts = next(d.value for d in at.dataframe if "why" in d.value.columns)
+    assert list(layouts["layout"]) == [str(o.layout) for o in expected.layouts]
+    assert all(layout.startswith("tp 2 +sp,") and layout.endswith("zero 1") for layout in layouts["layout"])
+    assert f"Chosen layout: {expected.recommendation.layout}" in [s.value for s in at.subheader]
+    assert any("with tp 2, zero 1 pinned" in m.value for m in at.markdown)
+    assert any("InfiniBand HDR" in c.value for c in at.caption)
+    assert at.query_params["tp"] in ("2", ["2"]) and at.query_params["dp"] in ("auto", ["auto"])
+
+
+def test_a_bad_pin_shows_the_error_message(monkeypatch, tmp_path):
+    at = render(monkeypatch, tmp_path, {"model": "llama3.2-1b", "gpus": "8", "tp": "3"})
+    with pytest.raises(ConfigError) as expected:
+        TrainConfig(seq_len=4096, layout=Layout(tp=3)).check_model(get_preset("llama3.2-1b"))
+    assert [e.value for e in at.error] == [str(expected.value)]
+    assert not at.success and not at.get("vega_lite_chart")
+
+
+def test_the_gpu_count_is_capped(monkeypatch, tmp_path):
+    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8192"})
+    (error,) = [e.value for e in at.error]
+    assert "8192 GPUs is over this page's cap of 4096" in error and "headroom plan --gpus 8192" in error
+
+
+def test_the_compare_view_shows_two_layouts(monkeypatch, tmp_path, small_search):
+    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8"})
+    outcomes, winner = small_search.layouts, small_search.recommendation
+    assert at.selectbox(key="compare_a").value == str(outcomes[0].layout)  # the recommendation
+    assert at.selectbox(key="compare_b").value == str(outcomes[1].layout)  # and the runner-up
+    markdown = [m.value for m in at.markdown]
+    assert any(m.startswith(f"**A: {outcomes[0].layout}**") for m in markdown)
+    assert any(m.startswith(f"**B: {outcomes[1].layout}**") for m in markdown)
+    assert "**Why it lost:** recommended" in markdown
+    assert f"**Why it lost:** {outcomes[1].why_lost(winner)}" in markdown
+
+    other = outcomes[-1]
+    at.selectbox(key="compare_b").set_value(str(other.layout)).run()
+    assert not at.exception
+    markdown = [m.value for m in at.markdown]
+    assert any(m.startswith(f"**B: {other.layout}**") for m in markdown)
+    assert f"**Why it lost:** {other.why_lost(winner)}" in markdown
+    _, compared = chart_data(at, "term")
+    b = planning.shown_candidate(other)
+    assert compared.loc[compared["row"] == "B", "seconds"].sum() == pytest.approx(b.step_time_s, rel=1e-12)
+    memory = chart_data(at, "component")[1]  # chosen layout's ranks, then A and B's
+    assert any(row.startswith("B: ") for row in memory["row"])

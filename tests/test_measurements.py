@@ -1,0 +1,203 @@
+"""core.measurements: plain measurement records -> HardwareProfile and Calibration, numbers worked by hand."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+import pytest
+
+from core.calibration import Observation
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.estimate import estimate
+from core.measurements import (
+    UNMEASURED_BANDWIDTH_BYTES_PER_S,
+    AttentionRecord,
+    DeviceRecord,
+    ElementwiseRecord,
+    MatmulRecord,
+    StepPrediction,
+    TrainStepRecord,
+    allocator_fragmentation,
+    attention_throughput,
+    calibration_from_steps,
+    copy_bandwidth,
+    matmul_curve,
+    predict_step,
+    profile_from_measurements,
+    step_observations,
+)
+from core.presets import get_preset
+from core.recompute import parse_policy
+from core.timing import (
+    ATTENTION_BACKWARD_RATIO,
+    DEFAULT_FRAGMENTATION,
+    MatmulPoint,
+    step_time,
+)
+
+SPEC = asdict(get_preset("bench-llama-small"))
+CPU = DeviceRecord("Some Host CPU", "cpu", None)
+H100 = DeviceRecord("NVIDIA H100 80GB HBM3", "cuda", None)
+
+
+def step(**fields) -> TrainStepRecord:
+    base = dict(model_name="bench-llama-small", model_spec=SPEC, seq_len=128, micro_batch=2, accumulation_steps=1,
+                precision="fp32", optimizer="adamw", attention="flash", recompute="none", median_s=0.5)
+    return TrainStepRecord(**base | fields)
+
+
+# ---- the pieces ------------------------------------------------------------------------------
+
+
+def test_matmul_curve_takes_the_median_per_size_and_never_decreases():
+    records = [
+        MatmulRecord("fp32", 400, 4.0), MatmulRecord("fp32", 100, 1.0), MatmulRecord("fp32", 100, 3.0),
+        MatmulRecord("fp32", 100, 2.0), MatmulRecord("bf16", 100, 10.0), MatmulRecord("fp32", 200, 1.5),
+        MatmulRecord("fp32", 400, 5.0),
+    ]
+    # fp32: 100 -> median(1, 3, 2) = 2; 200 -> 1.5 dips below 2, so 2 is carried; 400 -> median(4, 5) = 4.5.
+    assert matmul_curve(records) == {
+        "fp32": (MatmulPoint(100.0, 2.0), MatmulPoint(200.0, 2.0), MatmulPoint(400.0, 4.5)),
+        "bf16": (MatmulPoint(100.0, 10.0),),
+    }
+    assert matmul_curve(reversed(records)) == matmul_curve(records)
+    assert matmul_curve([]) == {}
+
+
+def test_attention_is_the_fastest_backend_at_the_largest_shape():
+    # forward FLOPs 4 b s^2 a d: b=1, s=4, a=2, d=8 -> 1024; b=2 -> 2048.
+    records = [
+        AttentionRecord(1, 4, 2, 8, forward_s=0.1, backward_s=0.2),  # fastest, but not the largest shape
+        AttentionRecord(2, 4, 2, 8, forward_s=2.0, backward_s=5.0),
+        AttentionRecord(2, 4, 2, 8, forward_s=1.0, backward_s=2.5),
+        AttentionRecord(4, 4, 2, 8, forward_s=None),  # larger, but no forward time: ignored
+    ]
+    assert records[1].forward_flops == 2048
+    assert attention_throughput(records) == (2048.0, 2.5)
+    assert attention_throughput([AttentionRecord(1, 4, 2, 8, forward_s=0.5)]) == (2048.0, None)
+    assert attention_throughput([AttentionRecord(1, 4, 2, 8, forward_s=None)]) is None
+
+
+def test_bandwidth_is_the_best_copy_and_fragmentation_the_median_ratio():
+    assert copy_bandwidth([ElementwiseRecord("copy", 5e9), ElementwiseRecord("add", 9e9),
+                           ElementwiseRecord("copy", 7e9)]) == 7e9
+    assert copy_bandwidth([ElementwiseRecord("relu", 9e9)]) is None
+    steps = [step(peak_allocated_bytes=100, peak_reserved_bytes=r) for r in (150, 110, 120)]
+    steps.append(step(peak_reserved_bytes=999))  # a CPU step: no allocator statistics
+    assert allocator_fragmentation(steps) == 1.2  # median(1.5, 1.1, 1.2)
+    assert allocator_fragmentation([step()]) is None
+
+
+# ---- the profile ------------------------------------------------------------------------------
+
+
+def test_a_device_without_a_datasheet_row_states_every_guess():
+    profile = profile_from_measurements(CPU, matmul=[MatmulRecord("fp32", 100, 2e9)], host_memory_bytes=64 * 10**9)
+    assert profile.source == "measured" and profile.device == "cpu" and profile.name == "Some Host CPU"
+    assert profile.memory_bytes == 64 * 10**9  # the host's: the fingerprint has none
+    assert profile.peak_flop_per_s == {}
+    assert profile.matmul == {"fp32": (MatmulPoint(100.0, 2e9),)}
+    assert profile.attention_flop_per_s == 1e9  # half the best matmul rate
+    assert profile.attention_backward_ratio == ATTENTION_BACKWARD_RATIO
+    assert profile.hbm_bytes_per_s == UNMEASURED_BANDWIDTH_BYTES_PER_S == 10e9
+    assert profile.fragmentation == DEFAULT_FRAGMENTATION
+    assert profile.assumptions == (
+        "attention at half the matmul rate (not measured)",
+        "bandwidth not measured",
+        "allocator fragmentation 1.10x (no CUDA allocator statistics stored)",
+    )
+
+
+def test_a_cuda_device_fills_gaps_from_its_datasheet_row():
+    profile = profile_from_measurements(
+        H100,
+        attention=[AttentionRecord(2, 4, 2, 8, forward_s=1e-12, backward_s=3e-12)],
+        elementwise=[ElementwiseRecord("copy", 3e12)],
+        train_steps=[step(peak_allocated_bytes=100, peak_reserved_bytes=r) for r in (105, 110)],
+    )
+    assert profile.device == "cuda" and profile.memory_bytes == 80 * 10**9  # the H100 SXM row's
+    assert profile.peak_flop_per_s["bf16"] == 989.4e12
+    # No matmul measured: the datasheet's one point per dtype, 75% of the dense peak.
+    assert profile.matmul["bf16"] == (MatmulPoint(1.0, 989.4e12 * 0.75),)
+    assert profile.attention_flop_per_s == 2048 / 1e-12
+    assert profile.attention_backward_ratio == 3e-12 / 1e-12
+    assert profile.hbm_bytes_per_s == 3e12
+    assert profile.fragmentation == pytest.approx(1.075)  # median(1.05, 1.10)
+    assert profile.assumptions == ("matmul at 75% of the dense datasheet peak",)
+
+
+def test_datasheet_fallbacks_for_attention_and_bandwidth_and_stored_memory():
+    device = DeviceRecord("NVIDIA H100 80GB HBM3", "cuda", 85_520_809_984)
+    profile = profile_from_measurements(device, matmul=[MatmulRecord("bf16", 10**12, 700e12)])
+    assert profile.memory_bytes == 85_520_809_984  # the fingerprint's, before the datasheet's
+    assert profile.matmul == {"bf16": (MatmulPoint(1e12, 700e12),)}
+    assert profile.attention_flop_per_s == 989.4e12 * 0.50
+    assert profile.hbm_bytes_per_s == 3.35e12 * 0.85
+    assert profile.assumptions == ("attention at half the matmul rate (not measured)", "bandwidth not measured",
+                                   "allocator fragmentation 1.10x (no CUDA allocator statistics stored)")
+
+
+def test_a_cpu_never_takes_a_datasheet_row_and_nothing_to_go_on_is_an_error():
+    # A CPU's name is never matched to a GPU row, even when it would match.
+    named_like_a_gpu = DeviceRecord("NVIDIA H100 80GB HBM3", "cpu", 10**9)
+    assert profile_from_measurements(named_like_a_gpu, matmul=[MatmulRecord("fp32", 1, 1.0)]).peak_flop_per_s == {}
+    with pytest.raises(ConfigError, match="Mystery GPU has no matmul measurements in the store and no datasheet row"):
+        profile_from_measurements(DeviceRecord("Mystery GPU", "cuda", 10**9))
+    with pytest.raises(ConfigError, match="memory size unknown"):
+        profile_from_measurements(CPU, matmul=[MatmulRecord("fp32", 1, 1.0)])
+
+
+# ---- the calibration --------------------------------------------------------------------------
+
+PROFILE = profile_from_measurements(CPU, matmul=[MatmulRecord("fp32", 100, 2e9)], host_memory_bytes=64 * 10**9)
+
+
+def test_predict_step_is_the_current_core_on_the_steps_configuration():
+    record = step(recompute="full", accumulation_steps=2, micro_batch=1)
+    config = TrainConfig(seq_len=128, micro_batch=1, precision="fp32", optimizer="adamw", attention="flash",
+                         recompute=parse_policy("full"))
+    expected = estimate(get_preset("bench-llama-small"), config, "cpu", 2)
+    assert predict_step(record, PROFILE) == StepPrediction(
+        expected.peak_bytes, expected.ledger.activation_bytes, step_time(expected, PROFILE, 2).total_s)
+    # A step an older core recorded that today's no longer reads is left out, not guessed.
+    assert predict_step(step(model_spec={"n_layers": 2, "colour": "red"}), PROFILE) is None
+    assert predict_step(step(recompute="every-x"), PROFILE) is None
+    assert predict_step(step(precision="fp4"), PROFILE) is None
+
+
+def test_observations_pair_peak_on_cuda_and_saved_activations_on_cpu():
+    cpu_step, cuda_step = step(activation_bytes=1000), step(peak_allocated_bytes=5000, median_s=0.25)
+    predicted = predict_step(cpu_step, PROFILE)
+    observations = step_observations([cpu_step, step(model_spec={"bogus": 1}), cuda_step], PROFILE)
+    assert observations == [
+        Observation(predicted.activation_bytes, 1000, predicted.step_time_s, 0.5, "bench-llama-small micro 2 x1 none"),
+        Observation(predicted.peak_bytes, 5000, predicted.step_time_s, 0.25, "bench-llama-small micro 2 x1 none"),
+    ]
+
+
+def test_each_configuration_is_predicted_once(monkeypatch):
+    import core.measurements
+
+    calls = []
+    monkeypatch.setattr(core.measurements, "predict_step", lambda s, p: calls.append(s) or StepPrediction(1, 1, 1.0))
+    steps = [step(), step(median_s=0.7), step(dropout=0.1), step(recompute="full")]
+    assert len(step_observations(steps, PROFILE)) == 4
+    assert calls == [steps[0], steps[2], steps[3]]  # the second reran the first's configuration
+
+
+def test_calibration_factor_and_errors_by_hand():
+    base = [step(micro_batch=b) for b in (1, 2, 4)]
+    predicted = [predict_step(s, PROFILE) for s in base]
+    # Measured = 1x, 2x and 4x the prediction (memory and time alike).
+    steps = [step(micro_batch=s.micro_batch, activation_bytes=p.activation_bytes * k, median_s=p.step_time_s * k)
+             for s, p, k in zip(base, predicted, (1, 2, 4))]
+    calibration = calibration_from_steps("Some Host CPU", steps, PROFILE)
+    assert calibration.device == "Some Host CPU"
+    for fit in (calibration.memory, calibration.time):
+        assert fit.samples == 3
+        assert fit.factor == 2.0  # median(1, 2, 4)
+        assert fit.raw_error == 0.5  # median |p/m - 1| of (0, 0.5, 0.75)
+        assert fit.error == 0.5  # median |2p/m - 1| of (1, 0, 0.5)
+        assert fit.worst == 1.0
+    assert not calibration_from_steps("Some Host CPU", [], PROFILE).calibrated

@@ -1,0 +1,209 @@
+"""Memory per rank under tensor, sequence, pipeline, context and data parallelism, against the papers."""
+
+from fractions import Fraction
+
+import pytest
+
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.estimate import estimate
+from core.layout import Layout
+from core.ledger import activation_ledger
+from core.memory import (
+    fsdp_units,
+    korthikanti_layer_activations,
+    rank_parameters,
+    static_memory_of,
+)
+from core.pipeline import bubble_fraction, in_flight, rank_kinds
+from core.presets import get_preset
+from core.recompute import parse_policy
+from core.units import GB
+
+GPT3 = get_preset("gpt3-175b")
+LLAMA = get_preset("llama2-7b")
+
+
+# ---- Korthikanti et al. 2022, Table 2: one layer on one tensor-parallel rank ----------------------
+
+
+@pytest.mark.parametrize(("sp", "selective"), [(False, False), (True, False), (False, True), (True, True)])
+def test_table2_formulas(sp, selective):
+    s, b, h, a, t = 2048, 1, GPT3.hidden, GPT3.n_heads, 8
+    sbh = s * b * h
+    published = {  # Table 2, bytes per layer
+        (False, False): sbh * 10 + sbh * 24 // t + 5 * a * s * s * b // t,
+        (True, False): (sbh * 34 + 5 * a * s * s * b) // t,
+        (False, True): sbh * 10 + sbh * 24 // t,
+        (True, True): sbh * 34 // t,
+    }[(sp, selective)]
+    assert korthikanti_layer_activations(s, b, h, a, tp=t, sp=sp, selective=selective).total == published
+
+
+@pytest.mark.parametrize(("sp", "selective"), [(False, False), (True, False), (False, True), (True, True)])
+def test_ledger_per_tp_rank_is_table2_plus_norm_statistics(sp, selective):
+    """GPT-3 175B on 8-way TP, bf16-pure, standard attention, dropout, Megatron's saving rules.
+
+    The ledger keeps exactly Table 2 and what the formula leaves out, as without parallelism
+    (tests/test_ledger.py): each LayerNorm's fp32 mean and rstd over the rows this rank holds,
+    and the explicit attention's s x s causal mask (recomputed under selective).
+    """
+    s, b, t = 2048, 1, 8
+    config = TrainConfig(seq_len=s, micro_batch=b, precision="bf16-pure", attention="standard", dropout=0.1,
+                         recompute=parse_policy("selective" if selective else "none"), stack="megatron",
+                         layout=Layout(tp=t, sp=sp))
+    layer = activation_ledger(GPT3, config, "cuda").per_layer_bytes
+    formula = korthikanti_layer_activations(s, b, GPT3.hidden, GPT3.n_heads, tp=t, sp=sp, selective=selective).total
+    rows = s // t if sp else s
+    assert layer - formula == 4 * rows * b * 4 + (0 if selective else s * s)
+
+
+def test_torch_sequence_parallel_keeps_the_gathered_inputs():
+    """DTensor all-gathers a column-parallel linear's input and autograd keeps it: the attention's and
+    the MLP's gathered input, full sequence, where Megatron keeps the 1/t shards."""
+    s, b, h, t = 2048, 1, GPT3.hidden, 8
+    base = dict(seq_len=s, micro_batch=b, precision="bf16-pure", attention="standard", dropout=0.1,
+                layout=Layout(tp=t, sp=True))
+    torch_layer = activation_ledger(GPT3, TrainConfig(**base, stack="torch"), "cuda").per_layer_bytes
+    megatron_layer = activation_ledger(GPT3, TrainConfig(**base, stack="megatron"), "cuda").per_layer_bytes
+    assert torch_layer - megatron_layer == 2 * (s * b * h * 2 - s * b * h * 2 // t)
+
+
+def test_context_parallel_divides_the_sequence():
+    """Every activation of a llama layer is linear in s under flash attention: cp 4 keeps a quarter,
+    but for the fused kernel's philox seed and offset (two int64 scalars a layer)."""
+    base = dict(seq_len=8192, precision="bf16-pure")
+    whole = activation_ledger(LLAMA, TrainConfig(**base), "cuda").per_layer_bytes
+    quarter = activation_ledger(LLAMA, TrainConfig(**base, layout=Layout(cp=4)), "cuda").per_layer_bytes
+    assert quarter * 4 - whole == 3 * 16
+
+
+def test_ring_attention_double_buffers_k_v_and_their_gradients():
+    """cp 4 on llama3-8b: each rank's K and V chunk, current and arriving, with dK and dV in backward."""
+    spec = get_preset("llama3-8b")
+    config = TrainConfig(seq_len=8192, micro_batch=2, precision="bf16-pure", layout=Layout(cp=4))
+    chunk = 2 * 2 * (8192 // 4) * spec.kv_dim * 2  # K and V, b x s/cp x kv_dim, bf16
+    assert activation_ledger(spec, config, "cuda").ring_buffer_bytes == 4 * chunk
+    assert activation_ledger(spec, TrainConfig(seq_len=8192, micro_batch=2), "cuda").ring_buffer_bytes == 0
+
+
+# ---- pipelines: Narayanan et al. 2021, Korthikanti et al. 2022 -----------------------------------
+
+
+@pytest.mark.parametrize("pp", [2, 4, 8])
+def test_1f1b_first_stage_holds_pp_micro_batches(pp):
+    """Stage i holds pp - i micro-batches: the first stage keeps a whole model's layers of activations."""
+    layout = Layout(pp=pp)
+    assert [in_flight(layout, i, 64) for i in range(pp)] == [pp - i for i in range(pp)]
+    assert in_flight(layout, 0, 2) == min(pp, 2)  # fewer micro-batches than stages
+
+
+@pytest.mark.parametrize(("pp", "v"), [(4, 2), (8, 3), (2, 4)])
+def test_interleaved_first_stage_is_korthikanti_formula(pp, v):
+    """Korthikanti Sec. 4.2.3: the first stage holds L (1 + (p - 1) / (p v)) layers of activations."""
+    layers = 96
+    layout = Layout(pp=pp, schedule="interleaved", virtual_stages=v)
+    held = in_flight(layout, 0, 64) * (layers // pp)
+    assert held == layers * (1 + Fraction(pp - 1, pp * v))
+
+
+@pytest.mark.parametrize(("layout", "m", "expected"), [
+    (Layout(pp=8), 32, Fraction(7, 32)),
+    (Layout(pp=8, schedule="interleaved", virtual_stages=4), 32, Fraction(7, 128)),
+    (Layout(pp=4, schedule="gpipe"), 8, Fraction(3, 8)),
+    (Layout(), 8, Fraction(0)),
+])
+def test_bubble_is_pp_minus_one_over_v_m(layout, m, expected):
+    """Narayanan et al. 2021, Sec. 2.2: bubble time fraction (p - 1) / m, and (p - 1) / (v m) interleaved."""
+    assert bubble_fraction(layout, m) == expected
+
+
+def test_gpipe_holds_every_micro_batch_on_every_stage():
+    assert [in_flight(Layout(pp=4, schedule="gpipe"), i, 8) for i in range(4)] == [8] * 4
+
+
+def test_the_first_stage_is_the_most_loaded_and_every_kind_is_listed():
+    config = TrainConfig(seq_len=4096, precision="bf16-pure", layout=Layout(pp=4, tp=2))
+    result = estimate(LLAMA, config, "cuda", accumulation_steps=8)
+    report = result.to_dict()
+    assert report["rank"] == "first stage"
+    assert [r["rank"] for r in report["ranks"]] == ["first stage", "middle stage", "last stage"]
+    assert report["ranks"][0]["peak"] == result.peak_bytes == max(r["peak"] for r in report["ranks"])
+    first, middle, last = result.ranks
+    # In flight: 4, 3 and 1 micro-batches of 8 layers each.
+    per_layer = first.ledger.per_layer_bytes
+    assert first.activation_bytes >= 4 * 8 * per_layer
+    assert middle.activation_bytes == 3 * 8 * per_layer + 3 * (middle.ledger.device_activation_bytes - 8 * per_layer)
+    assert last.logits_bytes > 0 and first.logits_bytes == 0
+
+
+def test_interleaved_needs_micro_batches_in_groups_of_pp():
+    config = TrainConfig(seq_len=1024, layout=Layout(pp=4, schedule="interleaved", virtual_stages=2))
+    with pytest.raises(ConfigError, match="multiple of pp 4"):
+        estimate(LLAMA, config, "cuda", accumulation_steps=6)
+
+
+# ---- static state per rank ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("d", [1, 2, 8, 64])
+def test_megatron_distributed_optimizer_is_6_plus_12_over_d(d):
+    """Megatron-LM docs, "Distributed Optimizer": bf16 params (2) and fp32 main grads (4) on every
+    rank, fp32 master and Adam state (12) sharded over d data-parallel ranks: 18 bytes at d = 1."""
+    n = 10**9
+    config = TrainConfig(seq_len=1, precision="bf16-fp32grad", optimizer="adam", layout=Layout(dp=d, zero=1))
+    assert static_memory_of(n, config).total == n * 6 + n * 12 // d
+    if d == 1:
+        assert static_memory_of(n, config).total == 18 * n
+
+
+def test_ddp_keeps_gradient_buckets_and_zero_does_not():
+    ddp = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8)), "cuda")
+    assert ddp.static.gradient_buckets == ddp.static.gradients == LLAMA.parameters * 4
+    zero1 = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8, zero=1)), "cuda")
+    assert zero1.static.gradient_buckets == 0
+
+
+def test_stages_add_up_to_the_model():
+    assert rank_parameters(LLAMA, Layout()) == LLAMA.parameters
+    pp2 = Layout(pp=2)
+    first, last = rank_kinds(pp2, LLAMA.n_layers, 1)
+    assert rank_parameters(LLAMA, pp2, first) + rank_parameters(LLAMA, pp2, last) == LLAMA.parameters
+    tied = get_preset("gpt2-xl")  # the last stage keeps its own copy of the embedding for the head
+    first, last = rank_kinds(pp2, tied.n_layers, 1)
+    assert (rank_parameters(tied, pp2, first) + rank_parameters(tied, pp2, last)
+            == tied.parameters + tied.vocab_size * tied.hidden)
+
+
+def test_tensor_parallel_replicates_norms_only():
+    """llama has no biases: everything but the 2L + 1 RMSNorm weights splits over tp."""
+    norms = (2 * LLAMA.n_layers + 1) * LLAMA.hidden
+    assert rank_parameters(LLAMA, Layout(tp=4)) == (LLAMA.parameters - norms) // 4 + norms
+
+
+def test_fsdp_gathers_two_neighbouring_units_not_the_whole_model():
+    """amp-bf16 under FSDP: no autocast copy of the whole model, two bf16 units gathered instead."""
+    config = TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3))
+    result = estimate(LLAMA, config, "cuda")
+    units = fsdp_units(LLAMA, config.layout, result.rank)
+    assert units[0] == LLAMA.embedding_parameters() and len(units) == LLAMA.n_layers + 2
+    forward, backward = result.gathered_parameter_bytes
+    assert forward == 2 * (2 * units[1])  # two 202M-parameter blocks, bf16 (more than the 131M embedding + one)
+    assert backward == forward + max(units) * (2 + 4)
+    assert result.autocast_cache_bytes == 0 and result.weight_copy_bytes == 0
+    assert result.static.parameters == -(-LLAMA.parameters * 4 // 8)
+    # A 7B model no longer carries 13.5 GB of bf16 weight copies per rank: 2.4 GB of gathered units.
+    assert result.peak_components["weight_copies"] == 0
+    assert result.peak_components["gathered_parameters"] == backward < 2.5 * GB
+
+
+@pytest.mark.parametrize(("layout", "match"), [
+    (dict(tp=3), "32 attention heads do not split over tp 3; use --tp among"),
+    (dict(pp=5), "32 layers do not split over pp 5"),
+    (dict(sp=True), "needs tp > 1"),
+    (dict(cp=3), "seq-len 4096 does not split into 2 x cp = 6"),
+    (dict(schedule="interleaved"), "virtual-stages >= 2"),
+])
+def test_layouts_that_do_not_divide_name_the_value(layout, match):
+    with pytest.raises(ConfigError, match=match):
+        TrainConfig(seq_len=4096, layout=Layout(**layout)).check_model(LLAMA)
