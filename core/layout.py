@@ -107,8 +107,9 @@ class Layout:
                               f"use --tp among {divisors_near(n_kv_heads, self.tp)}")
         if n_layers % self.chunks:
             what = f"pp {self.pp} x {self.virtual_stages} virtual stages" if self.virtual_stages > 1 else f"pp {self.pp}"
+            flags = "--pp x --virtual-stages" if self.virtual_stages > 1 else "--pp"
             raise ConfigError(f"{name}: its {n_layers} layers do not split over {what}; "
-                              f"use --pp x --virtual-stages among {divisors_near(n_layers, self.chunks)}")
+                              f"use {flags} among {divisors_near(n_layers, self.chunks)}")
         # Ring attention with causal load balancing splits each sequence into 2 x cp chunks; sequence
         # parallelism then splits each rank's tokens over the tensor-parallel ranks.
         split = (2 * self.cp if self.cp > 1 else 1) * (self.tp if self.sp else 1)

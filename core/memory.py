@@ -8,6 +8,7 @@ ledger is compared with.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 
 from core.config import TrainConfig
@@ -97,12 +98,47 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ..
     return tuple(units)
 
 
+def fsdp_first_shard_parameters(spec: ModelSpec, ranks: int) -> int:
+    """Elements of the first rank's shards under FSDP2 over ``ranks`` ranks: sum of ceil(d0 / W) x rest.
+
+    ``fully_shard`` splits each parameter of shape (d0, *rest) along dim 0 as ``torch.chunk`` does:
+    ceil(d0 / W) rows to each rank until the rows run out, so the first rank holds a full chunk of
+    every parameter (the last may hold fewer, or none) and is the most loaded. Every rank's storage
+    is padded to that chunk, and the gradients of a unit are views of one flat buffer of the padded
+    shards. A (509, 64) embedding over 2 ranks: 255 rows, 32 elements more than 509 x 64 / 2.
+    """
+    return sum(-(-d0 // ranks) * math.prod(rest) for d0, *rest in spec.parameter_shapes())
+
+
 def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = None) -> StaticMemory:
-    """Parameters, gradients, master copy, optimizer state and DDP buckets of one rank."""
-    static = static_memory_of(rank_parameters(spec, config.layout, rank), config)
-    if config.dp * config.layout.cp > 1 and config.zero == 0:
+    """Parameters, gradients, master copy, optimizer state and DDP buckets of one rank.
+
+    Under ZeRO-3 with tp 1 and pp 1 (FSDP alone) this is the first data-parallel rank, the most loaded:
+    its padded shard of every parameter (``fsdp_first_shard_parameters``), and the gradients, master
+    copy and optimizer state of that shard (Adam's moments take the local shard's shape). With tp or
+    pp the plain division of ``static_memory_of`` is kept. Not counted: AdamW's fp32 ``step``, one
+    4-byte scalar per parameter tensor, which torch keeps on the host unless the optimizer is fused
+    or capturable (torch/optim/adam.py, ``_init_group``): where it lives depends on the optimizer's
+    implementation, which the configuration does not name.
+    """
+    layout = config.layout
+    if config.zero == 3 and layout.tp == 1 and layout.pp == 1:
+        return _unsharded(fsdp_first_shard_parameters(spec, config.dp * layout.cp), config)
+    static = static_memory_of(rank_parameters(spec, layout, rank), config)
+    if config.dp * layout.cp > 1 and config.zero == 0:
         return replace(static, gradient_buckets=static.gradients)
     return static
+
+
+def _unsharded(parameters: int, config: TrainConfig) -> StaticMemory:
+    """Static bytes of ``parameters`` elements held whole: parameter, gradient, master and state bytes each."""
+    recipe = get_precision(config.precision)
+    return StaticMemory(
+        parameters=parameters * recipe.param_bytes,
+        gradients=parameters * recipe.grad_bytes,
+        master_weights=parameters * recipe.master_bytes,
+        optimizer_states=parameters * optimizer_state_bytes(config.optimizer),
+    )
 
 
 def static_memory_of(parameters: int, config: TrainConfig) -> StaticMemory:
@@ -110,16 +146,16 @@ def static_memory_of(parameters: int, config: TrainConfig) -> StaticMemory:
 
     Stage 1 shards optimizer state and the master copy over the data-parallel
     (times context-parallel) ranks, stage 2 also gradients, stage 3 (FSDP) also parameters (Rajbhandari
-    et al., "ZeRO", 2020, Fig. 1).
+    et al., "ZeRO", 2020, Fig. 1): ceil(N x bytes / W), a flat split of the whole. FSDP2 splits each
+    parameter instead; ``static_memory`` counts its padding from the model's shapes.
     """
-    recipe = get_precision(config.precision)
     # Context-parallel ranks hold the same weights as data-parallel ones: sharding spans both.
-    n, ranks, stage = parameters, config.dp * config.layout.cp, config.zero
+    whole, ranks, stage = _unsharded(parameters, config), config.dp * config.layout.cp, config.zero
     return StaticMemory(
-        parameters=_shard(n * recipe.param_bytes, ranks, stage >= 3),
-        gradients=_shard(n * recipe.grad_bytes, ranks, stage >= 2),
-        master_weights=_shard(n * recipe.master_bytes, ranks, stage >= 1),
-        optimizer_states=_shard(n * optimizer_state_bytes(config.optimizer), ranks, stage >= 1),
+        parameters=_shard(whole.parameters, ranks, stage >= 3),
+        gradients=_shard(whole.gradients, ranks, stage >= 2),
+        master_weights=_shard(whole.master_weights, ranks, stage >= 1),
+        optimizer_states=_shard(whole.optimizer_states, ranks, stage >= 1),
     )
 
 

@@ -136,6 +136,31 @@ class ModelSpec:
         per_layer = 2 * h * h + 2 * h * kv + self.mlp_projections * h * f
         return self.n_layers * per_layer + self.vocab_size * h
 
+    def parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """The shape of every parameter tensor, in the order of the agent's ``Decoder.parameters()``.
+
+        Token embedding (V, h); learned positions (max_seq_len, h) for ``gpt``; per block the
+        attention norm, q (h, h), k and v (kv_dim, h), o (h, h), the MLP norm, gate (``llama``) and
+        up (f, h), down (h, f), each linear's bias (out,) per ``bias``; the final norm; the head
+        (V, h) unless tied. A norm is a weight (h,), plus a bias (h,) for ``gpt``'s LayerNorm.
+        Linear weights are (out, in) as ``nn.Linear`` stores them: FSDP shards them along dim 0.
+        """
+        h, kv, f, v = self.hidden, self.kv_dim, self.ffn_hidden, self.vocab_size
+        norm = ((h,), (h,)) if self.block == "gpt" else ((h,),)
+
+        def linear(out: int, into: int, bias: bool) -> tuple[tuple[int, ...], ...]:
+            return ((out, into), (out,)) if bias else ((out, into),)
+
+        qkv_bias, other_bias = self.bias in ("qkv", "all"), self.bias == "all"
+        attention = (*linear(h, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias),
+                     *linear(h, h, other_bias))
+        gate = linear(f, h, other_bias) if self.block == "llama" else ()
+        mlp = (*gate, *linear(f, h, other_bias), *linear(h, f, other_bias))
+        block = (*norm, *attention, *norm, *mlp)
+        positions = ((self.max_seq_len, h),) if self.block == "gpt" else ()
+        head = () if self.tied_embeddings else ((v, h),)
+        return ((v, h), *positions, *block * self.n_layers, *norm, *head)
+
     @property
     def parameters(self) -> int:
         """Exact parameter count (tied embeddings counted once)."""

@@ -1,5 +1,7 @@
 """Memory per rank under tensor, sequence, pipeline, context and data parallelism, against the papers."""
 
+import math
+from dataclasses import replace
 from fractions import Fraction
 
 import pytest
@@ -10,13 +12,15 @@ from core.estimate import estimate
 from core.layout import Layout
 from core.ledger import activation_ledger
 from core.memory import (
+    fsdp_first_shard_parameters,
     fsdp_units,
     korthikanti_layer_activations,
     rank_parameters,
+    static_memory,
     static_memory_of,
 )
 from core.pipeline import bubble_fraction, in_flight, rank_kinds
-from core.presets import get_preset
+from core.presets import PRESETS, get_preset
 from core.recompute import parse_policy
 from core.units import GB
 
@@ -191,10 +195,70 @@ def test_fsdp_gathers_two_neighbouring_units_not_the_whole_model():
     assert forward == 2 * (2 * units[1])  # two 202M-parameter blocks, bf16 (more than the 131M embedding + one)
     assert backward == forward + max(units) * (2 + 4)
     assert result.autocast_cache_bytes == 0 and result.weight_copy_bytes == 0
-    assert result.static.parameters == -(-LLAMA.parameters * 4 // 8)
+    # Every dim 0 of llama2-7b (32000, 4096, 11008) splits evenly over 8: no padding, N / 8 exactly.
+    first_shard = sum(math.prod(shape) // 8 for shape in LLAMA.parameter_shapes())
+    assert result.static.parameters == result.static.gradients == first_shard * 4 == LLAMA.parameters * 4 // 8
     # A 7B model no longer carries 13.5 GB of bf16 weight copies per rank: 2.4 GB of gathered units.
     assert result.peak_components["weight_copies"] == 0
     assert result.peak_components["gathered_parameters"] == backward < 2.5 * GB
+
+
+# ---- FSDP2's per-parameter shards -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", list(PRESETS))
+def test_parameter_shapes_add_up_to_the_parameter_count(name):
+    spec = get_preset(name)
+    assert sum(math.prod(shape) for shape in spec.parameter_shapes()) == spec.parameters
+
+
+TINY_VARIANTS = {
+    "bench-gpt-tiny": get_preset("bench-gpt-tiny"),
+    "bench-llama-tiny": get_preset("bench-llama-tiny"),
+    "gpt untied": replace(get_preset("bench-gpt-tiny"), tied_embeddings=False),
+    "llama tied, qkv biases": replace(get_preset("bench-llama-tiny"), tied_embeddings=True, bias="qkv"),
+}
+
+
+@pytest.mark.parametrize("name", list(TINY_VARIANTS))
+def test_parameter_shapes_are_the_decoders(name):
+    """The agent's decoder, built on the meta device, has exactly these tensors in this order."""
+    torch = pytest.importorskip("torch")
+    from agent.model import Decoder
+
+    spec = TINY_VARIANTS[name]
+    with torch.device("meta"):
+        decoder = Decoder(spec)
+    assert [tuple(p.shape) for p in decoder.parameters()] == list(spec.parameter_shapes())
+
+
+def test_fsdp_first_rank_holds_a_padded_chunk_of_every_parameter():
+    """torch.chunk over 3 ranks: the first rank gets ceil(d0 / 3) rows of each parameter.
+
+    bench-llama-tiny: embedding and head (512, 64) -> 171 rows each; per layer two norms (64,) -> 22
+    each, q and o (64, 64) -> 22 rows, k and v (32, 64) -> 11 rows, gate and up (176, 64) -> 59 rows,
+    down (64, 176) -> 22 rows; the final norm (64,) -> 22.
+    """
+    spec = get_preset("bench-llama-tiny")
+    per_layer = 2 * 22 + 2 * 22 * 64 + 2 * 11 * 64 + 2 * 59 * 64 + 22 * 176
+    first = 2 * 171 * 64 + spec.n_layers * per_layer + 22
+    assert fsdp_first_shard_parameters(spec, 3) == first
+    assert first > -(-spec.parameters // 3)
+    config = TrainConfig(seq_len=256, precision="bf16-master", optimizer="adamw", layout=Layout(dp=3, zero=3))
+    static = static_memory(spec, config)
+    assert (static.parameters, static.gradients, static.master_weights, static.optimizer_states) == (
+        2 * first, 2 * first, 4 * first, 8 * first)
+    # cp ranks shard with the dp ranks: the same padded chunk over dp x cp = 3.
+    assert static_memory(spec, replace(config, layout=Layout(cp=3, zero=3))) == static
+
+
+def test_fsdp_with_tensor_or_pipeline_parallelism_keeps_the_plain_division():
+    spec = get_preset("bench-llama-tiny")
+    for layout in (Layout(tp=2, dp=3, zero=3), Layout(pp=2, dp=3, zero=3)):
+        config = TrainConfig(seq_len=256, layout=layout)
+        for rank in rank_kinds(layout, spec.n_layers, 1):
+            expected = static_memory_of(rank_parameters(spec, layout, rank), config)
+            assert static_memory(spec, config, rank) == expected
 
 
 @pytest.mark.parametrize(("layout", "match"), [
