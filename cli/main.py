@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import NoReturn
 
 from cli import agent, catalog, dashboard, db, estimate, plan
 from core.errors import ConfigError
@@ -16,8 +17,15 @@ from core.errors import ConfigError
 COMMANDS = (estimate, plan, agent, catalog, db, dashboard)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr (exit 2), as every other input error is."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="headroom",
         description="Plan GPU training runs from real measurements.",
     )

@@ -14,7 +14,7 @@ from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster, cl
 from core.planner import Plan, PlanRequest, plan_to_dict
 from core.presets import resolve_model
 from core.timing import HardwareProfile
-from core.units import GB, parse_bytes
+from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
 
 SINGLE_GPU = {"tp": 1, "pp": 1, "cp": 1, "dp": 1, "zero": 0, "sp": False}
@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")
     batch.add_argument("--global-tokens", type=int, help="tokens per optimizer step, all ranks together (a multiple of --seq-len)")
-    p.add_argument("--budget", default="80GB", help="memory per GPU, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; default 80GB)")
+    p.add_argument("--budget", default="80GB", help="memory per GPU with its unit, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; a bare number is refused; default 80GB)")
     p.add_argument("--hardware", default="h100-sxm", help="a device measured in the store (its name) or a datasheet key from `headroom hardware` (default h100-sxm)")
     p.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
     p.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
@@ -52,6 +52,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def global_batch(args: argparse.Namespace) -> int:
     if args.global_batch is not None:
         return args.global_batch
+    if args.seq_len <= 0:
+        raise ConfigError(f"seq-len must be a positive integer, got {args.seq_len}")
     if args.global_tokens % args.seq_len:
         raise ConfigError(
             f"--global-tokens {args.global_tokens} is not a multiple of --seq-len {args.seq_len}; "
@@ -72,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
         spec=resolve_model(args.model), train=train_config(args, layout=layout), global_batch=global_batch(args),
-        budget_bytes=parse_bytes(args.budget), allow_offload=args.offload, gpus=args.gpus,
+        budget_bytes=parse_budget(args.budget), allow_offload=args.offload, gpus=args.gpus,
         pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
         cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
     )

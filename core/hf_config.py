@@ -61,6 +61,14 @@ def _field(config: dict[str, Any], key: str, name: str, default: Any = ...) -> A
     return default
 
 
+def _flag(config: dict[str, Any], key: str, name: str, default: bool) -> bool:
+    """A JSON boolean: ``"false"`` (a string) is refused, not read as true."""
+    value = _field(config, key, name, default)
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}: {key} must be true or false (a JSON boolean), got {value!r}")
+    return value
+
+
 def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec:
     heads = _field(config, "num_attention_heads", name)
     hidden = _field(config, "hidden_size", name)
@@ -71,7 +79,7 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
             "models whose attention width differs from hidden_size are not supported yet"
         )
     for flag in ("attention_bias", "mlp_bias"):
-        if config.get(flag):
+        if _flag(config, flag, name, False):
             raise ConfigError(f"{name}: {flag}=true is not supported yet (only Qwen2's q/k/v biases are)")
     return ModelSpec(
         name=name,
@@ -83,7 +91,7 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         ffn_hidden=_field(config, "intermediate_size", name),
         vocab_size=_field(config, "vocab_size", name),
         max_seq_len=_field(config, "max_position_embeddings", name),
-        tied_embeddings=bool(_field(config, "tie_word_embeddings", name, False)),
+        tied_embeddings=_flag(config, "tie_word_embeddings", name, False),
         bias="qkv" if model_type == "qwen2" else "none",
     )
 
@@ -101,6 +109,6 @@ def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:
         ffn_hidden=_field(config, "n_inner", name, 4 * hidden if isinstance(hidden, int) else hidden),
         vocab_size=_field(config, "vocab_size", name),
         max_seq_len=_field(config, "n_positions", name),
-        tied_embeddings=bool(_field(config, "tie_word_embeddings", name, True)),
+        tied_embeddings=_flag(config, "tie_word_embeddings", name, True),
         bias="all",
     )

@@ -6,6 +6,7 @@ Output says which one it uses.
 
 from __future__ import annotations
 
+import math
 import re
 
 from core.errors import ConfigError
@@ -42,9 +43,31 @@ def parse_bytes(text: str | int) -> int:
                 f"unknown unit {match['unit']!r} in {text!r}: use B, KB, MB, GB, TB "
                 "(powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)"
             )
-    size = round(value * _UNITS[unit])
+    scaled = value * _UNITS[unit]
+    if not math.isfinite(scaled):
+        raise ConfigError(f"size {text!r} is too large to be a size in bytes")
+    size = round(scaled)
     if size <= 0:
         raise ConfigError(f"size {text!r} must be positive")
+    return size
+
+
+MIN_BUDGET_BYTES = 2**20
+"""1 MiB: no accelerator has less memory per device."""
+MAX_BUDGET_BYTES = 10**15
+"""1 PB: a thousand times the largest accelerator memory sold."""
+
+
+def parse_budget(text: str) -> int:
+    """A memory budget per device: a size with a unit ("80GB", "80GiB"), between 1 MiB and 1 PB.
+
+    A bare number is refused rather than read as bytes: ``--budget 80`` means 80 GB to a person.
+    """
+    if _SIZE.match(str(text)) and not _SIZE.match(str(text))["unit"]:
+        raise ConfigError(f"budget {text!r} has no unit; did you mean '{text}GB'? (GB = 1e9 bytes, GiB = 2**30)")
+    size = parse_bytes(text)
+    if not MIN_BUDGET_BYTES <= size <= MAX_BUDGET_BYTES:
+        raise ConfigError(f"budget {text!r} is outside 1 MiB to 1 PB: a device's memory is in that range")
     return size
 
 

@@ -37,7 +37,7 @@ from core.model import ModelSpec
 from core.planner import Candidate, LayoutOutcome, Plan, PlanRequest
 from core.presets import get_preset
 from core.timing import HardwareProfile
-from core.units import GB, parse_bytes
+from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
 
 MODEL_SOURCES = ("preset", "dimensions", "config.json")
@@ -218,7 +218,7 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile 
     search = inputs.gpus > 0
     cluster = build_cluster(inputs, profile) if profile is not None and (search or layout.world > 1) else None
     return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,
-                       budget_bytes=parse_bytes(inputs.budget), allow_offload=inputs.offload,
+                       budget_bytes=parse_budget(inputs.budget), allow_offload=inputs.offload,
                        gpus=inputs.gpus if search else None, pinned=pinned_axes(inputs) if search else frozenset(),
                        cluster=cluster)
 

@@ -137,3 +137,28 @@ def test_plan_searches_layouts_and_exports_the_winner(headroom):
     assert json.loads(report["export"]["text"])["train_batch_size"] == 64
     megatron = headroom(*args, "--export", "megatron")
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--budget", "80"), "budget '80' has no unit; did you mean '80GB'?"),
+    (("--budget", "1e400GB"), "size '1e400GB' is too large to be a size in bytes"),
+    (("--budget", "2000TB"), "budget '2000TB' is outside 1 MiB to 1 PB"),
+    (("--global-tokens", "4096", "--seq-len", "0"), "seq-len must be a positive integer, got 0"),
+    (("--global-batch", "8", "--interconnect", "foo"), "argument --interconnect: invalid choice: 'foo'"),
+    (("--global-batch", "8", "--tp"), "argument --tp: expected one argument"),
+])
+def test_plan_bad_input_is_one_line(headroom, args, message):
+    """Every bad value, argparse's included, is one line on stderr and exit status 2."""
+    if "--global-batch" not in args and "--global-tokens" not in args:
+        args = (*args, "--global-batch", "8")
+    result = headroom("plan", "--model", "llama2-7b", *args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+
+
+def test_a_string_where_config_json_wants_a_boolean_is_refused(headroom, tmp_path):
+    """tie_word_embeddings: "false" is a string, truthy: it must not silently tie the head."""
+    path = _bad_config(tmp_path, tie_word_embeddings="false")
+    result = headroom("estimate", "--model", str(path))
+    assert result.returncode == 2
+    assert "tie_word_embeddings must be true or false (a JSON boolean), got 'false'" in result.stderr
