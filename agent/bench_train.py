@@ -19,7 +19,9 @@ an upper bound here). ``bf16-master`` needs a master-copy optimizer the agent
 does not have: such rows are recorded as skipped, with that reason.
 
 An out-of-memory error is a result: recorded as ``oom`` with the memory the
-step had reached, after which everything is freed and the sweep goes on.
+step had reached, after which everything is freed and the sweep goes on. A
+step the core predicts cannot fit is not run at all (agent/safety.py): it is
+recorded as ``skipped``, naming the predicted bytes.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from agent.cases import Case, skipped
 from agent.fingerprint import datasheet_spec
 from agent.model import Decoder
 from agent.probe import probe
+from agent.safety import refusal
 from agent.sdpa import kernel_label, kernels_run
 from core.config import TrainConfig
 from core.estimate import estimate
@@ -170,6 +173,9 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     )
     if cfg.recipe.master_bytes or cfg.recipe.grad_bytes != cfg.recipe.param_bytes:
         return skipped(row, f"the agent's trainer has no master-copy optimizer for {cfg.precision}")
+    reason = refusal(prediction, device)
+    if reason:
+        return skipped(row, reason)
     memory = _Memory(device)
     model = optimizer = batches = None
     try:

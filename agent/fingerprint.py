@@ -10,6 +10,7 @@ datasheet match ("unknown" when no row claims the name) is stored with it.
 
 from __future__ import annotations
 
+import functools
 import platform
 import shutil
 import socket
@@ -18,6 +19,7 @@ import subprocess
 import torch
 
 from agent.clocks import gpu_uuid
+from agent.topology import read_topology
 from core.hardware import HardwareSpec, match_device
 from db.models import Fingerprint
 
@@ -59,6 +61,12 @@ def nvidia_smi(gpu: str) -> dict[str, str]:
         return {}
     values = [v.strip() for v in out.split(",")]
     return {k: v for k, v in zip(_SMI_FIELDS, values) if v and v != "[N/A]"}
+
+
+@functools.cache
+def topology() -> dict:
+    """The box's GPU topology (agent.topology), read once per process."""
+    return read_topology()
 
 
 def form_factor(name: str) -> str | None:
@@ -109,6 +117,7 @@ def fingerprint(device: torch.device) -> Fingerprint:
         form_factor=form_factor(props.name),
         driver_version=smi.get("driver_version"),
         cuda_version=torch.version.cuda or torch.version.hip,
-        details=details | card | {"hardware": match.key, "l2_bytes": props.L2_cache_size, "nvidia_smi": smi},
+        details=details | card | {"hardware": match.key, "l2_bytes": props.L2_cache_size, "nvidia_smi": smi,
+                                  "gpus_visible": torch.cuda.device_count(), "topology": topology()},
         **common,
     )

@@ -70,16 +70,9 @@ def block_plan(block: Block, sequence_parallel: bool) -> dict[str, object]:
     return plan
 
 
-def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parallel: bool) -> Decoder | Block:
-    """Shard every block of ``model`` (a Decoder, or one Block) over the 1-D ``mesh``, in place, once.
-
-    A Block under sequence parallelism takes and returns its rank's s/tp
-    tokens (a plain tensor, as between torchtitan's blocks); a Decoder still
-    maps token ids to a loss. Every rank must hold the same weights before
-    (the same seed): each keeps its shard of what it holds.
-    """
+def _shard_blocks(blocks: list[Block], mesh: DeviceMesh, sequence_parallel: bool) -> None:
+    """Apply ``block_plan`` to each block, in place, once; its attention then counts this rank's heads."""
     tp = mesh.size()
-    blocks = list(model.blocks) if isinstance(model, Decoder) else [model]
     for block in blocks:
         attn = block.attn
         if isinstance(attn.q_proj.weight, DTensor):
@@ -91,6 +84,18 @@ def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parall
         # The projections now return this rank's heads only.
         attn.n_heads //= tp
         attn.n_kv_heads //= tp
+
+
+def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parallel: bool) -> Decoder | Block:
+    """Shard every block of ``model`` (a Decoder, or one Block) over the 1-D ``mesh``, in place, once.
+
+    A Block under sequence parallelism takes and returns its rank's s/tp
+    tokens (a plain tensor, as between torchtitan's blocks); a Decoder still
+    maps token ids to a loss. Every rank must hold the same weights before
+    (the same seed): each keeps its shard of what it holds.
+    """
+    blocks = list(model.blocks) if isinstance(model, Decoder) else [model]
+    _shard_blocks(blocks, mesh, sequence_parallel)
     if sequence_parallel and isinstance(model, Decoder):
         # The embedding's output is replicated: hand each rank its slice of the sequence, gather after.
         parallelize_module(blocks[0], mesh, PrepareModuleInput(
@@ -98,6 +103,37 @@ def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parall
         parallelize_module(blocks[-1], mesh, PrepareModuleOutput(
             output_layouts=(Shard(1),), desired_output_layouts=(Replicate(),), use_local_output=True))
     return model
+
+
+def parallelize_decoder(model: Decoder, mesh: DeviceMesh, sequence_parallel: bool) -> Decoder:
+    """Tensor parallelism over the whole decoder, as torchtitan's ``apply_tp`` shards Llama: the blocks
+    (``block_plan``), and the vocabulary: the embedding's rows (``RowwiseParallel``: each rank looks
+    up its slice of the vocabulary and the partial embeddings are reduced, or reduce-scattered along
+    the sequence under sequence parallelism), the final norm (``SequenceParallel``) and the head's
+    columns (``ColwiseParallel``: each rank computes the logits of its 1/tp of the vocabulary, left
+    sharded). The loss over sharded logits must run under ``loss_parallel()`` (`vocabulary_loss`),
+    its backward too, as Megatron's vocabulary-parallel cross-entropy does.
+    """
+    if model.positions is not None or model.spec.tied_embeddings:
+        raise ValueError(f"{model.spec.name}: vocabulary parallelism here covers untied Llama-style "
+                         "decoders (no learned positions, no tied head)")
+    _shard_blocks(list(model.blocks), mesh, sequence_parallel)
+    stream = Shard(1) if sequence_parallel else Replicate()
+    plan: dict[str, object] = {
+        "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),
+        "lm_head": ColwiseParallel(input_layouts=stream, output_layouts=Shard(-1), use_local_output=False),
+    }
+    if sequence_parallel:
+        plan["final_norm"] = SequenceParallel()
+    parallelize_module(model, mesh, plan)
+    return model
+
+
+def vocabulary_loss():
+    """The context the loss and its backward run in when the head's logits are vocabulary-sharded."""
+    from torch.distributed.tensor.parallel import loss_parallel
+
+    return loss_parallel()
 
 
 def shard_fully(model: Decoder, mesh: DeviceMesh, param_dtype: torch.dtype | None = torch.bfloat16,

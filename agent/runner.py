@@ -121,7 +121,8 @@ def profile_from_store(store: Store, device_name: str):
 def outcome(row: Result) -> str:
     if row.status != "ok":
         return f"{row.status}: {row.message}"
-    for attr, unit in (("tflop_per_s", "TFLOP/s"), ("gb_per_s", "GB/s"), ("tokens_per_s", "tokens/s")):
+    for attr, unit in (("tflop_per_s", "TFLOP/s"), ("gb_per_s", "GB/s"), ("tokens_per_s", "tokens/s"),
+                       ("busbw_gb_per_s", "GB/s bus bandwidth")):
         value = getattr(row, attr, None)
         if value is not None:
             return f"{value:,.4g} {unit}"

@@ -11,6 +11,10 @@ full       everything, larger shapes                          as long as it take
 
 A CPU runs every suite at smoke sizes: its numbers are labelled CPU and
 never mixed with GPU results, and bigger shapes would only take longer.
+
+Collectives need several ranks: every suite measures them over ``ranks``
+local processes (one per GPU: agent.bench_collectives), which the agent asks
+for when a box has more than one GPU, or when told to on a CPU.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from agent import bench_attention, bench_elementwise, bench_matmul, bench_train
+from agent import bench_attention, bench_collectives, bench_elementwise, bench_matmul, bench_train
 from agent.cases import Case
 from core.config import TrainConfig
 from core.errors import ConfigError
@@ -28,7 +32,7 @@ from core.presets import get_preset
 from core.recompute import parse_policy
 from core.timing import HardwareProfile
 
-KINDS = ("matmul", "elementwise", "attention", "train")
+KINDS = ("matmul", "elementwise", "attention", "train", "collectives")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,9 +149,10 @@ def suite_size(suite: str, device: torch.device) -> SuiteSize:
 
 def build_cases(
     suite: str, device: torch.device, only: tuple[str, ...] = KINDS,
-    profile: Callable[[], HardwareProfile | None] | None = None,
+    profile: Callable[[], HardwareProfile | None] | None = None, ranks: int = 1,
 ) -> list[Case]:
-    """The suite's cases for ``device``; ``profile`` gives the train cases' time predictions when they run."""
+    """The suite's cases for ``device``; ``profile`` gives the train cases' time predictions when they run;
+    collectives run over ``ranks`` local processes (none when ``ranks`` is 1)."""
     unknown = set(only) - set(KINDS)
     if unknown:
         raise ConfigError(f"unknown benchmark kind(s) {', '.join(sorted(unknown))}; valid: {', '.join(KINDS)}")
@@ -161,4 +166,6 @@ def build_cases(
         cases += bench_attention.cases(device, size.attention_shapes, size.budget_s)
     if "train" in only:
         cases += [bench_train.case(setup, profile, size.train.expected_s) for setup in size.train.setups()]
+    if "collectives" in only and ranks > 1:
+        cases += bench_collectives.cases(device.type, ranks)
     return cases

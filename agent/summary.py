@@ -5,7 +5,7 @@ from __future__ import annotations
 from agent.runner import RunReport
 from core.flops import attention_forward_flops
 from core.hardware import HARDWARE_BY_KEY
-from db.models import AttentionResult, ElementwiseResult, MatmulResult, TrainStepResult
+from db.models import AttentionResult, CollectiveResult, ElementwiseResult, MatmulResult, TrainStepResult
 
 
 def summarize(report: RunReport) -> str:
@@ -55,7 +55,21 @@ def summarize(report: RunReport) -> str:
             act = f"{r.activation_bytes / r.predicted_activation_bytes - 1:+.2%}" if r.predicted_activation_bytes else "-"
             lines.append(f"  {case.name:<64}{r.median_s:>9.4f}{r.tokens_per_s:>11,.0f}{mfu:>6}{peak:>9}"
                          f"{r.predicted_peak_bytes / 1e9:>9,.2f}{act:>16}")
-    problems = [(c, row) for c, row in report.rows if row.status in ("oom", "error")]
+            if r.world_size > 1 and r.communication_median_s is not None:
+                predicted = (f"{r.predicted_communication_s * 1e3:,.2f} ms predicted"
+                             if r.predicted_communication_s is not None else "no time prediction")
+                lines.append(f"    exposed communication {r.communication_median_s * 1e3:,.2f} ms a step ({predicted})")
+    collectives = [r for r in ok if isinstance(r, CollectiveResult)]
+    if collectives:
+        lines.append("collectives (nccl-tests bandwidths; latency = time of the smallest message):")
+        for op in dict.fromkeys(r.op for r in collectives):
+            rows = sorted((r for r in collectives if r.op == op), key=lambda r: r.message_bytes)
+            big = rows[-1]
+            lines.append(f"  {op:<15} x{big.group_size}: bus {big.busbw_gb_per_s:>9,.2f} GB/s, "
+                         f"alg {big.algbw_gb_per_s:>9,.2f} GB/s at {big.message_bytes / 2**20:,.0f} MiB; "
+                         f"latency {rows[0].median_s * 1e6:,.1f} us")
+    problems = [(c, row) for c, row in report.rows if row.status in ("oom", "error")
+                or (row.status == "skipped" and isinstance(row, TrainStepResult))]
     for case, row in problems:
         lines.append(f"  {row.status}: {case.name}: {row.message}")
     return "\n".join(lines)

@@ -19,7 +19,9 @@ itself (agent/check/parts.py):
   regret       plans from this box's own measurements at 80 GB and at a budget
                that forces checkpointing; each recommendation, measured, against
                the best measured configuration that fit
-  multi-rank   single-GPU variants of multi-rank benchmarks (none exist yet)
+  multi-rank   with 2+ GPUs: collectives over all of them and a 2-rank FSDP2 step;
+               with one GPU (or a CPU) the 1-rank variant only: a training step
+               through torch's launcher, as multi-rank steps run
 
 It writes to --out (default $OUT when set, else ./gpu-check):
 <device>-<date>.json.gz, a bundle of every result (`headroom db import` or

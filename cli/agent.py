@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
-from cli.train_flags import add_train_flags, train_config
+from cli.train_flags import add_train_flags, layout_from_args, train_config
 from core.errors import ConfigError
+from core.layout import Layout
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
-KIND_NAMES = ("matmul", "elementwise", "attention", "train")
+KIND_NAMES = ("matmul", "elementwise", "attention", "train", "collectives")
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,19 +27,29 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="smoke (<60 s on a CPU, for tests), quick (<3 min on an H100), standard (<10 min), full (default quick)")
     run.add_argument("--device", default=None, help="cuda:N, cuda, all (every visible GPU, one run each) or cpu (default: cuda:0 if present, else cpu)")
     run.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file; see `headroom db info`)")
-    run.add_argument("--only", default=",".join(KIND_NAMES), help=f"comma-separated kinds to run: {','.join(KIND_NAMES)} (default all)")
+    run.add_argument("--only", default=None,
+                     help=f"comma-separated kinds to run: {','.join(KIND_NAMES)} (default all; collectives when "
+                     "there are ranks to measure them over, see --nproc)")
+    run.add_argument("--nproc", type=int, default=None,
+                     help="processes for the collective benchmarks, one per device (default: every visible GPU "
+                     "when there are two or more; on a CPU none unless given, e.g. --nproc 2 for gloo)")
     run.add_argument("--label", action="append", default=[], metavar="K=V", help="tag the run, e.g. --label rack=b7 (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no progress output; print only the summary")
     run.set_defaults(handler=run_agent)
 
     train = commands.add_parser(
-        "train", help="benchmark training steps: one configuration or a sweep",
+        "train", help="benchmark training steps: one configuration or a sweep, on one device or several ranks",
         description="Train a model for a few steps per configuration and record step time, memory and the core's "
-        "predictions. Comma-separated --micro-batch and --recompute make a sweep. "
-        "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full",
+        "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp) "
+        "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
+        "parallelism) and every rank is recorded. A step the core predicts cannot fit is skipped, not run. "
+        "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
+        "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
     )
     train.add_argument("--model", required=True, help="preset name or path to a HuggingFace config.json")
-    add_train_flags(train, micro_batch="list", recompute="list", layout="none", precision_default=None)
+    add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None)
+    train.add_argument("--nproc", type=int, default=None,
+                       help="local processes, one per GPU (default: tp x dp x pp x cp; --nproc alone means --dp)")
     train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step (default 1)")
     train.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps (default 5)")
     train.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 if present, else cpu)")
@@ -78,20 +90,60 @@ def devices(spec: str | None):
     return [device]
 
 
+def parse_kinds(text: str | None) -> tuple[str, ...]:
+    """``--only``: the kinds named, each known; None: all of them."""
+    if text is None:
+        return KIND_NAMES
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(set(kinds) - set(KIND_NAMES))
+    if not kinds or unknown:
+        what = f"unknown kind(s) {', '.join(unknown)}" if unknown else "names no kind"
+        raise ConfigError(f"--only {text!r}: {what}; valid: {','.join(KIND_NAMES)}")
+    return kinds
+
+
+def collective_ranks(nproc: int | None, targets: list, explicit: bool) -> int:
+    """Processes for the collective benchmarks: ``--nproc``, else every visible GPU; 1 means none run."""
+    import torch
+
+    gpus = torch.cuda.device_count() if targets[0].type == "cuda" else 0
+    if nproc is None:
+        ranks = gpus if gpus > 1 else 1
+    elif nproc < 2:
+        raise ConfigError(f"--nproc {nproc}: collectives need at least 2 processes")
+    elif gpus and nproc > gpus:
+        raise ConfigError(f"--nproc {nproc}: this box shows {gpus} GPU(s); one process per GPU, so 2..{gpus}")
+    else:
+        ranks = nproc
+    if explicit and ranks < 2:
+        where = f"this box shows {gpus} GPU" if targets[0].type == "cuda" else "a CPU runs none unless asked"
+        raise ConfigError(f"--only collectives needs 2 or more processes ({where}); "
+                          "give --nproc 2 (or more) to measure gloo on the CPU")
+    return ranks
+
+
 def run_agent(args: argparse.Namespace) -> int:
+    from agent import bench_collectives
     from agent.runner import DeviceLost, run_suite
     from agent.summary import summarize
     from db.store import open_store
 
-    only = tuple(k.strip() for k in args.only.split(",") if k.strip())
+    only = parse_kinds(args.only)
     labels = parse_labels(args.label)
     targets = devices(args.device)
+    ranks = collective_ranks(args.nproc, targets, explicit=args.only is not None and "collectives" in only)
+    per_device = tuple(kind for kind in only if kind != "collectives")
+    jobs = [(device, None) for device in targets if per_device]
+    if "collectives" in only and ranks > 1:  # one run over the box's devices, filed under the first
+        jobs.append((targets[0], bench_collectives.cases(targets[0].type, ranks)))
+    failed = False
     with open_store(args.db, mode="write") as store:
         if not args.quiet:
             print(f"recording into {store.url}", file=sys.stderr)
-        for device in targets:
+        for device, cases in jobs:
             try:
-                report = run_suite(store, device, args.suite, only=only, labels=labels, quiet=args.quiet)
+                report = run_suite(store, device, args.suite, only=per_device, labels=labels, quiet=args.quiet,
+                                   cases=cases)
             except KeyboardInterrupt:
                 print(f"\ninterrupted: the run on {device} is marked aborted; its finished results are kept in {store.url}",
                       file=sys.stderr)
@@ -99,7 +151,17 @@ def run_agent(args: argparse.Namespace) -> int:
             except DeviceLost as lost:
                 return device_lost(lost, device, store.url)
             print(summarize(report))
-    return 0
+            failed |= nothing_measured(report)
+    return 1 if failed else 0
+
+
+def nothing_measured(report) -> bool:
+    """Say so when a run measured nothing (every result skipped or failed): the caller exits 1."""
+    if not report.rows or report.count("ok"):
+        return False
+    print(f"headroom: run {report.run_id} measured nothing: {report.count('skipped')} skipped, "
+          f"{report.count('oom')} out of memory, {report.count('error')} failed", file=sys.stderr)
+    return True
 
 
 def device_lost(lost, device, url: str) -> int:
@@ -137,10 +199,11 @@ def run_train(args: argparse.Namespace) -> int:
         raise ConfigError(f"--steps and --accumulation must be positive, got {args.steps} and {args.accumulation}")
     spec = resolve_model(args.model)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
+    layout = train_layout(args, device)
     setups = [
         bench_train.TrainSetup(
             spec=spec,
-            config=train_config(args, precision=precision, micro_batch=micro, recompute=policy),
+            config=train_config(args, precision=precision, micro_batch=micro, recompute=policy, layout=layout),
             accumulation_steps=args.accumulation, steps=args.steps,
         )
         for micro in _ints(args.micro_batch, "--micro-batch")
@@ -152,7 +215,12 @@ def run_train(args: argparse.Namespace) -> int:
         from agent.fingerprint import device_name
 
         provider = profile_from_store(store, device_name(device))
-        cases = [bench_train.case(setup, provider) for setup in setups]
+        if layout.world == 1:
+            cases = [bench_train.case(setup, provider) for setup in setups]
+        else:
+            from agent import train_ranks
+
+            cases = [case for setup in setups for case in train_ranks.cases(setup, device.type, provider)]
         try:
             report = run_suite(store, device, "train", labels=parse_labels(args.label), quiet=args.quiet, cases=cases)
         except KeyboardInterrupt:
@@ -161,4 +229,27 @@ def run_train(args: argparse.Namespace) -> int:
         except DeviceLost as lost:
             return device_lost(lost, device, store.url)
         print(summarize(report))
-    return 0
+        return 1 if nothing_measured(report) else 0
+
+
+def train_layout(args: argparse.Namespace, device) -> Layout:
+    """The layout of ``agent train``: the axis flags, with ``--nproc`` alone meaning data parallelism."""
+    from agent import train_ranks
+
+    layout = layout_from_args(args)
+    if args.nproc is not None:
+        if args.nproc < 1:
+            raise ConfigError(f"--nproc {args.nproc}: give 1 or more processes")
+        if layout.world == 1 and args.nproc > 1:
+            layout = dataclasses.replace(layout, dp=args.nproc)
+        elif layout.world != args.nproc:
+            raise ConfigError(f"--nproc {args.nproc} but the layout has tp x dp x pp x cp = {layout.world} ranks; "
+                              "give one process per rank")
+    if layout.world > 1:
+        train_ranks.check_layout(layout)
+        if device.type == "cuda":
+            import torch
+
+            if layout.world > torch.cuda.device_count():
+                raise ConfigError(f"{layout.world} ranks, one per GPU, but this box shows {torch.cuda.device_count()}")
+    return layout

@@ -10,7 +10,7 @@ from cli.train_flags import add_train_flags, layout_from_args, pinned_axes, trai
 from core.advice import plan_and_advise
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
-from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster, cluster_for
+from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.planner import Plan, PlanRequest, plan_to_dict
 from core.presets import resolve_model
 from core.timing import HardwareProfile
@@ -64,7 +64,7 @@ def global_batch(args: argparse.Namespace) -> int:
 
 def cluster(profile: HardwareProfile, args: argparse.Namespace) -> Cluster:
     """The hardware's own link inside a node (its datasheet's NVLink or PCIe), ``--interconnect`` between nodes."""
-    return cluster_for(profile.name, args.gpus_per_node, args.interconnect)
+    return profile.cluster(args.gpus_per_node, args.interconnect)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -112,7 +112,9 @@ def render(result: Plan, top: int | None) -> str:
     ]
     if req.cluster is not None:
         c = req.cluster
-        lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {c.intra.name}, nodes on {c.inter.name} (datasheet links"
+        inside = (f"collectives measured {c.measured.source} (groups of {', '.join(map(str, c.measured.group_sizes()))}), "
+                  f"else {c.intra.name}" if c.measured else c.intra.name)
+        lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
                      + (f"; {c.assumed})" if c.assumed else ")"))
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per GPU (GB = 1e9 bytes); margin: peak x {profile.fragmentation:.2f} "

@@ -27,6 +27,9 @@ class Observation:
     predicted_s: float | None
     measured_s: float | None
     label: str = ""
+    predicted_communication_s: float | None = None
+    """A multi-rank step's exposed communication, predicted and measured (None on one device)."""
+    measured_communication_s: float | None = None
     """What was measured, e.g. 'micro 4, full'."""
 
 
@@ -72,6 +75,8 @@ class Calibration:
     device: str
     memory: Fit
     time: Fit
+    communication: Fit = NO_FIT
+    """The exposed-communication term of multi-rank steps, on its own."""
 
     @property
     def calibrated(self) -> bool:
@@ -80,13 +85,17 @@ class Calibration:
     def confidence(self) -> str:
         if not self.calibrated:
             return f"uncalibrated: no measured training steps on {self.device}"
-        return f"{self.memory.describe('memory')}; {self.time.describe('step time')}"
+        text = f"{self.memory.describe('memory')}; {self.time.describe('step time')}"
+        if self.communication.samples:
+            text += f"; {self.communication.describe('communication')}"
+        return text
 
     def to_dict(self) -> dict:
         def fit(f: Fit) -> dict:
             return {"samples": f.samples, "factor": f.factor, "raw_error": f.raw_error, "error": f.error, "worst": f.worst}
 
-        return {"device": self.device, "memory": fit(self.memory), "time": fit(self.time), "confidence": self.confidence()}
+        return {"device": self.device, "memory": fit(self.memory), "time": fit(self.time),
+                "communication": fit(self.communication), "confidence": self.confidence()}
 
 
 def calibrate(device: str, observations: Iterable[Observation]) -> Calibration:
@@ -95,6 +104,7 @@ def calibrate(device: str, observations: Iterable[Observation]) -> Calibration:
         device=device,
         memory=fit_ratio((o.predicted_bytes, o.measured_bytes) for o in observations),
         time=fit_ratio((o.predicted_s, o.measured_s) for o in observations),
+        communication=fit_ratio((o.predicted_communication_s, o.measured_communication_s) for o in observations),
     )
 
 

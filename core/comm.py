@@ -29,8 +29,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Literal
 
+from core.collective_ops import bus_factor, ring_steps
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.interconnect import Cluster, Link
@@ -39,12 +39,13 @@ from core.memory import rank_parameters
 from core.model import ModelSpec
 from core.pipeline import rank_kinds
 
-Op = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv"]
-OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
 GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp")
 """Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones."""
+
+MEASURED = "measured"
+"""A term's ``link_key`` when its time comes from the box's measured collectives (Cluster.measured)."""
 
 DEFAULT_COLLECTIVE_EFFICIENCY = 0.8
 """Fraction of link bandwidth NCCL reaches on large messages. Source: S. Jeaugey (NCCL),
@@ -63,33 +64,6 @@ def _count(name: str, value: object, minimum: int = 1) -> int:
 
 def _ceil(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def _check_op(op: str) -> None:
-    if op not in OPS:
-        raise ConfigError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
-
-
-def bus_factor(op: str, n: int) -> float:
-    """nccl-tests' busbw / algbw for ``op`` over ``n`` ranks; 0 for n == 1 (nothing moves)."""
-    _check_op(op)
-    _count("group size", n)
-    if n == 1:
-        return 0.0
-    if op == "all_reduce":
-        return 2 * (n - 1) / n
-    if op == "send_recv":
-        return 1.0
-    return (n - 1) / n
-
-
-def ring_steps(op: str, n: int) -> int:
-    """Latency-bound steps of the ring algorithm: bus_factor x n (2(n-1), n-1 or 1)."""
-    _check_op(op)
-    _count("group size", n)
-    if n == 1:
-        return 0
-    return {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
 
 
 def collective_seconds(
@@ -165,7 +139,7 @@ class CommTerm:
     group_size: int
     """Ranks in the group (2 or more)."""
     link_key: str
-    """core.interconnect key of the link it runs at."""
+    """core.interconnect key of the link it runs at, or ``measured`` (the box's measured curve)."""
     seconds: float
     """All calls of the step, seconds."""
     overlappable: bool
@@ -222,10 +196,15 @@ def step_communication(
     terms: list[CommTerm] = []
 
     def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str) -> None:
-        link = group_link("dp-cp" if axis == "dp" else axis, layout, cluster)
-        per_call = collective_seconds(op, message, size, link, efficiency)
+        group = "dp-cp" if axis == "dp" else axis
+        link = group_link(group, layout, cluster)
+        measured = None
+        if cluster.measured is not None and not crosses_nodes(group, layout, cluster):
+            measured = cluster.measured.seconds(op, message, size)
+        per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency)
         terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
-                              link_key=link.key, seconds=calls * per_call, overlappable=overlappable, note=note))
+                              link_key=MEASURED if measured is not None else link.key, seconds=calls * per_call,
+                              overlappable=overlappable, note=note))
 
     if layout.tp > 1:
         per_layer = 2 * (forwards + 1)

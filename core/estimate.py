@@ -228,6 +228,17 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
     return asdict(layout) | {"world": layout.world}
 
 
+def for_rank(prediction: Estimate, global_rank: int) -> Estimate:
+    """The estimate of global rank ``global_rank``: its pipeline stage's kind (ranks numbered tp, cp, dp,
+    pp from fastest to slowest, as core.comm places them)."""
+    layout = prediction.config.layout
+    if not 0 <= global_rank < layout.world:
+        raise ConfigError(f"rank {global_rank} is not one of the layout's {layout.world} ranks")
+    stage = global_rank // (layout.tp * layout.cp * layout.dp)
+    kinds = prediction.ranks or (prediction,)
+    return next(k for k in kinds if k.rank.first == (stage == 0) and k.rank.last == (stage == layout.pp - 1))
+
+
 def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumulation_steps: int = 1) -> Estimate:
     """The most loaded rank of the layout (its ``ranks`` hold every rank kind's estimate)."""
     if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps <= 0:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import difflib
 from dataclasses import dataclass
 
+from core.collective_curves import CollectiveCurves
 from core.errors import ConfigError
 from core.hardware import get_hardware
 
@@ -136,6 +137,9 @@ class Cluster:
     """Between nodes, per GPU (one NIC per GPU)."""
     assumed: str = ""
     """Why a link is a stand-in rather than the device's own (empty when both are its datasheet's)."""
+    measured: CollectiveCurves | None = None
+    """Collective times measured on one node of this cluster; they replace ``intra`` for groups inside a
+    node (core.comm)."""
 
     def __post_init__(self) -> None:
         value = self.gpus_per_node
@@ -147,21 +151,28 @@ class Cluster:
                                   f"use get_link() with one of {', '.join(LINKS_BY_KEY)}")
 
 
-def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK) -> Cluster:
+def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK,
+                    measured: CollectiveCurves | None = None) -> Cluster:
     """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (NDR by default)."""
     spec = get_hardware(hardware_key)
-    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]), inter=get_link(inter))
+    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]), inter=get_link(inter),
+                   measured=measured)
 
 
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"
 """The link assumed inside a node for a device with no datasheet row (a CPU, an unknown GPU)."""
 
 
-def cluster_for(device: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK) -> Cluster:
-    """``default_cluster`` for a datasheet device; for any other, PCIe Gen4 inside a node, said so."""
+def cluster_for(device: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK,
+                measured: CollectiveCurves | None = None) -> Cluster:
+    """``default_cluster`` for a datasheet device; for any other, PCIe Gen4 inside a node, said so.
+
+    ``measured``: the device's measured collectives (HardwareProfile.collectives), used inside a node.
+    """
     try:
-        return default_cluster(device, gpus_per_node, inter)
+        return default_cluster(device, gpus_per_node, inter, measured)
     except ConfigError:
         link = get_link(FALLBACK_INTRA_NODE_LINK)
-        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter),
-                       assumed=f"{device!r} has no datasheet link: {link.name} assumed inside a node")
+        assumed = "" if measured else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
+        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter), assumed=assumed,
+                       measured=measured)

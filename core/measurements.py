@@ -29,9 +29,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from core.calibration import Calibration, Observation, calibrate
+from core.collective_curves import CollectiveCurves, CollectiveRecord
 from core.config import TrainConfig
 from core.errors import ConfigError
-from core.estimate import estimate
+from core.estimate import estimate, for_rank
+from core.layout import Layout
 from core.flops import attention_forward_flops
 from core.hardware import match_device
 from core.model import ModelSpec
@@ -119,16 +121,23 @@ class TrainStepRecord:
     peak_reserved_bytes: int | None = None
     activation_bytes: int | None = None
     """Saved-for-backward bytes (saved_tensors_hooks, deduplicated by storage)."""
+    layout: Mapping | None = None
+    """core.layout.Layout as a dict for a multi-rank step; None on one device."""
+    rank: int = 0
+    communication_s: float | None = None
+    """Measured exposed communication within one step on this rank."""
 
     @property
     def key(self) -> tuple:
         """What makes two steps the same configuration (a fleet reruns the same ones night after night)."""
         return (json.dumps(self.model_spec, sort_keys=True), self.seq_len, self.micro_batch, self.accumulation_steps,
-                self.precision, self.optimizer, self.attention, self.recompute, self.dropout)
+                self.precision, self.optimizer, self.attention, self.recompute, self.dropout,
+                json.dumps(self.layout, sort_keys=True), self.rank)
 
     @property
     def label(self) -> str:
-        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}"
+        ranks = f" rank {self.rank}/{Layout(**self.layout).world}" if self.layout else ""
+        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{ranks}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +148,8 @@ class StepPrediction:
     activation_bytes: int
     """Saved-activation bytes (the ledger's)."""
     step_time_s: float
+    communication_s: float = 0.0
+    """Exposed communication within the step (0 on one device)."""
 
 
 def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint, ...]]:
@@ -194,6 +205,7 @@ def profile_from_measurements(
     elementwise: Iterable[ElementwiseRecord] = (),
     train_steps: Iterable[TrainStepRecord] = (),
     host_memory_bytes: int | None = None,
+    collectives: Iterable[CollectiveRecord] = (),
 ) -> HardwareProfile:
     """The planner's HardwareProfile of a measured device (``source="measured"``).
 
@@ -245,7 +257,10 @@ def profile_from_measurements(
         assumptions=tuple(assumptions),
     )
     backward_ratio = attention_rate[1]
-    return replace(profile, attention_backward_ratio=backward_ratio) if backward_ratio else profile
+    if backward_ratio:
+        profile = replace(profile, attention_backward_ratio=backward_ratio)
+    curves = CollectiveCurves.from_records(collectives, f"measured on {device.name}")
+    return replace(profile, collectives=curves) if curves else profile
 
 
 def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPrediction | None:
@@ -257,14 +272,17 @@ def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPredict
     """
     try:
         spec = ModelSpec(**step.model_spec)
+        layout = Layout(**step.layout) if step.layout else Layout()
         config = TrainConfig(seq_len=step.seq_len, micro_batch=step.micro_batch, precision=step.precision,
                              optimizer=step.optimizer, attention=step.attention,
-                             recompute=parse_policy(step.recompute), dropout=step.dropout)
-        predicted = estimate(spec, config, profile.device, step.accumulation_steps)
+                             recompute=parse_policy(step.recompute), dropout=step.dropout, layout=layout)
+        predicted = for_rank(estimate(spec, config, profile.device, step.accumulation_steps), step.rank)
     except (ConfigError, TypeError):
         return None
-    return StepPrediction(predicted.peak_bytes, predicted.ledger.activation_bytes,
-                          step_time(predicted, profile, step.accumulation_steps).total_s)
+    cluster = profile.cluster() if layout.world > 1 else None
+    timing = step_time(predicted, profile, step.accumulation_steps, cluster)
+    return StepPrediction(predicted.peak_bytes, predicted.ledger.activation_bytes, timing.total_s,
+                          timing.communication_s)
 
 
 def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> list[Observation]:
@@ -286,9 +304,11 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
             memory = (predicted.peak_bytes, step.peak_allocated_bytes)
         else:
             memory = (predicted.activation_bytes, step.activation_bytes)
+        communication = (predicted.communication_s, step.communication_s) if step.layout else (None, None)
         observations.append(Observation(
             predicted_bytes=memory[0], measured_bytes=memory[1], predicted_s=predicted.step_time_s,
             measured_s=step.median_s, label=step.label,
+            predicted_communication_s=communication[0], measured_communication_s=communication[1],
         ))
     return observations
 

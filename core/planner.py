@@ -31,7 +31,7 @@ from core.config import TrainConfig
 from core.divisors import divisors
 from core.errors import ConfigError
 from core.estimate import Estimate, estimate, layout_dict
-from core.interconnect import Cluster, cluster_for
+from core.interconnect import Cluster
 from core.layout import Layout
 from core.layout_search import candidate_layouts
 from core.ledger import activation_ledger
@@ -117,7 +117,7 @@ class PlanRequest:
 
     def cluster_for(self, profile: HardwareProfile) -> Cluster:
         """The request's cluster, else the hardware's default one (8 GPUs a node, NVLink, InfiniBand NDR)."""
-        return self.cluster or cluster_for(profile.name)
+        return self.cluster or profile.cluster()
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +378,9 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
     return {"gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra.key, "inter": cluster.inter.key,
             "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
-            "source": "datasheet", "assumed": cluster.assumed}
+            "source": "measured" if cluster.measured else "datasheet", "assumed": cluster.assumed,
+            "measured": None if cluster.measured is None else {
+                "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes())}}
 
 
 def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:

@@ -56,7 +56,8 @@ from core.errors import ConfigError
 from core.estimate import Estimate
 from core.flops import layer_forward_flops, logits_forward_flops
 from core.hardware import HardwareSpec
-from core.interconnect import Cluster
+from core.collective_curves import CollectiveCurves
+from core.interconnect import DEFAULT_INTER_NODE_LINK, Cluster, cluster_for
 from core.ledger import activation_ledger
 from core.model import ModelSpec
 from core.pipeline import bubble_fraction
@@ -112,6 +113,13 @@ class HardwareProfile:
     """The device whose saving rules the ledger applies (core.devices)."""
     assumptions: tuple[str, ...] = field(default=())
     """Which figures are defaults rather than measurements."""
+    collectives: CollectiveCurves | None = None
+    """Collective times measured over the box's devices (core.collective_curves); None: datasheet links."""
+
+    def cluster(self, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK) -> Cluster:
+        """Nodes of this device: its datasheet links (core.interconnect.cluster_for), with the measured
+        collectives inside a node where the box recorded them."""
+        return cluster_for(self.name, gpus_per_node, inter, self.collectives)
 
     def matmul_flop_per_s(self, dtype: str, flops: float) -> float:
         """Throughput of a GEMM of ``flops``: log-linear interpolation over the measured sizes, clamped."""

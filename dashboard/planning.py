@@ -29,7 +29,6 @@ from core.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
     Cluster,
-    cluster_for,
 )
 from core.layout import SCHEDULES, Layout
 from core.layout_search import PINNABLE
@@ -194,10 +193,11 @@ def build_layout(inputs: PlanInputs) -> Layout:
 
 def build_cluster(inputs: PlanInputs, profile: HardwareProfile) -> Cluster:
     """The hardware's own link inside a node (a stated stand-in when it has no datasheet row), the chosen
-    interconnect between nodes: datasheet links, core.interconnect.cluster_for."""
+    interconnect between nodes (HardwareProfile.cluster: datasheet links, with the device's measured
+    collectives inside a node where the store has them)."""
     if inputs.interconnect not in LINKS_BY_KEY:
         raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
-    return cluster_for(profile.name, inputs.gpus_per_node, inputs.interconnect)
+    return profile.cluster(inputs.gpus_per_node, inputs.interconnect)
 
 
 def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile | None = None) -> PlanRequest:

@@ -3,7 +3,8 @@
 One `Fingerprint` per distinct device + host + software stack (runs on the
 same box with the same driver, CUDA and torch share it); one `Run` per
 execution of a benchmark suite; one row per benchmark in the table of its kind
-(`MatmulResult`, `ElementwiseResult`, `AttentionResult`, `TrainStepResult`).
+(`MatmulResult`, `ElementwiseResult`, `AttentionResult`, `TrainStepResult`,
+`CollectiveResult`).
 
 Every result records ``status`` (``ok``, ``oom``, ``error``, ``skipped``)
 and a ``message``: an out-of-memory benchmark is a result, not a crash
@@ -47,6 +48,7 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from core.collective_ops import OPS as COLLECTIVE_OPS
 from core.hardware import DTYPES
 
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "aborted")
@@ -314,8 +316,48 @@ class TrainStepResult(TimedResult):
     predicted_peak_bytes: Mapped[int | None] = mapped_column(default=None)
     predicted_activation_bytes: Mapped[int | None] = mapped_column(default=None)
     predicted_step_time_s: Mapped[float | None] = mapped_column(default=None)
+    # One row per rank of a multi-rank step (revision 0004); a one-device step is rank 0 of 1.
+    rank: Mapped[int] = mapped_column(default=0, server_default="0")
+    """This row's global rank."""
+    world_size: Mapped[int] = mapped_column(default=1, server_default="1")
+    """Ranks that trained the step together, one process each."""
+    layout: Mapped[dict[str, Any] | None] = mapped_column(_JSON, default=None)
+    """core.layout.Layout as a dict (tp, sp, pp, schedule, virtual_stages, cp, dp, zero); None on one device."""
+    communication_median_s: Mapped[float | None] = mapped_column(default=None)
+    """Median exposed communication within a step on this rank: the time it waited for collectives, seconds."""
+    predicted_communication_s: Mapped[float | None] = mapped_column(default=None)
+    """The core's exposed communication per step (core.timing.StepTime.communication_s)."""
+
+
+class CollectiveResult(TimedResult):
+    """One collective over a group of local ranks (samples: seconds per call, the slowest rank's).
+
+    Bandwidths follow nccl-tests (doc/PERFORMANCE.md): ``algbw`` is the message
+    size over the time, ``busbw`` is ``algbw`` times the op's bus factor
+    (all-reduce 2(n-1)/n; all-gather, reduce-scatter, all-to-all (n-1)/n;
+    send/recv 1), comparable with the link's per-direction bandwidth.
+    """
+
+    __tablename__ = "collective_results"
+    __table_args__ = (Index("ix_collective_results_run_id_op_group_size", "run_id", "op", "group_size"),)
+    KIND = "collective"
+    OK_REQUIRES = ("median_s", "algbw_gb_per_s", "busbw_gb_per_s")
+
+    op: Mapped[str] = mapped_column(info={"choices": COLLECTIVE_OPS})
+    backend: Mapped[str]
+    """torch.distributed backend: nccl or gloo."""
+    dtype: Mapped[str] = mapped_column(info={"choices": DTYPES})
+    group_size: Mapped[int]
+    """Ranks in the collective (one process per device)."""
+    message_bytes: Mapped[int]
+    """nccl-tests' S: the whole buffer (all-gather: the gathered output; reduce-scatter: the full input)."""
+    algbw_gb_per_s: Mapped[float | None] = mapped_column(default=None)
+    """message_bytes / median_s / 1e9."""
+    busbw_gb_per_s: Mapped[float | None] = mapped_column(default=None)
+    """algbw_gb_per_s x the op's bus factor."""
 
 
 RESULT_MODELS: dict[str, type[Result]] = {
-    model.KIND: model for model in (MatmulResult, ElementwiseResult, AttentionResult, TrainStepResult)
+    model.KIND: model
+    for model in (MatmulResult, ElementwiseResult, AttentionResult, TrainStepResult, CollectiveResult)
 }

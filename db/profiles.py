@@ -18,6 +18,7 @@ from sqlalchemy.orm import Session
 
 from core.calibration import Calibration
 from core.errors import ConfigError
+from core.collective_curves import CollectiveRecord
 from core.measurements import (
     AttentionRecord,
     DeviceRecord,
@@ -31,6 +32,7 @@ from core.timing import HardwareProfile
 from db.location import nothing_recorded
 from db.models import (
     AttentionResult,
+    CollectiveResult,
     ElementwiseResult,
     Fingerprint,
     MatmulResult,
@@ -95,6 +97,11 @@ def elementwise_records(session: Session, device_name: str) -> list[ElementwiseR
     return [ElementwiseRecord(r.op, r.gb_per_s * 1e9) for r, *_ in _rows(session, ElementwiseResult, device_name)]
 
 
+def collective_records(session: Session, device_name: str) -> list[CollectiveRecord]:
+    return [CollectiveRecord(r.op, r.group_size, r.message_bytes, r.median_s)
+            for r, *_ in _rows(session, CollectiveResult, device_name)]
+
+
 def train_step_records(session: Session, device_name: str) -> list[TrainStepRecord]:
     return [_train_step(r) for r, *_ in _rows(session, TrainStepResult, device_name)]
 
@@ -107,7 +114,8 @@ def _train_step(row: TrainStepResult) -> TrainStepRecord:
         accumulation_steps=row.accumulation_steps, precision=row.precision, optimizer=row.optimizer,
         attention=row.attention, recompute=row.recompute, median_s=row.median_s, dropout=dropout,
         peak_allocated_bytes=row.peak_allocated_bytes, peak_reserved_bytes=row.peak_reserved_bytes,
-        activation_bytes=row.activation_bytes,
+        activation_bytes=row.activation_bytes, layout=row.layout, rank=row.rank,
+        communication_s=row.communication_median_s,
     )
 
 
@@ -121,6 +129,7 @@ def build_profile(session: Session, device_name: str) -> HardwareProfile:
         elementwise=elementwise_records(session, device_name),
         train_steps=train_step_records(session, device_name),
         host_memory_bytes=None if device.memory_bytes else _host_memory(),
+        collectives=collective_records(session, device_name),
     )
 
 

@@ -20,6 +20,7 @@ from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 
 from db.models import (
+    CollectiveResult,
     RESULT_MODELS,
     AttentionResult,
     ElementwiseResult,
@@ -58,6 +59,9 @@ def results(seed: int = 0) -> list:
                         micro_batch=1, status="oom", message="CUDA out of memory. Tried to allocate 2.00 GiB",
                         prediction={"memory_bytes": {"peak": 123_456_789_012 + seed, "activations": 9_876_543_210}},
                         predicted_peak_bytes=123_456_789_012 + seed, predicted_activation_bytes=9_876_543_210),
+        CollectiveResult(op="all_reduce", backend="nccl", dtype="bf16", group_size=8, message_bytes=2**30,
+                         samples_s=samples, median_s=samples[2], min_s=samples[0], max_s=samples[-1],
+                         algbw_gb_per_s=2**30 / samples[2] / 1e9, busbw_gb_per_s=2**30 / samples[2] / 1e9 * 1.75),
     ]
 
 

@@ -171,7 +171,9 @@ def test_agent_commands_from_the_cli(headroom, tmp_path):
         no_gpu = headroom("agent", "run", "--device", "cuda:0", "--db", db)
         assert no_gpu.returncode == 2 and "no CUDA device is visible here; use --device cpu" in no_gpu.stderr
     bad = headroom("agent", "run", "--device", "cpu", "--only", "matmul,bogus", "--db", db)
-    assert bad.returncode == 2 and "unknown benchmark kind(s) bogus" in bad.stderr
+    assert bad.returncode == 2 and "--only 'matmul,bogus': unknown kind(s) bogus; valid: matmul," in bad.stderr
+    empty = headroom("agent", "run", "--device", "cpu", "--only", ",", "--db", db)
+    assert empty.returncode == 2 and "--only ',': names no kind" in empty.stderr
 
 
 def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):

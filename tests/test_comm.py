@@ -4,9 +4,9 @@ import dataclasses
 
 import pytest
 
+from core.collective_ops import OPS
 from core.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
-    OPS,
     bus_factor,
     collective_seconds,
     crosses_nodes,

@@ -54,7 +54,7 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
-    assert revisions() == ("0001", "0002", "0003")
+    assert revisions() == ("0001", "0002", "0003", "0004")
     assert _rows(old_store)[VERSION_TABLE] == [{"version_num": "0001"}]
 
 
@@ -82,6 +82,8 @@ def test_a_writer_upgrades_the_0001_fixture_and_keeps_every_row(old_store):
     for row in after["train_step_results"]:  # 0002 backfilled its columns from the stored prediction
         predicted = (row["predicted_peak_bytes"], row["predicted_activation_bytes"], row["predicted_step_time_s"])
         assert predicted == PREDICTED[row["id"]]
+        # 0004: a step stored before multi-rank steps existed ran on one device
+        assert (row["rank"], row["world_size"], row["layout"], row["communication_median_s"]) == (0, 1, None, None)
     assert sqlite_integrity(old_store) == ["ok"]
 
 
@@ -140,7 +142,7 @@ def test_postgres_upgrade_from_0001_keeps_every_row(old_store, postgres_url):
     with open_store(postgres_url, mode="write") as store:
         assert store.upgraded_from == "0001"
         assert row_counts(store) == {"fingerprints": 2, "runs": 3, "matmul_results": 2, "elementwise_results": 1,
-                                     "attention_results": 2, "train_step_results": 2}
+                                     "attention_results": 2, "train_step_results": 2, "collective_results": 0}
         with store.session() as session:
             steps = session.scalars(select(TrainStepResult).order_by(TrainStepResult.id)).all()
         assert {s.id: (s.predicted_peak_bytes, s.predicted_activation_bytes, s.predicted_step_time_s)

@@ -26,6 +26,8 @@ from agent.ledger_check import LedgerCase, check
 from agent.runner import profile_from_store, run_suite
 from agent.sdpa import kernel_label, kernels_run
 from agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
+from core.config import TrainConfig
+from core.layout import Layout
 from core.planner import PlanRequest, plan
 from core.presets import get_preset
 from core.regret import MeasuredConfig, regret, tight_budget
@@ -135,8 +137,10 @@ def ledger(ctx: Context) -> dict[str, Any]:
 
 
 def _record(ctx: Context, suite: str, cases=None) -> dict[str, Any]:
-    """Run ``cases`` (None: the suite's own) into the check's store; the run's summary."""
+    """Run ``cases`` (None: the suite's own; a function: built from the open store) into the check's
+    store; the run's summary."""
     with ctx.store() as store:
+        cases = cases(store) if callable(cases) else cases
         report = run_suite(store, ctx.device, suite, cases=cases, deadline=ctx.deadline, quiet=False)
     by_kind: dict[str, float] = {}
     for (case, _), seconds in zip(report.rows, report.case_seconds):
@@ -233,7 +237,29 @@ def regret_part(ctx: Context) -> dict[str, Any]:
 
 
 def multi_rank(ctx: Context) -> dict[str, Any]:
-    return {"status": "none", "message": "this version has no multi-rank benchmarks (collectives, sharded steps)"}
+    """Collectives over every GPU and a 2-rank FSDP2 step where there are two or more GPUs; with one GPU
+    (or a CPU) only the 1-rank variant: a training step through torch's launcher, as multi-rank steps run."""
+    from agent import bench_collectives, train_ranks
+
+    gpus = torch.cuda.device_count() if ctx.gpu else 0
+    ranks = gpus if gpus > 1 else 1
+    spec = get_preset("llama3.2-1b" if ctx.gpu else "bench-llama-tiny")
+    seq_len = 2048 if ctx.gpu else 64
+    layout = Layout(dp=2, zero=3) if ranks > 1 else Layout()
+    setup = bench_train.TrainSetup(spec=spec, steps=3, config=TrainConfig(
+        seq_len=seq_len, micro_batch=1, precision="amp-bf16" if ctx.gpu else "fp32", layout=layout))
+
+    def cases(store: Store) -> list:
+        found = train_ranks.cases(setup, ctx.device.type, profile_from_store(store, device_name(ctx.device)))
+        return found + (bench_collectives.cases(ctx.device.type, ranks) if ranks > 1 else [])
+
+    ran = [f"training step, {train_ranks.layout_label(layout)}"]
+    not_run = []
+    if ranks > 1:
+        ran.append(f"collectives over {ranks} GPUs")
+    else:
+        not_run.append(f"collectives and sharded steps: {gpus or 'no'} GPU(s) here, they need 2 or more")
+    return {"ranks": ranks, "ran": ran, "not_run": not_run, **_record(ctx, "multi-rank", cases)}
 
 
 PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
@@ -244,5 +270,5 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     "offload": (offload, 45, 10),
     "repeat": (repeat, 20, 5),
     "regret": (regret_part, 50, 10),
-    "multi-rank": (multi_rank, 5, 5),
+    "multi-rank": (multi_rank, 90, 30),
 }

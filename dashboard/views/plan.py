@@ -144,9 +144,12 @@ st.markdown(
 )
 if request.cluster is not None:
     cluster = request.cluster
-    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {cluster.intra.name}, nodes on {cluster.inter.name}"
+    inside = (f"collectives measured {cluster.measured.source}" if cluster.measured else cluster.intra.name)
+    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {inside}, nodes on {cluster.inter.name}"
                + (f" ({cluster.assumed})" if cluster.assumed else "")
-               + ". Communication from datasheet links: the store holds no collective measurements yet.")
+               + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
+                  "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
+                  "collectives measured on this device."))
 if best is None:
     st.error(f"**Recommendation:** {planning.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
     for line in result.advice:

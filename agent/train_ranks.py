@@ -1,0 +1,386 @@
+"""Training steps run by several ranks at once: DDP, ZeRO-1, FSDP2 and tensor (+sequence) parallelism.
+
+The agent's decoder (agent/model.py) trains on ``tp x dp`` local processes
+under torch's own parallelism, as torchtitan applies it to Llama:
+
+- ``zero 0``: ``DistributedDataParallel``; ``zero 1``: DDP with torch's
+  ``ZeroRedundancyOptimizer`` (optimizer states sharded over the ranks);
+  ``zero 3``: FSDP2 ``fully_shard`` with torchtitan's units (embedding,
+  each block, final norm with head) and ``MixedPrecisionPolicy`` (bf16
+  gathers and fp32 gradient reductions under amp-bf16, which then runs
+  without autocast, as torchtitan's FSDP does). torch has no ZeRO-2 of its
+  own: ``zero 2`` is refused.
+- ``tp``: DTensor ``parallelize_module`` over the blocks and the vocabulary
+  (agent.parallel.parallelize_decoder), with sequence parallelism when
+  ``sp``; with ``dp`` as well, a 2-D mesh (tp innermost) and FSDP2 over dp.
+
+Pipeline and context parallelism are not run here (the core plans them;
+the agent measures them on no box yet): such a layout is refused by name.
+
+Each rank reports its own row: step times, the exposed communication within
+a step (agent.comm_time, from two profiled steps after the timed ones), its
+peak memory (CUDA), the bytes one forward keeps for backward (agent/probe.py,
+counting a DTensor by its local shard), and its parameter, gradient and
+optimizer-state bytes as stored. The parent adds the core's prediction for
+that rank, made at measurement time, and stores one row per rank.
+
+Rank side: ``python -m agent.train_ranks`` under torch's launcher; parent
+side: `cases`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import functools
+import gc
+import json
+import statistics
+import sys
+import traceback
+
+import torch
+import torch.distributed as dist
+
+from agent import bench_train
+from agent.cases import Case, skipped
+from agent.launch import Launch, emit
+from agent.rank import RankInfo, add_rank_flags, join, leave
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.estimate import estimate, for_rank
+from core.layout import Layout
+from core.model import ModelSpec
+from core.recompute import parse_policy
+from core.timing import step_time
+from db.models import TrainStepResult
+
+PROFILED_STEPS = 2
+STEP_MARK = "headroom.step"
+"""The profiler span of one training step: its thread is the training thread."""
+
+
+def check_layout(layout: Layout) -> None:
+    """The layouts this trainer runs; any other is refused by name."""
+    if layout.pp > 1 or layout.cp > 1:
+        raise ConfigError(f"the agent trains tensor and data parallelism only; pp {layout.pp} and cp {layout.cp} "
+                          "are planned by the core but not measured: use pp 1 and cp 1")
+    if layout.zero == 2:
+        raise ConfigError("zero 2: torch has no ZeRO-2 of its own; measure zero 1 (DDP + ZeroRedundancyOptimizer) "
+                          "or zero 3 (FSDP2)")
+    if layout.tp > 1 and layout.dp > 1 and layout.zero != 3:
+        raise ConfigError(f"tp {layout.tp} with dp {layout.dp} runs as torchtitan does, FSDP2 over dp: use zero 3")
+
+
+# ---- the setup, across the process boundary -----------------------------------------------------
+
+
+def setup_document(setup: bench_train.TrainSetup) -> str:
+    cfg = setup.config
+    config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    config |= {"recompute": str(cfg.recompute), "layout": dataclasses.asdict(cfg.layout)}
+    return json.dumps({"spec": dataclasses.asdict(setup.spec), "config": config,
+                       "accumulation_steps": setup.accumulation_steps, "warmup_steps": setup.warmup_steps,
+                       "steps": setup.steps})
+
+
+def setup_from_document(text: str) -> bench_train.TrainSetup:
+    doc = json.loads(text)
+    config = doc["config"] | {"recompute": parse_policy(doc["config"]["recompute"]),
+                              "layout": Layout(**doc["config"]["layout"])}
+    return bench_train.TrainSetup(spec=ModelSpec(**doc["spec"]), config=TrainConfig(**config),
+                                  accumulation_steps=doc["accumulation_steps"], warmup_steps=doc["warmup_steps"],
+                                  steps=doc["steps"])
+
+
+# ---- rank side ----------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Trainer:
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    autocast: bool
+    vocabulary_parallel: bool
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        if self.autocast:
+            with torch.autocast(tokens.device.type, dtype=torch.bfloat16):
+                return self.model(tokens, targets)
+        return self.model(tokens, targets)
+
+    def context(self):
+        """Where forward and backward run: under loss_parallel when the logits are vocabulary-sharded."""
+        if self.vocabulary_parallel:
+            from agent.parallel import vocabulary_loss
+
+            return vocabulary_loss()
+        return contextlib.nullcontext()
+
+
+def build(setup: bench_train.TrainSetup, info: RankInfo) -> Trainer:
+    from torch.distributed.device_mesh import init_device_mesh
+
+    from agent.parallel import parallelize_decoder, shard_fully
+
+    cfg, layout, device = setup.config, setup.config.layout, info.device
+    torch.manual_seed(0)  # every rank starts from the same weights and keeps its shard of them
+    model = bench_train.build_model(setup, device)
+    if layout.tp > 1 and layout.dp > 1:
+        mesh = init_device_mesh(device.type, (layout.dp, layout.tp), mesh_dim_names=("dp", "tp"))
+        tp_mesh, dp_mesh = mesh["tp"], mesh["dp"]
+    else:
+        mesh = init_device_mesh(device.type, (info.world,))
+        tp_mesh = dp_mesh = mesh
+    if layout.tp > 1:
+        parallelize_decoder(model, tp_mesh, layout.sp)
+    autocast = cfg.recipe.autocast
+    if layout.dp > 1 and layout.zero == 3:
+        bf16 = torch.bfloat16 if autocast else None
+        shard_fully(model, dp_mesh, param_dtype=bf16, reduce_dtype=torch.float32 if autocast else None,
+                    units="torchtitan")
+        autocast = False  # FSDP's bf16 parameters are the mixed precision
+    elif layout.dp > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
+    if layout.dp > 1 and layout.zero == 1:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        optimizer_class = type(bench_train.make_optimizer(cfg.optimizer, [torch.zeros(1)], torch.device("cpu")))
+        optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=optimizer_class, lr=1e-4)
+    else:
+        optimizer = bench_train.make_optimizer(cfg.optimizer, _groups(model), device)
+    return Trainer(model, optimizer, autocast, layout.tp > 1)
+
+
+def _groups(model: torch.nn.Module) -> list[dict]:
+    """Parameters in two groups, DTensors and plain tensors: a foreach or fused optimizer step cannot
+    mix the two (tensor parallelism without sequence parallelism leaves the norms plain)."""
+    from torch.distributed.tensor import DTensor
+
+    params = list(model.parameters())
+    groups = [[p for p in params if isinstance(p, DTensor)], [p for p in params if not isinstance(p, DTensor)]]
+    return [{"params": group} for group in groups if group]
+
+
+def _storage_bytes(tensors) -> int:
+    """Bytes of the distinct storages behind ``tensors`` (a DTensor counts its local shard)."""
+    from agent.parallel import local_tensor
+
+    seen: dict[int, int] = {}
+    for t in tensors:
+        if t is not None:
+            storage = local_tensor(t).untyped_storage()
+            seen[storage.data_ptr() or id(storage)] = storage.nbytes()
+    return sum(seen.values())
+
+
+def _state_bytes(optimizer: torch.optim.Optimizer) -> int:
+    inner = getattr(optimizer, "optim", optimizer)  # ZeroRedundancyOptimizer keeps this rank's shard in .optim
+    return _storage_bytes(v for state in inner.state.values() for v in state.values() if torch.is_tensor(v))
+
+
+def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
+    """This rank's row (the fields the rank measures)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from agent.comm_time import exposed_s
+    from agent.parallel import local_tensor
+    from agent.probe import probe
+
+    cfg, layout, device = setup.config, setup.config.layout, info.device
+    trainer = build(setup, info)
+    replica = info.rank // layout.tp  # tensor-parallel ranks of one replica read the same tokens
+    generator = torch.Generator().manual_seed(1000 + replica)
+    shape = (cfg.micro_batch, cfg.seq_len)
+    batches = [tuple(torch.randint(0, setup.spec.vocab_size, shape, generator=generator).to(device) for _ in "xy")
+               for _ in range(setup.accumulation_steps)]
+    clock = bench_train._Clock(device)
+
+    def step() -> tuple:
+        with torch.profiler.record_function(STEP_MARK):
+            return _step()
+
+    def _step() -> tuple:
+        start = clock.mark()
+        for tokens, targets in batches:
+            with trainer.context():
+                loss = trainer.loss(tokens, targets) / setup.accumulation_steps
+                loss.backward()
+        middle = clock.mark()
+        trainer.optimizer.step()
+        trainer.optimizer.zero_grad(set_to_none=True)
+        return start, middle, clock.mark()
+
+    cuda = device.type == "cuda"
+    for _ in range(setup.warmup_steps):
+        step()
+    if cuda:
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+    marks = [step() for _ in range(setup.steps)]
+    if cuda:
+        torch.cuda.synchronize(device)
+    samples = [clock.seconds(s, e) for s, _, e in marks]
+    row: dict = {
+        "samples_s": samples, "median_s": statistics.median(samples), "min_s": min(samples), "max_s": max(samples),
+        "optimizer_median_s": statistics.median(clock.seconds(m, e) for _, m, e in marks),
+    }
+    if cuda:
+        row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        row["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(device)
+    # At rest between steps: parameters (FSDP's sharded ones) and optimizer states. Gradients exist
+    # between backward and the optimizer: read after one more backward, then dropped.
+    parameter_bytes = _storage_bytes(trainer.model.parameters())
+    state_bytes = _state_bytes(trainer.optimizer)
+    tokens, targets = batches[0]
+    with trainer.context():
+        trainer.loss(tokens, targets).backward()
+    gradient_bytes = _storage_bytes(p.grad for p in trainer.model.parameters())
+    gradient_shards = {n: list(local_tensor(p.grad).shape) for n, p in trainer.model.named_parameters() if p.grad is not None}
+    trainer.optimizer.zero_grad(set_to_none=True)
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(PROFILED_STEPS):
+            step()
+        if cuda:
+            torch.cuda.synchronize(device)
+    communication = exposed_s(prof, device.type, STEP_MARK) / PROFILED_STEPS
+
+    def forward() -> torch.Tensor:
+        loss = trainer.loss(tokens, targets)
+        dist.barrier()  # gloo's thread may hold the last collective's buffer a moment after it returned
+        return loss
+
+    with trainer.context():
+        probed = probe(trainer.model, forward)
+    row |= {
+        "activation_bytes": probed.activation_bytes,
+        "communication_median_s": communication,
+        "details": {
+            "parameter_bytes": parameter_bytes,
+            "gradient_bytes": gradient_bytes,
+            "gradient_shards": gradient_shards,
+            "optimizer_state_bytes": state_bytes,
+            "profiled_steps": PROFILED_STEPS,
+            "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
+                      "parameter_copy_bytes": probed.parameter_copy_bytes},
+        },
+    }
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="One rank of a multi-rank training step (run under torchrun).")
+    add_rank_flags(parser)
+    parser.add_argument("--setup", required=True, help="the setup as JSON (setup_document)")
+    args = parser.parse_args(argv)
+    setup = setup_from_document(args.setup)
+    info = join(args.device_type, args.timeout_s)
+    key = "step"
+    try:
+        row = measure(setup, info)
+    except torch.OutOfMemoryError as err:
+        row = {"status": "oom", "message": str(err).splitlines()[0][:500]}
+        if info.device.type == "cuda":
+            row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(info.device)
+        emit(key, info.rank, row)
+        return 1  # the launcher stops the other ranks, which may be waiting on this one
+    except Exception as err:
+        traceback.print_exc(file=sys.stdout)
+        emit(key, info.rank, {"status": "error", "message": f"{type(err).__name__}: {str(err).strip()[:400]}"})
+        return 1
+    finally:
+        gc.collect()
+    emit(key, info.rank, row)
+    leave()
+    return 0
+
+
+# ---- parent side --------------------------------------------------------------------------------------
+
+
+def base_row(setup: bench_train.TrainSetup, rank: int, world: int) -> TrainStepResult:
+    cfg = setup.config
+    return TrainStepResult(
+        model_name=setup.spec.name, model_spec=dataclasses.asdict(setup.spec), seq_len=cfg.seq_len,
+        micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
+        attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, rank=rank, world_size=world,
+        layout=dataclasses.asdict(cfg.layout),
+    )
+
+
+def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout_s: float = 600.0,
+          expected_s: float = 5.0) -> list[Case]:
+    """One case per rank of ``setup``, all measured by one launch started with the first.
+
+    ``profile`` (a HardwareProfile, or a function giving it) predicts the step time and its
+    communication, over the profile's cluster (its measured collectives where it has them); without a
+    profile only memory is predicted.
+    """
+    from agent.safety import refusal
+
+    cfg = setup.config
+    layout = cfg.layout
+    check_layout(layout)
+    world = layout.world
+    prediction = estimate(setup.spec, cfg, device_type, setup.accumulation_steps)
+    reason = refusal(prediction, torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"), world)
+    launch = Launch("agent.train_ranks", world, ["--device-type", device_type, "--setup", setup_document(setup)],
+                    timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"} if device_type == "cpu" else None)
+
+    def predicted(rank: int) -> TrainStepResult:
+        row = base_row(setup, rank, world)
+        mine = for_rank(prediction, rank)
+        source = profile() if callable(profile) else profile
+        timing = step_time(mine, source, setup.accumulation_steps, source.cluster()) if source else None
+        row.prediction = mine.to_dict() | {"step_time_s": timing.total_s if timing else None}
+        row.predicted_peak_bytes = mine.peak_bytes
+        row.predicted_activation_bytes = mine.ledger.activation_bytes
+        row.predicted_step_time_s = timing.total_s if timing else None
+        row.predicted_communication_s = timing.communication_s if timing else None
+        return row
+
+    def measure_rank(device: torch.device, rank: int) -> TrainStepResult:
+        row = predicted(rank)
+        if reason:
+            return skipped(row, reason)
+        try:
+            found = launch.result("step", rank)
+        finally:
+            if rank == world - 1:
+                launch.close()
+        status = found.pop("status", "ok")
+        for name, value in found.items():
+            setattr(row, name, value)
+        row.status = status
+        if status == "ok":
+            tokens = cfg.tokens * setup.accumulation_steps * layout.dp
+            row.tokens_per_s = tokens / row.median_s
+        return row
+
+    label = f"{setup.label} {layout_label(layout)}"
+    return [
+        Case(kind="train", name=f"{label} rank {rank}", expected_s=expected_s if rank == 0 else 0.1,
+             measure=functools.partial(measure_rank, rank=rank),
+             failed=lambda status, message, rank=rank: _failed(setup, rank, world, status, message))
+        for rank in range(world)
+    ]
+
+
+def _failed(setup: bench_train.TrainSetup, rank: int, world: int, status: str, message: str) -> TrainStepResult:
+    row = base_row(setup, rank, world)
+    row.status, row.message = status, message
+    return row
+
+
+def layout_label(layout: Layout) -> str:
+    parts = [f"tp{layout.tp}" + ("-sp" if layout.sp else "")] if layout.tp > 1 else []
+    if layout.dp > 1:
+        parts.append(f"dp{layout.dp} zero{layout.zero}")
+    return " ".join(parts) or "1 rank"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

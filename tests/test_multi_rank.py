@@ -1,0 +1,218 @@
+"""The agent on several ranks: collectives and training steps under real torch.distributed (gloo, CPU).
+
+One store is built once per session (about 40 s on 2 cores): micro-benchmarks
+for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
+collectives --nproc 2`), then 2-rank training steps of the agent's decoder
+under FSDP2 (`headroom agent train --nproc 2 --zero 3`) and under tensor +
+sequence parallelism, every rank its own row. Each launch runs under a
+deadline and every collective under the process group's timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+
+if not (dist.is_available() and dist.is_gloo_available()):
+    pytest.skip("torch was built without torch.distributed or gloo", allow_module_level=True)
+
+from sqlalchemy import select  # noqa: E402
+
+from agent import bench_collectives, train_ranks  # noqa: E402
+from agent.bench_train import TrainSetup  # noqa: E402
+from agent.runner import run_suite  # noqa: E402
+from cli.main import main  # noqa: E402
+from core.collective_ops import bus_factor  # noqa: E402
+from core.comm import MEASURED, step_communication  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
+from core.layout import Layout  # noqa: E402
+from core.presets import get_preset  # noqa: E402
+from db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
+from db.profiles import measured_in  # noqa: E402
+from db.store import open_store  # noqa: E402
+
+MODEL = "bench-llama-tiny"
+TRAIN_FLAGS = ("--model", MODEL, "--device", "cpu", "--seq-len", "64", "--micro-batch", "2", "--steps", "3")
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="session")
+def fleet(tmp_path_factory, headroom_session):
+    url = f"sqlite:///{tmp_path_factory.mktemp('fleet') / 'results.db'}"
+    with open_store(url, mode="write") as store:  # a CPU profile: matmul, elementwise and attention rates
+        run_suite(store, CPU, "smoke", only=("matmul", "elementwise", "attention"), quiet=True)
+    collectives = headroom_session("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu",
+                                   "--db", url, "--quiet")
+    assert collectives.returncode == 0, collectives.stderr
+    fsdp = headroom_session("agent", "train", *TRAIN_FLAGS, "--nproc", "2", "--zero", "3", "--db", url, "--quiet")
+    assert fsdp.returncode == 0, fsdp.stderr
+    setup = TrainSetup(spec=get_preset(MODEL), steps=3, config=TrainConfig(
+        seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True)))
+    with open_store(url, mode="write") as store:
+        with store.session() as session:
+            profile, _ = measured_in(session, "latest")
+        run_suite(store, CPU, "train", cases=train_ranks.cases(setup, "cpu", profile), quiet=True)
+    return url, collectives.stdout, fsdp.stdout
+
+
+@pytest.fixture(scope="session")
+def headroom_session(tmp_path_factory):
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"}
+    env["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg"))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
+                              timeout=300, env=env)
+
+    return run
+
+
+def _rows(url: str, model):
+    with open_store(url) as store, store.session() as session:
+        return list(session.scalars(select(model).order_by(model.id)))
+
+
+# ---- collectives ------------------------------------------------------------------------------------------
+
+
+def test_every_collective_is_measured_at_every_size(fleet):
+    rows = _rows(fleet[0], CollectiveResult)
+    assert [(r.op, r.message_bytes) for r in rows] == [
+        (op, size) for op in bench_collectives.OPS for size in bench_collectives.CPU_SIZES]
+    assert {(r.status, r.backend, r.dtype, r.group_size) for r in rows} == {("ok", "gloo", "fp32", 2)}
+
+
+def test_bandwidths_are_nccl_tests_arithmetic(fleet):
+    for r in _rows(fleet[0], CollectiveResult):
+        assert len(r.samples_s) == bench_collectives.SAMPLES["cpu"] and all(s > 0 for s in r.samples_s)
+        assert r.median_s == sorted(r.samples_s)[len(r.samples_s) // 2]
+        assert r.algbw_gb_per_s == r.message_bytes / r.median_s / 1e9
+        assert r.busbw_gb_per_s == r.algbw_gb_per_s * bus_factor(r.op, 2)
+        assert r.details["calls_per_sample"] >= 1
+
+
+def test_the_run_summary_names_each_collective(fleet):
+    out = fleet[1]
+    for op in bench_collectives.OPS:
+        assert f"  {op:<15} x2: bus " in out
+
+
+def test_a_killed_rank_ends_the_launch_with_errors_not_a_hang(tmp_path):
+    """SIGKILL one rank after the first result: every later case is recorded as an error, promptly."""
+    cases = bench_collectives.cases("cpu", 2, message_sizes=(1024, 2**20), timeout_s=120)
+    first = cases[0].measure(CPU)
+    assert first.status == "ok"
+    launch = _launch_of(cases[0])
+    ranks = _children(launch.process.pid)
+    assert len(ranks) == 2
+    os.kill(ranks[1], signal.SIGKILL)
+    started = time.monotonic()
+    url = f"sqlite:///{tmp_path / 'killed.db'}"
+    with open_store(url, mode="write") as store:
+        report = run_suite(store, CPU, "quick", cases=cases[1:], quiet=True)
+    assert time.monotonic() - started < 60
+    assert [row.status for _, row in report.rows] == ["error"] * (len(cases) - 1)
+    assert "the launch exited with code 1" in report.rows[-1][1].message
+    assert {r.status for r in _rows(url, Run)} == {"completed"}
+
+
+def _launch_of(case):
+    """The Launch a collective case reads its row from (the closure of its measure function)."""
+    from agent.launch import Launch
+
+    cells = case.measure.func.__closure__ or ()
+    return next(c.cell_contents for c in cells if isinstance(c.cell_contents, Launch))
+
+
+def _children(pid: int) -> list[int]:
+    with open(f"/proc/{pid}/task/{pid}/children") as f:
+        return [int(p) for p in f.read().split()]
+
+
+@pytest.mark.slow
+def test_four_ranks_measure_every_collective():
+    for case in bench_collectives.cases("cpu", 4, message_sizes=(4096, 2**18)):
+        row = case.measure(CPU)
+        assert row.status == "ok" and row.group_size == 4, row.message
+        assert row.busbw_gb_per_s == row.message_bytes / row.median_s / 1e9 * bus_factor(row.op, 4)
+
+
+# ---- multi-rank training steps ------------------------------------------------------------------------------
+
+
+def _steps(url: str, layout: dict) -> list[TrainStepResult]:
+    return [r for r in _rows(url, TrainStepResult) if r.layout and all(r.layout[k] == v for k, v in layout.items())]
+
+
+@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}], ids=["fsdp2", "tp2-sp"])
+def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
+    rows = _steps(fleet[0], layout)
+    assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
+    for r in rows:
+        assert r.activation_bytes == r.predicted_activation_bytes
+        assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
+        assert r.communication_median_s > 0 and len(r.samples_s) == 3
+
+
+def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
+    for r in _steps(fleet[0], {"dp": 2, "zero": 3}):
+        assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
+        # AdamW's two fp32 moments of each shard, plus one 4-byte step counter per parameter tensor
+        tensors = len(r.details["gradient_shards"])
+        assert r.details["optimizer_state_bytes"] == r.prediction["memory_bytes"]["optimizer_states"] + 4 * tensors
+
+
+def test_tensor_parallel_steps_predict_time_and_communication_from_measured_collectives(fleet):
+    for r in _steps(fleet[0], {"tp": 2}):
+        assert r.predicted_step_time_s > 0 and r.predicted_communication_s > 0
+    with open_store(fleet[0]) as store, store.session() as session:
+        profile, calibration = measured_in(session, "latest")
+    assert profile.collectives is not None and profile.collectives.group_sizes() == (2,)
+    config = TrainConfig(seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True))
+    terms = step_communication(get_preset(MODEL), config, 1, profile.cluster())
+    assert {t.link_key for t in terms} == {MEASURED}
+    # Calibration covers the four multi-rank rows and fits their communication term apart.
+    assert calibration.communication.samples == 4
+    assert "communication: x" in calibration.confidence()
+
+
+def test_agent_train_prints_each_rank_and_its_communication(fleet):
+    out = fleet[2]
+    assert "dp2 zero3 rank 0" in out and "dp2 zero3 rank 1" in out
+    assert out.count("exposed communication") == 2
+
+
+def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
+    result = headroom("agent", "train", "--model", "llama3-8b", "--device", "cpu", "--db",
+                      f"sqlite:///{tmp_path / 'big.db'}", "--quiet")
+    assert result.returncode == 1
+    assert "skipped: llama3-8b" in result.stdout and "the core predicts a peak of 123.9 GB" in result.stdout
+    assert "measured nothing: 1 skipped" in result.stderr
+    (row,) = _rows(f"sqlite:///{tmp_path / 'big.db'}", TrainStepResult)
+    assert row.status == "skipped" and row.predicted_peak_bytes > 100e9
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--nproc", "4", "--tp", "2"), "--nproc 4 but the layout has tp x dp x pp x cp = 2 ranks"),
+    (("--pp", "2"), "pp 2 and cp 1 are planned by the core but not measured"),
+    (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),
+    (("--tp", "2", "--dp", "2"), "use zero 3"),
+    (("--nproc", "0"), "--nproc 0: give 1 or more processes"),
+])
+def test_layouts_the_agent_cannot_run_are_refused_by_name(capsys, flags, message):
+    assert main(["agent", "train", *TRAIN_FLAGS, *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_collectives_need_ranks(capsys):
+    assert main(["agent", "run", "--only", "collectives", "--device", "cpu"]) == 2
+    assert "--only collectives needs 2 or more processes" in capsys.readouterr().err
