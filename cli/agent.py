@@ -42,7 +42,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Train a model for a few steps per configuration and record step time, memory and the core's "
         "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp) "
         "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
-        "parallelism) and every rank is recorded. A step the core predicts cannot fit is skipped, not run. "
+        "parallelism) and every rank is recorded; --pp, --cp and --zero 2 are planned by the core but not measured "
+        "here, and refused. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
     )
