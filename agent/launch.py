@@ -130,12 +130,3 @@ class Launch:
             except ProcessLookupError:
                 pass
             self.process.wait()
-
-    def __enter__(self) -> Launch:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if exc[0] is not None:
-            self.kill()
-        else:
-            self.close()
