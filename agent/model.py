@@ -160,14 +160,25 @@ class Decoder(nn.Module):
             nn.init.zeros_(module.bias)
 
     def embed_tokens(self, idx: torch.Tensor) -> torch.Tensor:
-        x = self.embed(idx)
-        if self.positions is not None:
-            x = x + self.positions(torch.arange(idx.shape[1], device=idx.device))
-        return F.dropout(x, self.dropout, self.training)
+        return embed_tokens(self.embed, self.positions, idx, self.dropout, self.training)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
         x = apply_blocks(self.blocks, self.embed_tokens(idx), self.recompute)
         logits = self.lm_head(self.final_norm(x))
         if targets is None:
             return logits
-        return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))
+        return token_loss(logits, targets)
+
+
+def embed_tokens(embed: nn.Embedding, positions: nn.Embedding | None, idx: torch.Tensor, dropout: float,
+                 training: bool) -> torch.Tensor:
+    """Token embeddings, plus learned positions (gpt), then dropout in training."""
+    x = embed(idx)
+    if positions is not None:
+        x = x + positions(torch.arange(idx.shape[1], device=idx.device))
+    return F.dropout(x, dropout, training)
+
+
+def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The decoder's loss: mean cross-entropy over the vocabulary on fp32 logits."""
+    return F.cross_entropy(logits.float().view(-1, logits.shape[-1]), targets.view(-1))

@@ -1,4 +1,4 @@
-"""Training steps run by several ranks at once: DDP, ZeRO-1, FSDP2 and tensor (+sequence) parallelism.
+"""Training steps run by several ranks at once: DDP, ZeRO-1, FSDP2, tensor (+sequence) and pipeline parallelism.
 
 The agent's decoder (agent/model.py) trains on ``tp x dp`` local processes
 under torch's own parallelism, as torchtitan applies it to Llama:
@@ -14,8 +14,12 @@ under torch's own parallelism, as torchtitan applies it to Llama:
   (agent.parallel.parallelize_decoder), with sequence parallelism when
   ``sp``; with ``dp`` as well, a 2-D mesh (tp innermost) and FSDP2 over dp.
 
-Pipeline and context parallelism are not run here (the core plans them;
-the agent measures them on no box yet): such a layout is refused by name.
+- ``pp``: the decoder cut into stages and run by torch's GPipe or 1F1B
+  schedule (agent.pipeline_stages), a pipeline alone (tp, cp, dp 1); each
+  rank also reports the micro-batches its stage held in flight.
+
+Context parallelism is not run here (the core plans it; the agent measures
+it on no box yet): such a layout is refused by name.
 
 Each rank reports its own row: step times, the exposed communication within
 a step (agent.comm_time, from two profiled steps after the timed ones), its
@@ -61,11 +65,17 @@ STEP_MARK = "headroom.step"
 """The profiler span of one training step: its thread is the training thread."""
 
 
-def check_layout(layout: Layout) -> None:
-    """The layouts this trainer runs; any other is refused by name."""
-    if layout.pp > 1 or layout.cp > 1:
-        raise ConfigError(f"the agent trains tensor and data parallelism only; pp {layout.pp} and cp {layout.cp} "
-                          "are planned by the core but not measured: use pp 1 and cp 1")
+def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: int | None = None) -> None:
+    """The layouts this trainer runs (for ``spec`` and ``micro_batches`` per step when given); any other
+    is refused by name."""
+    if layout.cp > 1:
+        raise ConfigError(f"the agent trains tensor, pipeline and data parallelism; cp {layout.cp} is planned by "
+                          "the core but not measured: use cp 1")
+    if layout.pp > 1:
+        from agent.pipeline_stages import check_pipeline
+
+        check_pipeline(layout, spec is not None and spec.tied_embeddings, micro_batches)
+        return
     if layout.zero == 2:
         raise ConfigError("zero 2: torch has no ZeRO-2 of its own; measure zero 1 (DDP + ZeroRedundancyOptimizer) "
                           "or zero 3 (FSDP2)")
@@ -118,8 +128,24 @@ class Trainer:
             return vocabulary_loss()
         return contextlib.nullcontext()
 
+    def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """One step's micro-batches, forward and backward, the gradients accumulated."""
+        for tokens, targets in batches:
+            with self.context():
+                loss = self.loss(tokens, targets) / len(batches)
+                loss.backward()
 
-def build(setup: bench_train.TrainSetup, info: RankInfo) -> Trainer:
+
+def build(setup: bench_train.TrainSetup, info: RankInfo):
+    """This rank's Trainer, or its agent.pipeline_stages.PipelineTrainer under pipeline parallelism."""
+    if setup.config.layout.pp > 1:
+        from agent import pipeline_stages
+
+        return pipeline_stages.build(setup, info.rank, info.device)
+    return _build(setup, info)
+
+
+def _build(setup: bench_train.TrainSetup, info: RankInfo) -> Trainer:
     from torch.distributed.device_mesh import init_device_mesh
 
     from agent.parallel import parallelize_decoder, shard_fully
@@ -203,10 +229,7 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
 
     def _step() -> tuple:
         start = clock.mark()
-        for tokens, targets in batches:
-            with trainer.context():
-                loss = trainer.loss(tokens, targets) / setup.accumulation_steps
-                loss.backward()
+        trainer.forward_backward(batches)
         middle = clock.mark()
         trainer.optimizer.step()
         trainer.optimizer.zero_grad(set_to_none=True)
@@ -234,14 +257,14 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
     parameter_bytes = _storage_bytes(trainer.model.parameters())
     state_bytes = _state_bytes(trainer.optimizer)
     tokens, targets = batches[0]
-    with trainer.context():
-        trainer.loss(tokens, targets).backward()
+    trainer.forward_backward(batches)
     gradient_bytes = _storage_bytes(p.grad for p in trainer.model.parameters())
     gradient_shards = {n: list(local_tensor(p.grad).shape) for n, p in trainer.model.named_parameters() if p.grad is not None}
     trainer.optimizer.zero_grad(set_to_none=True)
 
+    pipelined = layout.pp > 1
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with _pipeline_waits(pipelined), profile(activities=activities) as prof:
         for _ in range(PROFILED_STEPS):
             step()
         if cuda:
@@ -255,6 +278,7 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
 
     with trainer.context():
         probed = probe(trainer.model, forward)
+    in_flight = trainer.in_flight(batches) if pipelined else None
     row |= {
         "activation_bytes": probed.activation_bytes,
         "communication_median_s": communication,
@@ -266,9 +290,17 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
             "profiled_steps": PROFILED_STEPS,
             "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
                       "parameter_copy_bytes": probed.parameter_copy_bytes},
-        },
+        } | ({"in_flight": in_flight} if in_flight else {}),
     }
     return row
+
+
+def _pipeline_waits(pipelined: bool):
+    if not pipelined:
+        return contextlib.nullcontext()
+    from agent.pipeline_stages import profiled_waits
+
+    return profiled_waits()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -323,7 +355,7 @@ def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout
 
     cfg = setup.config
     layout = cfg.layout
-    check_layout(layout)
+    check_layout(layout, setup.spec, setup.accumulation_steps)
     world = layout.world
     prediction = estimate(setup.spec, cfg, device_type, setup.accumulation_steps)
     reason = refusal(prediction, torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"), world)
@@ -339,7 +371,7 @@ def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout
         row.predicted_peak_bytes = mine.peak_bytes
         row.predicted_activation_bytes = mine.ledger.activation_bytes
         row.predicted_step_time_s = timing.total_s if timing else None
-        row.predicted_communication_s = timing.communication_s if timing else None
+        row.predicted_communication_s = timing.waiting_s if timing else None
         return row
 
     def measure_rank(device: torch.device, rank: int) -> TrainStepResult:
@@ -377,6 +409,8 @@ def _failed(setup: bench_train.TrainSetup, rank: int, world: int, status: str, m
 
 def layout_label(layout: Layout) -> str:
     parts = [f"tp{layout.tp}" + ("-sp" if layout.sp else "")] if layout.tp > 1 else []
+    if layout.pp > 1:
+        parts.append(f"pp{layout.pp} {layout.schedule}")
     if layout.dp > 1:
         parts.append(f"dp{layout.dp} zero{layout.zero}")
     return " ".join(parts) or "1 rank"

@@ -40,9 +40,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train = commands.add_parser(
         "train", help="benchmark training steps: one configuration or a sweep, on one device or several ranks",
         description="Train a model for a few steps per configuration and record step time, memory and the core's "
-        "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp) "
+        "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp/--pp) "
         "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
-        "parallelism) and every rank is recorded; --pp, --cp and --zero 2 are planned by the core but not measured "
+        "parallelism, a pipeline alone under --schedule 1f1b or gpipe with --accumulation micro-batches) and every "
+        "rank is recorded; --cp, --zero 2 and the interleaved schedule are planned by the core but not measured "
         "here, and refused. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
@@ -51,7 +52,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None)
     train.add_argument("--nproc", type=int, default=None,
                        help="local processes, one per GPU (default: tp x dp x pp x cp; --nproc alone means --dp)")
-    train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step (default 1)")
+    train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: a pipeline's micro-batches under --pp (default 1)")
     train.add_argument("--steps", type=int, default=5, help="timed steps after two warm-up steps (default 5)")
     train.add_argument("--device", default=None, help="cuda:N or cpu (default: cuda:0 if present, else cpu)")
     train.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file)")
@@ -212,6 +213,10 @@ def run_train(args: argparse.Namespace) -> int:
     ]
     for setup in setups:
         setup.config.check_model(spec)
+    if layout.world > 1:
+        from agent import train_ranks
+
+        train_ranks.check_layout(layout, spec, args.accumulation)
     with open_store(args.db, mode="write") as store:
         from agent.fingerprint import device_name
 

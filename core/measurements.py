@@ -125,7 +125,8 @@ class TrainStepRecord:
     """core.layout.Layout as a dict for a multi-rank step; None on one device."""
     rank: int = 0
     communication_s: float | None = None
-    """Measured exposed communication within one step on this rank."""
+    """Measured exposed communication within one step on this rank (in a pipeline, with its waits on the
+    neighbouring stages)."""
 
     @property
     def key(self) -> tuple:
@@ -149,7 +150,8 @@ class StepPrediction:
     """Saved-activation bytes (the ledger's)."""
     step_time_s: float
     communication_s: float = 0.0
-    """Exposed communication within the step (0 on one device)."""
+    """Exposed communication within the step, plus the bubble in a pipeline (StepTime.waiting_s; 0 on
+    one device)."""
 
 
 def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint, ...]]:
@@ -282,7 +284,7 @@ def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPredict
     cluster = profile.cluster() if layout.world > 1 else None
     timing = step_time(predicted, profile, step.accumulation_steps, cluster)
     return StepPrediction(predicted.peak_bytes, predicted.ledger.activation_bytes, timing.total_s,
-                          timing.communication_s)
+                          timing.waiting_s)
 
 
 def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> list[Observation]:

@@ -177,6 +177,13 @@ class StepTime:
     """Every collective of the step, before overlap."""
 
     @property
+    def waiting_s(self) -> float:
+        """Seconds the rank waits on others: exposed communication and, in a pipeline, its bubble. What
+        a profile of the rank measures as communication (agent.comm_time): a pipeline stage waiting for
+        its neighbour's activations cannot tell the link's time from the neighbour's compute."""
+        return self.communication_s + self.bubble_s
+
+    @property
     def per_micro_batch_s(self) -> float:
         return self.forward_s + self.backward_s + self.recompute_s + self.offload_s
 

@@ -1,10 +1,11 @@
 """The agent on several ranks: collectives and training steps under real torch.distributed (gloo, CPU).
 
-One store is built once per session (about 40 s on 2 cores): micro-benchmarks
+One store is built once per session (about 50 s on 2 cores): micro-benchmarks
 for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
 collectives --nproc 2`), then 2-rank training steps of the agent's decoder
-under FSDP2 (`headroom agent train --nproc 2 --zero 3`) and under tensor +
-sequence parallelism, every rank its own row. Each launch runs under a
+under FSDP2 (`headroom agent train --nproc 2 --zero 3`), under tensor +
+sequence parallelism and as a 2-stage 1F1B pipeline of 4 micro-batches
+(`--pp 2 --accumulation 4`), every rank its own row. Each launch runs under a
 deadline and every collective under the process group's timeout.
 """
 
@@ -52,6 +53,9 @@ def fleet(tmp_path_factory, headroom_session):
     assert collectives.returncode == 0, collectives.stderr
     fsdp = headroom_session("agent", "train", *TRAIN_FLAGS, "--nproc", "2", "--zero", "3", "--db", url, "--quiet")
     assert fsdp.returncode == 0, fsdp.stderr
+    pipeline = headroom_session("agent", "train", *TRAIN_FLAGS, "--pp", "2", "--accumulation", "4", "--db", url,
+                                "--quiet")
+    assert pipeline.returncode == 0, pipeline.stderr
     setup = TrainSetup(spec=get_preset(MODEL), steps=3, config=TrainConfig(
         seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True)))
     with open_store(url, mode="write") as store:
@@ -153,7 +157,8 @@ def _steps(url: str, layout: dict) -> list[TrainStepResult]:
     return [r for r in _rows(url, TrainStepResult) if r.layout and all(r.layout[k] == v for k, v in layout.items())]
 
 
-@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}], ids=["fsdp2", "tp2-sp"])
+@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}, {"pp": 2}],
+                         ids=["fsdp2", "tp2-sp", "pp2-1f1b"])
 def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
     rows = _steps(fleet[0], layout)
     assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
@@ -171,6 +176,53 @@ def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
         assert r.details["optimizer_state_bytes"] == r.prediction["memory_bytes"]["optimizer_states"] + 4 * tensors
 
 
+def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight(fleet):
+    """Stage 0 of a 2-stage 1F1B pipeline keeps pp - 0 = 2 micro-batches' activations at once, stage 1
+    one (core.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
+    rows = _steps(fleet[0], {"pp": 2})
+    assert [r.prediction["rank"] for r in rows] == ["first stage", "last stage"]
+    for r, in_flight in zip(rows, (2, 1), strict=True):
+        assert r.accumulation_steps == 4 and r.layout["schedule"] == "1f1b"
+        measured = r.details["in_flight"]
+        assert measured["saved_peak_bytes"] == in_flight * measured["saved_micro_batch_bytes"]
+        assert measured["micro_batches_in_flight"] == in_flight
+        assert _predicted_in_flight(r) == in_flight
+        assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
+    first, last = rows
+    assert "embed.weight" in first.details["gradient_shards"] and "lm_head.weight" in last.details["gradient_shards"]
+
+
+def _predicted_in_flight(row: TrainStepResult) -> float:
+    """The micro-batches in flight the core predicted for the row's rank, as stored with it."""
+    return next(k["micro_batches_in_flight"] for k in row.prediction["ranks"] if k["rank"] == row.prediction["rank"])
+
+
+def test_a_gpipe_stage_holds_every_micro_batch(tmp_path):
+    """GPipe runs all m forwards before any backward: both stages hold m = 3 micro-batches."""
+    setup = TrainSetup(spec=get_preset(MODEL), steps=2, accumulation_steps=3, config=TrainConfig(
+        seq_len=64, micro_batch=2, precision="fp32", layout=Layout(pp=2, schedule="gpipe")))
+    rows = [case.measure(CPU) for case in train_ranks.cases(setup, "cpu")]
+    for r in rows:
+        assert r.status == "ok", r.message
+        assert r.activation_bytes == r.predicted_activation_bytes
+        assert r.details["in_flight"]["micro_batches_in_flight"] == 3
+        assert _predicted_in_flight(r) == 3
+
+
+@pytest.mark.slow
+def test_four_stages_hold_what_1f1b_predicts(tmp_path):
+    """A 4-layer model over 4 stages, 1F1B with 4 micro-batches: stage i holds 4 - i micro-batches."""
+    setup = TrainSetup(spec=get_preset("bench-llama-small"), steps=2, accumulation_steps=4, config=TrainConfig(
+        seq_len=32, micro_batch=1, precision="fp32", layout=Layout(pp=4)))
+    rows = [case.measure(CPU) for case in train_ranks.cases(setup, "cpu")]
+    assert [r.prediction["rank"] for r in rows] == ["first stage", "middle stage", "middle stage", "last stage"]
+    for r in rows:
+        assert r.status == "ok", r.message
+        assert r.activation_bytes == r.predicted_activation_bytes
+        assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
+        assert r.details["in_flight"]["micro_batches_in_flight"] == 4 - r.rank
+
+
 def test_tensor_parallel_steps_predict_time_and_communication_from_measured_collectives(fleet):
     for r in _steps(fleet[0], {"tp": 2}):
         assert r.predicted_step_time_s > 0 and r.predicted_communication_s > 0
@@ -180,8 +232,8 @@ def test_tensor_parallel_steps_predict_time_and_communication_from_measured_coll
     config = TrainConfig(seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True))
     terms = step_communication(get_preset(MODEL), config, 1, profile.cluster())
     assert {t.link_key for t in terms} == {MEASURED}
-    # Calibration covers the four multi-rank rows and fits their communication term apart.
-    assert calibration.communication.samples == 4
+    # Calibration covers the six multi-rank rows and fits their communication term apart.
+    assert calibration.communication.samples == 6
     assert "communication: x" in calibration.confidence()
 
 
@@ -203,7 +255,10 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
 
 @pytest.mark.parametrize(("flags", "message"), [
     (("--nproc", "4", "--tp", "2"), "--nproc 4 but the layout has tp x dp x pp x cp = 2 ranks"),
-    (("--pp", "2"), "pp 2 and cp 1 are planned by the core but not measured"),
+    (("--cp", "2"), "cp 2 is planned by the core but not measured"),
+    (("--pp", "2", "--schedule", "interleaved"), "not interleaved: use --schedule 1f1b or gpipe"),
+    (("--pp", "2", "--dp", "2"), "the agent runs a pipeline alone"),
+    (("--pp", "2"), "--accumulation 1 is fewer than pp 2; use --accumulation 2 or more, or --schedule gpipe"),
     (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),
     (("--tp", "2", "--dp", "2"), "use zero 3"),
     (("--nproc", "0"), "--nproc 0: give 1 or more processes"),
@@ -211,6 +266,12 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
 def test_layouts_the_agent_cannot_run_are_refused_by_name(capsys, flags, message):
     assert main(["agent", "train", *TRAIN_FLAGS, *flags]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_pipeline_of_a_tied_model_is_refused_by_name(capsys):
+    flags = ["--model", "bench-gpt-tiny", *TRAIN_FLAGS[2:], "--pp", "2"]
+    assert main(["agent", "train", *flags]) == 2
+    assert "tied embeddings" in capsys.readouterr().err
 
 
 def test_collectives_need_ranks(capsys):

@@ -237,8 +237,9 @@ def regret_part(ctx: Context) -> dict[str, Any]:
 
 
 def multi_rank(ctx: Context) -> dict[str, Any]:
-    """Collectives over every GPU and a 2-rank FSDP2 step where there are two or more GPUs; with one GPU
-    (or a CPU) only the 1-rank variant: a training step through torch's launcher, as multi-rank steps run."""
+    """Collectives over every GPU, a 2-rank FSDP2 step and a 2-stage 1F1B pipeline of 4 micro-batches where
+    there are two or more GPUs; with one GPU (or a CPU) only the 1-rank variant: a training step through
+    torch's launcher, as multi-rank steps run."""
     from agent import bench_collectives, train_ranks
 
     gpus = torch.cuda.device_count() if ctx.gpu else 0
@@ -249,11 +250,18 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
     setup = bench_train.TrainSetup(spec=spec, steps=3, config=TrainConfig(
         seq_len=seq_len, micro_batch=1, precision="amp-bf16" if ctx.gpu else "fp32", layout=layout))
 
+    setups = [setup]
+    if ranks > 1:  # an untied model: a pipeline of a tied one is not built (agent.pipeline_stages)
+        setups.append(bench_train.TrainSetup(spec=get_preset("bench-llama-small"), steps=3, accumulation_steps=4,
+                                             config=TrainConfig(seq_len=512, micro_batch=1, precision="amp-bf16",
+                                                                layout=Layout(pp=2))))
+
     def cases(store: Store) -> list:
-        found = train_ranks.cases(setup, ctx.device.type, profile_from_store(store, device_name(ctx.device)))
+        profile = profile_from_store(store, device_name(ctx.device))
+        found = [case for s in setups for case in train_ranks.cases(s, ctx.device.type, profile)]
         return found + (bench_collectives.cases(ctx.device.type, ranks) if ranks > 1 else [])
 
-    ran = [f"training step, {train_ranks.layout_label(layout)}"]
+    ran = [f"training step, {train_ranks.layout_label(s.config.layout)}" for s in setups]
     not_run = []
     if ranks > 1:
         ran.append(f"collectives over {ranks} GPUs")
