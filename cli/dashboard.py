@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -53,10 +54,33 @@ def run(args: argparse.Namespace) -> int:
         if args.bundle is not None:
             env["HEADROOM_DB"] = load_bundle(args.bundle, Path(scratch))
         print(f"headroom dashboard: http://{args.host}:{args.port}  (Ctrl-C stops it)", flush=True)
-        try:
-            return subprocess.call(command(args.host, args.port), env=env)
-        except KeyboardInterrupt:
-            return 0
+        return serve(command(args.host, args.port), env)
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def serve(cmd: list[str], env: dict[str, str]) -> int:
+    """Run Streamlit until it exits, handing it every stop signal this process gets (Ctrl-C, ``kill``, a
+    closed terminal), so that stopping ``headroom dashboard`` stops the server it started and then
+    removes a bundle's temporary store. Stopped by a signal: 0; else Streamlit's exit status."""
+    server = subprocess.Popen(cmd, env=env)
+    stopped: list[int] = []
+
+    def forward(signum: int, _frame) -> None:
+        stopped.append(signum)
+        server.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
+    try:
+        status = server.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        if server.poll() is None:  # this process is leaving for another reason: take the server with it
+            server.terminate()
+            server.wait()
+    return 0 if stopped else status
 
 
 def load_bundle(path: Path, scratch: Path) -> str:

@@ -10,6 +10,8 @@ the handlers, so other subcommands never load it.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,7 +40,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         sub.set_defaults(handler=handler)
         return sub
 
-    action("info", "location, schema revision, counts by device and incomplete runs of a store", run_info)
+    info = action("info", "location, schema revision, counts by device and incomplete runs of a store", run_info)
+    info.add_argument("--json", action="store_true", help="the same as one JSON object (times in UTC, ISO 8601)")
     action("upgrade", "bring a store to this headroom's schema revision (creates a missing SQLite store)", run_upgrade)
     export = action("export", "write every run of a store to a JSON bundle", run_export)
     export.add_argument("path", metavar="PATH", type=Path, help="bundle to write; gzip when it ends in .gz")
@@ -53,7 +56,8 @@ def run_info(args: argparse.Namespace) -> int:
     from db.store import open_store
 
     with open_store(args.db, mode="read") as store:
-        print(render_info(store))
+        info = store_info(store)
+    print(json.dumps(info, indent=2) if args.json else render_info(info))
     return 0
 
 
@@ -107,8 +111,8 @@ def run_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def render_info(store: Store) -> str:
-    """The text of ``headroom db info``."""
+def store_info(store: Store) -> dict:
+    """What ``headroom db info`` reports, as a JSON document."""
     from sqlalchemy import text
 
     from db import queries
@@ -123,21 +127,36 @@ def render_info(store: Store) -> str:
                      f"{session.scalar(text('PRAGMA journal_mode')).upper()} journal"
         else:
             engine = f"postgresql {session.scalar(text('SHOW server_version'))}"
+    return {
+        "store": store.url, "engine": engine, "schema_revision": store.revision, "runs": statuses, "results": kinds,
+        "devices": [_document(d) for d in devices], "incomplete_runs": [_document(r) for r in incomplete],
+    }
+
+
+def _document(row) -> dict:
+    return {name: value.isoformat() if isinstance(value, datetime) else value
+            for name, value in dataclasses.asdict(row).items()}
+
+
+def render_info(info: dict) -> str:
+    """The text of ``headroom db info`` from `store_info`."""
+    statuses, kinds = info["runs"], info["results"]
     lines = [
-        f"store     {store.url}",
-        f"engine    {engine}",
-        f"schema    revision {store.revision} (current)",
+        f"store     {info['store']}",
+        f"engine    {info['engine']}",
+        f"schema    revision {info['schema_revision']} (current)",
         f"runs      {sum(statuses.values()):,}" + _breakdown(statuses),
         f"results   {sum(kinds.values()):,}" + _breakdown(kinds),
     ]
+    devices, incomplete = info["devices"], info["incomplete_runs"]
     if devices:
         lines += ["", f"{'device':<36}{'host':<24}{'runs':>8}{'results':>10}  last run (UTC)"]
-        lines += [f"{d.device_name:<36}{d.hostname:<24}{d.runs:>8,}{d.results:>10,}  {_when(d.last_started_at)}"
-                  for d in devices]
+        lines += [f"{d['device_name']:<36}{d['hostname']:<24}{d['runs']:>8,}{d['results']:>10,}  "
+                  f"{_when(d['last_started_at'])}" for d in devices]
     if incomplete:
         lines += ["", f"{len(incomplete)} incomplete runs (status running: still in progress, or the writer died):"]
-        lines += [f"  {r.run_id}  {r.device_name} on {r.hostname}, started {_when(r.started_at)}, "
-                  f"{r.results} results" + (f", last at {_when(r.last_result_at)}" if r.last_result_at else "")
+        lines += [f"  {r['run_id']}  {r['device_name']} on {r['hostname']}, started {_when(r['started_at'])}, "
+                  f"{r['results']} results" + (f", last at {_when(r['last_result_at'])}" if r['last_result_at'] else "")
                   for r in incomplete]
     return "\n".join(lines)
 
@@ -147,5 +166,6 @@ def _breakdown(counts: dict[str, int]) -> str:
     return f": {', '.join(shown)}" if shown else ""
 
 
-def _when(moment: datetime) -> str:
-    return moment.strftime("%Y-%m-%d %H:%M:%S")
+def _when(moment: str) -> str:
+    """An ISO 8601 time as the table shows it, to the second."""
+    return datetime.fromisoformat(moment).strftime("%Y-%m-%d %H:%M:%S")

@@ -29,10 +29,22 @@ def build_parser() -> argparse.ArgumentParser:
         prog="headroom",
         description="Plan GPU training runs from real measurements.",
     )
+    parser.add_argument("--version", action="version", version=f"headroom {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for module in COMMANDS:
         module.add_parser(subparsers)
     return parser
+
+
+def version() -> str:
+    """The installed package's version (``pyproject.toml``)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("headroom")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:

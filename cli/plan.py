@@ -67,6 +67,10 @@ def cluster(profile: HardwareProfile, args: argparse.Namespace) -> Cluster:
     return profile.cluster(args.gpus_per_node, args.interconnect)
 
 
+NOTHING_FITS = 3
+"""Exit status of a plan in which no candidate fits the budget (its advice says what would)."""
+
+
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
@@ -88,7 +92,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(payload, indent=2))
     elif args.export:
         if result.recommendation is None:
-            raise ConfigError("nothing fits, so there is nothing to export; " + result.advice[-1])
+            print(f"headroom: nothing fits, so there is nothing to export; {result.advice[-1]}", file=sys.stderr)
+            return NOTHING_FITS
         settings = export(args.export, request, result.recommendation)
         print(settings.text)
         if not settings.notes_in_text:
@@ -96,12 +101,13 @@ def run(args: argparse.Namespace) -> int:
                 print(f"note: {note}", file=sys.stderr)
     else:
         print(render(result, top))
-    return 0
+    return 0 if result.recommendation is not None else NOTHING_FITS
 
 
 def render(result: Plan, top: int | None) -> str:
     req, profile, best = result.request, result.profile, result.recommendation
     spec = req.spec
+    unit, reserve = ("GPU", "CUDA context") if profile.device == "cuda" else ("device", "runtime reserve")
     where = (f"{req.gpus} GPUs, every layout searched" + (f" ({', '.join(sorted(req.pinned))} pinned)" if req.pinned else "")
              if req.gpus is not None else f"layout {req.layout}")
     lines = [
@@ -117,8 +123,8 @@ def render(result: Plan, top: int | None) -> str:
         lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
                      + (f"; {c.assumed})" if c.assumed else ")"))
     lines += [
-        f"budget: {req.budget_bytes / GB:.1f} GB per GPU (GB = 1e9 bytes); margin: peak x {profile.fragmentation:.2f} "
-        f"fragmentation + {req.context_reserve_bytes / GB:.1f} GB CUDA context",
+        f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes); margin: peak x "
+        f"{profile.fragmentation:.2f} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
         "",
     ]
@@ -129,7 +135,7 @@ def render(result: Plan, top: int | None) -> str:
     lines += [
         f"recommendation: {best.layout}; micro-batch {best.config.micro_batch} x accumulation "
         f"{best.accumulation_steps}, recompute {best.config.recompute}",
-        f"  {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / world:,.0f} per GPU), {best.step_time_s:.3f} s per step, "
+        f"  {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / world:,.0f} per {unit}), {best.step_time_s:.3f} s per step, "
         f"needs {best.required_bytes / GB:.1f} GB of {req.budget_bytes / GB:.1f} GB "
         f"({(req.budget_bytes - best.required_bytes) / GB:.1f} GB headroom)",
         f"  why: the fastest of {len(result.candidates)} fitting candidates"

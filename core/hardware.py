@@ -160,13 +160,19 @@ def match_device(device_name: str) -> DeviceMatch:
 
 
 def get_hardware(key: str) -> HardwareSpec:
-    """A datasheet row by key (``h100-sxm``) or by a device name torch would report."""
+    """A datasheet row by key (``h100-sxm``, any case), by a device name torch would report, or by a part
+    of one key only (``4090``, ``mi300``)."""
     wanted = key.strip().lower()
     if wanted in HARDWARE_BY_KEY:
         return HARDWARE_BY_KEY[wanted]
     matched = match_device(key).spec
     if matched is not None:
         return matched
+    containing = [k for k in HARDWARE_BY_KEY if wanted and wanted in k]
+    if len(containing) == 1:
+        return HARDWARE_BY_KEY[containing[0]]
+    if containing:
+        raise ConfigError(f"hardware {key!r} could be any of {', '.join(containing)}; give one of them")
     close = difflib.get_close_matches(wanted, HARDWARE_BY_KEY, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(HARDWARE_BY_KEY)}"
     raise ConfigError(f"unknown hardware {key!r}; {hint}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 
-from sqlalchemy import Subquery, func, select, union_all
+from sqlalchemy import BigInteger, Subquery, cast, func, select, union_all
 from sqlalchemy.orm import Session
 
 from db.models import RESULT_MODELS, Fingerprint, MatmulResult, Run, UTCDateTime
@@ -75,7 +75,8 @@ def counts_by_device(session: Session) -> list[DeviceCount]:
             Fingerprint.device_name,
             Fingerprint.hostname,
             func.count(Run.id),
-            func.coalesce(func.sum(per_run.c.results), 0),
+            # PostgreSQL's SUM of counts is NUMERIC: read it back as the integer it is.
+            cast(func.coalesce(func.sum(per_run.c.results), 0), BigInteger),
             func.max(Run.started_at, type_=UTCDateTime()),
         )
         .join(Run, Run.fingerprint_id == Fingerprint.id)

@@ -111,6 +111,63 @@ def test_catalog_commands(headroom):
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
 
 
+def test_version_is_the_installed_package_version(headroom):
+    from importlib.metadata import version
+
+    result = headroom("--version")
+    assert result.returncode == 0 and result.stdout == f"headroom {version('headroom')}\n"
+
+
+def test_models_and_hardware_as_json(headroom):
+    from core.hardware import HARDWARE
+    from core.presets import PRESETS
+
+    models = json.loads(headroom("models", "--json").stdout)
+    assert [(m["name"], m["parameters"], m["n_layers"]) for m in models] == [
+        (p.name, p.parameters, p.n_layers) for p in PRESETS.values()]
+    rows = json.loads(headroom("hardware", "--json").stdout)
+    assert [(r["key"], r["peak_flop_per_s"], r["hbm_bytes_per_s"], r["memory_bytes"]) for r in rows] == [
+        (h.key, h.peak_flop_per_s, h.hbm_bytes_per_s, h.memory_bytes) for h in HARDWARE]
+    match = json.loads(headroom("hardware", "--match", "NVIDIA H200", "--json").stdout)
+    assert match["key"] == "h200" and match["datasheet"]["memory_bytes"] == 141_000_000_000
+    unknown = headroom("hardware", "--match", "NVIDIA H200 NVL", "--json")
+    assert unknown.returncode == 1 and json.loads(unknown.stdout)["datasheet"] is None
+
+
+@pytest.mark.parametrize(("name", "key"), [("H100-SXM", "h100-sxm"), ("4090", "rtx-4090"), ("mi300", "mi300x"),
+                                           ("a100-sxm-80", "a100-sxm-80gb")])
+def test_hardware_is_named_by_any_case_or_a_part_of_one_key(name, key):
+    from core.hardware import get_hardware
+
+    assert get_hardware(name).key == key
+
+
+def test_a_part_of_several_keys_lists_them(headroom):
+    result = headroom("plan", "--model", "llama3-8b", "--global-batch", "8", "--hardware", "a100")
+    assert result.returncode == 2
+    assert result.stderr == ("headroom: error: hardware 'a100' could be any of a100-sxm-80gb, a100-pcie-80gb, "
+                             "a100-sxm-40gb, a100-pcie-40gb; give one of them\n")
+
+
+def test_a_plan_for_a_cpu_speaks_of_devices_not_gpus():
+    import dataclasses
+
+    from cli.plan import render
+    from core.advice import plan_and_advise
+    from core.config import TrainConfig
+    from core.hardware import get_hardware
+    from core.planner import PlanRequest
+    from core.timing import datasheet_profile
+
+    request = PlanRequest(spec=get_preset("bench-llama-tiny"), train=TrainConfig(seq_len=64), global_batch=8)
+    gpu = datasheet_profile(get_hardware("h100-sxm"))
+    cpu = dataclasses.replace(gpu, device="cpu")
+    on_gpu, on_cpu = (render(plan_and_advise(request, profile), None) for profile in (gpu, cpu))
+    assert "GB per GPU" in on_gpu and "CUDA context" in on_gpu and "per GPU)" in on_gpu
+    assert "GB per device" in on_cpu and "runtime reserve" in on_cpu and "per device)" in on_cpu
+    assert "GPU" not in on_cpu.replace("--gpus", "") and "CUDA" not in on_cpu
+
+
 def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(headroom):
     result = headroom("estimate", "--model", "bench-llama-small", "--seq-len", "256", "--micro-batch", "2",
                       "--recompute", "selective", "--device", "cpu", "--json", "--ledger")

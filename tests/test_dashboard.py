@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 from pathlib import Path
@@ -184,3 +185,39 @@ def test_a_missing_or_damaged_bundle_is_refused_with_its_name(headroom, tmp_path
     assert cut.returncode == 2 and "truncated or damaged gzip" in cut.stderr
     both = headroom("dashboard", "--bundle", str(REFERENCE_BUNDLE), "--db", str(tmp_path / "x.db"))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
+
+
+def test_stopping_headroom_dashboard_stops_its_server(tmp_path):
+    """SIGTERM to `headroom dashboard` (as `kill` sends) stops Streamlit too: nothing is left listening."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
+    wrapper = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--port", str(port)],
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            assert wrapper.poll() is None, f"headroom dashboard exited with {wrapper.returncode}"
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/_stcore/health", timeout=2) as response:
+                    if response.read().strip() == b"ok":
+                        break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            pytest.fail("the dashboard did not answer /_stcore/health within 90 s")
+        wrapper.send_signal(signal.SIGTERM)
+        assert wrapper.wait(timeout=30) == 0
+        with socket.socket() as probe, pytest.raises(ConnectionRefusedError):
+            probe.connect(("127.0.0.1", port))
+    finally:
+        if wrapper.poll() is None:
+            os.killpg(wrapper.pid, signal.SIGKILL)

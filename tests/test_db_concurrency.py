@@ -7,6 +7,8 @@ insert the fingerprint they share.
 
 from __future__ import annotations
 
+import json
+
 import os
 import signal
 import subprocess
@@ -87,3 +89,10 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_store(store_url, headroom):
     assert info.returncode == 0, info.stderr
     assert "1 incomplete runs" in info.stdout and f"{run_id}  NVIDIA H100 80GB HBM3 on worker-0" in info.stdout
     assert finished not in info.stdout
+    raw = headroom("db", "info", "--db", store_url, "--json")
+    assert raw.returncode == 0, raw.stderr
+    as_json = json.loads(raw.stdout)
+    assert as_json["runs"] == {"completed": 2, "running": 1}
+    assert [(r["run_id"], r["device_name"], r["hostname"]) for r in as_json["incomplete_runs"]] == [
+        (run_id, "NVIDIA H100 80GB HBM3", "worker-0")]
+    assert sum(d["runs"] for d in as_json["devices"]) == 3 and as_json["schema_revision"] in info.stdout

@@ -48,7 +48,8 @@ def test_every_row_has_a_source_and_dense_peaks_in_range():
 def test_get_hardware_by_key_or_name_and_suggestions():
     assert get_hardware("h200").name == "H200 SXM 141GB"
     assert get_hardware("NVIDIA H100 80GB HBM3").key == "h100-sxm"
+    assert get_hardware("h100-sx").key == "h100-sxm"  # a part of one key only
     with pytest.raises(ConfigError, match="did you mean h100-sxm"):
-        get_hardware("h100-sx")
+        get_hardware("h100-smx")
     with pytest.raises(ConfigError, match="A100 SXM4 80GB has no fp8"):
         get_hardware("a100-sxm-80gb").peak("fp8")

@@ -33,7 +33,7 @@ def test_plan_uses_the_cpus_measurements_and_reports_calibration(headroom, measu
 def test_plan_falls_back_to_the_datasheet_and_says_so(headroom, measured_cpu):
     url, _ = measured_cpu
     result = headroom("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--dp", "8",
-                      "--zero", "1", "--hardware", "h100-sxm", "--db", url, "--json")
+                      "--zero", "3", "--hardware", "h100-sxm", "--db", url, "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["hardware"]["source"] == "datasheet"
@@ -42,10 +42,15 @@ def test_plan_falls_back_to_the_datasheet_and_says_so(headroom, measured_cpu):
 
 
 def test_impossible_plan_explains_itself(headroom):
-    result = headroom("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "32",
-                      "--hardware", "h100-sxm")
-    assert result.returncode == 0, result.stderr
+    args = ("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "32", "--hardware", "h100-sxm")
+    result = headroom(*args)
+    assert result.returncode == 3, result.stderr  # nothing fits: its own exit status
     assert "nothing fits" in result.stdout and "smallest change that fits: --dp" in result.stdout
+    as_json = headroom(*args, "--json")
+    assert as_json.returncode == 3 and json.loads(as_json.stdout)["recommendation"] is None
+    export = headroom(*args, "--export", "deepspeed")
+    assert export.returncode == 3 and export.stdout == ""
+    assert export.stderr.startswith("headroom: nothing fits, so there is nothing to export; smallest change")
 
 
 def test_plan_export_and_bad_input(headroom):
