@@ -3,8 +3,11 @@
 Every function takes the store URL, so the cache keys on it. The store is
 opened once per URL (`store`, a cached resource) in read mode: it never
 migrates and its engine cannot write (db.engine). Query results are cached
-for ``TTL_S`` seconds, enough to keep every page responsive with 10,000 runs
-(benchmarks/bench_dashboard.py) while a box's new run shows up within a minute.
+on the store's version as well (`store_version`: the newest row id of every
+table and the runs still running, a few index lookups), so a page's second
+visit costs those lookups and a box's new run or result shows on the next
+one; ``TTL_S`` only bounds how long an unused result stays in memory
+(benchmarks/bench_dashboard.py times every page with 10,000 runs).
 
 Only ``ok`` results are returned; units are as in db.models (``tflop_per_s``
 1e12 FLOP/s, ``gb_per_s`` 1e9 bytes/s, ``_bytes`` bytes, ``_s`` seconds).
@@ -12,11 +15,13 @@ Only ``ok`` results are returned; units are as in db.models (``tflop_per_s``
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from core.calibration import Calibration
 from core.timing import HardwareProfile
@@ -25,6 +30,7 @@ from db.errors import OutdatedStoreError, StoreError
 from db.hardware import resolve_hardware
 from db.location import resolve_url
 from db.models import (
+    RESULT_MODELS,
     AttentionResult,
     ElementwiseResult,
     Fingerprint,
@@ -34,7 +40,7 @@ from db.models import (
 )
 from db.store import Store, open_store
 
-TTL_S = 60
+TTL_S = 3600
 MAX_ENTRIES = 64
 
 
@@ -76,9 +82,39 @@ def store_state(url: str) -> StoreState:
     return StoreState(url, "ok")
 
 
+def store_version(url: str) -> tuple:
+    """What changes whenever the store gains a run or a result or a run finishes: the largest id of
+    every table and the count of runs still running."""
+    newest = [select(func.max(model.id)).scalar_subquery() for model in (Run, *RESULT_MODELS.values())]
+    running = select(func.count()).select_from(Run).where(Run.status == "running").scalar_subquery()
+    with store(url).engine.connect() as connection:
+        return tuple(connection.execute(select(*newest, running)).one())
+
+
+_QUERIES: dict[str, Callable] = {}
+
+
+@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+def _cached(name: str, url: str, version: tuple, *args):
+    return _QUERIES[name](url, *args)
+
+
+def _by_version(query: Callable) -> Callable:
+    """Cache ``query(url, *args)`` on its arguments and the store's version (one cache for them all,
+    keyed by the query's name: Streamlit keys a cached function by its source, which wrappers share)."""
+    _QUERIES[query.__name__] = query
+
+    @functools.wraps(query)
+    def call(url: str, *args):
+        return _cached(query.__name__, url, store_version(url), *args)
+
+    return call
+
+
 def _frame(url: str, query) -> pd.DataFrame:
-    with store(url).session() as session:
-        result = session.execute(query)
+    """The rows of a Core query as a DataFrame: read through a plain connection, no ORM objects built."""
+    with store(url).engine.connect() as connection:
+        result = connection.execute(query)
         # Plain tuples: a Row with a column named "dtype" would look array-like to pandas.
         return pd.DataFrame.from_records([tuple(row) for row in result], columns=list(result.keys()))
 
@@ -95,14 +131,14 @@ def _with_run(model, *columns, device: str | None = None):
     return query if device is None else query.where(Fingerprint.device_name == device)
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def devices(url: str) -> list[str]:
     """Measured device names, sorted."""
     with store(url).session() as session:
         return sorted(set(session.scalars(select(Fingerprint.device_name))))
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def runs(url: str) -> pd.DataFrame:
     """One row per run: identity, device, software stack, status; newest first."""
     query = (
@@ -115,7 +151,7 @@ def runs(url: str) -> pd.DataFrame:
     return _frame(url, query)
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def matmul(url: str, device: str | None = None) -> pd.DataFrame:
     """ok matmul results (of one device, or all), with ``flops`` = 2 m n k x batch."""
     m = MatmulResult
@@ -126,7 +162,7 @@ def matmul(url: str, device: str | None = None) -> pd.DataFrame:
     return frame
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def elementwise(url: str, device: str | None = None) -> pd.DataFrame:
     """ok elementwise results: op, dtype, elements, bytes_moved, median_s, gb_per_s."""
     e = ElementwiseResult
@@ -134,7 +170,7 @@ def elementwise(url: str, device: str | None = None) -> pd.DataFrame:
     return _frame(url, query)
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def attention(url: str, device: str | None = None) -> pd.DataFrame:
     """ok attention results (forward and backward medians, seconds)."""
     a = AttentionResult
@@ -143,7 +179,7 @@ def attention(url: str, device: str | None = None) -> pd.DataFrame:
     return _frame(url, query)
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     """ok training steps with what was measured and what the core predicted at measurement time."""
     t = TrainStepResult
@@ -154,7 +190,7 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     return _frame(url, query)
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def measured(url: str, device: str) -> tuple[HardwareProfile, Calibration]:
     """The device's measured HardwareProfile and its calibration (db.hardware.resolve_hardware, from the store only)."""
     return resolve_hardware(device, url, source="measured", store=store(url))
@@ -171,9 +207,18 @@ def hardware(url: str, option: str) -> tuple[HardwareProfile, Calibration | None
     return resolve_hardware(option.removeprefix(DATASHEET_PREFIX), source="datasheet")
 
 
-@st.cache_data(ttl=TTL_S, max_entries=MAX_ENTRIES, show_spinner=False)
+@_by_version
 def key_figures(url: str) -> pd.DataFrame:
-    """dashboard.history.key_figures over the whole store (one row per run), cached: the History page's base."""
-    from dashboard.history import key_figures as compute
+    """dashboard.history.key_figures over the whole store (one row per run), cached: the History page's base.
 
-    return compute(runs(url), matmul(url), elementwise(url), train_steps(url))
+    The best matmul rate per run and dtype and the best copy bandwidth per run are taken in SQL
+    (GROUP BY): a run's figure is the maximum of its rows, so the database hands over one row per
+    run instead of every result."""
+    from dashboard.history import MATMUL_DTYPES, key_figures as compute
+
+    m, e = MatmulResult, ElementwiseResult
+    best_matmul = (select(m.run_id, m.dtype, func.max(m.tflop_per_s).label("tflop_per_s"))
+                   .where(m.status == "ok", m.dtype.in_(MATMUL_DTYPES)).group_by(m.run_id, m.dtype))
+    best_copy = (select(e.run_id, e.op, func.max(e.gb_per_s).label("gb_per_s"))
+                 .where(e.status == "ok", e.op == "copy").group_by(e.run_id, e.op))
+    return compute(runs(url), _frame(url, best_matmul), _frame(url, best_copy), train_steps(url))

@@ -18,12 +18,17 @@ import pandas as pd
 
 DROP_FRACTION = 0.05
 FIGURES = ("matmul bf16 TFLOP/s", "copy GB/s", "train tokens/s")
+MATMUL_DTYPES = ("bf16", "fp32")
+"""The dtypes the matmul figure reads: bf16, else fp32."""
 TRAIN_KEY = ["model_name", "seq_len", "micro_batch", "accumulation_steps", "recompute", "precision"]
 
 
 def key_figures(runs: pd.DataFrame, matmul: pd.DataFrame, elementwise: pd.DataFrame,
                 train: pd.DataFrame) -> pd.DataFrame:
-    """One row per run (run_id, uuid, device, hostname, started_at, ...) with the key figures as columns."""
+    """One row per run (run_id, uuid, device, hostname, started_at, ...) with the key figures as columns.
+
+    ``matmul`` and ``elementwise`` may hold every result or only each run's best per dtype or op (the
+    figures are maxima, so both give the same table)."""
     out = runs[["run_id", "uuid", "device_name", "hostname", "started_at", "status", "suite",
                 "driver_version", "cuda_version", "torch_version"]].rename(columns={"device_name": "device"})
     out = out.set_index("run_id")
@@ -37,7 +42,11 @@ def key_figures(runs: pd.DataFrame, matmul: pd.DataFrame, elementwise: pd.DataFr
         copies = elementwise[elementwise["op"] == "copy"]
         out[FIGURES[1]] = copies.groupby("run_id")["gb_per_s"].max()
     if len(train):
-        keyed = train.assign(config=train[TRAIN_KEY].astype(str).agg(" ".join, axis=1))
+        text = train[TRAIN_KEY].astype(str)
+        config = text[TRAIN_KEY[0]]
+        for column in TRAIN_KEY[1:]:  # column by column, not row by row
+            config = config + " " + text[column]
+        keyed = train.assign(config=config)
         reference = keyed.groupby(["device_name", "config"])["run_id"].nunique().reset_index()
         reference = reference.sort_values(["device_name", "run_id", "config"], ascending=[True, False, True])
         chosen = reference.drop_duplicates("device_name").set_index("device_name")["config"]

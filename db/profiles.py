@@ -64,13 +64,15 @@ def find_device(session: Session, name: str) -> str | None:
     return partial[0] if partial else None
 
 
-def _rows(session: Session, model, device_name: str):
+def _rows(session: Session, model, device_name: str, *columns):
+    """The device's ok rows of ``model``, oldest run first, as plain rows of ``columns`` only: no ORM
+    objects, and no raw samples or details documents decoded (a profile reads medians and rates)."""
     query = (
-        select(model, Fingerprint.device_type, Fingerprint.device_memory_bytes)
+        select(*columns)
         .join(Run, model.run_id == Run.id)
         .join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
         .where(Fingerprint.device_name == device_name, model.status == "ok")
-        .order_by(Run.started_at)
+        .order_by(Run.started_at, model.id)
     )
     return session.execute(query).all()
 
@@ -84,50 +86,58 @@ def device_record(session: Session, device_name: str) -> DeviceRecord:
 
 
 def matmul_records(session: Session, device_name: str) -> list[MatmulRecord]:
-    return [MatmulRecord(r.dtype, 2 * r.m * r.n * r.k * r.batch, r.tflop_per_s * 1e12)
-            for r, *_ in _rows(session, MatmulResult, device_name)]
+    m = MatmulResult
+    return [MatmulRecord(dtype, 2 * a * b * c * batch, tflop_per_s * 1e12)
+            for dtype, a, b, c, batch, tflop_per_s in _rows(session, m, device_name, m.dtype, m.m, m.n, m.k, m.batch,
+                                                            m.tflop_per_s)]
 
 
 def attention_records(session: Session, device_name: str) -> list[AttentionRecord]:
-    return [AttentionRecord(r.batch, r.seq_len, r.n_heads, r.head_dim, r.forward_median_s, r.backward_median_s)
-            for r, *_ in _rows(session, AttentionResult, device_name)]
+    a = AttentionResult
+    return [AttentionRecord(*row) for row in _rows(session, a, device_name, a.batch, a.seq_len, a.n_heads, a.head_dim,
+                                                   a.forward_median_s, a.backward_median_s)]
 
 
 def elementwise_records(session: Session, device_name: str) -> list[ElementwiseRecord]:
-    return [ElementwiseRecord(r.op, r.gb_per_s * 1e9) for r, *_ in _rows(session, ElementwiseResult, device_name)]
+    e = ElementwiseResult
+    return [ElementwiseRecord(op, gb_per_s * 1e9) for op, gb_per_s in _rows(session, e, device_name, e.op, e.gb_per_s)]
 
 
 def collective_records(session: Session, device_name: str) -> list[CollectiveRecord]:
-    return [CollectiveRecord(r.op, r.group_size, r.message_bytes, r.median_s)
-            for r, *_ in _rows(session, CollectiveResult, device_name)]
+    c = CollectiveResult
+    return [CollectiveRecord(*row) for row in _rows(session, c, device_name, c.op, c.group_size, c.message_bytes,
+                                                    c.median_s)]
+
+
+TRAIN_STEP_COLUMNS = (
+    "model_name", "model_spec", "seq_len", "micro_batch", "accumulation_steps", "precision", "optimizer", "attention",
+    "recompute", "median_s", "peak_allocated_bytes", "peak_reserved_bytes", "activation_bytes", "layout", "rank",
+)
 
 
 def train_step_records(session: Session, device_name: str) -> list[TrainStepRecord]:
-    return [_train_step(r) for r, *_ in _rows(session, TrainStepResult, device_name)]
+    t = TrainStepResult
+    # Dropout is not a column: it is read from the configuration the core's prediction was made for,
+    # in SQL (a JSON path), so the prediction documents are not decoded.
+    dropout = t.prediction[("config", "dropout")].as_float()
+    columns = [getattr(t, name) for name in TRAIN_STEP_COLUMNS]
+    return [
+        TrainStepRecord(**dict(zip(TRAIN_STEP_COLUMNS, values, strict=True)), dropout=float(drop or 0.0),
+                        communication_s=communication)
+        for *values, drop, communication in _rows(session, t, device_name, *columns, dropout, t.communication_median_s)
+    ]
 
 
-def _train_step(row: TrainStepResult) -> TrainStepRecord:
-    # Dropout is not a column: it is read from the configuration the core's prediction was made for.
-    dropout = float((row.prediction or {}).get("config", {}).get("dropout", 0.0))
-    return TrainStepRecord(
-        model_name=row.model_name, model_spec=row.model_spec, seq_len=row.seq_len, micro_batch=row.micro_batch,
-        accumulation_steps=row.accumulation_steps, precision=row.precision, optimizer=row.optimizer,
-        attention=row.attention, recompute=row.recompute, median_s=row.median_s, dropout=dropout,
-        peak_allocated_bytes=row.peak_allocated_bytes, peak_reserved_bytes=row.peak_reserved_bytes,
-        activation_bytes=row.activation_bytes, layout=row.layout, rank=row.rank,
-        communication_s=row.communication_median_s,
-    )
-
-
-def build_profile(session: Session, device_name: str) -> HardwareProfile:
-    """The device's profile from its stored measurements (core.measurements.profile_from_measurements)."""
+def build_profile(session: Session, device_name: str, steps: list[TrainStepRecord] | None = None) -> HardwareProfile:
+    """The device's profile from its stored measurements (core.measurements.profile_from_measurements);
+    ``steps``: its training steps, when already read."""
     device = device_record(session, device_name)
     return profile_from_measurements(
         device,
         matmul=matmul_records(session, device_name),
         attention=attention_records(session, device_name),
         elementwise=elementwise_records(session, device_name),
-        train_steps=train_step_records(session, device_name),
+        train_steps=train_step_records(session, device_name) if steps is None else steps,
         host_memory_bytes=None if device.memory_bytes else _host_memory(),
         collectives=collective_records(session, device_name),
     )
@@ -138,9 +148,12 @@ def _host_memory() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def calibration_for(session: Session, device_name: str, profile: HardwareProfile) -> Calibration:
-    """Each ok training step of the device, predicted again now, against what was measured."""
-    return calibration_from_steps(device_name, train_step_records(session, device_name), profile)
+def calibration_for(session: Session, device_name: str, profile: HardwareProfile,
+                    steps: list[TrainStepRecord] | None = None) -> Calibration:
+    """Each ok training step of the device (``steps``, else read), predicted again now, against what was
+    measured."""
+    steps = train_step_records(session, device_name) if steps is None else steps
+    return calibration_from_steps(device_name, steps, profile)
 
 
 def measured_in(session: Session, name: str) -> tuple[HardwareProfile, Calibration] | None:
@@ -148,8 +161,9 @@ def measured_in(session: Session, name: str) -> tuple[HardwareProfile, Calibrati
     device_name = find_device(session, name)
     if device_name is None:
         return None
-    profile = build_profile(session, device_name)
-    return profile, calibration_for(session, device_name, profile)
+    steps = train_step_records(session, device_name)
+    profile = build_profile(session, device_name, steps)
+    return profile, calibration_for(session, device_name, profile, steps)
 
 
 def measured_devices(url: str | None = None) -> list[str]:

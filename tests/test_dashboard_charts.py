@@ -141,3 +141,28 @@ def test_query_string_round_trip():
     assert planning.PlanInputs.from_query({"tp": " 04", "sp": "true", "schedule": "Interleaved", "zero": ""}) == \
         planning.PlanInputs(tp="4", sp="on", schedule="interleaved", zero="auto")
     assert planning.PlanInputs.from_query({"sp": "maybe", "schedule": "zigzag"}) == planning.PlanInputs()
+
+
+def test_a_new_run_or_result_shows_on_the_next_read_without_clearing_a_cache(tmp_path):
+    """Cached queries key on the store's version: a second read is served from the cache, and a run
+    recorded since, or a result added to a run still running, is in the next read."""
+    from db.models import MatmulResult
+    from db.store import open_store
+    from tests.db_support import fingerprint, record_run, results
+
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with open_store(url, mode="write") as store:
+        record_run(store, seed=0)
+    first = data.runs(url)
+    assert len(first) == 1
+    version = data.store_version(url)
+    assert data.store_version(url) == version  # nothing changed: the same key, the cached frame
+    with open_store(url, mode="write") as store:
+        record_run(store, seed=1)
+        assert len(data.runs(url)) == 2 and data.store_version(url) != version
+        with store.recording(fingerprint(), suite="standard", benchmark_version="1") as run_id:
+            matmuls = len(data.matmul(url))
+            store.add_result(run_id, next(r for r in results(2) if isinstance(r, MatmulResult)))
+            assert len(data.matmul(url)) == matmuls + 1
+            assert "running" in set(data.runs(url)["status"])
+    assert set(data.runs(url)["status"]) == {"completed"}
