@@ -4,16 +4,24 @@
 
 First, one fixed layout at a time: varies data-parallel ranks and sharding
 stages at s=8192 and prints, per plan, the candidates evaluated, the wall time
-and the rate. Then the cluster search: llama3-70b over 64 H100s with every
-axis free (tp x pp x cp x dp x sharding stage x micro-batch x recompute),
-printing the layouts searched, the candidates evaluated and the milliseconds
-per plan and per layout.
+and the rate. Then the targets (best of 5, in process, with and without the
+advice a plan prints): llama3-70b over every policy (under 20 ms), a 200-layer
+model (under 100 ms) and a llama3-70b plan in which nothing fits (under 100
+ms); and the process time of `headroom plan` over `headroom estimate` (within
+1.3x). Then the cluster search: llama3-70b over 64 H100s with every axis free
+(tp x pp x cp x dp x sharding stage x micro-batch x recompute), printing the
+layouts searched, the candidates evaluated and the milliseconds per plan and
+per layout.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import subprocess
+import sys
 import time
 
+from core.advice import plan_and_advise
 from core.config import TrainConfig
 from core.hardware import get_hardware
 from core.layout import Layout
@@ -41,6 +49,40 @@ def main() -> None:
           f"{total_s / 12:.3f} s per plan")
 
 
+def _best_s(fn, repeats: int = 5) -> float:
+    best = float("inf")
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - started)
+    return best
+
+
+def targets() -> None:
+    """The issue's targets, in process and per process."""
+    profile = datasheet_profile(get_hardware("h100-sxm"))
+    spec = get_preset("llama3-70b")
+    deep = dataclasses.replace(spec, name="llama3-70b x 200 layers", n_layers=200)
+    print(f"\n{'plan':<36}{'candidates':>11}{'plan ms':>9}{'+ advice ms':>13}{'target ms':>11}")
+    for label, model, layout, batch, target in (
+        ("llama3-70b, dp 8 zero 3", spec, Layout(dp=8, zero=3), 64, 20),
+        ("200 layers, dp 8 zero 3", deep, Layout(dp=8, zero=3), 64, 100),
+        ("llama3-70b on one GPU (nothing fits)", spec, Layout(), 32, 100),
+    ):
+        request = PlanRequest(spec=model, train=TrainConfig(seq_len=4096, layout=layout), global_batch=batch)
+        result = plan(request, profile)
+        bare = _best_s(lambda request=request: plan(request, profile))
+        advised = _best_s(lambda request=request: plan_and_advise(request, profile))
+        n = len(result.candidates) + len(result.rejected)
+        print(f"{label:<36}{n:>11}{bare * 1e3:>9.1f}{advised * 1e3:>13.1f}{target:>11}")
+    cli = [sys.executable, "-m", "cli.main"]
+    estimate_s = _best_s(lambda: subprocess.run([*cli, "estimate", "--model", "llama3-8b"], capture_output=True))
+    plan_s = _best_s(lambda: subprocess.run([*cli, "plan", "--model", "llama3-8b", "--dp", "8", "--zero", "3",
+                                             "--global-batch", "64", "--hardware", "h100-sxm"], capture_output=True))
+    print(f"process: headroom estimate {estimate_s:.3f} s, headroom plan {plan_s:.3f} s, "
+          f"ratio {plan_s / estimate_s:.2f} (target 1.3)")
+
+
 def search() -> None:
     """llama3-70b, s=8192, global batch 512 sequences (4M tokens), 64 GPUs, every axis free."""
     profile = datasheet_profile(get_hardware("h100-sxm"))
@@ -58,8 +100,7 @@ def search() -> None:
 
 
 if __name__ == "__main__":
-    import sys
-
     if "--search-only" not in sys.argv:
         main()
+        targets()
     search()
