@@ -1,6 +1,9 @@
 """Memory bandwidth through elementwise ops: copy, add, ReLU, GELU and LayerNorm.
 
-Tensors are several times the L2 so every call streams from memory. Bytes are
+Tensors are several times the L2 so every call streams from memory (on a CPU,
+each at least four times the last-level cache as the kernel reports it: the
+STREAM benchmark's rule, McCalpin, "STREAM: Sustainable Memory Bandwidth in
+High Performance Computers", run rules). Bytes are
 counted honestly, read plus write: a copy moves 2N elements, an add 3N (two
 reads, one write), ReLU, GELU and LayerNorm 2N (the LayerNorm weights are
 negligible). GELU costs about what ReLU costs: both are memory-bound, the
@@ -14,7 +17,7 @@ import functools
 import torch
 
 from agent.cases import Case
-from agent.timer import time_fn
+from agent.timer import cpu_cache_bytes, time_fn
 from db.models import ElementwiseResult
 
 # op -> (elements of N read plus written, the call). Copy, add, ReLU and GELU write into a
@@ -47,8 +50,22 @@ def measure(device: torch.device, op: str, dtype: str, elements: int, budget_s: 
     )
 
 
+STREAM_CACHE_MULTIPLE = 4
+"""On a CPU each tensor is at least this many times the last-level cache (STREAM's rule)."""
+
+
+def streaming_elements(device: torch.device, dtype: str, elements: int) -> int:
+    """``elements``, or on a CPU more: enough that one tensor is STREAM_CACHE_MULTIPLE x the last-level
+    cache (rounded up to whole rows of 1024)."""
+    if device.type != "cpu":
+        return elements
+    needed = STREAM_CACHE_MULTIPLE * cpu_cache_bytes() // DTYPES[dtype].itemsize
+    return max(elements, -(-needed // 1024) * 1024)
+
+
 def cases(device: torch.device, elements: int, budget_s: float) -> list[Case]:
     dtype = "bf16" if device.type == "cuda" else "fp32"
+    elements = streaming_elements(device, dtype, elements)
     return [
         Case(
             kind="elementwise",

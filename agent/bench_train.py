@@ -35,6 +35,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from agent import host_load
 from agent.cases import Case, skipped
 from agent.fingerprint import datasheet_spec
 from agent.model import Decoder
@@ -190,6 +191,8 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
             timed = step >= setup.warmup_steps
             if timed:
                 memory.start()
+            if step == setup.warmup_steps:
+                window = host_load.mark()
             start = clock.mark()
             for i, (tokens, targets) in enumerate(batches):
                 last = timed and i == len(batches) - 1
@@ -214,6 +217,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
             row.peak_allocated_bytes = max(memory.peaks.values())
             row.peak_reserved_bytes = memory.reserved
         samples = [clock.seconds(s, e) for s, _, e in marks]
+        host = host_load.verdict(window, host_load.mark(), samples, torch.get_num_threads())
         optimizer_s = [clock.seconds(m, e) for _, m, e in marks]
         tokens, targets = batches[0]
         probed, ops = kernels_run(lambda: probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)))
@@ -222,6 +226,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
             "kernel": kernel_label(ops) if cfg.attention == "flash" else "standard",
             "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
                       "parameter_copy_bytes": probed.parameter_copy_bytes},
+            "host": host,
         }
     except torch.OutOfMemoryError as err:
         row.status = "oom"

@@ -16,6 +16,12 @@ def summarize(report: RunReport) -> str:
         f"{len(report.rows)} results in {report.seconds:.1f} s: {len(ok)} ok, {report.count('skipped')} skipped, "
         f"{report.count('oom')} out of memory, {report.count('error')} failed",
     ]
+    busy = [r for r in ok if ((r.details or {}).get("host") or {}).get("busy")]
+    if busy:
+        reasons = sorted({why for r in busy for why in r.details["host"]["why"]})
+        lines.append(f"busy host: {len(busy)} of {len(ok)} results were measured while the host was busy "
+                     f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); their figures may be "
+                     "low: flagged in details.host.busy, rerun on a quiet box")
     matmuls = [r for r in ok if isinstance(r, MatmulResult)]
     if matmuls:
         lines.append("matmul, best per dtype:")

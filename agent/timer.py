@@ -1,4 +1,4 @@
-"""Timing device work honestly (DESIGN.md, "Measurement recipe").
+"""Timing device work honestly (docs/measurement.md).
 
 - One sample is a *block* of calls run back to back, long enough
   (``block_s``, 1 ms) that launch gaps and timer resolution vanish in it: a
@@ -21,7 +21,9 @@
 - Keep inputs out of L2: ``fn(i)`` gets a running call index so the caller
   can rotate through input buffers whose total exceeds the L2.
 - Keep every raw sample; report the median with min and max; record the
-  GPU's clocks and throttle reasons as the samples end (agent/clocks.py).
+  GPU's clocks and throttle reasons as the samples end (agent/clocks.py),
+  and the host's load, the samples' spread and the thread count, flagging a
+  busy host (agent/host_load.py).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from typing import Any
 
 import torch
 
+from agent import host_load
 from agent.clocks import read_clocks
 
 BLOCK_S = 1e-3
@@ -53,6 +56,8 @@ class Timing:
     clocks: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
     """More about the method, e.g. whether blocks were CUDA graphs."""
+    host: dict[str, Any] | None = None
+    """The host while the samples were taken (agent.host_load.verdict): threads, load, spread, busy."""
 
     @property
     def median_s(self) -> float:
@@ -71,14 +76,45 @@ class Timing:
         out: dict[str, Any] = {"calls_per_sample": self.calls_per_sample, **self.extra}
         if self.clocks is not None:
             out["clocks"] = self.clocks
+        if self.host is not None:
+            out["host"] = self.host
         return out
 
 
 def l2_bytes(device: torch.device) -> int:
-    """The device's L2 size (CUDA), or a last-level-cache guess for the CPU (64 MiB)."""
+    """The device's L2 size (CUDA), or the CPU's last-level cache (`cpu_cache_bytes`)."""
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).L2_cache_size
-    return 64 * 2**20
+    return cpu_cache_bytes()
+
+
+CPU_CACHE_GUESS = 64 * 2**20
+"""The last-level cache assumed where the kernel does not say (off Linux)."""
+
+
+CPU_CACHES = "/sys/devices/system/cpu/cpu0/cache"
+
+
+@functools.cache
+def cpu_cache_bytes(caches: str = CPU_CACHES) -> int:
+    """The CPU's last-level cache as Linux reports it in ``caches`` (the highest-level data or unified
+    cache of CPU 0), else ``CPU_CACHE_GUESS``."""
+    from pathlib import Path
+
+    best: tuple[int, int] | None = None
+    for index in Path(caches).glob("index*"):
+        try:
+            if (index / "type").read_text().strip() == "Instruction":
+                continue
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 2**10, "M": 2**20, "G": 2**30}
+        nbytes = int(size[:-1]) * units[size[-1]] if size[-1] in units else int(size)
+        if best is None or level > best[0]:
+            best = (level, nbytes)
+    return best[1] if best else CPU_CACHE_GUESS
 
 
 @functools.cache
@@ -178,9 +214,12 @@ def time_fn(
     if graph and blocks.cuda:
         calls, per_call, extra = _graphed(blocks, calls, block_s)
     samples = max(min_iterations, min(iterations, int(budget_s / (calls * per_call))))
+    window = host_load.mark()
     marks = [blocks.enqueue(calls) for _ in range(samples)]
     blocks.sync()
-    return Timing(tuple(blocks.seconds(m) / calls for m in marks), calls, read_clocks(device), extra)
+    taken = tuple(blocks.seconds(m) / calls for m in marks)
+    host = host_load.verdict(window, host_load.mark(), taken, torch.get_num_threads())
+    return Timing(taken, calls, read_clocks(device), extra, host)
 
 
 def _graphed(blocks: _Blocks, calls: int, block_s: float) -> tuple[int, float, dict[str, Any]]:

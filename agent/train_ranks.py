@@ -289,7 +289,11 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
             "optimizer_state_bytes": state_bytes,
             "profiled_steps": PROFILED_STEPS,
             "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
-                      "parameter_copy_bytes": probed.parameter_copy_bytes},
+                      "parameter_copy_bytes": probed.parameter_copy_bytes,
+                      # alive after forward though autograd saved none of them (a checkpoint cache, or a
+                      # buffer a communication thread still held): where a mismatch would come from
+                      "kept_unsaved": [f"{t.op} {list(t.shape)} {t.dtype} {t.nbytes} B in {t.module or 'model'}"
+                                       for t in probed.tensors if t.kind == "activation" and not t.saved_by_autograd]},
         } | ({"in_flight": in_flight} if in_flight else {}),
     }
     return row

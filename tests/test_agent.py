@@ -1,5 +1,6 @@
 """The agent on this CPU: the smoke suite end to end, failures recorded, timers."""
 
+import os
 import time
 
 import pytest
@@ -11,7 +12,7 @@ from agent import bench_matmul  # noqa: E402
 from agent.cases import Case  # noqa: E402
 from agent.runner import run_suite  # noqa: E402
 from agent.suites import build_cases  # noqa: E402
-from agent.timer import time_fn  # noqa: E402
+from agent.timer import cpu_cache_bytes, time_fn  # noqa: E402
 from db.models import (  # noqa: E402
     AttentionResult,
     ElementwiseResult,
@@ -43,6 +44,10 @@ def test_smoke_suite_records_a_completed_run_with_plausible_cpu_figures(smoke_st
         assert all(0.1 < r.gb_per_s < 1000 for r in bandwidth)
         copy = next(r for r in bandwidth if r.op == "copy")
         assert copy.bytes_moved == 2 * copy.elements * 4  # read + write, fp32
+        assert copy.elements * 4 >= 4 * cpu_cache_bytes()  # streams from memory, not the cache
+        steps = s.scalars(select(TrainStepResult).where(TrainStepResult.status == "ok")).all()
+        for r in [*matmul, *bandwidth, *steps]:  # the host's load and the samples' spread, on every result
+            assert {"threads", "other_cpu_fraction", "spread", "busy"} <= set(r.details["host"])
         attention = s.scalars(select(AttentionResult).where(AttentionResult.status == "ok")).all()
         assert attention and all(r.forward_median_s > 0 and r.backward_median_s > 0 for r in attention)
 
@@ -144,7 +149,10 @@ def test_calls_shorter_than_a_block_are_timed_back_to_back():
     timing = time_fn(lambda i: _busy(50e-6), CPU, budget_s=0.05)
     assert 10 <= timing.calls_per_sample <= 25
     assert 50e-6 <= timing.median_s < 100e-6
-    assert timing.details() == {"calls_per_sample": timing.calls_per_sample}  # no GPU: no clocks
+    details = timing.details()
+    assert set(details) == {"calls_per_sample", "host"}  # no GPU: no clocks
+    assert details["calls_per_sample"] == timing.calls_per_sample
+    assert details["host"]["threads"] == torch.get_num_threads() and details["host"]["cpus"] == os.cpu_count()
 
 
 def test_suite_kinds_are_validated():

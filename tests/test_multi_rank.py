@@ -35,7 +35,8 @@ from core.config import TrainConfig  # noqa: E402
 from core.layout import Layout  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
-from db.profiles import measured_in  # noqa: E402
+from core.measurements import step_observations  # noqa: E402
+from db.profiles import find_device, measured_in, train_step_records  # noqa: E402
 from db.store import open_store  # noqa: E402
 
 MODEL = "bench-llama-tiny"
@@ -163,7 +164,7 @@ def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
     rows = _steps(fleet[0], layout)
     assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
     for r in rows:
-        assert r.activation_bytes == r.predicted_activation_bytes
+        assert r.activation_bytes == r.predicted_activation_bytes, r.details["probe"]
         assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
         assert r.communication_median_s > 0 and len(r.samples_s) == 3
 
@@ -232,8 +233,14 @@ def test_tensor_parallel_steps_predict_time_and_communication_from_measured_coll
     config = TrainConfig(seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True))
     terms = step_communication(get_preset(MODEL), config, 1, profile.cluster())
     assert {t.link_key for t in terms} == {MEASURED}
-    # Calibration covers the six multi-rank rows and fits their communication term apart.
-    assert calibration.communication.samples == 6
+    # Calibration fits the communication term of the multi-rank rows apart: every row whose predicted
+    # exposed time is positive. Tensor-parallel traffic and a pipeline's waits are never hidden (4 rows);
+    # FSDP's may be, behind compute the profile measured slow (a loaded host).
+    with open_store(fleet[0]) as store, store.session() as session:
+        device = find_device(session, "latest")
+        observations = step_observations(train_step_records(session, device), profile)
+    paired = [o for o in observations if o.predicted_communication_s and o.measured_communication_s]
+    assert calibration.communication.samples == len(paired) >= 4
     assert "communication: x" in calibration.confidence()
 
 
