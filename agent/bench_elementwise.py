@@ -39,7 +39,7 @@ def measure(device: torch.device, op: str, dtype: str, elements: int, budget_s: 
     factor, call = OPS[op]
     torch_dtype = DTYPES[dtype]
     x = torch.randn(elements // 1024, 1024, device=device, dtype=torch_dtype)
-    y = torch.randn_like(x)
+    y = torch.randn_like(x) if op == "add" else None  # the only op with a second input
     out = torch.empty_like(x)
     timing = time_fn(lambda i: call(x, y, out), device, budget_s=budget_s)
     moved = factor * x.numel() * x.element_size()

@@ -203,9 +203,11 @@ def time_fn(
     blocks.run(1)  # first call: lazy initialisation, kernel selection
     blocks.sync()
     calls, started = 1, time.perf_counter()
-    warm_blocks = 0
+    warm_blocks, per_call = 0, math.inf
     while True:
-        per_call = max(blocks.timed(calls) / calls, 1e-9)
+        # The fastest block so far: on a busy host a block descheduled for a quantum would otherwise
+        # size the samples for a call 10-100x slower than it is, and the budget would go unspent.
+        per_call = min(per_call, max(blocks.timed(calls) / calls, 1e-9))
         warm_blocks += 1
         calls = max(1, min(MAX_CALLS, math.ceil(block_s / per_call)))
         if warm_blocks >= 2 and time.perf_counter() - started >= warmup_s:

@@ -162,6 +162,7 @@ def test_suite_kinds_are_validated():
         build_cases("smoke", CPU, ("bogus",))
 
 
+@pytest.mark.slow
 def test_agent_commands_from_the_cli(headroom, tmp_path):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     train = headroom("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-import multiprocessing
+import os
+import subprocess
+import sys
 import time
 from types import SimpleNamespace
 
@@ -45,28 +47,24 @@ def test_disagreeing_samples_are_flagged_whatever_the_load():
     assert not host_load.verdict(start, end, [1.0, 1.01, 0.99], threads=1)["busy"]
 
 
-def _spin(seconds: float) -> None:
-    stop = time.monotonic() + seconds
-    while time.monotonic() < stop:
-        pass
+SPIN = "import time\nstop = time.monotonic() + 30\nwhile time.monotonic() < stop: pass"
 
 
 def test_a_timing_next_to_busy_processes_is_flagged():
-    """Real processes spinning on every CPU: the matmul's window sees their CPU time."""
-    spinners = [multiprocessing.Process(target=_spin, args=(20,), daemon=True) for _ in range(2)]
-    for p in spinners:
-        p.start()
+    """Real processes spinning on every CPU (fresh interpreters, not forks of this one): the matmul's
+    window sees their CPU time."""
+    spinners = [subprocess.Popen([sys.executable, "-c", SPIN]) for _ in range(os.cpu_count() or 1)]
     try:
-        time.sleep(0.2)
+        time.sleep(0.5)  # started and spinning
         a = torch.randn(256, 256)
         timing = time_fn(lambda i: a @ a, CPU, budget_s=0.4, iterations=10_000)
     finally:
         for p in spinners:
-            p.terminate()
-            p.join()
+            p.kill()
+            p.wait()
     host = timing.details()["host"]
-    assert host["window_s"] >= host_load.MIN_WINDOW_S and host["threads"] == torch.get_num_threads()
-    assert host["other_cpu_fraction"] > host_load.BUSY_OTHER_FRACTION and host["busy"]
+    assert host["window_s"] >= host_load.MIN_WINDOW_S and host["threads"] == torch.get_num_threads(), host
+    assert host["other_cpu_fraction"] > host_load.BUSY_OTHER_FRACTION and host["busy"], host
 
 
 def _cache(root, index: int, level: int, kind: str, size: str) -> None:

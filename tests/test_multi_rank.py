@@ -1,19 +1,22 @@
 """The agent on several ranks: collectives and training steps under real torch.distributed (gloo, CPU).
 
-One store is built once per session (about 50 s on 2 cores): micro-benchmarks
-for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
+One store is built once per session (about 50 s on 2 cores): the session's
+smoke run for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
 collectives --nproc 2`), then 2-rank training steps of the agent's decoder
 under FSDP2 (`headroom agent train --nproc 2 --zero 3`), under tensor +
 sequence parallelism and as a 2-stage 1F1B pipeline of 4 micro-batches
 (`--pp 2 --accumulation 4`), every rank its own row. Each launch runs under a
-deadline and every collective under the process group's timeout.
+deadline and every collective under the process group's timeout. Tests that start
+processes are marked ``slow``: ``pytest -m "not slow"`` leaves them out for local work.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
+from contextlib import closing
 
 import pytest
 
@@ -45,10 +48,14 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="session")
-def fleet(tmp_path_factory, headroom_session):
-    url = f"sqlite:///{tmp_path_factory.mktemp('fleet') / 'results.db'}"
-    with open_store(url, mode="write") as store:  # a CPU profile: matmul, elementwise and attention rates
-        run_suite(store, CPU, "smoke", only=("matmul", "elementwise", "attention"), quiet=True)
+def fleet(tmp_path_factory, headroom_session, smoke_store):
+    path = tmp_path_factory.mktemp("fleet") / "results.db"
+    url = f"sqlite:///{path}"
+    # A CPU profile: the session's smoke run (matmul, elementwise, attention rates and one-device
+    # steps), copied with SQLite's backup API rather than measured again.
+    with closing(sqlite3.connect(smoke_store[0].removeprefix("sqlite:///"))) as source, \
+            closing(sqlite3.connect(path)) as copy:
+        source.backup(copy)
     collectives = headroom_session("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu",
                                    "--db", url, "--quiet")
     assert collectives.returncode == 0, collectives.stderr
@@ -89,6 +96,7 @@ def _rows(url: str, model):
 # ---- collectives ------------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_every_collective_is_measured_at_every_size(fleet):
     rows = _rows(fleet[0], CollectiveResult)
     assert [(r.op, r.message_bytes) for r in rows] == [
@@ -96,6 +104,7 @@ def test_every_collective_is_measured_at_every_size(fleet):
     assert {(r.status, r.backend, r.dtype, r.group_size) for r in rows} == {("ok", "gloo", "fp32", 2)}
 
 
+@pytest.mark.slow
 def test_bandwidths_are_nccl_tests_arithmetic(fleet):
     for r in _rows(fleet[0], CollectiveResult):
         assert len(r.samples_s) == bench_collectives.SAMPLES["cpu"] and all(s > 0 for s in r.samples_s)
@@ -105,12 +114,14 @@ def test_bandwidths_are_nccl_tests_arithmetic(fleet):
         assert r.details["calls_per_sample"] >= 1
 
 
+@pytest.mark.slow
 def test_the_run_summary_names_each_collective(fleet):
     out = fleet[1]
     for op in bench_collectives.OPS:
         assert f"  {op:<15} x2: bus " in out
 
 
+@pytest.mark.slow
 def test_a_killed_rank_ends_the_launch_with_errors_not_a_hang(tmp_path):
     """SIGKILL one rank after the first result: every later case is recorded as an error, promptly."""
     cases = bench_collectives.cases("cpu", 2, message_sizes=(1024, 2**20), timeout_s=120)
@@ -158,6 +169,7 @@ def _steps(url: str, layout: dict) -> list[TrainStepResult]:
     return [r for r in _rows(url, TrainStepResult) if r.layout and all(r.layout[k] == v for k, v in layout.items())]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}, {"pp": 2}],
                          ids=["fsdp2", "tp2-sp", "pp2-1f1b"])
 def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
@@ -169,6 +181,7 @@ def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
         assert r.communication_median_s > 0 and len(r.samples_s) == 3
 
 
+@pytest.mark.slow
 def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
     for r in _steps(fleet[0], {"dp": 2, "zero": 3}):
         assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
@@ -177,6 +190,7 @@ def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
         assert r.details["optimizer_state_bytes"] == r.prediction["memory_bytes"]["optimizer_states"] + 4 * tensors
 
 
+@pytest.mark.slow
 def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight(fleet):
     """Stage 0 of a 2-stage 1F1B pipeline keeps pp - 0 = 2 micro-batches' activations at once, stage 1
     one (core.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
@@ -198,6 +212,7 @@ def _predicted_in_flight(row: TrainStepResult) -> float:
     return next(k["micro_batches_in_flight"] for k in row.prediction["ranks"] if k["rank"] == row.prediction["rank"])
 
 
+@pytest.mark.slow
 def test_a_gpipe_stage_holds_every_micro_batch(tmp_path):
     """GPipe runs all m forwards before any backward: both stages hold m = 3 micro-batches."""
     setup = TrainSetup(spec=get_preset(MODEL), steps=2, accumulation_steps=3, config=TrainConfig(
@@ -224,6 +239,7 @@ def test_four_stages_hold_what_1f1b_predicts(tmp_path):
         assert r.details["in_flight"]["micro_batches_in_flight"] == 4 - r.rank
 
 
+@pytest.mark.slow
 def test_tensor_parallel_steps_predict_time_and_communication_from_measured_collectives(fleet):
     for r in _steps(fleet[0], {"tp": 2}):
         assert r.predicted_step_time_s > 0 and r.predicted_communication_s > 0
@@ -244,6 +260,7 @@ def test_tensor_parallel_steps_predict_time_and_communication_from_measured_coll
     assert "communication: x" in calibration.confidence()
 
 
+@pytest.mark.slow
 def test_agent_train_prints_each_rank_and_its_communication(fleet):
     out = fleet[2]
     assert "dp2 zero3 rank 0" in out and "dp2 zero3 rank 1" in out
