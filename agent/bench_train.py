@@ -3,7 +3,7 @@
 One configuration (model, sequence, micro-batch, accumulation, checkpoint
 policy, attention, precision recipe, optimizer) trains for a few optimizer
 steps on random tokens. After ``warmup_steps`` (at least two, so the
-optimizer's state exists, DESIGN.md) each step is timed, with the optimizer
+optimizer's state exists) each step is timed, with the optimizer
 apart from forward/backward; on CUDA the allocator's peak allocated and
 reserved bytes are read at steady state, by phase (forward+backward,
 optimizer), with the bytes one forward keeps for backward as the allocator
@@ -14,7 +14,7 @@ the same configuration are stored beside the measurements.
 Precision recipes: ``fp32``; ``amp-bf16`` (fp32 parameters, forward under
 ``torch.autocast``); ``bf16-pure`` (the model in bf16; torch's optimizers keep
 their state in the parameters' dtype, so this trainer holds 8 B/param where the
-core's recipe, per DESIGN.md, assumes fp32 state at 12: its static prediction is
+core's recipe (core/precision.py) assumes fp32 state at 12: its static prediction is
 an upper bound here). ``bf16-master`` needs a master-copy optimizer the agent
 does not have: such rows are recorded as skipped, with that reason.
 

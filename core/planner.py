@@ -230,7 +230,8 @@ class LayoutOutcome:
 def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     """none, selective, op-selective, full, every-K near the optimum, offload when allowed.
 
-    The segment optimum of DESIGN.md: M(k) ~ ceil(L/k) c + k A is smallest near
+    The segment optimum (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost"): M(k) ~ ceil(L/k) c + k A is smallest near
     k = sqrt(L c / A), with c one block's input and A one block's activations;
     its neighbours and 2 and 4 are tried too.
     """

@@ -8,7 +8,7 @@ execution of a benchmark suite; one row per benchmark in the table of its kind
 
 Every result records ``status`` (``ok``, ``oom``, ``error``, ``skipped``)
 and a ``message``: an out-of-memory benchmark is a result, not a crash
-(DESIGN.md), and so is a case the device cannot run, with the reason. Raw timing samples are kept as a JSON list next to their median,
+(docs/measurement.md), and so is a case the device cannot run, with the reason. Raw timing samples are kept as a JSON list next to their median,
 min and max.
 
 Units are in the names: ``_s`` seconds, ``_bytes`` bytes (ints),

@@ -1,4 +1,4 @@
-"""core/ imports nothing outside the standard library (DESIGN.md dependency rules)."""
+"""core/ imports nothing outside the standard library (README.md, Layout: the standard library only)."""
 
 import ast
 import subprocess
@@ -38,7 +38,7 @@ def test_importing_all_of_core_loads_no_third_party_module():
 
 
 def test_the_dashboard_never_imports_torch_or_the_agent():
-    """DESIGN.md: a planner's laptop needs no torch."""
+    """A planner's laptop needs no torch."""
     dashboard = CORE.parent / "dashboard"
     for path in sorted(dashboard.rglob("*.py")):
         imported = _imported_roots(path)

@@ -77,6 +77,6 @@ def test_full_recompute_adds_about_one_forward_of_the_blocks():
     # Every block's forward but its down projection, which early stop skips (test_recompute.py).
     down = none.layer_forward["mlp_down"] * spec.n_layers
     assert full.recompute == none.forward - none.logits_forward - down
-    # DESIGN.md: full recompute ~ +33% of the step (one more forward of 3). Less here
+    # Full recompute ~ +33% of the step (one more forward of 3). Less here
     # (+26.5%): the head and each block's down projection do not rerun.
     assert 1.25 < full.hardware / none.model < 4 / 3
