@@ -32,6 +32,7 @@ from torch import nn
 
 from agent import bench_train
 from agent.model import Decoder, embed_tokens, token_loss
+from agent.probe import storage_key
 from agent.recompute import apply_blocks
 from core.errors import ConfigError
 from core.layout import Layout
@@ -156,12 +157,12 @@ class PipelineTrainer:
         """The activation bytes this stage holds at once during one step, over one micro-batch's: the
         micro-batches the schedule keeps in flight here, measured."""
         tokens, targets = batches[0]
-        step_inputs = {_storage(t) for t in self.joined(batches)}
+        step_inputs = {storage_key(t) for t in self.joined(batches)}
         during_step = SavedLive(ignore=step_inputs)
         with during_step.hooks(self.model.parameters()):
             self.forward_backward(batches)
         self.optimizer.zero_grad(set_to_none=True)
-        one = SavedLive(ignore={_storage(tokens), _storage(targets)})
+        one = SavedLive(ignore={storage_key(tokens), storage_key(targets)})
         with one.hooks(self.model.parameters()):
             out = self.loss(tokens, targets)
         del out
@@ -219,11 +220,11 @@ class SavedLive:
     _holders: dict[int, int] = dataclasses.field(default_factory=dict)
 
     def hooks(self, parameters: Iterable[torch.Tensor]):
-        ignore = self.ignore | {_storage(p) for p in parameters}
+        ignore = self.ignore | {storage_key(p) for p in parameters}
         return torch.autograd.graph.saved_tensors_hooks(lambda t: self._pack(t, ignore), _Held.unpack)
 
     def _pack(self, t: torch.Tensor, ignore: set[int]) -> object:
-        key = _storage(t)
+        key = storage_key(t)
         if key in ignore:
             return t.detach()
         count = self._holders.get(key, 0)
@@ -254,7 +255,3 @@ class _Held:
 
     def __del__(self) -> None:
         self.counter._release(self.key, self.nbytes)
-
-
-def _storage(t: torch.Tensor) -> int:
-    return t.untyped_storage()._cdata

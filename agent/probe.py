@@ -61,7 +61,8 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def _key(t: torch.Tensor) -> int:
+def storage_key(t: torch.Tensor) -> int:
+    """The identity of the storage this rank pays for (a DTensor's local shard's)."""
     return _local(t).untyped_storage()._cdata
 
 
@@ -133,23 +134,23 @@ class _StorageTracker(TorchDispatchMode):
 
     def _is_weight(self, t: object) -> bool:
         """A parameter, or a copy of one made during this forward."""
-        return isinstance(t, torch.Tensor) and (_key(t) in self.param_keys or _key(t) in self.copy_keys)
+        return isinstance(t, torch.Tensor) and (storage_key(t) in self.param_keys or storage_key(t) in self.copy_keys)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        if func is COPY_INTO and self._is_weight(args[1]) and _key(args[0]) in self.created:
+        if func is COPY_INTO and self._is_weight(args[1]) and storage_key(args[0]) in self.created:
             # A host buffer save_on_cpu allocated a moment ago now holds a weight.
-            key = _key(args[0])
+            key = storage_key(args[0])
             ref, info = self.created[key]
             self.created[key] = (ref, _with(info, kind="parameter_copy"))
             self.copy_keys.add(key)
         from_param = func in CAST_OPS and self._is_weight(args[0])
         # A view shares its input's storage: that storage was not created here.
-        inputs = {_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+        inputs = {storage_key(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):
                 continue
-            key = _key(t)
+            key = storage_key(t)
             if key in self.known or key in self.created or key in inputs:
                 continue
             t = _local(t)
@@ -175,7 +176,7 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
     nothing and is left out. Parameters are the model's before or after the
     forward (FSDP registers its gathered parameters while they are in use).
     """
-    param_keys = {_key(p) for p in model.parameters()}
+    param_keys = {storage_key(p) for p in model.parameters()}
     device = next(model.parameters()).device.type if param_keys else "cpu"
     # What pack saw, by storage: a description and a weak reference, never the tensor. And pack returns
     # a detached alias (same storage, no grad_fn): an op that saves its own output, packed as itself,
@@ -186,7 +187,7 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
     modules = [""]  # the submodules whose forward is running, innermost last
 
     def pack(t: torch.Tensor) -> torch.Tensor:
-        key = _key(t)
+        key = storage_key(t)
         if key not in saved:
             local = _local(t)
             storage = local.untyped_storage()
@@ -218,8 +219,8 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
         for hook in hooks:
             hook.remove()
 
-    param_keys |= {_key(p) for p in model.parameters()}
-    output_keys = {_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
+    param_keys |= {storage_key(p) for p in model.parameters()}
+    output_keys = {storage_key(t) for t in tree_leaves(loss) if isinstance(t, torch.Tensor)}
     result = ProbeResult(device_type=device)
     for key, (ref, info) in tracker.created.items():
         nbytes = _alive_bytes(ref)

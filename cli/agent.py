@@ -202,6 +202,10 @@ def run_train(args: argparse.Namespace) -> int:
     spec = resolve_model(args.model)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
     layout = train_layout(args, device)
+    if layout.world > 1:  # what the agent cannot run is refused first, by name
+        from agent import train_ranks
+
+        train_ranks.check_layout(layout, spec, args.accumulation)
     setups = [
         bench_train.TrainSetup(
             spec=spec,
@@ -213,10 +217,6 @@ def run_train(args: argparse.Namespace) -> int:
     ]
     for setup in setups:
         setup.config.check_model(spec)
-    if layout.world > 1:
-        from agent import train_ranks
-
-        train_ranks.check_layout(layout, spec, args.accumulation)
     with open_store(args.db, mode="write") as store:
         from agent.fingerprint import device_name
 
@@ -239,9 +239,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def train_layout(args: argparse.Namespace, device) -> Layout:
-    """The layout of ``agent train``: the axis flags, with ``--nproc`` alone meaning data parallelism."""
-    from agent import train_ranks
-
+    """The layout of ``agent train``: the axis flags, with ``--nproc`` alone meaning data parallelism (the
+    layouts the agent cannot run are refused by run_train, which knows the model)."""
     layout = layout_from_args(args)
     if args.nproc is not None:
         if args.nproc < 1:
@@ -251,11 +250,9 @@ def train_layout(args: argparse.Namespace, device) -> Layout:
         elif layout.world != args.nproc:
             raise ConfigError(f"--nproc {args.nproc} but the layout has tp x dp x pp x cp = {layout.world} ranks; "
                               "give one process per rank")
-    if layout.world > 1:
-        train_ranks.check_layout(layout)
-        if device.type == "cuda":
-            import torch
+    if layout.world > 1 and device.type == "cuda":
+        import torch
 
-            if layout.world > torch.cuda.device_count():
-                raise ConfigError(f"{layout.world} ranks, one per GPU, but this box shows {torch.cuda.device_count()}")
+        if layout.world > torch.cuda.device_count():
+            raise ConfigError(f"{layout.world} ranks, one per GPU, but this box shows {torch.cuda.device_count()}")
     return layout
