@@ -7,15 +7,15 @@ setting written instead and which way it moves memory or time. Every exporter
 carries the candidate's layout (tp, sp, pp and its schedule, cp, dp and the
 ZeRO stage), batch, precision, optimizer and checkpoint policy.
 
-=============  ======================  ===================================  =========
-format         what                    module                               notes in
-=============  ======================  ===================================  =========
-``hf``         TrainingArguments (Py)  `core.exports.huggingface`           comments
-``torchtitan`` job config v0.2.x TOML  `core.exports.torchtitan`            comments
-``megatron``   Megatron-LM arguments   `core.exports.megatron`              ``notes``
-``deepspeed``  ds_config.json          `core.exports.deepspeed`             ``notes``
-``lightning``  Trainer + strategy (Py) `core.exports.lightning`             comments
-=============  ======================  ===================================  =========
+=============  =========================  ================================  =========
+format         what                       module                            notes in
+=============  =========================  ================================  =========
+``hf``         TrainingArguments (Py)     `core.exports.huggingface`        comments
+``torchtitan`` 0.3 launch command (bash)  `core.exports.torchtitan`         comments
+``megatron``   Megatron-LM arguments      `core.exports.megatron`           ``notes``
+``deepspeed``  ds_config.json             `core.exports.deepspeed`          ``notes``
+``lightning``  Trainer + strategy (Py)    `core.exports.lightning`          comments
+=============  =========================  ================================  =========
 
 Where a format has comments the text carries the notes too (``notes_in_text``);
 otherwise show ``notes`` beside it (the CLI prints them to stderr).

@@ -4,8 +4,10 @@ import ast
 import json
 import shlex
 
+import math
+import subprocess
+
 import pytest
-import tomllib
 
 from core.calibration import uncalibrated
 from core.config import TrainConfig
@@ -20,6 +22,7 @@ from core.timing import datasheet_profile
 
 PROFILE = datasheet_profile(get_hardware("h100-sxm"))
 LLAMA = get_preset("llama2-7b")  # 32 layers
+LLAMA3 = get_preset("llama3-8b")  # a torchtitan recipe's model
 
 REQUEST = PlanRequest(spec=LLAMA, train=TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3)), global_batch=64)
 BEST = plan(REQUEST, PROFILE).recommendation
@@ -31,7 +34,7 @@ PARALLEL_BEST = plan(PARALLEL, PROFILE).recommendation
 PARSE = {
     "hf": ast.parse,
     "lightning": ast.parse,
-    "torchtitan": tomllib.loads,
+    "torchtitan": lambda text: torchtitan_command(text),
     "deepspeed": json.loads,
     "megatron": shlex.split,
 }
@@ -53,6 +56,21 @@ def flags(text: str) -> dict[str, str | None]:
             nxt = args[i + 1] if i + 1 < len(args) else None
             out[arg] = None if nxt is None or nxt.startswith("--") else nxt
     return out
+
+
+def torchtitan_command(text: str) -> tuple[list[str], dict[str, str | None], str]:
+    """The exported script as bash runs it, with ``torchrun`` a function that prints its arguments:
+    (torchrun's own arguments up to the module, {torchtitan field: value or None for a switch}, subcommand)."""
+    shell = subprocess.run(["bash", "-c", 'torchrun() { printf "%s\\0" "$@"; }\neval "$1"', "headroom", text],
+                           capture_output=True, text=True, check=True, timeout=10)
+    args = shell.stdout.split("\0")[:-1]
+    split = args.index("torchtitan.train") + 1
+    fields, rest = {}, args[split:-1]
+    for i, arg in enumerate(rest):
+        if arg.startswith("--"):
+            nxt = rest[i + 1] if i + 1 < len(rest) else None
+            fields[arg[2:]] = None if nxt is None or nxt.startswith("--") else nxt
+    return args[:split], fields, args[-1]
 
 
 def training_arguments(text: str) -> dict:
@@ -153,26 +171,36 @@ def test_megatron_writes_dropout_and_precision_it_cannot_match():
 
 def test_torchtitan_carries_the_layout():
     exported = export("torchtitan", PARALLEL, PARALLEL_BEST)
-    config = tomllib.loads(exported.text)
-    p, t = config["parallelism"], config["training"]
-    assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == (2, 2, 1)
-    assert p["pipeline_parallel_schedule"] == "1F1B"
-    assert p["enable_async_tensor_parallel"] is False
+    launch, fields, checkpoint = torchtitan_command(exported.text)
+    assert launch == ["--nproc-per-node", "8", "-m", "torchtitan.train"]
+    assert (fields["module"], fields["config"]) == ("llama3", "llama3_8b")  # no llama2 recipe: a stand-in, noted
+    assert any("no recipe for llama2-7b" in n and "32 layers, dim 4096" in n for n in exported.notes)
+    p = {k.removeprefix("parallelism."): v for k, v in fields.items() if k.startswith("parallelism.")}
+    t = {k.removeprefix("training."): v for k, v in fields.items() if k.startswith("training.")}
+    assert (p["tensor_parallel_degree"], p["pipeline_parallel_degree"], p["context_parallel_degree"]) == ("2", "2", "1")
+    assert p["pipeline_parallel_schedule"] == "1F1B" and "no-enable-sequence-parallel" not in p  # sp planned
     # torchtitan has no ZeRO-1: FSDP over the 2 data-parallel ranks, said in a note.
-    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (1, 2)
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == ("1", "2")
     assert any("no ZeRO-1" in n for n in exported.notes)
     degrees = ("data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
                "pipeline_parallel_degree", "context_parallel_degree")
-    world = 1
-    for d in degrees:
-        world *= p[d]
-    assert world == 8
+    assert math.prod(int(p[d]) for d in degrees) == 8
     # One optimizer step is one pipeline flush: the per-rank batch split into micro-batches.
     micro, accumulation = PARALLEL_BEST.config.micro_batch, PARALLEL_BEST.accumulation_steps
-    assert t["local_batch_size"] == micro * accumulation and p["pipeline_parallel_microbatch_size"] == micro
-    assert t["global_batch_size"] == 64 and t["seq_len"] == 4096
-    assert p["pipeline_parallel_layers_per_stage"] == 16
-    assert "num_pp_microbatches" in exported.text  # how current, Python-configured torchtitan takes the same
+    assert t["local_batch_size"] == str(micro * accumulation) and p["pipeline_parallel_microbatch_size"] == str(micro)
+    assert (t["global_batch_size"], t["seq_len"]) == ("64", "4096")
+    assert p["pipeline_parallel_layers_per_stage"] == "16"
+    assert checkpoint == "activation-checkpoint:none"
+
+
+def test_torchtitan_names_the_recipe_of_the_same_model_and_launches_by_node():
+    request, best = candidate(Layout(tp=2, sp=False, dp=8, zero=3), spec=get_preset("llama3-70b"))
+    exported = export("torchtitan", request, best)
+    launch, fields, _ = torchtitan_command(exported.text)
+    assert launch[:4] == ["--nnodes", "2", "--nproc-per-node", "8"]
+    assert (fields["module"], fields["config"]) == ("llama3", "llama3_70b")
+    assert fields["parallelism.no-enable-sequence-parallel"] is None  # tensor parallelism without sp, as planned
+    assert not any("recipe" in n for n in exported.notes)
 
 
 @pytest.mark.parametrize("layout, replicate, shard, noted", [
@@ -183,9 +211,10 @@ def test_torchtitan_carries_the_layout():
     (Layout(cp=2, dp=4), 4, 1, True),  # HSDP: FSDP over the cp ranks, said in a note
 ])
 def test_torchtitan_data_parallel_degrees(layout, replicate, shard, noted):
-    exported = export("torchtitan", *candidate(layout))
-    p = tomllib.loads(exported.text)["parallelism"]
-    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (replicate, shard)
+    exported = export("torchtitan", *candidate(layout, spec=LLAMA3))
+    _, fields, _ = torchtitan_command(exported.text)
+    degrees = fields["parallelism.data_parallel_replicate_degree"], fields["parallelism.data_parallel_shard_degree"]
+    assert degrees == (str(replicate), str(shard))
     assert bool(exported.notes) == noted
 
 
@@ -194,23 +223,23 @@ def test_torchtitan_data_parallel_degrees(layout, replicate, shard, noted):
     (Layout(pp=2, schedule="gpipe", dp=4), "GPipe", 16),
 ])
 def test_torchtitan_pipeline_schedules(layout, schedule, layers):
-    p = tomllib.loads(export("torchtitan", *candidate(layout)).text)["parallelism"]
-    assert p["pipeline_parallel_schedule"] == schedule
-    assert p["pipeline_parallel_layers_per_stage"] == layers
-    assert p["pipeline_parallel_first_stage_less_layers"] == p["pipeline_parallel_last_stage_less_layers"] == 0
+    _, fields, _ = torchtitan_command(export("torchtitan", *candidate(layout)).text)
+    assert fields["parallelism.pipeline_parallel_schedule"] == schedule
+    assert fields["parallelism.pipeline_parallel_layers_per_stage"] == str(layers)
+    assert fields["parallelism.pipeline_parallel_first_stage_less_layers"] == "0"
+    assert fields["parallelism.pipeline_parallel_last_stage_less_layers"] == "0"
 
 
-@pytest.mark.parametrize("policy, mode, option, note", [
-    ("none", "none", None, None),
-    ("full", "full", None, None),
-    ("op-selective", "selective", "op", "every second matmul"),
-    ("every-4", "full", None, "every-4"),
-    ("selective", "none", None, "attention core"),
+@pytest.mark.parametrize("policy, subcommand, note", [
+    ("none", "none", None),
+    ("full", "full", None),
+    ("op-selective", "selective", "every second matmul"),
+    ("every-4", "full", "every-4"),
+    ("selective", "none", "attention core"),
 ])
-def test_torchtitan_checkpointing(policy, mode, option, note):
-    exported = export("torchtitan", *candidate(Layout(dp=8, zero=3), policy))
-    section = tomllib.loads(exported.text)["activation_checkpoint"]
-    assert section["mode"] == mode and section.get("selective_ac_option") == option
+def test_torchtitan_checkpointing(policy, subcommand, note):
+    exported = export("torchtitan", *candidate(Layout(dp=8, zero=3), policy, spec=LLAMA3))
+    assert torchtitan_command(exported.text)[2] == f"activation-checkpoint:{subcommand}"
     assert any(note in n for n in exported.notes) if note else not exported.notes
 
 

@@ -15,6 +15,7 @@ from typing import Any
 
 from core.errors import ConfigError
 from core.layout import Layout
+from core.model import ModelSpec
 from core.planner import Candidate, PlanRequest
 from core.recompute import RecomputePolicy
 
@@ -44,8 +45,7 @@ class Export:
 class Run:
     """One recommended candidate, reduced to what a framework's settings need."""
 
-    model: str
-    n_layers: int
+    spec: ModelSpec
     seq_len: int
     global_batch: int
     """Sequences per optimizer step, all data-parallel ranks: dp x micro-batch x accumulation."""
@@ -72,11 +72,19 @@ class Run:
                 f"{best.accumulation_steps} is not the request's global batch {request.global_batch}; "
                 "export a candidate of this request's plan"
             )
-        return cls(model=request.spec.name, n_layers=request.spec.n_layers, seq_len=cfg.seq_len,
+        return cls(spec=request.spec, seq_len=cfg.seq_len,
                    global_batch=request.global_batch, micro_batch=cfg.micro_batch,
                    accumulation_steps=best.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
                    stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8)
+
+    @property
+    def model(self) -> str:
+        return self.spec.name
+
+    @property
+    def n_layers(self) -> int:
+        return self.spec.n_layers
 
     @property
     def per_rank_batch(self) -> int:

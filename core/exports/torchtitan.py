@@ -1,30 +1,34 @@
-"""torchtitan job config (TOML), as torchtitan v0.2.x reads it (``--job.config_file``).
+"""torchtitan 0.3 launch command: a recipe named by ``--module`` and ``--config``, its fields overridden.
 
-Names checked against torchtitan v0.2.2's ``torchtitan/config/job_config.py``
-(the last release that reads TOML; pytorch/torchtitan#2386, Feb 2026, moved
-the configuration to Python ``Trainer.Config`` functions with token-counted
-batches), its ``distributed/parallel_dims.py``, ``pipeline_parallel.py`` and
-``activation_checkpoint.py``:
+torchtitan 0.3 configures a run in Python (pytorch/torchtitan#2386, Feb 2026):
+``--module llama3 --config llama3_8b`` names a ``config_registry`` function
+returning a ``Trainer.Config``, and ``--section.field value`` flags override
+its fields (parsed by tyro; the activation-checkpoint policy is a subcommand
+and comes last). Names checked against torchtitan 0.3.0's
+``config/configs.py``, ``config/manager.py``, ``trainer.py`` and
+``distributed/activation_checkpoint.py``:
 
-- ``[parallelism]``: ``data_parallel_replicate_degree`` (DDP/HSDP replicas),
-  ``data_parallel_shard_degree`` (FSDP), ``tensor_parallel_degree`` (sequence
-  parallelism always on with it), ``pipeline_parallel_degree``,
+- ``parallelism``: ``data_parallel_replicate_degree`` (DDP/HSDP replicas),
+  ``data_parallel_shard_degree`` (FSDP), ``tensor_parallel_degree``,
+  ``enable_sequence_parallel`` (on by default), ``pipeline_parallel_degree``,
   ``pipeline_parallel_schedule`` (``1F1B``, ``Interleaved1F1B``, ``GPipe``),
   ``pipeline_parallel_microbatch_size``, ``pipeline_parallel_layers_per_stage``,
   ``context_parallel_degree``. FSDP spans ``dp_shard x cp`` ranks; replication
   without FSDP (DDP) runs only when data parallelism is the sole axis.
-- ``[training]``: ``local_batch_size`` (per data-parallel rank; under pipeline
-  parallelism it is split into ``local_batch_size / pipeline_parallel_microbatch_size``
+- ``training``: ``local_batch_size`` (per data-parallel rank; under pipeline
+  parallelism split into ``local_batch_size / pipeline_parallel_microbatch_size``
   pipeline micro-batches), ``global_batch_size`` (gradient accumulation is
   ``global / (local x dp)``), ``seq_len``, ``mixed_precision_param`` (FSDP's
   param dtype, or autocast under DDP), ``dtype`` (``bfloat16`` puts parameters,
-  gradients and optimizer state all in bf16).
-- ``[activation_checkpoint]``: ``mode`` ``none``/``full``/``selective``;
-  ``selective_ac_option = "op"`` is per-op SAC (saves compute-heavy op outputs
-  but recomputes every second matmul); an integer K checkpoints one block in
-  every K and keeps the others' activations, which is not headroom's every-K
-  (segments of K blocks).
-- ``[optimizer] name``: ``Adam`` or ``AdamW`` only.
+  gradients and optimizer state all in bf16), ``disable_cuda_graphs`` (required
+  with pipeline parallelism).
+- ``activation-checkpoint:none|full|selective``: ``selective`` is per-op SAC,
+  which keeps compute-heavy op outputs but recomputes every second matmul;
+  there is no per-layer option any more.
+- The optimizer is the recipe's (AdamW ``param_groups``, set in Python only).
+- A recipe fixes the model: ``RECIPES`` lists those whose architecture equals
+  a headroom model (tests/test_export_frameworks.py builds each on the meta
+  device and counts its parameters).
 """
 
 from __future__ import annotations
@@ -34,7 +38,36 @@ from core.exports.run import Export, Run, commented, offload_note, ranks, stack_
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
 
-OPTIMIZERS = {"adam": "Adam", "adamw": "AdamW"}
+RECIPES = {
+    # (layers, hidden, heads, kv heads, ffn hidden, vocab): torchtitan.models.llama3's "8B" and "70B" flavours
+    (32, 4096, 32, 8, 14336, 128256): ("llama3", "llama3_8b"),
+    (80, 8192, 64, 8, 28672, 128256): ("llama3", "llama3_70b"),
+}
+"""A llama architecture -> (torchtitan module, config_registry function) whose model it is."""
+STAND_IN = ("llama3", "llama3_8b")
+
+
+def _recipe(run: Run, notes: list[str]) -> tuple[str, str]:
+    spec = run.spec
+    shape = (spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.ffn_hidden, spec.vocab_size)
+    if spec.block == "llama" and not spec.tied_embeddings and shape in RECIPES:
+        return RECIPES[shape]
+    notes.append(f"torchtitan 0.3 has no recipe for {spec.name}'s architecture; the command starts from "
+                 f"{STAND_IN[1]}'s, which trains Llama 3 8B: write a config_registry function with this model "
+                 f"({spec.n_layers} layers, dim {spec.hidden}, {spec.n_heads} heads, {spec.n_kv_heads} kv heads, "
+                 f"ffn {spec.ffn_hidden}, vocab {spec.vocab_size}) and name it with --module and --config")
+    return STAND_IN
+
+
+def _launch(run: Run, notes: list[str]) -> str:
+    world, per_node = run.layout.world, run.gpus_per_node
+    if world <= per_node:
+        return f"torchrun --nproc-per-node {world}"
+    if world % per_node:
+        notes.append(f"{world} ranks do not fill whole nodes of {per_node} GPUs: launch them as your cluster "
+                     "places them")
+        return f"torchrun --nproc-per-node {world}"
+    return f"torchrun --nnodes {world // per_node} --nproc-per-node {per_node}"
 
 
 def _data_parallel(run: Run, notes: list[str]) -> tuple[int, int]:
@@ -60,48 +93,42 @@ def _data_parallel(run: Run, notes: list[str]) -> tuple[int, int]:
 
 def _precision(run: Run, notes: list[str]) -> list[str]:
     if run.precision == "fp32":
-        return ['mixed_precision_param = "float32"']
+        return ["--training.mixed_precision_param float32"]
     if run.precision == "bf16-pure":
-        notes.append('torchtitan\'s dtype = "bfloat16" keeps the optimizer state in bf16 too (Adam: 4 bytes a '
+        notes.append("torchtitan's training.dtype bfloat16 keeps the optimizer state in bf16 too (Adam: 4 bytes a "
                      "parameter instead of the planned 8)")
-        return ['dtype = "bfloat16"']
+        return ["--training.dtype bfloat16"]
     if run.precision in ("bf16-master", "bf16-fp32grad"):
         notes.append(f"torchtitan has no {run.precision} recipe (bf16 parameters with an fp32 master copy); set: "
                      "mixed precision over fp32 parameters and gradients (amp-bf16: "
                      + ("the same" if run.precision == "bf16-master" else "2 bytes a parameter fewer")
                      + " static bytes with Adam, plus the bf16 weight copies of each unit's forward)")
-    return ['mixed_precision_param = "bfloat16"']
+    return ["--training.mixed_precision_param bfloat16"]
 
 
-def _checkpointing(run: Run, notes: list[str]) -> list[str]:
+def _checkpointing(run: Run, notes: list[str]) -> str:
+    """The activation-checkpoint subcommand."""
     policy = run.policy
-    if policy.kind == "none":
-        return ['mode = "none"']
-    if policy.kind == "full":
-        return ['mode = "full"']
+    if policy.kind in ("none", "full"):
+        return f"activation-checkpoint:{policy.kind}"
     if policy.kind == "every":
-        notes.append(f"torchtitan has no every-{policy.every} segments (its selective_ac_option = {policy.every} "
-                     f"checkpoints one block in every {policy.every} and keeps the rest); set: full, the same "
-                     f"recompute but every block's input kept, more memory than planned: check with headroom "
-                     f"estimate --recompute full")
-        return ['mode = "full"']
+        notes.append(f"torchtitan has no every-{policy.every} segments; set: full, the same recompute but every "
+                     "block's input kept, more memory than planned: check with headroom estimate --recompute full")
+        return "activation-checkpoint:full"
     if policy.kind == "op-selective":
-        notes.append("torchtitan's op-level SAC also recomputes every second matmul: less memory and more "
+        notes.append("torchtitan's selective (per-op SAC) also recomputes every second matmul: less memory and more "
                      "recompute than the planned op-selective, which keeps every matmul output")
-        return ['mode = "selective"', 'selective_ac_option = "op"']
+        return "activation-checkpoint:selective"
     if policy.kind == "selective":
         notes.append("torchtitan cannot recompute the attention core alone; its fused SDPA attention keeps no "
                      "s x s tensor, which is all that selective recompute removes, so none is set")
-        return ['mode = "none"']
+        return "activation-checkpoint:none"
     notes.append(offload_note("torchtitan"))
-    return ['mode = "none"']
+    return "activation-checkpoint:none"
 
 
-def _layout_notes(run: Run, notes: list[str]) -> None:
+def _other_notes(run: Run, notes: list[str]) -> None:
     layout = run.layout
-    if layout.tp > 1 and not layout.sp:
-        notes.append("torchtitan v0.2.x always runs sequence parallelism with tensor parallelism: less activation "
-                     "memory than planned without it (current torchtitan: parallelism.enable_sequence_parallel)")
     if layout.cp > 1:
         notes.append(f"torchtitan's FSDP spans the dp x cp ranks: parameters, gradients and optimizer state are "
                      f"sharded over the {layout.cp} context-parallel ranks too, less memory than planned")
@@ -112,50 +139,50 @@ def _layout_notes(run: Run, notes: list[str]) -> None:
                      "with --attention standard")
     if run.dropout > 0:
         notes.append("torchtitan's models have no dropout")
+    if run.optimizer != "adamw":
+        notes.append(f"torchtitan's recipes build AdamW (param_groups, in Python), not {run.optimizer}"
+                     + (": the same 8 bytes of state a parameter" if run.optimizer == "adam" else
+                        ": 8 bytes of state a parameter"))
 
 
 def torchtitan(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
+    module, recipe = _recipe(run, notes)
+    launch = _launch(run, notes)
     replicate, shard = _data_parallel(run, notes)
+    # Under pipeline parallelism one optimizer step is one pipeline flush of every micro-batch.
     training = [
-        "[training]",
-        # Under pipeline parallelism one optimizer step is one pipeline flush of every micro-batch.
-        f"local_batch_size = {run.per_rank_batch if layout.pp > 1 else run.micro_batch}",
-        f"global_batch_size = {run.global_batch}",
-        f"seq_len = {run.seq_len}",
+        f"--training.local_batch_size {run.per_rank_batch if layout.pp > 1 else run.micro_batch}",
+        f"--training.global_batch_size {run.global_batch}",
+        f"--training.seq_len {run.seq_len}",
         *_precision(run, notes),
     ]
+    if layout.pp > 1:
+        training.append("--training.disable_cuda_graphs")  # "CUDA graphs do not support pipeline parallelism yet"
     parallelism = [
-        "[parallelism]",
-        f"data_parallel_replicate_degree = {replicate}",
-        f"data_parallel_shard_degree = {shard}",
-        f"tensor_parallel_degree = {layout.tp}",
-        "enable_async_tensor_parallel = false",
-        f"pipeline_parallel_degree = {layout.pp}",
-        f"context_parallel_degree = {layout.cp}",
+        f"--parallelism.data_parallel_replicate_degree {replicate}",
+        f"--parallelism.data_parallel_shard_degree {shard}",
+        f"--parallelism.tensor_parallel_degree {layout.tp}",
+        f"--parallelism.pipeline_parallel_degree {layout.pp}",
+        f"--parallelism.context_parallel_degree {layout.cp}",
     ]
+    if layout.tp > 1 and not layout.sp:
+        parallelism.append("--parallelism.no-enable-sequence-parallel")
     if layout.pp > 1:
         # Even chunks, embeddings and head counted as no layer: headroom's split (core.pipeline).
         parallelism += [
-            f'pipeline_parallel_schedule = "{SCHEDULES[layout.schedule]}"',
-            f"pipeline_parallel_microbatch_size = {run.micro_batch}",
-            f"pipeline_parallel_layers_per_stage = {run.layers_per_chunk}",
-            "pipeline_parallel_first_stage_less_layers = 0",
-            "pipeline_parallel_last_stage_less_layers = 0",
+            f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
+            f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}",
+            f"--parallelism.pipeline_parallel_layers_per_stage {run.layers_per_chunk}",
+            "--parallelism.pipeline_parallel_first_stage_less_layers 0",
+            "--parallelism.pipeline_parallel_last_stage_less_layers 0",
         ]
-    checkpoint = ["[activation_checkpoint]", *_checkpointing(run, notes)]
-    optimizer = []
-    if run.optimizer in OPTIMIZERS:
-        optimizer = ["", "[optimizer]", f'name = "{OPTIMIZERS[run.optimizer]}"']
-    else:
-        notes.append(f"torchtitan builds Adam or AdamW only, not {run.optimizer}: its default AdamW keeps 8 bytes "
-                     "of state a parameter")
-    _layout_notes(run, notes)
-    tokens = run.micro_batch * run.seq_len
-    newer = (f"torchtitan after v0.2.2 (pytorch/torchtitan#2386) takes Python Trainer.Config recipes, not TOML: "
-             f"the same parallelism fields, with training.num_tokens_per_microbatch_per_dp_rank = {tokens}, "
-             f"training.num_tokens_per_train_step = {run.global_batch * run.seq_len}"
-             + (f", parallelism.num_pp_microbatches = {run.accumulation_steps}" if layout.pp > 1 else ""))
-    header = (f"torchtitan v0.2.x job config (--job.config_file); launch {ranks(layout.world)}", newer)
-    return commented("torchtitan", [*training, "", *parallelism, "", *checkpoint, *optimizer], notes, run, header)
+    checkpoint = _checkpointing(run, notes)
+    _other_notes(run, notes)
+    command = [f"{launch} -m torchtitan.train", f"--module {module} --config {recipe}", *training, *parallelism,
+               checkpoint]
+    lines = [line + " \\" for line in command[:-1]] + [command[-1]]
+    lines[1:] = [f"  {line}" for line in lines[1:]]
+    header = (f"torchtitan 0.3: recipe {module}.{recipe} with its fields overridden; {ranks(layout.world)}",)
+    return commented("torchtitan", lines, notes, run, header)

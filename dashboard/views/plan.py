@@ -24,7 +24,7 @@ from dashboard import charts, data, planning
 from dashboard.notices import store_notice
 from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
 
-EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan.toml", "toml"),
+EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan_train.sh", "bash"),
                 "megatron": ("megatron_args.txt", "bash"), "deepspeed": ("ds_config.json", "json"),
                 "lightning": ("lightning_trainer.py", "python")}
 

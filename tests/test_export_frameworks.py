@@ -1,0 +1,190 @@
+"""Every export loads in its own framework, as the framework reads it: DeepSpeed's config classes,
+transformers' TrainingArguments, Lightning's Trainer and strategies, torchtitan 0.3's config manager.
+
+The frameworks are the ``frameworks`` extra (CI installs it). What stands in for the target machine
+is said where it is done: a launched job's rank and data-parallel size for DeepSpeed, a bf16-capable
+GPU for transformers; the exported text itself is never edited.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import warnings
+
+import pytest
+
+from core.export import export
+from core.layout import Layout
+from core.presets import get_preset
+from tests.test_export import CASES, LLAMA3, candidate, torchtitan_command
+
+MISSING = "the training frameworks the exports are checked against: pip install -e '.[frameworks]'"
+
+
+@pytest.fixture(autouse=True)
+def _quiet_frameworks():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # their deprecation chatter is theirs, not the export's
+        yield
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_deepspeed_config_loads(case, monkeypatch):
+    pytest.importorskip("deepspeed", reason=MISSING)
+    from deepspeed.runtime import config as ds_config
+
+    request, best = CASES[case]
+    data_parallel = best.config.layout.dp
+
+    class DataParallel:
+        """DeepSpeed's model-parallel unit, as Megatron passes one: the data-parallel ranks the batch spans."""
+
+        def get_data_parallel_world_size(self) -> int:
+            return data_parallel
+
+    # Rank 0 of a launched job: outside one, DeepSpeed's rank query fails and it takes a world of 1.
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda group=None: 0)
+    loaded = ds_config.DeepSpeedConfig(json.loads(export("deepspeed", request, best).text), mpu=DataParallel())
+    assert loaded.world_size == data_parallel
+    assert loaded.train_batch_size == request.global_batch
+    assert loaded.train_micro_batch_size_per_gpu == best.config.micro_batch
+    assert loaded.gradient_accumulation_steps == best.accumulation_steps
+    assert loaded.zero_optimization_stage == best.config.layout.zero
+
+
+def test_deepspeed_rejects_what_it_does_not_know(monkeypatch):
+    """The loader above is strict: a key DeepSpeed does not define fails, so passing means something."""
+    pytest.importorskip("deepspeed", reason=MISSING)
+    from deepspeed.runtime import config as ds_config
+
+    config = json.loads(export("deepspeed", *CASES["zero3"]).text)
+    config["zero_optimization"]["stages"] = 3
+    monkeypatch.setattr(ds_config.dist, "get_rank", lambda group=None: 0)
+    with pytest.raises(Exception, match="stages"):
+        ds_config.DeepSpeedConfig(config)
+
+
+def _tiny_hf_model():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    return LlamaForCausalLM(LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                        num_attention_heads=4, num_key_value_heads=2, vocab_size=128))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_training_arguments_load(case, monkeypatch, tmp_path):
+    pytest.importorskip("transformers", reason=MISSING)
+    import torch
+    import transformers.training_args
+
+    request, best = CASES[case]
+    # The target is a bf16-capable GPU; this CPU is not, and TrainingArguments checks the machine it runs on.
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    monkeypatch.chdir(tmp_path)
+    if best.config.layout.zero in (1, 2):  # the snippet names the DeepSpeed export, saved as the user is told
+        (tmp_path / "ds_config.json").write_text(export("deepspeed", request, best).text)
+    model = _tiny_hf_model()
+    namespace = {"model": model}  # the user's model, for snippets that configure its checkpointing
+    exec(compile(export("hf", request, best).text, "training_args.py", "exec"), namespace)
+    args = namespace["args"]
+    assert args.per_device_train_batch_size == best.config.micro_batch
+    assert args.gradient_accumulation_steps == best.accumulation_steps
+    assert args.bf16 == (best.config.precision != "fp32")
+    if model.is_gradient_checkpointing:  # the op-selective policy set on the model runs a step
+        model.train()
+        model(torch.randint(0, 128, (2, 8)), labels=torch.randint(0, 128, (2, 8))).loss.backward()
+
+
+GPU_ONLY = "requires a GPU accelerator"
+"""Lightning's refusal to build an FSDP Trainer on a machine without a GPU."""
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_lightning_trainer_loads(case):
+    pytest.importorskip("lightning", reason=MISSING)
+    import inspect
+
+    import lightning as L
+    import torch
+
+    request, best = CASES[case]
+    text = export("lightning", request, best).text
+
+    class Block(torch.nn.Module):
+        """The user's transformer block, which the snippet's checkpointing policy names."""
+
+    namespace = {"dataset": list(range(8)), "Block": Block}
+    try:
+        exec(compile(text, "lightning_trainer.py", "exec"), namespace)
+        trainer = namespace["trainer"]
+        assert trainer.accumulate_grad_batches == best.accumulation_steps
+        assert namespace["loader"].batch_size == best.config.micro_batch
+    except ValueError as err:
+        # FSDP needs a GPU to build its Trainer: check the call against Trainer's signature instead, with every
+        # argument (the strategy object included) evaluated as Lightning builds it.
+        assert GPU_ONLY in str(err), err
+        call = next(n for n in ast.walk(ast.parse(text))
+                    if isinstance(n, ast.Call) and getattr(n.func, "attr", None) == "Trainer")
+        kwargs = {k.arg: eval(compile(ast.Expression(k.value), "<arg>", "eval"), namespace) for k in call.keywords}
+        inspect.signature(L.Trainer).bind(**kwargs)
+        assert kwargs["accumulate_grad_batches"] == best.accumulation_steps
+
+
+@pytest.fixture(scope="module")
+def torchtitan_config():
+    """torchtitan 0.3's own parser: the launch command's arguments after ``-m torchtitan.train``."""
+    pytest.importorskip("torchtitan", reason=MISSING)
+    pytest.importorskip("triton", reason=MISSING)  # torchtitan's model registry imports it
+    from torchtitan.config.manager import ConfigManager
+
+    def load(text: str):
+        _, fields, subcommand = torchtitan_command(text)
+        args = []
+        for name, value in fields.items():
+            args += [f"--{name}"] if value is None else [f"--{name}", value]
+        return ConfigManager().parse_args([*args, subcommand])
+
+    return load
+
+
+TORCHTITAN_CASES = {
+    **{name: CASES[name] for name in ("zero3", "tp-sp-pp-zero1", "interleaved-every2-zero2")},
+    "llama3-8b-tp-no-sp-full": candidate(Layout(tp=2, dp=4, zero=3), "full", spec=LLAMA3),
+}
+
+
+@pytest.mark.parametrize("case", TORCHTITAN_CASES)
+def test_torchtitan_command_loads(case, torchtitan_config):
+    request, best = TORCHTITAN_CASES[case]
+    exported = export("torchtitan", request, best)
+    config = torchtitan_config(exported.text)
+    layout = best.config.layout
+    p, t = config.parallelism, config.training
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree) == (
+        layout.tp, layout.pp, layout.cp)
+    assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == layout.dp
+    assert p.enable_sequence_parallel == (layout.sp or layout.tp == 1)
+    assert t.global_batch_size == request.global_batch and t.seq_len == best.config.seq_len
+    per_rank = best.config.micro_batch * best.accumulation_steps
+    assert t.local_batch_size == (per_rank if layout.pp > 1 else best.config.micro_batch)
+    policy = torchtitan_command(exported.text)[2].removeprefix("activation-checkpoint:")
+    loaded = config.activation_checkpoint
+    assert (type(loaded).__qualname__ if loaded else None) == AC_CONFIGS[policy]
+
+
+AC_CONFIGS = {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}
+"""The activation-checkpoint subcommand -> the config class torchtitan builds for it."""
+
+
+@pytest.mark.parametrize("preset, flavor", [("llama3-8b", "8B"), ("llama3-70b", "70B")])
+def test_torchtitan_recipes_train_the_model_they_are_named_for(preset, flavor):
+    """The recipe an export names builds, on the meta device, a model of exactly headroom's parameter count."""
+    pytest.importorskip("torchtitan", reason=MISSING)
+    pytest.importorskip("triton", reason=MISSING)
+    import torch
+    from torchtitan.models.llama3 import model_registry
+
+    with torch.device("meta"):
+        model = model_registry(flavor).model.build()
+    assert sum(p.numel() for p in model.parameters()) == get_preset(preset).parameters
