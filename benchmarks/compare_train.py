@@ -47,8 +47,8 @@ def main() -> None:
             continue
         measured = row.peak_allocated_bytes or row.activation_bytes
         predicted = row.predicted_peak_bytes if row.peak_allocated_bytes else row.predicted_activation_bytes
-        mem_err = predicted / measured - 1 if measured and predicted else None
-        time_err = row.predicted_step_time_s / row.median_s - 1 if row.predicted_step_time_s else None
+        mem_err = measured / predicted - 1 if measured and predicted else None  # measured / predicted, as calibration
+        time_err = row.median_s / row.predicted_step_time_s - 1 if row.predicted_step_time_s else None
         if mem_err is not None:
             memory_errors.append(abs(mem_err))
         if time_err is not None:

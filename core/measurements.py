@@ -28,7 +28,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from core.calibration import Calibration, Observation, calibrate
+from core.calibration import STEP_RANGE_LIMIT, Calibration, Observation, calibrate
 from core.collective_curves import CollectiveCurves, CollectiveRecord
 from core.config import TrainConfig
 from core.errors import ConfigError
@@ -127,6 +127,22 @@ class TrainStepRecord:
     communication_s: float | None = None
     """Measured exposed communication within one step on this rank (in a pipeline, with its waits on the
     neighbouring stages)."""
+    min_s: float | None = None
+    max_s: float | None = None
+    """The fastest and slowest timed step."""
+    busy: bool = False
+    """The agent flagged the host busy while the steps were timed (agent/host_load.py)."""
+
+    @property
+    def noisy(self) -> str | None:
+        """Why this step's timing cannot be trusted, or None (core.calibration leaves such steps out)."""
+        if self.busy:
+            return "the agent found the host busy"
+        if self.median_s and self.min_s is not None and self.max_s is not None:
+            spread = (self.max_s - self.min_s) / self.median_s
+            if spread > STEP_RANGE_LIMIT:
+                return f"its steps spread {spread:.0%} of their median"
+        return None
 
     @property
     def key(self) -> tuple:
@@ -291,8 +307,9 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
     """Each step that still reads, predicted again now, paired with what it measured.
 
     Memory pairs the predicted peak with the measured peak allocated bytes
-    where the step has them (CUDA), else the saved-activation bytes (CPU).
-    Each distinct configuration (`TrainStepRecord.key`) is predicted once.
+    where the step has them (CUDA), and the ledger's saved-activation bytes
+    with the probe's wherever it ran. Each distinct configuration
+    (`TrainStepRecord.key`) is predicted once.
     """
     predictions: dict[tuple, StepPrediction | None] = {}
     observations = []
@@ -302,15 +319,14 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
         predicted = predictions[step.key]
         if predicted is None:
             continue
-        if step.peak_allocated_bytes:
-            memory = (predicted.peak_bytes, step.peak_allocated_bytes)
-        else:
-            memory = (predicted.activation_bytes, step.activation_bytes)
         communication = (predicted.communication_s, step.communication_s) if step.layout else (None, None)
         observations.append(Observation(
-            predicted_bytes=memory[0], measured_bytes=memory[1], predicted_s=predicted.step_time_s,
+            predicted_bytes=predicted.peak_bytes if step.peak_allocated_bytes else None,
+            measured_bytes=step.peak_allocated_bytes, predicted_s=predicted.step_time_s,
             measured_s=step.median_s, label=step.label,
             predicted_communication_s=communication[0], measured_communication_s=communication[1],
+            predicted_activation_bytes=predicted.activation_bytes if step.activation_bytes else None,
+            measured_activation_bytes=step.activation_bytes, noisy=step.noisy,
         ))
     return observations
 

@@ -262,12 +262,12 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
     est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device, accumulation)
     cluster = request.cluster_for(profile) if request.layout.world > 1 else None
     time = step_time(est, profile, accumulation, cluster)
-    step_s = time.total_s * calibration.time.factor
-    peak = round(est.peak_bytes * calibration.memory.factor)
+    step_s = time.total_s * calibration.time.correction
+    peak = round(est.peak_bytes * calibration.memory.correction)
     required = round(peak * profile.fragmentation) + request.context_reserve_bytes
     candidate = Candidate(
         estimate=est, accumulation_steps=accumulation, time=time, peak_bytes=peak, required_bytes=required,
-        tokens_per_s=tokens_per_s(est.config, time) / calibration.time.factor, step_time_s=step_s,
+        tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
     )
     if required <= request.budget_bytes:
         return candidate

@@ -3,8 +3,9 @@
 Predictions are the ones stored with each step at measurement time
 (``predicted_*`` columns). Memory compares peak allocated bytes where the
 device reports them (CUDA) and saved-activation bytes otherwise (CPU, where
-torch has no allocator statistics), as core.calibration does. ``error`` is
-predicted / measured - 1: positive means the core over-predicted.
+torch has no allocator statistics). One convention, core.calibration's:
+``ratio`` is measured / predicted and ``error`` is ratio - 1 (positive: the
+step took more than predicted).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ def memory_points(train: pd.DataFrame) -> pd.DataFrame:
         "label": _labels(train),
         "predicted": train["predicted_peak_bytes"].where(peak, train["predicted_activation_bytes"]) / GB,
         "measured": train["peak_allocated_bytes"].where(peak, train["activation_bytes"]) / GB,
-        "basis": peak.map({True: "peak allocated", False: "activations"}),
+        "basis": peak.map({True: "peak allocated", False: "saved activations"}),
     })
     return _finish(frame)
 
@@ -37,15 +38,20 @@ def time_points(train: pd.DataFrame) -> pd.DataFrame:
     return _finish(frame)
 
 
+STATS_COLUMNS = ["device", "policy", "steps", "measured / predicted (median)", "median |error|", "worst |error|"]
+
+
 def error_stats(points: pd.DataFrame) -> pd.DataFrame:
-    """By device and policy: steps, median predicted / measured, median and worst |error|."""
+    """By device and policy: steps, median measured / predicted, median and worst |error|."""
     if not len(points):
-        return pd.DataFrame(columns=["device", "policy", "steps", "median_ratio", "median_abs_error", "worst_abs_error"])
-    grouped = points.assign(ratio=points["predicted"] / points["measured"], abs_error=points["error"].abs())
-    return grouped.groupby(["device", "policy"], as_index=False).agg(
-        steps=("error", "size"), median_ratio=("ratio", "median"),
-        median_abs_error=("abs_error", "median"), worst_abs_error=("abs_error", "max"),
+        return pd.DataFrame(columns=STATS_COLUMNS)
+    grouped = points.assign(abs_error=points["error"].abs())
+    stats = grouped.groupby(["device", "policy"], as_index=False).agg(
+        steps=("error", "size"), ratio=("ratio", "median"), median=("abs_error", "median"),
+        worst=("abs_error", "max"),
     )
+    stats.columns = STATS_COLUMNS
+    return stats
 
 
 def _labels(train: pd.DataFrame) -> pd.Series:
@@ -56,5 +62,6 @@ def _labels(train: pd.DataFrame) -> pd.Series:
 def _finish(frame: pd.DataFrame) -> pd.DataFrame:
     frame = frame.dropna(subset=["predicted", "measured"])
     frame = frame[(frame["predicted"] > 0) & (frame["measured"] > 0)].copy()
-    frame["error"] = frame["predicted"] / frame["measured"] - 1
+    frame["ratio"] = frame["measured"] / frame["predicted"]
+    frame["error"] = frame["ratio"] - 1
     return frame.reset_index(drop=True)

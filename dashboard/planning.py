@@ -289,7 +289,7 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
     so they add up to the calibrated peak; ``margin`` is fragmentation plus the
     CUDA context reserve, so each bar ends at what must fit in the budget.
     """
-    factor = result.calibration.memory.factor
+    factor = result.calibration.memory.correction
     rows = []
     for order, c in enumerate(candidates):
         label = candidate_label(result, c)
@@ -377,7 +377,7 @@ def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFr
     and ``margin`` (fragmentation and the CUDA context) makes the bar end at what that rank needs.
     The most loaded rank's bar ends at the candidate's ``required_bytes``.
     """
-    factor, fragmentation = result.calibration.memory.factor, result.profile.fragmentation
+    factor, fragmentation = result.calibration.memory.correction, result.profile.fragmentation
     reserve = result.request.context_reserve_bytes
     rows = []
     order = 0

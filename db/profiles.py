@@ -112,6 +112,7 @@ def collective_records(session: Session, device_name: str) -> list[CollectiveRec
 TRAIN_STEP_COLUMNS = (
     "model_name", "model_spec", "seq_len", "micro_batch", "accumulation_steps", "precision", "optimizer", "attention",
     "recompute", "median_s", "peak_allocated_bytes", "peak_reserved_bytes", "activation_bytes", "layout", "rank",
+    "min_s", "max_s",
 )
 
 
@@ -120,11 +121,13 @@ def train_step_records(session: Session, device_name: str) -> list[TrainStepReco
     # Dropout is not a column: it is read from the configuration the core's prediction was made for,
     # in SQL (a JSON path), so the prediction documents are not decoded.
     dropout = t.prediction[("config", "dropout")].as_float()
+    busy = t.details[("host", "busy")].as_boolean()  # the agent's verdict on the host (NULL on older rows)
     columns = [getattr(t, name) for name in TRAIN_STEP_COLUMNS]
     return [
         TrainStepRecord(**dict(zip(TRAIN_STEP_COLUMNS, values, strict=True)), dropout=float(drop or 0.0),
-                        communication_s=communication)
-        for *values, drop, communication in _rows(session, t, device_name, *columns, dropout, t.communication_median_s)
+                        communication_s=communication, busy=bool(flagged))
+        for *values, drop, communication, flagged in _rows(session, t, device_name, *columns, dropout,
+                                                           t.communication_median_s, busy)
     ]
 
 

@@ -110,7 +110,7 @@ def test_planning_on_a_measured_device_is_calibrated(smoke_store, monkeypatch):
     at.run()
     assert not at.exception
     assert "micro-batch" in recommendation(at)
-    assert "uncalibrated" not in texts(at) and "measured steps" in texts(at)
+    assert "uncalibrated" not in texts(at) and "step time: measured/predicted x" in texts(at)
 
 
 def test_changing_the_budget_changes_the_recommendation(tmp_path, monkeypatch):

@@ -95,10 +95,12 @@ def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
     url, _ = smoke_store
     train = data.train_steps(url)
     memory, time = calibration.memory_points(train), calibration.time_points(train)
-    assert len(memory) == len(train) and set(memory["basis"]) == {"activations"}  # CPU: no allocator stats
+    assert len(memory) == len(train) and set(memory["basis"]) == {"saved activations"}  # CPU: no allocator stats
     assert (time["measured"] == train["median_s"].values).all()
+    assert (time["ratio"] == time["measured"] / time["predicted"]).all()  # one convention: measured / predicted
+    assert (time["error"] == time["ratio"] - 1).all()
     stats = calibration.error_stats(time)
-    assert stats["steps"].sum() == len(time)
+    assert stats["steps"].sum() == len(time) and list(stats.columns) == calibration.STATS_COLUMNS
     dots_layers = layers(charts.build_calibration_chart(memory, "GB"))
     diagonal, dots = dots_layers
     assert diagonal["mark"]["type"] == "line" and fields(dots)["x"] == "measured" and fields(dots)["y"] == "predicted"

@@ -166,14 +166,29 @@ def test_predict_step_is_the_current_core_on_the_steps_configuration():
     assert predict_step(step(precision="fp4"), PROFILE) is None
 
 
-def test_observations_pair_peak_on_cuda_and_saved_activations_on_cpu():
-    cpu_step, cuda_step = step(activation_bytes=1000), step(peak_allocated_bytes=5000, median_s=0.25)
+def test_observations_pair_peaks_where_measured_and_saved_activations_wherever_probed():
+    cpu_step = step(activation_bytes=1000)
+    cuda_step = step(peak_allocated_bytes=5000, activation_bytes=900, median_s=0.25)
     predicted = predict_step(cpu_step, PROFILE)
     observations = step_observations([cpu_step, step(model_spec={"bogus": 1}), cuda_step], PROFILE)
+    label = "bench-llama-small micro 2 x1 none"
     assert observations == [
-        Observation(predicted.activation_bytes, 1000, predicted.step_time_s, 0.5, "bench-llama-small micro 2 x1 none"),
-        Observation(predicted.peak_bytes, 5000, predicted.step_time_s, 0.25, "bench-llama-small micro 2 x1 none"),
+        Observation(None, None, predicted.step_time_s, 0.5, label, predicted_activation_bytes=predicted.activation_bytes,
+                    measured_activation_bytes=1000),
+        Observation(predicted.peak_bytes, 5000, predicted.step_time_s, 0.25, label,
+                    predicted_activation_bytes=predicted.activation_bytes, measured_activation_bytes=900),
     ]
+
+
+@pytest.mark.parametrize("fields, noisy", [
+    (dict(min_s=0.45, max_s=0.6), None),
+    (dict(min_s=0.45, max_s=1.0), "its steps spread 110% of their median"),
+    (dict(min_s=0.45, max_s=0.5, busy=True), "the agent found the host busy"),
+    (dict(), None),  # no range stored: nothing to judge by
+])
+def test_a_step_is_noisy_when_the_agent_flagged_its_host_or_its_steps_disagree(fields, noisy):
+    assert step(**fields).noisy == noisy
+    assert step_observations([step(**fields)], PROFILE)[0].noisy == noisy
 
 
 def test_each_configuration_is_predicted_once(monkeypatch):
@@ -191,13 +206,15 @@ def test_calibration_factor_and_errors_by_hand():
     predicted = [predict_step(s, PROFILE) for s in base]
     # Measured = 1x, 2x and 4x the prediction (memory and time alike).
     steps = [step(micro_batch=s.micro_batch, activation_bytes=p.activation_bytes * k, median_s=p.step_time_s * k)
-             for s, p, k in zip(base, predicted, (1, 2, 4))]
+             for s, p, k in zip(base, predicted, (1, 2, 4), strict=True)]
     calibration = calibration_from_steps("Some Host CPU", steps, PROFILE)
     assert calibration.device == "Some Host CPU"
-    for fit in (calibration.memory, calibration.time):
-        assert fit.samples == 3
+    for fit in (calibration.activations, calibration.time):
+        assert fit.samples == 3 and not fit.outliers and not fit.noisy
         assert fit.factor == 2.0  # median(1, 2, 4)
-        assert fit.raw_error == 0.5  # median |p/m - 1| of (0, 0.5, 0.75)
-        assert fit.error == 0.5  # median |2p/m - 1| of (1, 0, 0.5)
+        assert fit.raw_error == 1.0  # median |m/p - 1| of (0, 1, 3)
+        assert fit.error == 0.5  # median |m/2p - 1| of (0.5, 0, 1)
         assert fit.worst == 1.0
+    assert calibration.memory.samples == 0  # no allocator peak on a CPU: nothing to calibrate a peak with
+    assert calibration.time.applied and calibration.time.correction == 2.0
     assert not calibration_from_steps("Some Host CPU", [], PROFILE).calibrated

@@ -88,10 +88,10 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
     calibration = calibrate("cpu", observations)
     assert calibration.memory.factor == pytest.approx(1.10)
     assert calibration.time.factor == pytest.approx(1.5)
-    assert calibration.memory.error == pytest.approx(abs(1.1 * 200 / 222 - 1))
+    assert calibration.memory.error == pytest.approx(abs(222 / (1.1 * 200) - 1))
     request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=256), global_batch=8)
     raw = plan(request, H100).recommendation
     corrected = plan(request, H100, calibration).recommendation
     assert corrected.step_time_s == pytest.approx(raw.step_time_s * 1.5, rel=1e-9)
     assert corrected.peak_bytes == pytest.approx(raw.peak_bytes * 1.10, rel=1e-6)
-    assert "x1.100 from 3 measured steps" in calibration.confidence()
+    assert "peak memory: measured/predicted x1.100 over 3 steps" in calibration.confidence()

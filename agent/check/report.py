@@ -1,5 +1,7 @@
 """The GPU check's report: targets, per-check tables (predicted, measured, error), a summary.
 
+Errors are measured / predicted - 1 throughout, as in core.calibration (positive: more than predicted).
+
 Everything here is read back from the check's result store and the parts'
 summaries; nothing is measured. Targets (issue 16, checked only on a GPU):
 
@@ -77,10 +79,11 @@ class Rows:
 
 
 def training_errors(rows: Rows) -> tuple[list[float], list[float]]:
-    """(peak allocated errors, saved-activation errors) of the ok training steps: predicted / measured - 1."""
+    """(peak allocated errors, saved-activation errors) of the ok training steps: measured / predicted - 1."""
     ok = [r for r in rows.train if r.status == "ok"]
-    peak = [r.predicted_peak_bytes / r.peak_allocated_bytes - 1 for r in ok if r.peak_allocated_bytes]
-    saved = [r.predicted_activation_bytes / r.activation_bytes - 1 for r in ok
+    peak = [r.peak_allocated_bytes / r.predicted_peak_bytes - 1 for r in ok
+            if r.peak_allocated_bytes and r.predicted_peak_bytes]
+    saved = [r.activation_bytes / r.predicted_activation_bytes - 1 for r in ok
              if r.activation_bytes and r.predicted_activation_bytes]
     return peak, saved
 
@@ -184,9 +187,10 @@ def _train_table(rows: Rows) -> list[str]:
         frag = f"{r.peak_reserved_bytes / r.peak_allocated_bytes:.3f}" if r.peak_allocated_bytes else "-"
         body.append([
             label, "ok", _gb(r.predicted_peak_bytes), _gb(r.peak_allocated_bytes),
-            _pct(r.predicted_peak_bytes / r.peak_allocated_bytes - 1) if r.peak_allocated_bytes else "-", frag,
+            _pct(r.peak_allocated_bytes / r.predicted_peak_bytes - 1) if r.peak_allocated_bytes else "-", frag,
             f"{_gb(r.predicted_activation_bytes)} / {_gb(r.activation_bytes)}",
-            _pct(r.predicted_activation_bytes / r.activation_bytes - 1) if r.activation_bytes else "-",
+            _pct(r.activation_bytes / r.predicted_activation_bytes - 1)
+            if r.activation_bytes and r.predicted_activation_bytes else "-",
             f"{_gb(kept_predicted)} / {_gb(kept)}" if kept is not None else "-",
             f"{r.predicted_step_time_s:.3f} / {r.median_s:.3f}" if r.predicted_step_time_s else f"- / {r.median_s:.3f}",
             f"{r.tokens_per_s:,.0f}", details.get("kernel", "-"),

@@ -22,13 +22,17 @@ names = sorted(train["device_name"].unique())
 chosen = st.multiselect("devices", names, default=names, key="calibration_devices")
 train = train[train["device_name"].isin(chosen)]
 st.caption("Each point is one measured training step against the core's prediction stored with it at measurement "
-           "time; error = predicted / measured - 1 (positive: over-predicted). Memory is peak allocated bytes where "
-           "the device reports it (CUDA), saved-activation bytes otherwise (CPU).")
+           "time. Throughout: measured / predicted, and error = measured / predicted - 1 (positive: the step took "
+           "more than predicted).")
 
 memory, time = calibration.memory_points(train), calibration.time_points(train)
 left, right = st.columns(2)
 with left:
-    st.subheader("Peak memory (GB)")
+    bases = set(memory["basis"])
+    st.subheader("Peak memory (GB)" if bases == {"peak allocated"} else "Memory (GB)")
+    if "saved activations" in bases:
+        st.caption("Devices without allocator statistics (CPUs) show the saved-activation bytes autograd held "
+                   "against the ledger's: a check of the activation accounting, not a peak.")
     if len(memory):
         st.altair_chart(charts.build_calibration_chart(memory, "GB = 1e9 bytes"), width="stretch")
     st.dataframe(calibration.error_stats(memory), hide_index=True)
@@ -39,9 +43,10 @@ with right:
     st.dataframe(calibration.error_stats(time), hide_index=True)
 
 st.subheader("What plans apply")
-st.caption("core.measurements.calibration_from_steps: every step predicted again by today's core with the "
-           "device's measured profile; the median measured / predicted becomes the factor plans multiply by, and "
-           "the error left after it is the confidence plans quote.")
+st.caption("Every step is predicted again by today's core with the device's measured profile. Steps the agent "
+           "flagged (a busy host, repetitions that disagree) and outliers (more than 2x from the median) are left "
+           "out; the median measured / predicted of the rest is the factor plans multiply by, unless it is beyond "
+           "2x, and the error left after it is the confidence plans quote.")
 device = st.selectbox("device", chosen, key="calibration_factor_device")
 if device is not None:
     try:
@@ -49,8 +54,14 @@ if device is not None:
     except ConfigError as err:
         st.warning(f"{device}: {err}")
     else:
-        st.dataframe(pd.DataFrame([{
-            "device": device, "memory factor": fit.memory.factor, "memory error": fit.memory.error,
-            "time factor": fit.time.factor, "time error": fit.time.error, "steps": fit.time.samples,
-        }]), hide_index=True)
+        rows = []
+        for what, one in (("peak memory", fit.memory), ("step time", fit.time), ("communication", fit.communication),
+                          ("saved activations (check only)", fit.activations)):
+            if one.samples or one.noisy or one.outliers:
+                rows.append({"quantity": what, "steps used": one.samples,
+                             "measured / predicted": f"x{one.factor:.3f}",
+                             "applied": "yes" if one.applied and "check" not in what else "no",
+                             "median |error| after": f"{one.error:.1%}", "left out": one.noisy + len(one.outliers)})
+        if rows:
+            st.dataframe(pd.DataFrame(rows), hide_index=True)
         st.markdown(f"**Confidence:** {fit.confidence()}")
