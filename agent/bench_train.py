@@ -169,7 +169,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         precision=cfg.precision, optimizer=cfg.optimizer,
         prediction=prediction.to_dict() | {"step_time_s": predicted_time},
         predicted_peak_bytes=prediction.peak_bytes,
-        predicted_activation_bytes=prediction.ledger.activation_bytes,
+        predicted_activation_bytes=prediction.ledger.saved_bytes,
         predicted_step_time_s=predicted_time,
     )
     if cfg.recipe.master_bytes or cfg.recipe.grad_bytes != cfg.recipe.param_bytes:

@@ -373,7 +373,7 @@ def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout
         timing = step_time(mine, source, setup.accumulation_steps, source.cluster()) if source else None
         row.prediction = mine.to_dict() | {"step_time_s": timing.total_s if timing else None}
         row.predicted_peak_bytes = mine.peak_bytes
-        row.predicted_activation_bytes = mine.ledger.activation_bytes
+        row.predicted_activation_bytes = mine.ledger.saved_bytes
         row.predicted_step_time_s = timing.total_s if timing else None
         row.predicted_communication_s = timing.waiting_s if timing else None
         return row

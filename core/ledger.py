@@ -129,8 +129,10 @@ class Ledger:
         )
 
     @property
-    def activation_bytes(self) -> int:
-        """Activations and token ids kept for backward, device and host."""
+    def saved_bytes(self) -> int:
+        """Everything saved for backward but parameters: activations and token ids, device and host, one
+        micro-batch. What the agent's probe measures and stores as ``activation_bytes``; not
+        ``Estimate.activation_bytes`` (the device's activations in flight, without the log-probs)."""
         return self.total("activation") + self.total("input")
 
     @property

@@ -162,8 +162,8 @@ class StepPrediction:
     """What the current core predicts for a measured step's configuration."""
 
     peak_bytes: int
-    activation_bytes: int
-    """Saved-activation bytes (the ledger's)."""
+    saved_bytes: int
+    """Everything saved for backward, one micro-batch (Ledger.saved_bytes)."""
     step_time_s: float
     communication_s: float = 0.0
     """Exposed communication within the step, plus the bubble in a pipeline (StepTime.waiting_s; 0 on
@@ -299,7 +299,7 @@ def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPredict
         return None
     cluster = profile.cluster() if layout.world > 1 else None
     timing = step_time(predicted, profile, step.accumulation_steps, cluster)
-    return StepPrediction(predicted.peak_bytes, predicted.ledger.activation_bytes, timing.total_s,
+    return StepPrediction(predicted.peak_bytes, predicted.ledger.saved_bytes, timing.total_s,
                           timing.waiting_s)
 
 
@@ -325,7 +325,7 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
             measured_bytes=step.peak_allocated_bytes, predicted_s=predicted.step_time_s,
             measured_s=step.median_s, label=step.label,
             predicted_communication_s=communication[0], measured_communication_s=communication[1],
-            predicted_activation_bytes=predicted.activation_bytes if step.activation_bytes else None,
+            predicted_activation_bytes=predicted.saved_bytes if step.activation_bytes else None,
             measured_activation_bytes=step.activation_bytes, noisy=step.noisy,
         ))
     return observations

@@ -207,7 +207,7 @@ def _plain_activation_bytes(spec: ModelSpec, config: TrainConfig, device: str) -
 
 @functools.lru_cache(maxsize=4096)
 def _plain_ledger_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
-    return activation_ledger(spec, config, device).activation_bytes
+    return activation_ledger(spec, config, device).saved_bytes
 
 
 def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int,

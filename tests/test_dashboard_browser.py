@@ -26,7 +26,7 @@ PAGES = {
              "Peak memory by component", "Ranked candidates"),
     "hardware": ("Hardware", "Roofline", "Matmul TFLOP/s by size", "Bandwidth by op"),
     "history": ("History", "Compare runs", "Timeline"),
-    "calibration": ("Calibration", "Peak memory (GB)", "Step time (s)", "What plans apply"),
+    "calibration": ("Calibration", "Memory (GB)", "saved-activation bytes", "Step time (s)", "What plans apply"),
 }
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",

@@ -34,7 +34,9 @@ from tests.db_support import (  # noqa: F401
 )
 
 FIXTURE = Path(__file__).parent / "fixtures" / "db" / "store-0001.db"
-PREDICTED = {1: (71_234_567_890, 30_601_641_984, 1.874), 2: (None, None, None)}  # train step id -> (peak, activations, time)
+# train step id -> (peak, saved activation bytes, time) after the upgrade. Step 1's document has no log-probs'
+# bytes, so the saved bytes 0002 back-filled wrongly cannot be rebuilt (0005): NULL, not a wrong number.
+PREDICTED = {1: (71_234_567_890, None, 1.874), 2: (None, None, None)}
 
 
 @pytest.fixture
@@ -54,7 +56,7 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
-    assert revisions() == ("0001", "0002", "0003", "0004")
+    assert revisions() == ("0001", "0002", "0003", "0004", "0005")
     assert _rows(old_store)[VERSION_TABLE] == [{"version_num": "0001"}]
 
 
@@ -79,12 +81,73 @@ def test_a_writer_upgrades_the_0001_fixture_and_keeps_every_row(old_store):
         if table != VERSION_TABLE:
             assert [{k: row[k] for k in old} for row, old in zip(after[table], rows)] == rows, table
             assert len(after[table]) == len(rows)
-    for row in after["train_step_results"]:  # 0002 backfilled its columns from the stored prediction
+    for row in after["train_step_results"]:  # 0002 backfilled its columns from the stored prediction, 0005 repaired
         predicted = (row["predicted_peak_bytes"], row["predicted_activation_bytes"], row["predicted_step_time_s"])
         assert predicted == PREDICTED[row["id"]]
         # 0004: a step stored before multi-rank steps existed ran on one device
         assert (row["rank"], row["world_size"], row["layout"], row["communication_median_s"]) == (0, 1, None, None)
     assert sqlite_integrity(old_store) == ["ok"]
+
+
+SAVED_CASES = [  # (precision, recompute): what the agent's smoke and quick suites run
+    ("fp32", "none"), ("amp-bf16", "full"), ("amp-bf16", "selective"), ("bf16-master", "every-2"),
+    ("fp32", "offload"),  # the host share holds save_on_cpu's parameter copies too: not rebuildable
+]
+
+
+def _agent_prediction(precision: str, recompute: str):
+    from core.config import TrainConfig
+    from core.estimate import estimate
+    from core.presets import get_preset
+    from core.recompute import parse_policy
+
+    spec = get_preset("bench-llama-small")
+    config = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(recompute))
+    return spec, estimate(spec, config, "cuda")  # what agent/bench_train.py stores on a GPU box: document, ledger
+
+
+def test_0005_repairs_what_0002_backfilled_to_what_the_agent_writes(old_store):
+    """Steps stored at 0001 with the agent's real prediction documents: 0002 back-filled the device activations
+    without log-probs and host bytes; after 0005 each holds the ledger's saved bytes, as the agent writes today."""
+    import json
+
+    with sqlite3.connect(old_store) as connection:
+        for i, (precision, recompute) in enumerate(SAVED_CASES):
+            spec, predicted = _agent_prediction(precision, recompute)
+            connection.execute(
+                "INSERT INTO train_step_results (id, run_id, status, recorded_at, model_name, model_spec, seq_len, "
+                "micro_batch, accumulation_steps, recompute, attention, precision, optimizer, samples_s, median_s, "
+                "prediction) VALUES (?, 1, 'ok', '2025-01-30 10:10:00.000000', ?, ?, 128, 2, 1, ?, 'flash', ?, "
+                "'adamw', '[0.1]', 0.1, ?)",
+                (10 + i, spec.name, json.dumps({"n_layers": spec.n_layers}), recompute, precision,
+                 json.dumps(predicted.to_dict())))
+    connection.close()
+    engine = create_engine(f"sqlite:///{old_store}")
+    with engine.begin() as connection:
+        command.upgrade(alembic_config(connection), "0004")
+    backfilled = {r["id"]: r["predicted_activation_bytes"] for r in _rows(old_store)["train_step_results"]}
+    # A step the agent wrote at 0004 (the offload case's configuration, whose saved bytes the agent knows).
+    _, offload = _agent_prediction("fp32", "offload")
+    with sqlite3.connect(old_store) as connection:
+        columns = [r[1] for r in connection.execute("PRAGMA table_info(train_step_results)") if r[1] != "id"]
+        connection.execute(f"INSERT INTO train_step_results (id, {', '.join(columns)}) SELECT 99, "
+                           f"{', '.join(columns)} FROM train_step_results WHERE id = {10 + len(SAVED_CASES) - 1}")
+        connection.execute("UPDATE train_step_results SET predicted_activation_bytes = ? WHERE id = 99",
+                           (offload.ledger.saved_bytes,))
+    connection.close()
+    with open_store(str(old_store), mode="write") as store:
+        assert store.upgraded_from == "0004"
+    engine.dispose()
+    repaired = {r["id"]: r["predicted_activation_bytes"] for r in _rows(old_store)["train_step_results"]}
+    for i, (precision, recompute) in enumerate(SAVED_CASES):
+        _, predicted = _agent_prediction(precision, recompute)
+        assert backfilled[10 + i] == predicted.activation_bytes  # 0002's quantity: device, no log-probs
+        if recompute == "offload":
+            assert predicted.ledger.host_bytes > 0 and repaired[10 + i] is None
+        else:
+            assert predicted.ledger.saved_bytes != predicted.activation_bytes  # the repair changes something
+            assert repaired[10 + i] == predicted.ledger.saved_bytes, (precision, recompute)
+    assert repaired[99] == offload.ledger.saved_bytes  # the agent's own value is left alone
 
 
 def test_the_upgraded_store_reads_and_writes_on(old_store):

@@ -358,7 +358,7 @@ def test_core_ledger_predicts_each_layer_of_a_tensor_parallel_rank(two_ranks, na
 @pytest.mark.parametrize("name", [n for n, c in TP_CASES.items() if c.tp == 1])
 def test_core_ledger_predicts_the_whole_unsharded_model(two_ranks, name):
     ledger = activation_ledger(TP_CASES[name].spec, _tp_config(name), "cpu")
-    assert ledger.activation_bytes == two_ranks[0]["tensor_parallel"][name]["activation_bytes"]
+    assert ledger.saved_bytes == two_ranks[0]["tensor_parallel"][name]["activation_bytes"]
 
 
 def _fsdp_estimate(world: int):
@@ -372,7 +372,7 @@ def test_core_predicts_fsdp_activations(two_ranks):
     predicted = _fsdp_estimate(2)
     assert predicted.ledger.parameter_copy_bytes == 0
     for record in two_ranks:
-        assert predicted.ledger.activation_bytes == record["fsdp"]["torchtitan"]["activations"]["bytes"]
+        assert predicted.ledger.saved_bytes == record["fsdp"]["torchtitan"]["activations"]["bytes"]
 
 
 def test_core_predicts_fsdp_gathered_units(two_ranks):

@@ -159,7 +159,7 @@ def test_predict_step_is_the_current_core_on_the_steps_configuration():
                          recompute=parse_policy("full"))
     expected = estimate(get_preset("bench-llama-small"), config, "cpu", 2)
     assert predict_step(record, PROFILE) == StepPrediction(
-        expected.peak_bytes, expected.ledger.activation_bytes, step_time(expected, PROFILE, 2).total_s)
+        expected.peak_bytes, expected.ledger.saved_bytes, step_time(expected, PROFILE, 2).total_s)
     # A step an older core recorded that today's no longer reads is left out, not guessed.
     assert predict_step(step(model_spec={"n_layers": 2, "colour": "red"}), PROFILE) is None
     assert predict_step(step(recompute="every-x"), PROFILE) is None
@@ -173,10 +173,10 @@ def test_observations_pair_peaks_where_measured_and_saved_activations_wherever_p
     observations = step_observations([cpu_step, step(model_spec={"bogus": 1}), cuda_step], PROFILE)
     label = "bench-llama-small micro 2 x1 none"
     assert observations == [
-        Observation(None, None, predicted.step_time_s, 0.5, label, predicted_activation_bytes=predicted.activation_bytes,
+        Observation(None, None, predicted.step_time_s, 0.5, label, predicted_activation_bytes=predicted.saved_bytes,
                     measured_activation_bytes=1000),
         Observation(predicted.peak_bytes, 5000, predicted.step_time_s, 0.25, label,
-                    predicted_activation_bytes=predicted.activation_bytes, measured_activation_bytes=900),
+                    predicted_activation_bytes=predicted.saved_bytes, measured_activation_bytes=900),
     ]
 
 
@@ -205,7 +205,7 @@ def test_calibration_factor_and_errors_by_hand():
     base = [step(micro_batch=b) for b in (1, 2, 4)]
     predicted = [predict_step(s, PROFILE) for s in base]
     # Measured = 1x, 2x and 4x the prediction (memory and time alike).
-    steps = [step(micro_batch=s.micro_batch, activation_bytes=p.activation_bytes * k, median_s=p.step_time_s * k)
+    steps = [step(micro_batch=s.micro_batch, activation_bytes=p.saved_bytes * k, median_s=p.step_time_s * k)
              for s, p, k in zip(base, predicted, (1, 2, 4), strict=True)]
     calibration = calibration_from_steps("Some Host CPU", steps, PROFILE)
     assert calibration.device == "Some Host CPU"
