@@ -125,10 +125,11 @@ class Candidate:
     estimate: Estimate
     accumulation_steps: int
     time: StepTime
-    peak_bytes: int
-    """Predicted peak allocated bytes, calibrated."""
+    calibrated_peak_bytes: int
+    """Predicted peak allocated bytes times the calibration's memory correction (the raw prediction is
+    ``estimate.peak_bytes``)."""
     required_bytes: int
-    """peak x fragmentation + context reserve: what must fit in the budget."""
+    """calibrated peak x fragmentation + context reserve: what must fit in the budget."""
     tokens_per_s: float
     """Across all data-parallel ranks, calibrated."""
     step_time_s: float
@@ -160,7 +161,7 @@ class Candidate:
             "recompute": str(self.config.recompute),
             "tokens_per_s": self.tokens_per_s,
             "step_time_s": self.step_time_s,
-            "peak_bytes": self.peak_bytes,
+            "calibrated_peak_bytes": self.calibrated_peak_bytes,
             "required_bytes": self.required_bytes,
             "headroom_bytes": budget_bytes - self.required_bytes,
             "layout": layout_dict(self.layout),
@@ -266,7 +267,7 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
     peak = round(est.peak_bytes * calibration.memory.correction)
     required = round(peak * profile.fragmentation) + request.context_reserve_bytes
     candidate = Candidate(
-        estimate=est, accumulation_steps=accumulation, time=time, peak_bytes=peak, required_bytes=required,
+        estimate=est, accumulation_steps=accumulation, time=time, calibrated_peak_bytes=peak, required_bytes=required,
         tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
     )
     if required <= request.budget_bytes:
@@ -294,7 +295,7 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
         name, size = max(dynamic.items(), key=lambda kv: kv[1])
         term = f"{name} ({size / GB:.1f} GB) break it on top of {static / GB:.1f} GB static"
     return (
-        f"needs {candidate.required_bytes / GB:.1f} GB (peak {candidate.peak_bytes / GB:.1f} GB x "
+        f"needs {candidate.required_bytes / GB:.1f} GB (peak {candidate.calibrated_peak_bytes / GB:.1f} GB x "
         f"{profile.fragmentation:.2f} fragmentation + {request.context_reserve_bytes / GB:.1f} GB context), "
         f"{over / GB:.1f} GB over the {budget / GB:.1f} GB budget: {term}"
     )

@@ -273,7 +273,7 @@ def candidates_frame(result: Plan) -> pd.DataFrame:
             "recompute": str(c.config.recompute),
             "tokens_per_s": c.tokens_per_s,
             "step_time_s": c.step_time_s,
-            "peak_gb": c.peak_bytes / GB,
+            "peak_gb": c.calibrated_peak_bytes / GB,
             "required_gb": c.required_bytes / GB,
             "headroom_gb": (budget - c.required_bytes) / GB,
             "fits": "fits" if fits else "rejected",
@@ -296,7 +296,7 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
         for name, size in c.estimate.peak_components.items():  # at the moment the peak happens
             rows.append({"candidate": label, "order": order, "component": name, "gb": size * factor / GB})
         rows.append({"candidate": label, "order": order, "component": "margin",
-                     "gb": (c.required_bytes - c.peak_bytes) / GB})
+                     "gb": (c.required_bytes - c.calibrated_peak_bytes) / GB})
     return pd.DataFrame(rows)
 
 

@@ -93,5 +93,6 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
     raw = plan(request, H100).recommendation
     corrected = plan(request, H100, calibration).recommendation
     assert corrected.step_time_s == pytest.approx(raw.step_time_s * 1.5, rel=1e-9)
-    assert corrected.peak_bytes == pytest.approx(raw.peak_bytes * 1.10, rel=1e-6)
+    assert corrected.calibrated_peak_bytes == pytest.approx(raw.calibrated_peak_bytes * 1.10, rel=1e-6)
+    assert corrected.estimate.peak_bytes == raw.estimate.peak_bytes == raw.calibrated_peak_bytes  # raw: uncorrected
     assert "peak memory: measured/predicted x1.100 over 3 steps" in calibration.confidence()
