@@ -1,7 +1,7 @@
 """FLOPs of a training step, by component.
 
 Conventions (torch.utils.flop_counter.FlopCounterMode agrees with all three;
-tests/test_flops_vs_torch.py checks it):
+tests/test_torch_reference.py checks it):
 
 - Only matrix multiplies count: a (m x k)(k x n) product is 2mkn FLOPs. Biases,
   norms, activations, softmax and the loss are elementwise and left out.

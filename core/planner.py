@@ -17,7 +17,8 @@ lowest sharding stage: such a layout is simpler to run, and the efficiency it
 loses to smaller GEMMs and more kernel launches the datasheet model does not see.
 Every rejected one says by how much it missed and which term broke the budget;
 every layout that lost says why. When nothing fits, `core.advice` says what
-dominates and the smallest change that would fit.
+dominates and the smallest change that would fit. docs/plan-contract.md is the
+user's account of all this.
 """
 
 from __future__ import annotations
