@@ -187,6 +187,14 @@ def _ints(text: str, flag: str) -> list[int]:
     return values
 
 
+def _policies(text: str) -> list[str]:
+    """``--recompute``: one or more policy names; a list that names none is refused (it would record an empty run)."""
+    policies = [p.strip() for p in text.split(",") if p.strip()]
+    if not policies:
+        raise ConfigError(f"--recompute {text!r} names no policy; e.g. none,full or every-2")
+    return policies
+
+
 def run_train(args: argparse.Namespace) -> int:
     from agent import bench_train
     from agent.runner import DeviceLost, profile_from_store, run_suite
@@ -213,7 +221,7 @@ def run_train(args: argparse.Namespace) -> int:
             accumulation_steps=args.accumulation, steps=args.steps,
         )
         for micro in _ints(args.micro_batch, "--micro-batch")
-        for policy in (p.strip() for p in args.recompute.split(",") if p.strip())
+        for policy in _policies(args.recompute)
     ]
     for setup in setups:
         setup.config.check_model(spec)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -40,9 +41,20 @@ def command(host: str, port: int) -> list[str]:
     ]
 
 
+def check_host(host: str) -> None:
+    """An address this machine can bind: an IP literal or a name it resolves (checked before Streamlit starts,
+    which would otherwise fail with a traceback)."""
+    try:
+        socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)
+    except (socket.gaierror, UnicodeError, ValueError) as err:
+        raise ConfigError(f"--host {host!r} is not an address or a name this machine resolves "
+                          f"({getattr(err, 'strerror', None) or err}); e.g. 127.0.0.1 or 0.0.0.0") from None
+
+
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
+    check_host(args.host)
     try:
         import streamlit  # noqa: F401
     except ModuleNotFoundError:

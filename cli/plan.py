@@ -126,6 +126,7 @@ def render(result: Plan, top: int | None) -> str:
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes); margin: peak x "
         f"{profile.fragmentation:.2f} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
+        *([f"note: {context}"] if (context := req.train.context_note(spec)) else []),
         "",
     ]
     if best is None:

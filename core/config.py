@@ -7,10 +7,13 @@ from typing import Literal
 
 from core.errors import ConfigError
 from core.layout import SINGLE, Layout
-from core.model import ModelSpec
+from core.model import SIZE_LIMITS, ModelSpec
 from core.precision import PrecisionRecipe, get_precision, optimizer_state_bytes
 from core.recompute import RecomputePolicy
 from core.stack import get_stack
+
+MAX_MICRO_BATCH = 2**20
+"""Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
 
 Attention = Literal["flash", "standard"]
 ATTENTIONS = ("flash", "standard")
@@ -38,10 +41,12 @@ class TrainConfig:
     """How the run is spread over GPUs (core.layout): tp, sp, pp, cp, dp and the sharding stage."""
 
     def __post_init__(self) -> None:
-        for name in ("seq_len", "micro_batch"):
+        for name, limit in (("seq_len", SIZE_LIMITS["max_seq_len"]), ("micro_batch", MAX_MICRO_BATCH)):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if value > limit:
+                raise ConfigError(f"{name.replace('_', '-')} {value:,} is beyond anything trainable (at most {limit:,})")
         if not isinstance(self.layout, Layout):
             raise ConfigError(f"layout must be a core.layout.Layout, got {self.layout!r}")
         if self.attention not in ATTENTIONS:
@@ -78,6 +83,14 @@ class TrainConfig:
         """Tokens of one micro-batch on one rank: b x s / cp (context parallelism splits the sequence)."""
         return self.micro_batch * self.seq_len // self.layout.cp
 
+    def context_note(self, spec: ModelSpec) -> str | None:
+        """Said, not refused, when a RoPE model trains beyond its context window: that is context extension,
+        which long-context runs (and context parallelism) exist for; the accounting holds either way."""
+        if spec.block == "llama" and self.seq_len > spec.max_seq_len:
+            return (f"seq-len {self.seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,}-token context window: "
+                    "training there extends the context (RoPE scaling); memory and time are accounted the same")
+        return None
+
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
@@ -88,6 +101,7 @@ class TrainConfig:
             raise ConfigError(
                 f"{spec.name}: seq-len {self.seq_len} exceeds its {spec.max_seq_len} learned positions"
             )
+
         if self.recompute.kind == "every" and self.recompute.every > spec.n_layers:
             raise ConfigError(
                 f"{spec.name}: every-{self.recompute.every} is longer than the model's {spec.n_layers} layers; "

@@ -37,6 +37,8 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         raise ConfigError(
             f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
         ) from None
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply to be a model config") from None
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object with model fields, got {type(config).__name__}")
     return spec_from_hf_config(config, name=str(path))

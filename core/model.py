@@ -25,6 +25,13 @@ BlockType = Literal["gpt", "llama"]
 BiasMode = Literal["none", "qkv", "all"]
 BLOCK_TYPES: tuple[str, ...] = ("gpt", "llama")
 BIAS_MODES: tuple[str, ...] = ("none", "qkv", "all")
+SIZE_LIMITS = {
+    "n_layers": 10_000, "hidden": 2**20, "n_heads": 2**16, "n_kv_heads": 2**16, "ffn_hidden": 2**22,
+    "vocab_size": 2**24, "max_seq_len": 2**24,
+}
+"""Each size's upper bound, far beyond any model trained (the largest published: ~200 layers, hidden
+~2e4, vocabularies ~2.6e5, contexts ~1e7), so no real config is refused, while a size that would make
+every formula's work or the result meaningless (10**12 layers) is refused before any work."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -59,10 +66,12 @@ class ModelSpec:
             raise ConfigError(f"{self.name}: block {self.block!r} is not one of {', '.join(BLOCK_TYPES)}")
         if self.bias not in BIAS_MODES:
             raise ConfigError(f"{self.name}: bias {self.bias!r} is not one of {', '.join(BIAS_MODES)}")
-        for size in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size", "max_seq_len"):
+        for size, limit in SIZE_LIMITS.items():
             value = getattr(self, size)
             if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
                 raise ConfigError(f"{self.name}: {size} must be a positive integer, got {value!r}")
+            if value > limit:
+                raise ConfigError(f"{self.name}: {size} {value:,} is beyond any trainable model (at most {limit:,})")
         if self.hidden % self.n_heads:
             raise ConfigError(
                 f"{self.name}: hidden {self.hidden} is not divisible by n_heads {self.n_heads}; "

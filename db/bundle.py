@@ -153,6 +153,8 @@ def read_bundle(path: Path) -> Any:
         return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
     except UnicodeDecodeError:
         raise BundleError(f"{path}: not UTF-8 text, so not a bundle; nothing imported") from None
+    except RecursionError:
+        raise BundleError(f"{path}: JSON nested too deeply to be a bundle; nothing imported") from None
     except json.JSONDecodeError as err:
         raise BundleError(
             f"{path}: not valid JSON at line {err.lineno} column {err.colno} ({err.msg}); "

@@ -84,6 +84,14 @@ def _bad_config(tmp_path, **fields):
         (lambda tmp: ["--model", "llama2-7b", "--tp", "3"], "32 attention heads do not split over tp 3; use --tp among"),
         (lambda tmp: ["--model", "llama2-7b", "--sp", "on"], "sequence parallelism splits work between tensor-parallel"),
         (lambda tmp: ["--model", "llama2-7b", "--cp", "2", "--attention", "standard"], "ring attention on fused kernels"),
+        # Sizes that would make the work grow without bound are refused before any work (they once hung or
+        # ran out of memory).
+        (lambda tmp: ["--model", _bad_config(tmp, num_hidden_layers=10**12)],
+         "n_layers 1,000,000,000,000 is beyond any trainable model (at most 10,000)"),
+        (lambda tmp: ["--model", _bad_config(tmp, hidden_size=10**12, num_attention_heads=7)],
+         "hidden 1,000,000,000,000 is beyond any trainable model (at most 1,048,576)"),
+        (lambda tmp: ["--model", "llama2-7b", "--micro-batch", str(10**9)], "micro-batch 1,000,000,000 is beyond"),
+        (lambda tmp: ["--model", _nested_json(tmp)], "JSON nested too deeply to be a model config"),
     ],
 )
 def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
@@ -93,6 +101,23 @@ def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
     assert result.stderr.count("\n") == 1, result.stderr
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(headroom):
+    """Training a RoPE model beyond its context window is context extension: planned, and said."""
+    said = "seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the context"
+    estimate = headroom("estimate", "--model", "llama2-7b", "--seq-len", "8192")
+    assert estimate.returncode == 0 and f"note: {said}" in estimate.stdout
+    plan = headroom("plan", "--model", "llama2-7b", "--seq-len", "8192", "--global-batch", "8", "--dp", "8",
+                    "--zero", "3")
+    assert plan.returncode == 0 and f"note: {said}" in plan.stdout
+    assert "context window" not in headroom("estimate", "--model", "llama2-7b", "--seq-len", "4096").stdout
+
+
+def _nested_json(tmp_path) -> str:
+    path = tmp_path / "deep.json"
+    path.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)
+    return str(path)
 
 
 def test_unparseable_config_json(headroom, tmp_path):
@@ -219,3 +244,19 @@ def test_a_string_where_config_json_wants_a_boolean_is_refused(headroom, tmp_pat
     result = headroom("estimate", "--model", str(path))
     assert result.returncode == 2
     assert "tie_word_embeddings must be true or false (a JSON boolean), got 'false'" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("agent", "train", "--model", "bench-llama-tiny", "--device", "cpu", "--recompute", ",,,"),
+     "--recompute ',,,' names no policy"),
+    (("agent", "run", "--suite", "smoke", "--device", "cpu", "--only", ""), "--only '': names no kind"),
+    (("dashboard", "--host", "not a host!"), "--host 'not a host!' is not an address or a name this machine resolves"),
+])
+def test_commands_refuse_empty_or_unusable_values_before_any_work(headroom, tmp_path, args, message):
+    """A list that names nothing would record an empty 'completed' run; a host Streamlit cannot bind would end
+    in its traceback. Both are one line, exit 2, and nothing is written."""
+    db = tmp_path / "store.db"
+    result = headroom(*args, "--db", f"sqlite:///{db}")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    assert not db.exists()
