@@ -22,7 +22,9 @@ they were recorded), so exporting an imported bundle gives the same bytes.
 
 Import is idempotent by run uuid: a run already stored is skipped, whole
 (unless it was stored as ``running`` and the bundle has it finished: then the
-finished copy replaces it). Import is all-or-nothing: the whole bundle is read and checked before anything is
+finished copy replaces it, but only a copy from the same machine, its
+fingerprint, holding every result already stored for the run; anything else
+would let a bundle rewrite what a box measured, and is refused). Import is all-or-nothing: the whole bundle is read and checked before anything is
 written, and the writes go in one transaction. A truncated or malformed
 bundle adds nothing and the error names the run, record and field.
 """
@@ -35,7 +37,7 @@ import os
 import tempfile
 import zlib
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from uuid import UUID
@@ -182,7 +184,10 @@ def check_bundle(bundle: Any, source: str) -> list[CheckedRun]:
                           + (f"; unknown key {unknown[0]!r}" if unknown else ""))
     checked, seen = [], set()
     for number, document in enumerate(bundle["runs"], start=1):
-        run = _check_run(document, f"{source}: run {number}")
+        try:
+            run = _check_run(document, f"{source}: run {number}")
+        except RecursionError:
+            raise BundleError(f"{source}: run {number}: a document nested too deeply; nothing imported") from None
         if run.run["uuid"] in seen:
             raise BundleError(f"{source}: run {number}: uuid {run.run['uuid']} appears twice in the bundle")
         seen.add(run.run["uuid"])
@@ -242,7 +247,9 @@ def write_runs(store: Store, runs: list[CheckedRun], source: str) -> ImportRepor
             for checked in runs:
                 uuid, device = checked.run["uuid"], fingerprint_id(session, checked.fingerprint)
                 run_row = insert_run(session, checked.run, device)
-                if run_row is None and checked.run["status"] != "running" and _drop_unfinished(session, uuid):
+                if run_row is None and checked.run["status"] != "running" and _is_running(session, uuid):
+                    _check_replacement(session, uuid, device, checked, source)
+                    _drop_unfinished(session, uuid)
                     run_row = insert_run(session, checked.run, device)
                     replaced.append(uuid)
                 elif run_row is None:
@@ -257,6 +264,31 @@ def write_runs(store: Store, runs: list[CheckedRun], source: str) -> ImportRepor
     except DBAPIError as err:
         raise BundleError(f"{source}: the store refused the import ({driver_message(err)}); nothing imported") from None
     return ImportReport(added=tuple(added), replaced=tuple(replaced), skipped=tuple(skipped), results=results)
+
+
+def _is_running(session: Session, uuid: str) -> bool:
+    return session.scalar(select(Run.status).where(Run.uuid == uuid)) == "running"
+
+
+def _check_replacement(session: Session, uuid: str, device: int, checked: CheckedRun, source: str) -> None:
+    """Refuse to replace the stored running run ``uuid`` with anything but a finished copy of itself."""
+    stored = session.scalars(select(Run).where(Run.uuid == uuid)).one()
+    if stored.fingerprint_id != device:
+        raise BundleError(f"{source}: run {uuid} is running in the store on another machine than the bundle's copy "
+                          "(the fingerprints differ): refusing to replace it; nothing imported")
+    for kind, model in RESULT_MODELS.items():
+        offered = {_canonical(row) for row in checked.results.get(kind, [])}
+        kept = session.scalars(select(model).where(model.run_id == stored.id)).all()
+        lacking = sum(1 for row in kept if _canonical(record_values(row)) not in offered)
+        if lacking:
+            raise BundleError(f"{source}: run {uuid} is running in the store with {len(kept)} {kind} results, "
+                              f"{lacking} of which the bundle's copy lacks: refusing to replace it; nothing imported")
+
+
+def _canonical(row: dict[str, Any]) -> str:
+    """One result's data columns as text that two copies of the same result share (times in UTC)."""
+    return json.dumps({k: v.astimezone(timezone.utc).isoformat() if isinstance(v, datetime) else v
+                       for k, v in row.items()}, sort_keys=True)
 
 
 def _drop_unfinished(session: Session, uuid: str) -> bool:

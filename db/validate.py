@@ -3,9 +3,12 @@
 The writer API and bundle import share these checks, driven by the ORM
 columns in db.models: a field the table does not have, a missing required
 field, a value of the wrong type, a non-finite number, a string outside its
-column's ``info["choices"]``, an ``ok`` result without its measurements. Every
-error names the record, the field and what would be valid, so a bad bundle
-can be fixed by hand.
+column's ``info["choices"]``, an ``ok`` result without its measurements, a
+negative time or rate, an integer beyond 64 bits, text holding a NUL or a
+lone surrogate (neither SQLite nor PostgreSQL round-trips them), a run that
+finished before it started, a training step whose model spec the core
+refuses. Every error names the record, the field and what would be valid, so
+a bad bundle can be fixed by hand; SQLite and PostgreSQL get the same checks.
 
 Timestamps may arrive as datetimes or ISO 8601 strings (bundles); both must
 carry a time zone.
@@ -67,7 +70,37 @@ def check_record(model: type[Base], values: Mapping[str, Any], where: str, error
         row[column.key] = _normalise(column, value)
     if issubclass(model, Result):
         _check_status(model, row, where, error)
+    if row.get("started_at") and row.get("finished_at") and row["finished_at"] < row["started_at"]:
+        raise error(f"{where}: finished_at {row['finished_at'].isoformat()} is before started_at "
+                    f"{row['started_at'].isoformat()}")
+    if model.__tablename__ == "train_step_results":
+        _check_model_spec(row["model_spec"], where, error)
     return row
+
+
+MAX_INTEGER = 2**63 - 1
+"""The largest integer both stores hold (SQLite INTEGER, PostgreSQL BIGINT)."""
+
+
+def _text_problem(value: str) -> str | None:
+    if "\x00" in value:
+        return "must not contain a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "must not contain a lone surrogate (it is not text)"
+    return None
+
+
+def _check_model_spec(spec: Any, where: str, error: type[StoreError]) -> None:
+    """A training step's model is one the core accepts: a row it refuses would stop every plan on the store."""
+    from core.errors import ConfigError
+    from core.model import ModelSpec
+
+    try:
+        ModelSpec(**spec)
+    except (ConfigError, TypeError) as err:
+        raise error(f"{where}: field 'model_spec' is not a model the core accepts: {err}") from None
 
 
 def _type_problem(column: Column, value: Any) -> str | None:
@@ -78,15 +111,21 @@ def _type_problem(column: Column, value: Any) -> str | None:
             return "must be an integer"
         if value < 0:
             return "must not be negative"
+        if value > MAX_INTEGER:
+            return f"must be at most {MAX_INTEGER:,} (64 bits)"
     elif isinstance(kind, Double):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             return "must be a finite number"
+        if value < 0:
+            return "must not be negative (every stored time, rate and fraction is)"
     elif isinstance(kind, Boolean):
         if not isinstance(value, bool):
             return "must be true or false"
     elif isinstance(kind, (String, Enum)):
         if not isinstance(value, str) or not value:
             return "must be a non-empty string"
+        if problem := _text_problem(value):
+            return problem
         choices = kind.enums if isinstance(kind, Enum) else column.info.get("choices")
         if choices and value not in choices:
             return f"must be one of {', '.join(choices)}"
@@ -123,18 +162,29 @@ def _json_problem(column: Column, value: Any) -> str | None:
         return "must be an object"
     if column.key == "labels" and not all(isinstance(v, str) for v in value.values()):
         return "must map names to strings"
-    return None if _finite_json(value) else "must hold only finite numbers"
+    return _document_problem(value)
 
 
-def _finite_json(value: Any) -> bool:
-    """True when a JSON document has no NaN or infinity (which strict JSON cannot carry)."""
+def _document_problem(value: Any) -> str | None:
+    """Why a JSON document cannot be stored: NaN or infinity (strict JSON cannot carry them), integers beyond
+    64 bits, text with a NUL or a lone surrogate; None when it can."""
     if isinstance(value, float):
-        return math.isfinite(value)
+        return None if math.isfinite(value) else "must hold only finite numbers"
+    if isinstance(value, int) and not isinstance(value, bool):
+        return None if -MAX_INTEGER - 1 <= value <= MAX_INTEGER else "must hold only 64-bit integers"
+    if isinstance(value, str):
+        return _text_problem(value)
     if isinstance(value, dict):
-        return all(isinstance(k, str) and _finite_json(v) for k, v in value.items())
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return "must have text keys"
+            if problem := _text_problem(k) or _document_problem(v):
+                return problem
     if isinstance(value, list):
-        return all(_finite_json(v) for v in value)
-    return True
+        for v in value:
+            if problem := _document_problem(v):
+                return problem
+    return None
 
 
 def _normalise(column: Column, value: Any) -> Any:

@@ -13,12 +13,14 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 
+from core.presets import get_preset
 from db.models import (
     CollectiveResult,
     RESULT_MODELS,
@@ -33,6 +35,8 @@ from db.store import Store
 
 PG_ADMIN_URL = os.environ.get("HEADROOM_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WRITER = Path(__file__).with_name("db_writer.py")
+LLAMA2_7B = asdict(get_preset("llama2-7b"))
+"""A training step's model as the agent stores it (every field of core.model.ModelSpec)."""
 
 
 def fingerprint(**fields) -> Fingerprint:
@@ -55,7 +59,7 @@ def results(seed: int = 0) -> list:
         AttentionResult(backend="flash", dtype="bf16", batch=4, seq_len=4096, n_heads=32, n_kv_heads=8, head_dim=128,
                         causal=True, forward_samples_s=samples, forward_median_s=samples[2],
                         backward_samples_s=[], status="ok"),
-        TrainStepResult(model_name="llama2-7b", model_spec={"n_layers": 32, "hidden": 4096}, seq_len=4096,
+        TrainStepResult(model_name="llama2-7b", model_spec=LLAMA2_7B, seq_len=4096,
                         micro_batch=1, status="oom", message="CUDA out of memory. Tried to allocate 2.00 GiB",
                         prediction={"memory_bytes": {"peak": 123_456_789_012 + seed, "activations": 9_876_543_210}},
                         predicted_peak_bytes=123_456_789_012 + seed, predicted_activation_bytes=9_876_543_210),

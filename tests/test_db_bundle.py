@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sqlite3
 from pathlib import Path
 
@@ -107,6 +108,31 @@ def test_a_run_shipped_while_running_is_completed_by_a_later_bundle(source, sqli
         assert row_counts(fleet)["elementwise_results"] == 3  # the replaced copy's results are gone with it
 
 
+@pytest.mark.parametrize("forgery, message", [
+    (lambda run: run["fingerprint"].update(hostname="forged-box", device_name="Forged GPU"),
+     "is running in the store on another machine than the bundle's copy"),
+    (lambda run: run["results"].update(elementwise=[]), "running in the store with 1 elementwise results, 1 of which"),
+    (lambda run: run["results"]["elementwise"][0].update(gb_per_s=9999.0), "1 of which the bundle's copy lacks"),
+], ids=["another machine", "a stored result dropped", "a stored result rewritten"])
+@pytest.mark.parametrize("target", ["sqlite_url", "postgres_url"])
+def test_a_running_run_is_replaced_only_by_a_finished_copy_of_itself(source, target, request, forgery, message):
+    """A forged 'finished' copy of a run still in progress must not rewrite what the box measured."""
+    url = request.getfixturevalue(target)
+    with open_store(source) as box:
+        nightly = export_bundle(box)
+    with open_store(url, mode="write") as fleet:
+        import_bundle(fleet, nightly)
+        before = export_bundle(fleet)
+    forged = json.loads(json.dumps(nightly))
+    running = next(run for run in forged["runs"] if run["status"] == "running")
+    running.update(status="completed", finished_at=running["started_at"])
+    forgery(running)
+    with open_store(url, mode="write") as fleet:
+        with pytest.raises(BundleError, match=re.escape(message)):
+            import_bundle(fleet, forged)
+        assert export_bundle(fleet) == before
+
+
 # ---- bad bundles write nothing ----------------------------------------------------------
 
 
@@ -165,8 +191,22 @@ def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, hea
          "run 3: uuid {first} appears twice in the bundle"),
         (lambda b: b.update(version=2), "bundle version 2; this headroom reads version 1 (upgrade headroom"),
         (lambda b: b.update(format="something-else"), "not a Headroom bundle (format 'something-else'"),
+        (lambda b: b["runs"][2]["results"]["elementwise"][0].update(gb_per_s=-3.0),
+         "run 3 ({uuid}): elementwise result 1: field 'gb_per_s' must not be negative"),
+        (lambda b: b["runs"][1].update(finished_at="2020-01-01T00:00:00+00:00"),
+         "run 2 ({uuid}): finished_at 2020-01-01T00:00:00+00:00 is before started_at"),
+        (lambda b: b["runs"][1]["fingerprint"].update(hostname="gpu\x00-07"),
+         "run 2 ({uuid}): fingerprint: field 'hostname' must not contain a NUL character"),
+        (lambda b: b["runs"][1].update(labels={"rack": "b\ud8007"}),
+         "run 2 ({uuid}): field 'labels' must not contain a lone surrogate (it is not text)"),
+        (lambda b: b["runs"][2]["results"]["elementwise"][0].update(elements=2**70),
+         "run 3 ({uuid}): elementwise result 1: field 'elements' must be at most 9,223,372,036,854,775,807 (64 bits)"),
+        (lambda b: b["runs"][1]["results"]["train_step"][0]["model_spec"].update(n_layers=10**12),
+         "run 2 ({uuid}): train_step result 1: field 'model_spec' is not a model the core accepts: llama2-7b: "
+         "n_layers 1,000,000,000,000 is beyond any trainable model"),
     ],
-    ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "format"],
+    ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "format",
+         "negative rate", "finished before started", "NUL", "lone surrogate", "beyond 64 bits", "poisoned model"],
 )
 def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, tmp_path, headroom, damage, message):
     with open_store(source) as store:
