@@ -158,6 +158,8 @@ class Calibration:
     """The exposed-communication term of multi-rank steps, on its own."""
     activations: Fit = NO_FIT
     """Saved-activation bytes: a check of the ledger, never applied to a peak."""
+    unreadable: int = 0
+    """Stored steps the current core cannot predict (an older core's configuration, a damaged row): left out."""
 
     @property
     def calibrated(self) -> bool:
@@ -166,7 +168,8 @@ class Calibration:
     def confidence(self) -> str:
         measured = self.memory.samples or self.time.samples or self.activations.samples
         if not measured and not self.time.noisy and not self.time.outliers:
-            return f"uncalibrated: no measured training steps on {self.device}"
+            unread = f" ({self.unreadable} stored steps today's core cannot read)" if self.unreadable else ""
+            return f"uncalibrated: no measured training steps on {self.device}{unread}"
         if self.memory.samples or self.memory.noisy or not self.activations.samples:
             parts = [self.memory.describe("peak memory")]
         else:
@@ -180,12 +183,14 @@ class Calibration:
             parts.append(f"saved activations (a check of the ledger, not applied): measured/predicted "
                          f"x{check.factor:.3f} over {check.samples} steps, {check.raw_error:.1%} off at the median"
                          + (f"; left out: {left_out}" if left_out else ""))
+        if self.unreadable:
+            parts.append(f"{self.unreadable} stored steps left out: today's core cannot read their configuration")
         return "; ".join(parts)
 
     def to_dict(self) -> dict:
         return {"device": self.device, "memory": self.memory.to_dict(), "time": self.time.to_dict(),
                 "communication": self.communication.to_dict(), "activations": self.activations.to_dict(),
-                "confidence": self.confidence()}
+                "unreadable_steps": self.unreadable, "confidence": self.confidence()}
 
 
 def calibrate(device: str, observations: Iterable[Observation]) -> Calibration:

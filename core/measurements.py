@@ -23,6 +23,7 @@ Units as everywhere: FLOPs, FLOP/s, bytes, bytes/s, seconds.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
@@ -170,6 +171,10 @@ class StepPrediction:
     one device)."""
 
 
+def _positive(value: float | None) -> bool:
+    return value is not None and math.isfinite(value) and value > 0
+
+
 def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint, ...]]:
     """Throughput by dtype and GEMM size: the median over runs of each size, non-decreasing in size.
 
@@ -179,7 +184,8 @@ def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint
     """
     by_shape: dict[tuple[str, int], list[float]] = defaultdict(list)
     for r in records:
-        by_shape[(r.dtype, r.flops)].append(r.flop_per_s)
+        if _positive(r.flop_per_s) and r.flops > 0:  # a damaged or forged row is no rate at all
+            by_shape[(r.dtype, r.flops)].append(r.flop_per_s)
     points: dict[str, list[MatmulPoint]] = defaultdict(list)
     for (dtype, flops), rates in sorted(by_shape.items(), key=lambda kv: kv[0][1]):
         best = max(statistics.median(rates), points[dtype][-1].flop_per_s if points[dtype] else 0.0)
@@ -193,7 +199,7 @@ def attention_throughput(records: Iterable[AttentionRecord]) -> tuple[float, flo
     FLOPs are core.flops.attention_forward_flops (causal counted in full). The
     ratio is None when that measurement has no backward time.
     """
-    timed = [r for r in records if r.forward_s]
+    timed = [r for r in records if _positive(r.forward_s) and r.forward_flops > 0]
     if not timed:
         return None
     largest = max(r.forward_flops for r in timed)
@@ -204,7 +210,7 @@ def attention_throughput(records: Iterable[AttentionRecord]) -> tuple[float, flo
 
 def copy_bandwidth(records: Iterable[ElementwiseRecord]) -> float | None:
     """The best copy's bandwidth, bytes/s (read plus written); None without a copy."""
-    copies = [r.bytes_per_s for r in records if r.op == "copy"]
+    copies = [r.bytes_per_s for r in records if r.op == "copy" and _positive(r.bytes_per_s)]
     return max(copies) if copies else None
 
 
@@ -332,5 +338,8 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
 
 
 def calibration_from_steps(device_name: str, steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> Calibration:
-    """core.calibration.calibrate over `step_observations`: how far today's core is from the measured steps."""
-    return calibrate(device_name, step_observations(steps, profile))
+    """core.calibration.calibrate over `step_observations`: how far today's core is from the measured steps;
+    the steps it cannot predict any more (an older core's configuration, a damaged row) are counted."""
+    steps = list(steps)
+    observations = step_observations(steps, profile)
+    return replace(calibrate(device_name, observations), unreadable=len(steps) - len(observations))

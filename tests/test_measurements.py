@@ -63,6 +63,9 @@ def test_matmul_curve_takes_the_median_per_size_and_never_decreases():
     }
     assert matmul_curve(reversed(records)) == matmul_curve(records)
     assert matmul_curve([]) == {}
+    # Rows no measurement can produce (a damaged store, a forged import) are not rates.
+    damaged = [MatmulRecord("fp32", 100, -5.0), MatmulRecord("fp32", 100, float("nan")), MatmulRecord("bf16", 0, 1.0)]
+    assert matmul_curve([*records, *damaged]) == matmul_curve(records)
 
 
 def test_attention_is_the_fastest_backend_at_the_largest_shape():
@@ -218,3 +221,11 @@ def test_calibration_factor_and_errors_by_hand():
     assert calibration.memory.samples == 0  # no allocator peak on a CPU: nothing to calibrate a peak with
     assert calibration.time.applied and calibration.time.correction == 2.0
     assert not calibration_from_steps("Some Host CPU", [], PROFILE).calibrated
+
+
+def test_stored_steps_the_core_cannot_read_are_left_out_and_counted():
+    poisoned = [step(model_spec=SPEC | {"n_layers": 10**12}), step(model_spec=SPEC | {"hidden": "wide"})]
+    calibration = calibration_from_steps("cpu", [step(activation_bytes=1000), *poisoned], PROFILE)
+    assert calibration.time.samples == 1 and calibration.unreadable == 2
+    assert "2 stored steps left out: today's core cannot read their configuration" in calibration.confidence()
+    assert calibration.to_dict()["unreadable_steps"] == 2
