@@ -8,6 +8,7 @@ loads torch or a database driver.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from typing import NoReturn
 
@@ -47,16 +48,44 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+DEBUG_ENV = "HEADROOM_DEBUG"
+"""Set to 1 to let an unexpected error's traceback through."""
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Exit status: 0 done, 2 the input is wrong (one line says which value and what would do), 3 a plan
+    found nothing that fits, 1 the machine failed the command (I/O, memory, a defect), also one line."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         return args.handler(args) or 0
     except ConfigError as err:
-        print(f"headroom: error: {err}", file=sys.stderr)
+        print(f"headroom: error: {_escaped(str(err))}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headroom ... | head`
         return 0
+    except KeyboardInterrupt:
+        print("headroom: interrupted", file=sys.stderr)
+        return 130
+    except (OSError, MemoryError) as err:
+        print(f"headroom: error: {_one_line(err)}", file=sys.stderr)
+        return 1
+    except Exception as err:  # a defect: one line for the user, the traceback on request
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        print(f"headroom: internal error: {_one_line(err)}; please report it "
+              f"(rerun with {DEBUG_ENV}=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _escaped(message: str) -> str:
+    """One line, whatever a value quoted in it holds (a path may contain a newline)."""
+    return message.replace("\r", "\\r").replace("\n", "\\n")
+
+
+def _one_line(err: BaseException) -> str:
+    text = " ".join(str(err).split()) or "no message"
+    return f"{type(err).__name__}: {text[:500]}"
 
 
 if __name__ == "__main__":

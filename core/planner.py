@@ -44,6 +44,11 @@ from core.units import GB
 
 NEAR = 0.01
 """Candidates this close to the fastest (relative tokens/s) count as equally fast."""
+MAX_GLOBAL_BATCH = 2**24
+"""Sequences per step at most: 16.7 million, far beyond the largest published batches (Llama 3: 16M tokens,
+i.e. 2,048 sequences of 8,192). The candidates are the batch's divisors, so the bound bounds the work."""
+MAX_GPUS = 2**20
+"""GPUs a search may span at most: a million, beyond any cluster built; layouts are the count's divisors."""
 DEFAULT_BUDGET_BYTES = 80 * GB
 DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""
@@ -70,8 +75,13 @@ class PlanRequest:
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
             raise ConfigError(f"global batch must be a positive number of sequences, got {self.global_batch!r}")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ConfigError(f"global batch {self.global_batch:,} sequences is beyond any training run "
+                              f"(at most {MAX_GLOBAL_BATCH:,})")
         if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus <= 0):
             raise ConfigError(f"gpus must be a positive integer, got {self.gpus!r}")
+        if self.gpus is not None and self.gpus > MAX_GPUS:
+            raise ConfigError(f"--gpus {self.gpus:,} is beyond any cluster (at most {MAX_GPUS:,})")
         self.train.layout.check_batch(self.global_batch)
         if self.budget_bytes <= self.context_reserve_bytes:
             raise ConfigError(

@@ -71,9 +71,16 @@ def get_preset(name: str) -> ModelSpec:
     raise ConfigError(f"unknown model preset {name!r}; {hint} (or give a path to a config.json)")
 
 
+def _is_file(name: str) -> bool:
+    try:
+        return Path(name).is_file()
+    except (OSError, ValueError):  # a name too long to be a path, or one with a NUL: not a file, so a preset name
+        return False
+
+
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A preset name, or a path to a HuggingFace-style config.json."""
-    if name_or_path.lower().endswith(".json") or Path(name_or_path).is_file():
+    if name_or_path.lower().endswith(".json") or _is_file(name_or_path):
         from core.hf_config import load_hf_config
 
         return load_hf_config(name_or_path)

@@ -51,9 +51,22 @@ def nothing_recorded(url: str | None = None) -> bool:
     return url is None and ENV_VAR not in os.environ and not (data_dir() / STORE_FILENAME).exists()
 
 
+def _is_text(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def resolve_url(url: str | None = None) -> str:
     """The store URL from an explicit value, else ``HEADROOM_DB``, else the default file."""
     text = url or os.environ.get(ENV_VAR) or default_url()
+    if "\x00" in text or not _is_text(text):
+        from core.errors import ConfigError
+
+        raise ConfigError(f"store location {text!r} holds a NUL or bytes that are not UTF-8 text; "
+                          "no SQLite file name or database URL can")
     if "://" not in text:
         return sqlite_url(text)
     for alias in _POSTGRES_ALIASES:
