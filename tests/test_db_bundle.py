@@ -218,6 +218,30 @@ def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, 
     _refused(headroom, tmp_path / "bad.json", fleet, message.format(uuid=uuids[index], first=uuids[0]))
 
 
+def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path, headroom):
+    """200 MB of spaces in 0.2 MB of gzip (1000x; exported bundles expand about 6x): refused at 100x, early."""
+    import subprocess
+    import sys
+    import zlib
+
+    deflate, chunk = zlib.compressobj(9, zlib.DEFLATED, 16 + zlib.MAX_WBITS), b" " * 2**20
+    with (tmp_path / "bomb.json.gz").open("wb") as f:
+        f.write(deflate.compress(b'{"format": "headroom-bundle", "version": 1, "runs": []'))
+        for _ in range(200):
+            f.write(deflate.compress(chunk))
+        f.write(deflate.compress(b"}") + deflate.flush())
+    size = (tmp_path / "bomb.json.gz").stat().st_size
+    assert size < 300_000
+    _refused(headroom, tmp_path / "bomb.json.gz", fleet, f"expands more than 100x its {size:,} bytes")
+    # A fresh interpreter's peak memory: decompressing it all would add 200 MB.
+    code = ("import resource, sys\nfrom db.bundle import read_bundle\nfrom db.errors import BundleError\n"
+            "try:\n    read_bundle(__import__('pathlib').Path(sys.argv[1]))\nexcept BundleError:\n    pass\n"
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)")
+    peak_kib = int(subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.json.gz")], capture_output=True,
+                                  text=True, check=True, timeout=60).stdout)
+    assert peak_kib < 150 * 1024, f"peak {peak_kib / 1024:.0f} MiB: the bomb was not stopped early"
+
+
 def test_non_finite_numbers_are_refused(fleet, tmp_path, headroom):
     (tmp_path / "nan.json").write_text('{"format": "headroom-bundle", "version": 1, "runs": [NaN]}')
     _refused(headroom, tmp_path / "nan.json", fleet, "NaN is not a number a bundle may carry")
