@@ -14,6 +14,8 @@ figure over that device's earlier runs.
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 
 DROP_FRACTION = 0.05
@@ -69,11 +71,26 @@ def timeline(figures: pd.DataFrame, figure: str) -> pd.DataFrame:
     return rows.reset_index(drop=True)
 
 
+FIELD_NAMES = {"device": "device", "hostname": "host", "started_at": "started (UTC)", "suite": "suite",
+               "status": "status", "driver_version": "driver", "cuda_version": "CUDA", "torch_version": "torch"}
+"""The identity and software rows of `side_by_side`, by column and as a reader names them; the key figures follow."""
+
+
+def cell_text(value: object) -> str:
+    """One cell of `side_by_side`: a date to the minute, a number with separators and four significant digits,
+    "-" for nothing recorded."""
+    if value is None or value is pd.NaT or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, pd.Timestamp):
+        return f"{value:%Y-%m-%d %H:%M}"
+    if isinstance(value, float):
+        return f"{value:,.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
+    return str(value)
+
+
 def side_by_side(figures: pd.DataFrame, run_ids: list[int]) -> pd.DataFrame:
-    """The chosen runs as columns and their identity, software and key figures as rows."""
+    """The chosen runs as columns and their identity, software and key figures as rows, as text that reads."""
     chosen = figures[figures["run_id"].isin(run_ids)].copy()
     chosen["column"] = chosen["device"] + " " + chosen["uuid"].str[:8]
-    chosen["started_at"] = chosen["started_at"].astype(str)
-    fields = ["device", "hostname", "started_at", "suite", "status", "driver_version", "cuda_version",
-              "torch_version", *FIGURES]
-    return chosen.set_index("column")[fields].T.astype(str)
+    table = chosen.set_index("column")[[*FIELD_NAMES, *FIGURES]].rename(columns=FIELD_NAMES)
+    return table.T.map(cell_text)

@@ -253,13 +253,21 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1e6:.3g} us"
 
 
+def tokens_text(tokens_per_s: float) -> str:
+    """Tokens/s that fit a narrow metric: "57,085" below a million, "9.17 M" from there."""
+    return f"{tokens_per_s:,.0f}" if tokens_per_s < 1e6 else f"{tokens_per_s / 1e6:,.3g} M"
+
+
 def candidate_label(result: Plan, candidate: Candidate) -> str:
     """The candidate's label, with its layout when several layouts were searched (labels repeat across them)."""
     return f"{candidate.label} on {candidate.layout}" if result.request.gpus is not None else candidate.label
 
 
 def candidates_frame(result: Plan) -> pd.DataFrame:
-    """Every candidate, fitting ones ranked first (rank 1 = recommendation), rejected ones with their reason."""
+    """Every candidate, fitting ones ranked first (rank 1 = recommendation), rejected ones with their reason.
+
+    ``over_gb`` is how far a rejected candidate is over the budget and ``broken_by`` the term that broke it (the
+    end of core.planner.rejection_reason's text), so a table can show both without cutting the reason short."""
     budget = result.request.budget_bytes
     rows = []
     for rank, c in enumerate((*result.candidates, *result.rejected), 1):
@@ -276,10 +284,13 @@ def candidates_frame(result: Plan) -> pd.DataFrame:
             "peak_gb": c.calibrated_peak_bytes / GB,
             "required_gb": c.required_bytes / GB,
             "headroom_gb": (budget - c.required_bytes) / GB,
+            "over_gb": None if fits else (c.required_bytes - budget) / GB,
             "fits": "fits" if fits else "rejected",
             "rejection": c.rejection or "",
+            "broken_by": "" if fits else (c.rejection or "").rpartition(": ")[2],
         })
-    return pd.DataFrame(rows)
+    frame = pd.DataFrame(rows)
+    return frame.astype({"rank": "Int64"}) if len(frame) else frame
 
 
 def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataFrame:
@@ -300,10 +311,57 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
     return pd.DataFrame(rows)
 
 
-def shown_candidates(result: Plan, fitting: int = 5, rejected: int = 3) -> list[Candidate]:
-    """The best fitting candidates and the fastest rejected ones (what the stacked bar shows)."""
-    faster = sorted(result.rejected, key=lambda c: -c.tokens_per_s)
-    return [*result.candidates[:fitting], *faster[:rejected]]
+def closest_rejected(result: Plan) -> Candidate | None:
+    """The rejected candidate needing the least memory: the one core.advice names "the closest candidate"."""
+    return min(result.rejected, key=lambda c: c.required_bytes) if result.rejected else None
+
+
+def shown_candidates(result: Plan, fitting: int = 5) -> list[Candidate]:
+    """What the stacked bar shows: the fastest fitting candidates and the closest rejected one, which shows what
+    the budget cuts off without the heaviest candidates squashing every other bar."""
+    closest = closest_rejected(result)
+    return [*result.candidates[:fitting], *([closest] if closest is not None else [])]
+
+
+def shown_text(result: Plan, shown: list[Candidate]) -> str:
+    """What the stacked bar shows, in words: how many fitting candidates, and the closest rejected one by name."""
+    fitting = sum(c.rejection is None for c in shown)
+    fastest = "The fastest fitting candidate" if fitting == 1 else f"The {fitting} fastest fitting candidates"
+    closest = closest_rejected(result)
+    if closest is None:
+        return f"{fastest}; none was rejected."
+    over = (closest.required_bytes - result.request.budget_bytes) / GB
+    named = (f"the closest rejected candidate, {candidate_label(result, closest)}, needs "
+             f"{closest.required_bytes / GB:,.1f} GB, {over:,.1f} GB over the budget")
+    return f"{fastest}, and {named}." if fitting else f"Nothing fits: {named}."
+
+
+WINDOW_BELOW, WINDOW_ABOVE = 0.1, 0.5
+"""The scatter's margins, as fractions of its span: from the lightest fitting candidate to the budget (from the
+budget to the closest rejected candidate when nothing fits)."""
+
+
+def decision_window(result: Plan) -> tuple[float, float]:
+    """The throughput-vs-memory scatter's x range (GB of required memory): where the choice is made.
+
+    From a bit below the lightest fitting candidate to a bit beyond the budget, so the fitting candidates spread
+    out and the nearest rejected ones show; when nothing fits, from a bit below the budget to a bit beyond the
+    closest rejected candidate. A span under a tenth of the budget is widened to that.
+    """
+    budget = result.request.budget_bytes / GB
+    closest = closest_rejected(result)
+    if result.candidates:
+        left, right = min(c.required_bytes for c in result.candidates) / GB, budget
+    else:
+        left, right = budget, closest.required_bytes / GB if closest is not None else budget
+    span = max(right - left, 0.1 * budget)
+    return max(0.0, left - WINDOW_BELOW * span), right + WINDOW_ABOVE * span
+
+
+def in_window(table: pd.DataFrame, window: tuple[float, float]) -> pd.Series:
+    """Which rows of `candidates_frame` lie inside ``window`` (GB of required memory)."""
+    low, high = window
+    return table["required_gb"].between(low, high)
 
 
 # --- Layouts: the chosen one, every one searched, and two side by side -------------------------------------------
@@ -350,7 +408,7 @@ def layouts_frame(result: Plan) -> pd.DataFrame:
             "required_gb": shown.required_bytes / GB,
             "why": outcome.why_lost(winner),
         })
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows).astype({"rank": "Int64"})
 
 
 def time_terms_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
@@ -411,3 +469,49 @@ def comparison(result: Plan, first: str, second: str) -> dict[str, tuple[LayoutO
         outcome = find_layout(result, label)
         pairs[tag] = (outcome, shown_candidate(outcome), outcome.why_lost(winner))
     return pairs
+
+
+# --- Another plan: the same inputs with another model preset, budget or hardware, side by side ----------------------
+
+SAME = "same as this plan"
+"""The compare form's choice that keeps this plan's model or hardware (an empty budget keeps its budget)."""
+
+
+def compared_inputs(inputs: PlanInputs, model: str = SAME, budget: str = "", hardware: str = SAME) -> PlanInputs | None:
+    """This plan's inputs with another model preset, budget or hardware; None when nothing differs."""
+    changes: dict[str, Any] = {}
+    if model != SAME:
+        changes.update(source="preset", model=model)
+    if budget.strip():
+        changes["budget"] = budget.strip()
+    if hardware != SAME:
+        changes["hardware"] = hardware
+    other = inputs.with_(**changes)
+    return None if other == inputs else other
+
+
+def plan_title(result: Plan) -> str:
+    """What sets a plan apart in a comparison: "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"."""
+    return (f"{result.request.spec.name} on {result.profile.name} ({result.profile.source}), "
+            f"budget {result.request.budget_bytes / GB:,.1f} GB")
+
+
+def plan_figures(result: Plan) -> dict[str, str]:
+    """What two plans are compared by, as text: what runs, its step time, memory and tokens/s."""
+    best = result.recommendation
+    if best is None:
+        return {"recommendation": recommendation_text(result), "tokens/s": "nothing fits", "step time": "-",
+                "needs per GPU": "-"}
+    return {
+        "recommendation": recommendation_text(result),
+        "tokens/s": tokens_text(best.tokens_per_s),
+        "step time": seconds_text(best.step_time_s),
+        "needs per GPU": f"{best.required_bytes / GB:,.1f} GB",
+    }
+
+
+def tokens_per_s_change(result: Plan, other: Plan) -> str | None:
+    """The other plan's tokens/s against this one's ("+12.3%"); None unless both fit."""
+    if result.recommendation is None or other.recommendation is None:
+        return None
+    return f"{other.recommendation.tokens_per_s / result.recommendation.tokens_per_s - 1:+.1%}"

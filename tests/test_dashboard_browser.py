@@ -2,7 +2,11 @@
 
 Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-driver``);
 skips itself without them, except in CI (``CI`` set), where it must run.
-Screenshots of every page go to test-artifacts/.
+Screenshots of every page, whole, go to test-artifacts/.
+
+Charts render as SVG (dashboard.charts.SVG), so their axis labels and legend entries are <text> elements:
+the test reads them, checks none is cut short ("…") or drawn outside its chart's box (a clipped legend), and
+looks for the Plan page's full candidate labels, every memory component and the budget's label.
 """
 
 from __future__ import annotations
@@ -28,6 +32,21 @@ PAGES = {
     "history": ("History", "Compare runs", "Timeline"),
     "calibration": ("Calibration", "Memory (GB)", "saved-activation bytes", "Step time (s)", "What plans apply"),
 }
+CHARTS = {"plan": 4, "hardware": 3, "history": 1, "calibration": 2}
+"""Charts each page draws on the smoke store."""
+CHART_TEXTS = """
+return Array.from(document.querySelectorAll("[data-testid='stVegaLiteChart']")).map(chart => {
+  const box = chart.getBoundingClientRect();
+  const svg = chart.querySelector("svg");
+  const view = svg ? svg.getBoundingClientRect() : box;
+  const inside = (r, b) => r.left >= b.left - 1 && r.right <= b.right + 1 && r.top >= b.top - 1 && r.bottom <= b.bottom + 1;
+  return Array.from(chart.querySelectorAll("svg text")).filter(t => t.textContent.trim()).map(t => {
+    const r = t.getBoundingClientRect();
+    return [t.textContent, inside(r, box) && inside(r, view)];
+  });
+});
+"""
+"""Each chart's SVG texts, in page order, each with whether it lies inside the chart's box and its SVG's."""
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--window-size=1400,1800")
@@ -91,6 +110,26 @@ def dashboard(smoke_store, tmp_path):
             server.wait()
 
 
+def expected_plan() -> dict[str, set[str]]:
+    """What the Plan page's charts must show in full for the default inputs (the smoke store's CPU is not the
+    default hardware, so the page plans from the datasheet, as here)."""
+    from dashboard import charts, planning
+
+    inputs = planning.PlanInputs()
+    plan = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
+    shown = planning.shown_candidates(plan)
+    peak = planning.peak_components_frame(plan, shown)
+    ranks = planning.rank_memory_frame(plan, {"": plan.recommendation})
+    held = {frame_name: {charts.plain_name(c) for c in frame.loc[frame["gb"] > 0, "component"]}
+            for frame_name, frame in (("peak", peak), ("ranks", ranks))}
+    return {
+        "peak": {*(planning.candidate_label(plan, c) for c in shown), *held["peak"], "budget 80 GB"},
+        "ranks": {*held["ranks"], "budget 80 GB", "every rank"},
+        "time": {str(plan.recommendation.layout), *planning.TIME_TERMS},
+        "scatter": {"fits", "rejected", "budget 80 GB", *{str(c.config.recompute) for c in plan.candidates}},
+    }
+
+
 def test_every_page_renders_in_chromium(dashboard, tmp_path):
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
@@ -103,6 +142,20 @@ def test_every_page_renders_in_chromium(dashboard, tmp_path):
         options.add_argument(flag)
     ARTIFACTS.mkdir(exist_ok=True)
     browser = webdriver.Chrome(service=Service(DRIVER), options=options)
+    plan_charts = expected_plan()
+
+    def charts_drawn(driver) -> bool:
+        texts = driver.execute_script(CHART_TEXTS)
+        return len(texts) == CHARTS[page] and all(texts)
+
+    def screenshot(name: str) -> None:
+        """The whole page: the window as tall as Streamlit's scrolling main column."""
+        height = browser.execute_script("return document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+        browser.set_window_size(1400, max(1800, height + 100))
+        time.sleep(1)
+        browser.save_screenshot(str(ARTIFACTS / name))
+        browser.set_window_size(1400, 1800)
+
     try:
         for page, expected in PAGES.items():
             browser.get(f"{dashboard}/{'' if page == 'plan' else page}")  # Plan is the default page: /
@@ -115,14 +168,43 @@ def test_every_page_renders_in_chromium(dashboard, tmp_path):
 
             try:
                 WebDriverWait(browser, 90, poll_frequency=0.5).until(rendered)
+                WebDriverWait(browser, 30, poll_frequency=0.5).until(charts_drawn)
             finally:
-                browser.save_screenshot(str(ARTIFACTS / f"dashboard-{page}.png"))
+                screenshot(f"dashboard-{page}.png")
             body = browser.find_element(By.TAG_NAME, "body").text
             assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']"), f"{page}: {body}"
             assert "Traceback" not in body and "Page not found" not in body, f"{page}: {body}"
             assert "headroom agent run --suite quick" not in body  # the store is not empty
+            charts = browser.execute_script(CHART_TEXTS)
+            for number, chart in enumerate(charts):
+                cut = [text for text, _ in chart if text.endswith("…")]
+                outside = [text for text, inside in chart if not inside]
+                assert not cut and not outside, f"{page} chart {number}: cut {cut}, outside its box {outside}"
             if page == "plan":
                 assert "Confidence:" in body and "datasheet" in body
+                texts = [{text for text, _ in chart} for chart in charts]
+                time_chart, ranks, peak, scatter = texts  # the page's order
+                for name, found in (("time", time_chart), ("ranks", ranks), ("peak", peak), ("scatter", scatter)):
+                    assert plan_charts[name] <= found, f"{name} misses {plan_charts[name] - found}"
+                compare_with_another_plan(browser, By)
         assert len(browser.find_elements(By.CSS_SELECTOR, "canvas, svg")) > 0
     finally:
         browser.quit()
+
+
+def compare_with_another_plan(browser, by) -> None:
+    """Submit the Plan page's compare form with another budget; both plans show side by side."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    budget = browser.find_element(by.CSS_SELECTOR, "input[aria-label='budget per GPU']")
+    budget.send_keys("60GB", Keys.TAB)
+    next(b for b in browser.find_elements(by.TAG_NAME, "button") if b.text == "Compare").click()
+    WebDriverWait(browser, 60, poll_frequency=0.5).until(
+        lambda driver: "Other plan: llama2-7b on h100-sxm (datasheet), budget 60.0 GB"
+        in driver.find_element(by.TAG_NAME, "body").text)
+    body = browser.find_element(by.TAG_NAME, "body").text
+    assert "This plan: llama2-7b on h100-sxm (datasheet), budget 80.0 GB" in body
+    heading = browser.find_element(by.XPATH, "//*[contains(text(), 'Other plan:')]")
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", heading)
+    browser.save_screenshot(str(ARTIFACTS / "dashboard-plan-compare.png"))

@@ -25,6 +25,30 @@ def fields(layer: dict) -> dict[str, str]:
     return {channel: enc.get("field") for channel, enc in layer["encoding"].items() if isinstance(enc, dict)}
 
 
+def legend_of(columns: int, title: str) -> dict:
+    """What every legend is: under the plot, ``columns`` entries a row, every entry and label in full."""
+    return {"title": title, "orient": "bottom", "direction": "horizontal", "columns": columns, "symbolLimit": 0,
+            "labelLimit": 0}
+
+
+def assert_reads_in_full(chart) -> None:
+    """Drawn as SVG at the page's width; every axis with labels at full length, every legend `legend_of`."""
+    spec = chart.to_dict()
+    assert spec["usermeta"] == {"embedOptions": {"renderer": "svg"}}
+    assert spec["autosize"] == {"type": "fit-x", "contains": "padding"}
+    assert spec["padding"] in (charts.PADDING, charts.ROOM_ABOVE)
+    axes: dict[str, list[dict]] = {"x": [], "y": []}
+    for layer in spec.get("layer", [spec]):
+        for channel, encoding in layer["encoding"].items():
+            if channel in axes and "axis" in encoding:
+                axes[channel].append(encoding["axis"])
+            if channel in ("color", "shape", "strokeDash") and "field" in encoding:
+                legend = encoding["legend"]
+                assert legend == legend_of(legend["columns"], legend["title"]), (channel, legend)
+    for channel, found in axes.items():
+        assert found and all(axis["labelLimit"] == 0 for axis in found), (channel, found)
+
+
 @pytest.fixture(scope="module")
 def default_plan():
     inputs = planning.PlanInputs()
@@ -39,20 +63,131 @@ def test_peak_bar_stacks_components_up_to_the_required_bytes_against_the_budget(
         assert total == pytest.approx(candidate.required_bytes / GB, rel=1e-9)
     chart = charts.build_peak_bar_chart(frame, 80.0)
     assert isinstance(chart, alt.LayerChart)
-    bars, rule = layers(chart)
+    bars, rule, label = layers(chart)
     assert bars["mark"]["type"] == "bar" and fields(bars)["color"] == "component" and fields(bars)["y"] == "candidate"
     assert bars["encoding"]["x"]["stack"] == "zero"
     assert rule["mark"]["type"] == "rule" and fields(rule)["x"] == "budget_gb"
+    assert label["mark"]["type"] == "text" and label["mark"]["text"] == "budget 80 GB" and fields(label)["x"] == "budget_gb"
+    assert chart.to_dict()["padding"] == {"top": 22, "left": 5, "right": 8, "bottom": 5}  # room for the label
+    # above the plot, on the side of the rule with room: left of it in the plot's right half (80 of 83.9 GB)
+    assert {k: label["mark"][k] for k in ("align", "dx", "dy", "y", "baseline")} == \
+        {"align": "right", "dx": -4, "dy": -4, "y": 0, "baseline": "bottom"}
+    _, _, low_label = layers(charts.build_peak_bar_chart(frame, 20.0))
+    assert (low_label["mark"]["text"], low_label["mark"]["align"], low_label["mark"]["dx"]) == ("budget 20 GB", "left", 4)
+    assert charts.budget_text(24 * 2**30 / 1e9) == "budget 25.77 GB"
+    assert_reads_in_full(chart)
+    assert bars["encoding"]["color"]["legend"] == legend_of(4, "component")
+    # the legend names what the bars hold, in plain words and stacking order, each in its fixed colour
+    held = [charts.plain_name(name) for name in frame.loc[frame["gb"] > 0, "component"].unique()]
+    scale = bars["encoding"]["color"]["scale"]
+    assert scale["domain"] == [name for name in charts.COMPONENT_COLORS if name in held]
+    assert scale["range"] == [charts.COMPONENT_COLORS[name] for name in scale["domain"]]
+    assert {"parameters", "optimizer states", "weight copies", "activations", "margin"} <= set(scale["domain"])
+    assert "weight_copies" not in scale["domain"] and "gathered parameters" not in scale["domain"]  # 0 GB at ZeRO-2
+
+
+def test_the_memory_chart_shows_the_fitting_candidates_and_the_closest_rejected_one(default_plan):
+    shown = planning.shown_candidates(default_plan)
+    closest = min(default_plan.rejected, key=lambda c: c.required_bytes)
+    assert planning.closest_rejected(default_plan) is closest
+    assert shown == [*default_plan.candidates[:5], closest]
+    assert closest.label == "micro 8 x accum 1, full" and round(closest.required_bytes / GB, 1) == 83.9
+    drawn = planning.peak_components_frame(default_plan, shown).drop_duplicates("order")["candidate"]
+    assert list(drawn)[-1] == closest.label
+    assert planning.shown_text(default_plan, shown) == (
+        "The 5 fastest fitting candidates, and the closest rejected candidate, micro 8 x accum 1, full, needs "
+        "83.9 GB, 3.9 GB over the budget.")
+
+
+def test_when_nothing_fits_the_memory_chart_shows_the_candidate_the_advice_names():
+    inputs = planning.PlanInputs(budget="20GB")
+    tight = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
+    assert tight.recommendation is None
+    closest = planning.closest_rejected(tight)
+    assert f"the closest candidate ({closest.label}) needs {closest.required_bytes / GB:.1f} GB" in tight.advice[0]
+    assert planning.shown_candidates(tight) == [closest]
+    assert planning.shown_text(tight, [closest]).startswith(f"Nothing fits: the closest rejected candidate, "
+                                                             f"{closest.label}, needs")
+    # the scatter spans the budget to a bit beyond the closest candidate
+    span = max(closest.required_bytes / GB - 20, 2.0)
+    assert planning.decision_window(tight) == pytest.approx((20 - 0.1 * span, closest.required_bytes / GB + 0.5 * span))
 
 
 def test_candidates_chart_shows_fitting_and_rejected(default_plan):
     table = planning.candidates_frame(default_plan)
     assert set(table["fits"]) == {"fits", "rejected"}
     assert (table.loc[table["fits"] == "rejected", "rejection"].str.contains("over the")).all()
-    points, rule = layers(charts.build_candidates_chart(table, 80.0))
+    window = planning.decision_window(default_plan)
+    chart = charts.build_candidates_chart(table, 80.0, window)
+    points, rule, label = layers(chart)
     assert fields(points)["x"] == "required_gb" and fields(points)["y"] == "tokens_per_s"
     assert fields(points)["color"] == "fits" and fields(points)["shape"] == "recompute"
     assert fields(rule)["x"] == "budget_gb"
+    assert label["mark"]["text"] == "budget 80 GB"
+    assert_reads_in_full(chart)
+    assert points["encoding"]["color"]["legend"] == legend_of(2, "fits the budget")
+    assert points["encoding"]["shape"]["legend"] == legend_of(4, "recompute")
+
+
+def test_the_scatter_zooms_to_where_the_choice_is_made(default_plan):
+    table = planning.candidates_frame(default_plan)
+    lightest = min(c.required_bytes for c in default_plan.candidates) / GB
+    assert round(lightest, 2) == 58.45
+    span = 80 - lightest
+    window = planning.decision_window(default_plan)
+    assert window == pytest.approx((lightest - 0.1 * span, 80 + 0.5 * span))
+    assert window == pytest.approx((56.29, 90.78), abs=0.01)
+    inside = planning.in_window(table, window)
+    drawn = table[inside]
+    assert (drawn["fits"] == "fits").sum() == len(default_plan.candidates)  # every fitting candidate
+    # and the nearest rejected ones (83.9, 86.3 and 86.4 GB); the 91.0 GB one and the heavier ones are off-chart
+    assert sorted(drawn.loc[drawn["fits"] == "rejected", "required_gb"].round(1)) == [83.9, 86.3, 86.4]
+    assert (~inside).sum() == 9
+    points, _, _ = layers(charts.build_candidates_chart(drawn, 80.0, window))
+    assert points["encoding"]["x"]["scale"] == {"domain": list(window), "nice": False}
+    assert points["encoding"]["y"]["scale"] == {"zero": False}
+
+
+def test_the_tables_carry_what_breaks_the_budget_and_leave_a_rank_only_where_one_fits(default_plan):
+    table = planning.candidates_frame(default_plan)
+    assert str(table["rank"].dtype) == "Int64"  # 1, 2, ... and an empty cell, never 1.0 or None
+    assert list(table["rank"].dropna()) == list(range(1, len(default_plan.candidates) + 1))
+    rejected = table[table["fits"] == "rejected"]
+    assert rejected["rank"].isna().all() and table.loc[table["fits"] == "fits", "over_gb"].isna().all()
+    assert list(rejected["over_gb"]) == pytest.approx(list(rejected["required_gb"] - 80), rel=1e-12)
+    assert [reason.endswith(": " + term) for reason, term in zip(rejected["rejection"], rejected["broken_by"])] == \
+        [True] * len(rejected)
+    closest = rejected.loc[rejected["required_gb"].idxmin()]
+    assert closest["broken_by"] == "activations (18.0 GB) break it on top of 37.1 GB static"
+    assert str(planning.layouts_frame(default_plan)["rank"].dtype) == "Int64"
+
+
+def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
+    inputs = planning.PlanInputs()
+    same = planning.SAME
+    assert planning.compared_inputs(inputs, same, "", same) is None
+    assert planning.compared_inputs(inputs, "llama2-7b", " 80GB ", "datasheet: h100-sxm") is None  # nothing differs
+    assert planning.compared_inputs(inputs, same, "40GB", same) == inputs.with_(budget="40GB")
+    assert planning.compared_inputs(inputs, "llama3-8b", "", "datasheet: h200") == \
+        inputs.with_(model="llama3-8b", hardware="datasheet: h200")
+    custom = inputs.with_(source="dimensions")
+    assert planning.compared_inputs(custom, "llama2-7b", "", same) == inputs  # a preset replaces the dimensions
+    best = default_plan.recommendation
+    assert planning.plan_title(default_plan) == "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"
+    assert planning.plan_figures(default_plan) == {
+        "recommendation": planning.recommendation_text(default_plan), "tokens/s": "57,085", "step time": "4.592 s",
+        "needs per GPU": "73.7 GB"}
+    assert best.tokens_per_s == pytest.approx(57084.9, abs=0.1)
+    tighter, nothing = (planning.make_plan(other, planning.resolve_preset(other.model),
+                                           *planning.datasheet_hardware(other.hardware))
+                        for other in (inputs.with_(budget="60GB"), inputs.with_(budget="40GB")))
+    change = tighter.recommendation.tokens_per_s / best.tokens_per_s - 1
+    assert planning.tokens_per_s_change(default_plan, tighter) == f"{change:+.1%}" and change < 0
+    assert nothing.recommendation is None and planning.tokens_per_s_change(default_plan, nothing) is None
+    assert planning.plan_figures(nothing) == {
+        "recommendation": "Nothing fits the 40.0 GB budget", "tokens/s": "nothing fits", "step time": "-",
+        "needs per GPU": "-"}
+    assert [planning.tokens_text(x) for x in (57084.9, 999_999.4, 9_165_052.0)] == ["57,085", "999,999", "9.17 M"]
 
 
 def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():
@@ -64,10 +199,18 @@ def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():
     assert frame["tflop_per_s"].max() == pytest.approx(989.4)
     points = pd.DataFrame({"kind": ["matmul bf16"], "label": ["1024^3"],
                            "intensity": [matmul_intensity(1024, 1024, 1024)], "tflop_per_s": [700.0]})
-    for layer in layers(charts.build_roofline_chart(frame, points)):
+    roofline = charts.build_roofline_chart(frame, points)
+    for layer in layers(roofline):
         assert layer["encoding"]["x"]["scale"]["type"] == "log"
         assert layer["encoding"]["y"]["scale"]["type"] == "log"
         assert fields(layer)["x"] == "intensity" and fields(layer)["y"] == "tflop_per_s"
+    assert_reads_in_full(roofline)
+    lines, dots = layers(roofline)
+    assert lines["encoding"]["strokeDash"]["legend"] == legend_of(2, "roof")
+    # one legend of kinds (colour and shape alike), markers solid and large enough to read
+    assert dots["encoding"]["color"]["legend"] == dots["encoding"]["shape"]["legend"] == legend_of(4, "measured")
+    assert dots["mark"] == {"type": "point", "filled": True, "size": 110, "opacity": 1}
+    assert dots["encoding"]["color"]["scale"] == {"scheme": "tableau10"}
 
 
 def test_hardware_charts_from_the_smoke_store(smoke_store):
@@ -82,13 +225,19 @@ def test_hardware_charts_from_the_smoke_store(smoke_store):
     peak, bandwidth = roof["measured fp32"]
     assert peak == pytest.approx(matmul.loc[matmul["dtype"] == "fp32", "tflop_per_s"].max() * 1e12)
     assert bandwidth == pytest.approx(elementwise.loc[elementwise["op"] == "copy", "gb_per_s"].max() * 1e9)
-    size = charts.build_matmul_size_chart(matmul).to_dict()
+    size_chart = charts.build_matmul_size_chart(matmul)
+    size = size_chart.to_dict()
     assert size["encoding"]["x"]["scale"]["type"] == "log" and size["encoding"]["y"]["scale"]["type"] == "log"
     assert size["encoding"]["x"]["field"] == "flops" and size["encoding"]["color"]["field"] == "dtype"
+    assert size["encoding"]["x"]["axis"] == {"labelLimit": 0, "format": "~s"}  # 1G, 10G, 1T: not 1,000,000,000
+    assert size["mark"]["point"] == {"filled": True, "size": 110, "opacity": 1}
     bandwidth_chart = charts.build_bandwidth_chart(elementwise)
     assert fields(layers(bandwidth_chart)[0])["x"] == "op"
     h100_bars = charts.build_bandwidth_chart(elementwise, 3350.0)
     assert fields(layers(h100_bars)[1])["y"] == "gb_per_s"
+    assert layers(h100_bars)[2]["mark"]["text"] == "datasheet 3,350 GB/s"
+    for chart in (size_chart, bandwidth_chart, h100_bars):
+        assert_reads_in_full(chart)
 
 
 def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
@@ -101,8 +250,10 @@ def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
     assert (time["error"] == time["ratio"] - 1).all()
     stats = calibration.error_stats(time)
     assert stats["steps"].sum() == len(time) and list(stats.columns) == calibration.STATS_COLUMNS
-    dots_layers = layers(charts.build_calibration_chart(memory, "GB"))
-    diagonal, dots = dots_layers
+    memory_chart = charts.build_calibration_chart(memory, "GB")
+    assert_reads_in_full(memory_chart)
+    diagonal, dots = layers(memory_chart)
+    assert dots["encoding"]["shape"]["legend"] == legend_of(3, "policy")
     assert diagonal["mark"]["type"] == "line" and fields(dots)["x"] == "measured" and fields(dots)["y"] == "predicted"
     assert dots["encoding"]["x"]["scale"]["type"] == "log"
 
@@ -120,6 +271,20 @@ def test_a_drop_of_more_than_five_percent_against_the_previous_median_is_flagged
     assert line.loc[line["uuid"] == "box-a-4", "change"].iloc[0] == pytest.approx(90 / 99 - 1)
     chart = charts.build_timeline_chart(line)
     assert fields(layers(chart)[0])["x"] == "started_at"
+    assert_reads_in_full(chart)
+
+
+def test_a_timeline_of_one_run_reads_as_a_date_not_milliseconds():
+    started = datetime(2026, 12, 1, 16, 9, 40, 374821, tzinfo=timezone.utc)
+    one = history.timeline(pd.DataFrame([{"device": "box", "hostname": "box", "uuid": "u", "started_at": started,
+                                          "v": 1.0}]), "v")
+    x = layers(charts.build_timeline_chart(one))[0]["encoding"]["x"]
+    assert x["axis"] == {"format": "%Y-%m-%d %H:%M", "labelLimit": 0, "labelOverlap": True, "tickCount": 5}
+    # two hours around the run, not the zero-width span Vega would tick in milliseconds (".374")
+    assert x["scale"]["domain"] == ["2026-12-01T15:09:40.374821+00:00", "2026-12-01T17:09:40.374821+00:00"]
+    later = pd.Timestamp(started) + pd.Timedelta(days=3)
+    assert charts.time_domain(pd.Series([pd.Timestamp(started), later])) == \
+        [pd.Timestamp(started).isoformat(), later.isoformat()]  # a span of days is kept as it is
 
 
 def test_key_figures_of_the_smoke_run(smoke_store):
@@ -132,6 +297,20 @@ def test_key_figures_of_the_smoke_run(smoke_store):
     assert row["copy GB/s"] > 0 and row["train tokens/s"] > 0
     table = history.side_by_side(figures, [int(row["run_id"])])
     assert "train tokens/s" in table.index
+    # plain row names, dates to the minute, numbers rounded with separators, "-" for nothing recorded (a CPU)
+    assert list(table.index) == ["device", "host", "started (UTC)", "suite", "status", "driver", "CUDA", "torch",
+                                 *history.FIGURES]
+    (column,) = table.columns
+    assert table.loc["started (UTC)", column] == f"{row['started_at']:%Y-%m-%d %H:%M}"
+    assert table.loc["driver", column] == "-" and table.loc["CUDA", column] == "-"
+    assert table.loc["copy GB/s", column] == f"{row['copy GB/s']:,.4g}"
+    assert not table.isin(["None", "nan", "NaT"]).any().any()
+
+
+def test_cells_side_by_side_read_at_a_glance():
+    assert [history.cell_text(v) for v in (None, float("nan"), 0.0018299456270156758, 11.172826878747529,
+                                           57084.91, pd.Timestamp("2026-12-01 16:09:40.374821+00:00"), "smoke")] == \
+        ["-", "-", "0.00183", "11.17", "57,085", "2026-12-01 16:09", "smoke"]
 
 
 def test_query_string_round_trip():

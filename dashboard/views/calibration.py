@@ -6,7 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import ConfigError
-from dashboard import calibration, charts, data
+from dashboard import calibration, charts, columns, data
 from dashboard.notices import readable_store, store_notice
 
 st.title("Calibration")
@@ -26,21 +26,23 @@ st.caption("Each point is one measured training step against the core's predicti
            "more than predicted).")
 
 memory, time = calibration.memory_points(train), calibration.time_points(train)
+bases = set(memory["basis"])
+memory_title = "Peak memory (GB)" if bases == {"peak allocated"} else "Memory (GB)"
 left, right = st.columns(2)
 with left:
-    bases = set(memory["basis"])
-    st.subheader("Peak memory (GB)" if bases == {"peak allocated"} else "Memory (GB)")
+    st.subheader(memory_title)
     if "saved activations" in bases:
         st.caption("Devices without allocator statistics (CPUs) show the saved-activation bytes autograd held "
-                   "against the ledger's: a check of the activation accounting, not a peak.")
+                   "against the predicted ones: a check of the activation accounting, not a peak.")
     if len(memory):
         st.altair_chart(charts.build_calibration_chart(memory, "GB = 1e9 bytes"), width="stretch")
-    st.dataframe(calibration.error_stats(memory), hide_index=True)
 with right:
     st.subheader("Step time (s)")
     if len(time):
         st.altair_chart(charts.build_calibration_chart(time, "s per step"), width="stretch")
-    st.dataframe(calibration.error_stats(time), hide_index=True)
+for title, points in ((memory_title.removesuffix(" (GB)"), memory), ("Step time", time)):
+    st.markdown(f"**{title}: error by device and policy**")
+    st.dataframe(calibration.error_stats(points), hide_index=True, column_config=columns.ERROR_STATS)
 
 st.subheader("What plans apply")
 st.caption("Every step is predicted again by today's core with the device's measured profile. Steps the agent "

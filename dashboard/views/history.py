@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from dashboard import charts, data, history
+from dashboard import charts, columns, data, history
 from dashboard.notices import readable_store, store_notice
 
 st.title("History")
@@ -28,7 +28,7 @@ labels = {row.run_id: f"{row.device} · {row.hostname} · {row.started_at:%Y-%m-
 picked = st.multiselect("runs (newest first)", list(labels), default=list(labels)[:2],
                         format_func=labels.get, key="history_runs")
 if picked:
-    st.dataframe(history.side_by_side(figures, picked))
+    st.dataframe(history.side_by_side(figures, picked), height="content", column_config=columns.SIDE_BY_SIDE)
 
 st.subheader("Timeline")
 figure = st.selectbox("key figure", history.FIGURES, key="history_figure")
@@ -43,4 +43,5 @@ else:
     else:
         st.warning(f"{len(drops)} run(s) fell more than {history.DROP_FRACTION:.0%} below their device's previous median:")
         st.dataframe(drops[["device", "hostname", "started_at", "value", "previous_median", "change", "uuid"]],
-                     hide_index=True)
+                     hide_index=True, column_config=columns.DROPS,
+                     placeholder=columns.MISSING)

@@ -1,5 +1,6 @@
 """Plan: micro-batch, accumulation and checkpoint policy for a model, a batch and a budget; with a GPU
-count, every layout of that many GPUs, the chosen one's memory per rank and time by term, and two side by side."""
+count, every layout of that many GPUs, the chosen one's memory per rank and time by term, and two side by side;
+and this plan beside another with a different model preset, budget or hardware."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
 from core.timing import HardwareProfile
 from core.units import GB
-from dashboard import charts, data, planning
+from dashboard import charts, columns, data, planning
 from dashboard.notices import store_notice
 from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
 
@@ -171,33 +172,24 @@ if best is not None:
     st.subheader(f"Chosen layout: {best.layout}")
     st.caption(f"{best.layout.world} GPUs; {best.label}. Step time is the calibrated prediction by term; "
                "communication is what overlap leaves exposed, bubble the pipeline's idle time.")
-    left, right = st.columns(2)
-    with left:
-        st.subheader("Step time by term")
-        st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, {str(best.layout): best})),
-                        width="stretch")
-    with right:
-        st.subheader("Memory per rank kind")
-        st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, {"": best}), budget_gb,
-                                                    row="row"), width="stretch")
+    st.subheader("Step time by term")
+    st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, {str(best.layout): best})),
+                    width="stretch")
+    st.subheader("Memory per rank kind")
+    st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, {"": best}), budget_gb,
+                                                row="row"), width="stretch")
     collectives = planning.communication_frame(best)
     if len(collectives):
         with st.expander(f"Collectives of one step ({len(collectives)}), before overlap"):
-            st.dataframe(collectives, hide_index=True, column_config={
-                "message_mb": st.column_config.NumberColumn("message MB", format="%.2f"),
-                "seconds": st.column_config.NumberColumn("seconds", format="%.3g")})
-
-NUMBERS = {
-    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%.0f"),
-    "step_time_s": st.column_config.NumberColumn("step s", format="%.4g"),
-    **{name: st.column_config.NumberColumn(name.replace("_gb", " GB"), format="%.1f")
-       for name in ("peak_gb", "required_gb", "headroom_gb")},
-}
+            st.dataframe(collectives, hide_index=True, column_config=columns.COLLECTIVES,
+                         placeholder=columns.MISSING)
 
 if searched:
     fitting_layouts = sum(o.fits for o in result.layouts)
     st.subheader(f"Layouts searched ({fitting_layouts} of {len(result.layouts)} fit)")
-    st.dataframe(planning.layouts_frame(result), hide_index=True, column_config=NUMBERS)
+    st.dataframe(planning.layouts_frame(result), hide_index=True, column_config=columns.PLAN,
+                 column_order=columns.LAYOUTS_SHOWN, row_height=columns.WRAPPING_ROW_HEIGHT,
+                 placeholder=columns.MISSING)
     options = planning.layout_options(result)
     if len(options) >= 2:
         st.subheader("Compare two layouts")
@@ -206,48 +198,85 @@ if searched:
         for key, default in (("compare_a", first), ("compare_b", runner_up)):
             if st.session_state.get(key) not in options:  # new inputs, new layouts: recommendation and runner-up
                 st.session_state[key] = default
-        columns = st.columns(2)
-        for column, tag in zip(columns, "AB"):
+        sides = st.columns(2)
+        for column, tag in zip(sides, "AB"):
             column.selectbox(f"layout {tag}", options, key=f"compare_{tag.lower()}")
         pair = planning.comparison(result, st.session_state.compare_a, st.session_state.compare_b)
-        for column, (tag, (outcome, shown, why)) in zip(columns, pair.items()):
+        for column, (tag, (outcome, shown, why)) in zip(sides, pair.items()):
             with column:
                 st.markdown(f"**{tag}: {outcome.layout}** ({outcome.layout.world} GPUs, {shown.label})")
                 cols = st.columns(3)
-                cols[0].metric("tokens/s", f"{shown.tokens_per_s:,.0f}" if outcome.fits else "does not fit")
+                cols[0].metric("tokens/s", planning.tokens_text(shown.tokens_per_s) if outcome.fits else "does not fit")
                 cols[1].metric("step time", planning.seconds_text(shown.step_time_s))
                 cols[2].metric("needs per GPU", f"{shown.required_bytes / GB:.1f} GB")
                 st.markdown(f"**Why it lost:** {why}")
         shown_pair = {tag: shown for tag, (_, shown, _) in pair.items()}
-        left, right = st.columns(2)
-        with left:
-            st.markdown("**Step time by term, A and B**")
-            st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, shown_pair)),
-                            width="stretch")
-        with right:
-            st.markdown("**Memory per rank kind, A and B**")
-            st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, shown_pair), budget_gb,
-                                                        row="row"), width="stretch")
+        st.markdown("**Step time by term, A and B**")
+        st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, shown_pair)), width="stretch")
+        st.markdown("**Memory per rank kind, A and B**")
+        st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, shown_pair), budget_gb,
+                                                    row="row"), width="stretch")
+
+st.subheader("Compare with another plan")
+with st.form("compare_plan"):
+    choices = st.columns(3)
+    other_model = choices[0].selectbox("model preset", [planning.SAME, *PRESETS], key="other_model")
+    other_budget = choices[1].text_input("budget per GPU", key="other_budget", placeholder=f"{inputs.budget} (this plan's)")
+    other_hardware = choices[2].selectbox("hardware", [planning.SAME, *hardware_options], key="other_hardware")
+    st.form_submit_button("Compare")
+other_inputs = planning.compared_inputs(inputs, other_model, other_budget, other_hardware)
+if other_inputs is None:
+    st.caption("The same inputs with another model preset, budget or hardware: pick one, then Compare.")
+else:
+    try:
+        other_spec = spec if other_model == planning.SAME else planning.resolve_preset(other_model)
+        other_profile, other_calibration = data.hardware(url, other_inputs.hardware)
+        other = cached_plan(other_inputs, other_spec, other_profile, other_calibration)
+    except (ConfigError, ValueError) as err:
+        st.error(f"The other plan: {err}")
+    else:
+        change = planning.tokens_per_s_change(result, other)
+        for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other))):
+            figures = planning.plan_figures(plan)
+            with column:
+                st.markdown(f"**{tag}:** {planning.plan_title(plan)}")
+                st.caption(figures["recommendation"])
+                cols = st.columns(3)
+                cols[0].metric("tokens/s", figures["tokens/s"], delta=change if plan is other else None)
+                cols[1].metric("step time", figures["step time"])
+                cols[2].metric("needs per GPU", figures["needs per GPU"])
 
 table = planning.candidates_frame(result)
 if not searched:
     table = table.drop(columns=["layout"])
-left, right = st.columns(2)
-with left:
-    st.subheader("Peak memory by component")
-    shown = planning.shown_candidates(result)
-    st.altair_chart(charts.build_peak_bar_chart(planning.peak_components_frame(result, shown), budget_gb),
-                    width="stretch")
-with right:
-    st.subheader("Throughput vs memory, every candidate")
-    st.altair_chart(charts.build_candidates_chart(table, budget_gb), width="stretch")
+shown = planning.shown_candidates(result)
+st.subheader("Peak memory by component")
+st.caption(planning.shown_text(result, shown))
+st.altair_chart(charts.build_peak_bar_chart(planning.peak_components_frame(result, shown), budget_gb),
+                width="stretch")
+
+st.subheader("Throughput vs memory, every candidate")
+window = planning.decision_window(result)
+inside = planning.in_window(table, window)
+st.altair_chart(charts.build_candidates_chart(table[inside], budget_gb, window), width="stretch")
+off_chart = int((~inside).sum())
+st.caption(f"Required memory from {window[0]:,.1f} to {window[1]:,.1f} GB, where the choice is made: "
+           + (f"{off_chart} of {len(table)} candidates lie outside it (the tables below list every one)."
+              if off_chart else f"all {len(table)} candidates."))
 
 st.subheader(f"Ranked candidates ({len(result.candidates)} fit)")
-st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection"]), hide_index=True,
-             column_config=NUMBERS)
-st.subheader(f"Rejected ({len(result.rejected)})")
-rejected_columns = ["candidate", *(["layout"] if searched else []), "tokens_per_s", "required_gb", "rejection"]
-st.dataframe(table[table["fits"] == "rejected"][rejected_columns], hide_index=True, column_config=NUMBERS)
+st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection", "over_gb", "broken_by"]),
+             hide_index=True, column_config=columns.PLAN, placeholder=columns.MISSING)
+st.subheader(f"Rejected ({len(result.rejected)}), closest to the budget first")
+rejected_columns = ["candidate", *(["layout"] if searched else []), "tokens_per_s", "required_gb", "over_gb",
+                    "broken_by"]
+st.dataframe(table[table["fits"] == "rejected"].sort_values("required_gb")[rejected_columns], hide_index=True,
+             column_config=columns.PLAN, placeholder=columns.MISSING,
+             row_height=columns.WRAPPING_ROW_HEIGHT if searched else None)  # the layout column leaves less room
+if len(result.rejected):
+    st.caption(f"Needs = peak x {profile.fragmentation:.2f} fragmentation + "
+               f"{request.context_reserve_bytes / GB:.1f} GB context. What breaks the budget: the static state "
+               "(parameters, gradients, master weights, optimizer state) alone, or the largest term on top of it.")
 
 if best is not None:
     st.subheader("Export")

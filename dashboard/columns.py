@@ -1,0 +1,93 @@
+"""How the dashboard's tables show their columns: plain headers with units, numbers with thousands separators.
+
+Each mapping is a ``column_config`` for st.dataframe, keyed by the frame's own column names (dashboard.planning,
+dashboard.calibration, dashboard.history), so the frames keep names code can use and the page shows names a
+reader knows. Formats are sprintf-js strings as Streamlit's NumberColumn takes them (``%,.1f``: "1,234.5"),
+or its named formats (``percent``: 0.123 -> "12.30%"). Tables with empty cells pass ``placeholder=MISSING``
+so they read "-", not "None".
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+MISSING = "-"
+"""What a missing value shows."""
+
+GB_FORMAT = "%,.1f"
+SECONDS_FORMAT = "%,.4g"
+"""Four significant digits: candidates a few milliseconds apart still differ, and a tiny model's microseconds show."""
+
+
+def _gb(label: str) -> dict:
+    return st.column_config.NumberColumn(label, format=GB_FORMAT)
+
+
+def _whole(label: str) -> dict:
+    return st.column_config.NumberColumn(label, format="%,d")
+
+
+def _percent(label: str) -> dict:
+    """A fraction as a percentage with two decimals on every row ("55.58%", "77.00%"): the step sets the
+    precision of Streamlit's named formats, which otherwise drop trailing zeros ("77%")."""
+    return st.column_config.NumberColumn(label, format="percent", step=0.0001)
+
+
+PLAN = {
+    "rank": _whole("rank"),
+    "candidate": st.column_config.TextColumn("candidate", width="medium"),
+    "layout": st.column_config.TextColumn("layout", width=230),
+    "gpus": _whole("GPUs"),
+    "micro_batch": _whole("micro-batch"),
+    "accumulation": _whole("accumulation"),
+    "recompute": st.column_config.TextColumn("recompute"),
+    "tokens_per_s": st.column_config.NumberColumn("tokens/s", format="%,.0f"),
+    "step_time_s": st.column_config.NumberColumn("step (s)", format=SECONDS_FORMAT),
+    "peak_gb": _gb("peak (GB)"),
+    "required_gb": _gb("needs (GB)"),
+    "headroom_gb": _gb("headroom (GB)"),
+    "over_gb": _gb("over (GB)"),
+    "fits": st.column_config.TextColumn("fits"),
+    "broken_by": st.column_config.TextColumn("what breaks the budget", width=280),
+    "why": st.column_config.TextColumn("why not chosen", width=380),
+}
+"""Candidates and layouts (dashboard.planning.candidates_frame, layouts_frame)."""
+LAYOUTS_SHOWN = ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb", "why"]
+"""The layouts table's columns, so "why not chosen" has room: every layout has the search's GPU count, a missing
+rank says it does not fit, and the reason names the candidate."""
+WRAPPING_ROW_HEIGHT = 70
+"""Rows tall enough for Streamlit to wrap a long text cell (it wraps above 4rem, 64 pixels) over three lines."""
+
+COLLECTIVES = {
+    "axis": st.column_config.TextColumn("axis"),
+    "op": st.column_config.TextColumn("collective"),
+    "message_mb": st.column_config.NumberColumn("message (MB)", format="%,.2f"),
+    "calls": _whole("calls"),
+    "group": _whole("group size"),
+    "link": st.column_config.TextColumn("link"),
+    "seconds": st.column_config.NumberColumn("time (s)", format=SECONDS_FORMAT),
+    "overlappable": st.column_config.CheckboxColumn("overlappable"),
+    "note": st.column_config.TextColumn("note", width="large"),
+}
+"""One step's collectives (dashboard.planning.communication_frame)."""
+
+ERROR_STATS = {
+    "steps": _whole("steps"),
+    "measured / predicted (median)": st.column_config.NumberColumn("measured / predicted", format="x%.3f"),
+    "median |error|": _percent("median |error|"),
+    "worst |error|": _percent("worst |error|"),
+}
+"""Calibration error statistics (dashboard.calibration.error_stats)."""
+
+DROPS = {
+    "hostname": st.column_config.TextColumn("host"),
+    "started_at": st.column_config.DatetimeColumn("started (UTC)", format="YYYY-MM-DD HH:mm"),
+    "value": st.column_config.NumberColumn("value", format="%,.4g"),
+    "previous_median": st.column_config.NumberColumn("previous median", format="%,.4g"),
+    "change": _percent("change"),
+    "uuid": st.column_config.TextColumn("run"),
+}
+"""Runs that dropped below their device's previous median (dashboard.history.timeline)."""
+
+SIDE_BY_SIDE = {"_index": st.column_config.TextColumn("", width="medium")}
+"""Runs side by side (dashboard.history.side_by_side): the row names (identity, software, key figures) in full."""
