@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import sys
 
 from cli.train_flags import add_train_flags, layout_from_args, train_config
@@ -35,6 +36,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      "when there are two or more; on a CPU none unless given, e.g. --nproc 2 for gloo)")
     run.add_argument("--label", action="append", default=[], metavar="K=V", help="tag the run, e.g. --label rack=b7 (repeatable)")
     run.add_argument("--quiet", action="store_true", help="no progress output; print only the summary")
+    run.add_argument("--json", action="store_true",
+                     help="print what was measured as a bundle (the format of `headroom db export`) instead of the summary")
     run.set_defaults(handler=run_agent)
 
     train = commands.add_parser(
@@ -58,6 +61,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     train.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file)")
     train.add_argument("--label", action="append", default=[], metavar="K=V", help="tag the run (repeatable)")
     train.add_argument("--quiet", action="store_true", help="no progress output; print only the summary")
+    train.add_argument("--json", action="store_true",
+                       help="print what was measured as a bundle (the format of `headroom db export`) instead of the summary")
     train.set_defaults(handler=run_train)
 
 
@@ -138,7 +143,7 @@ def run_agent(args: argparse.Namespace) -> int:
     jobs = [(device, None) for device in targets if per_device]
     if "collectives" in only and ranks > 1:  # one run over the box's devices, filed under the first
         jobs.append((targets[0], bench_collectives.cases(targets[0].type, ranks)))
-    failed = False
+    failed, reports = False, []
     with open_store(args.db, mode="write") as store:
         if not args.quiet:
             print(f"recording into {store.url}", file=sys.stderr)
@@ -152,9 +157,20 @@ def run_agent(args: argparse.Namespace) -> int:
                 return 130
             except DeviceLost as lost:
                 return device_lost(lost, device, store.url)
-            print(summarize(report))
+            reports.append(report)
+            if not args.json:
+                print(summarize(report))
             failed |= nothing_measured(report)
+        if args.json:
+            print_runs(store, reports)
     return 1 if failed else 0
+
+
+def print_runs(store, reports) -> None:
+    """``--json``: the runs just measured, as `headroom db export` writes them."""
+    from db.bundle import export_bundle
+
+    print(json.dumps(export_bundle(store, [r.run_id for r in reports]), indent=1))
 
 
 def nothing_measured(report) -> bool:
@@ -242,7 +258,10 @@ def run_train(args: argparse.Namespace) -> int:
             return 130
         except DeviceLost as lost:
             return device_lost(lost, device, store.url)
-        print(summarize(report))
+        if args.json:
+            print_runs(store, [report])
+        else:
+            print(summarize(report))
         return 1 if nothing_measured(report) else 0
 
 

@@ -36,6 +36,7 @@ import json
 import os
 import tempfile
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -88,18 +89,20 @@ class ImportReport:
 # ---- export ----------------------------------------------------------------------
 
 
-def export_bundle(store: Store) -> dict[str, Any]:
-    """Every run in ``store`` with its fingerprint and results, as a bundle document."""
+def export_bundle(store: Store, uuids: Collection[str] | None = None) -> dict[str, Any]:
+    """Every run in ``store`` (or those of ``uuids``) with its fingerprint and results, as a bundle document."""
     with store.session() as session:
         if store.backend == "postgresql":  # one snapshot for every query (a SQLite transaction is one already)
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        runs = session.execute(
-            select(Run, Fingerprint).join(Fingerprint, Fingerprint.id == Run.fingerprint_id)
-            .order_by(Run.started_at, Run.uuid)
-        ).all()
+        query = select(Run, Fingerprint).join(Fingerprint, Fingerprint.id == Run.fingerprint_id)
+        if uuids is not None:
+            query = query.where(Run.uuid.in_(list(uuids)))
+        runs = session.execute(query.order_by(Run.started_at, Run.uuid)).all()
+        wanted = [run.id for run, _ in runs]
         results: dict[int, dict[str, list[dict[str, Any]]]] = {}
         for kind, model in RESULT_MODELS.items():
-            for row in session.scalars(select(model).order_by(model.run_id, model.id)):
+            rows = select(model).order_by(model.run_id, model.id)
+            for row in session.scalars(rows if uuids is None else rows.where(model.run_id.in_(wanted))):
                 results.setdefault(row.run_id, {}).setdefault(kind, []).append(_plain(record_values(row)))
     documents = []
     for run, device in runs:

@@ -1,5 +1,6 @@
 """The agent on this CPU: the smoke suite end to end, failures recorded, timers."""
 
+import json
 import os
 import time
 
@@ -160,6 +161,21 @@ def test_suite_kinds_are_validated():
 
     with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, train"):
         build_cases("smoke", CPU, ("bogus",))
+
+
+@pytest.mark.slow
+def test_agent_json_is_the_bundle_of_what_it_measured(headroom, tmp_path):
+    db, elsewhere = f"sqlite:///{tmp_path / 'box.db'}", f"sqlite:///{tmp_path / 'fleet.db'}"
+    train = headroom("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1",
+                     "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet", "--json")
+    assert train.returncode == 0, train.stderr
+    bundle = json.loads(train.stdout)
+    (run,) = bundle["runs"]
+    assert bundle["format"] == "headroom-bundle" and run["status"] == "completed"
+    assert [r["recompute"] for r in run["results"]["train_step"]] == ["none", "full"]
+    (tmp_path / "run.json").write_text(train.stdout)
+    imported = headroom("db", "import", str(tmp_path / "run.json"), "--db", elsewhere)
+    assert imported.returncode == 0 and "added 1 runs" in imported.stdout, imported.stdout + imported.stderr
 
 
 @pytest.mark.slow
