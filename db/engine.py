@@ -76,8 +76,17 @@ def check_sqlite_file(path: Path, *, write: bool) -> None:
 
     A missing file is created by a writer (with its directory) and refused to a
     reader, which must never create a store. A file that is not empty and does
-    not start with SQLite's 16-byte magic string is refused to both.
+    not start with SQLite's 16-byte magic string is refused to both, and so is a
+    path the file system cannot use (too long, a parent that is a file, no
+    permission).
     """
+    try:
+        _check_sqlite_file(path, write=write)
+    except OSError as err:
+        raise StoreError(f"cannot use {str(path)[:200]!r} as a store file: {err.strerror or err}") from None
+
+
+def _check_sqlite_file(path: Path, *, write: bool) -> None:
     if path.is_dir():
         raise StoreError(f"{path} is a directory; --db expects a store file such as {path / 'results.db'}")
     if not path.exists():

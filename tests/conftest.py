@@ -42,3 +42,23 @@ def smoke_store(tmp_path_factory):
     with open_store(url, mode="write") as store:
         report = run_suite(store, torch.device("cpu"), "smoke", quiet=True)
     return url, report
+
+
+MARKUP_NAME = "[click here](https://evil.example) ![x](https://evil.example/p.png) *GPU*"
+"""A device name a forged bundle could carry: Markdown that would render as a link and a remote image."""
+
+
+@pytest.fixture(scope="session")
+def markup_store(smoke_store, tmp_path_factory):
+    """A copy of the smoke store whose device is named ``MARKUP_NAME``; returns its URL."""
+    import sqlite3
+
+    source = sqlite3.connect(smoke_store[0].removeprefix("sqlite:///"))
+    path = tmp_path_factory.mktemp("markup") / "results.db"
+    copy = sqlite3.connect(path)
+    source.backup(copy)
+    with copy:
+        copy.execute("UPDATE fingerprints SET device_name = ?", (MARKUP_NAME,))
+    source.close()
+    copy.close()
+    return f"sqlite:///{path}"

@@ -288,3 +288,24 @@ def test_stopping_headroom_dashboard_stops_its_server(tmp_path):
     finally:
         if wrapper.poll() is None:
             os.killpg(wrapper.pid, signal.SIGKILL)
+
+
+def test_a_stored_name_with_markdown_is_shown_as_text(markup_store, monkeypatch):
+    """A forged bundle's device name reaches the pages escaped: its brackets and colons are characters, so
+    no link or remote image is made of it (tests/test_dashboard_browser.py checks the rendered page)."""
+    from dashboard.text import plain
+    from tests.conftest import MARKUP_NAME
+
+    escaped = plain(MARKUP_NAME)
+    assert escaped == ("\\[click here\\](https\\:/\u2060/evil.example) \\!\\[x\\](https\\:/\u2060/evil.example/p.png) "
+                       "\\*GPU\\*")
+    hardware = render("hardware", markup_store, monkeypatch)
+    assert escaped in texts(hardware) and "[click here](" not in texts(hardware)
+    plan = render("plan", markup_store, monkeypatch)
+    plan.selectbox(key="plan_model").set_value("bench-llama-small")
+    plan.selectbox(key="plan_hardware").set_value(f"measured: {MARKUP_NAME}")
+    plan.number_input(key="plan_seq_len").set_value(128)
+    plan.run()
+    assert not plan.exception
+    shown = texts(plan)
+    assert f"**{escaped}** (measured)" in shown and "[click here](" not in shown

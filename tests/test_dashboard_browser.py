@@ -11,6 +11,7 @@ looks for the Plan page's full candidate labels, every memory component and the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import socket
@@ -88,10 +89,10 @@ def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 90) ->
     pytest.fail(f"the dashboard did not answer /_stcore/health within {timeout_s:.0f} s")
 
 
-@pytest.fixture
-def dashboard(smoke_store, tmp_path):
+@contextlib.contextmanager
+def _serving(url: str, tmp_path: Path):
+    """`headroom dashboard` over the store at ``url``; yields its address."""
     _require_browser()
-    url, _ = smoke_store
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
     server = subprocess.Popen(
@@ -108,6 +109,45 @@ def dashboard(smoke_store, tmp_path):
         except subprocess.TimeoutExpired:
             server.kill()
             server.wait()
+
+
+def _chromium(tmp_path: Path):
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"):
+        options.add_argument(flag)
+    return webdriver.Chrome(service=Service(DRIVER), options=options)
+
+
+@pytest.fixture
+def dashboard(smoke_store, tmp_path):
+    with _serving(smoke_store[0], tmp_path) as address:
+        yield address
+
+
+def test_a_stored_name_with_markdown_renders_as_its_characters(markup_store, tmp_path):
+    """A forged bundle's device name is shown as text on the Hardware page: no link, no remote image."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from dashboard.text import WORD_JOINER
+    from tests.conftest import MARKUP_NAME
+
+    with _serving(markup_store, tmp_path) as address:
+        browser = _chromium(tmp_path)
+        try:
+            browser.get(f"{address}/hardware")
+            WebDriverWait(browser, 90, poll_frequency=0.5).until(
+                lambda d: "matmul, " in d.find_element(By.TAG_NAME, "body").text)
+            body = browser.find_element(By.TAG_NAME, "body").text.replace(WORD_JOINER, "")  # invisible
+            assert MARKUP_NAME in body, body
+            live = browser.find_elements(By.CSS_SELECTOR, "a[href*='evil.example'], img[src*='evil.example']")
+            assert not live, [e.get_attribute("outerHTML")[:300] for e in live]
+        finally:
+            browser.quit()
 
 
 def expected_plan() -> dict[str, set[str]]:
@@ -131,17 +171,11 @@ def expected_plan() -> dict[str, set[str]]:
 
 
 def test_every_page_renders_in_chromium(dashboard, tmp_path):
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in (*CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"):
-        options.add_argument(flag)
     ARTIFACTS.mkdir(exist_ok=True)
-    browser = webdriver.Chrome(service=Service(DRIVER), options=options)
+    browser = _chromium(tmp_path)
     plan_charts = expected_plan()
 
     def charts_drawn(driver) -> bool:

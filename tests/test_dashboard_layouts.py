@@ -28,6 +28,7 @@ from core.presets import get_preset
 from core.timing import datasheet_profile
 from core.units import GB
 from dashboard import charts, planning
+from dashboard.text import plain
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 H100 = datasheet_profile(get_hardware("h100-sxm"))
@@ -289,7 +290,7 @@ def test_a_bad_pin_shows_the_error_message(monkeypatch, tmp_path):
     at = render(monkeypatch, tmp_path, {"model": "llama3.2-1b", "gpus": "8", "tp": "3"})
     with pytest.raises(ConfigError) as expected:
         TrainConfig(seq_len=4096, layout=Layout(tp=3)).check_model(get_preset("llama3.2-1b"))
-    assert [e.value for e in at.error] == [str(expected.value)]
+    assert [e.value for e in at.error] == [plain(str(expected.value))]  # as text, never as markup
     assert not at.success and not at.get("vega_lite_chart")
 
 

@@ -8,6 +8,7 @@ import streamlit as st
 from core.errors import ConfigError
 from dashboard import calibration, charts, columns, data
 from dashboard.notices import readable_store, store_notice
+from dashboard.text import plain, shown_calibration
 
 st.title("Calibration")
 url = readable_store()
@@ -54,7 +55,7 @@ if device is not None:
     try:
         _, fit = data.measured(url, device)
     except ConfigError as err:
-        st.warning(f"{device}: {err}")
+        st.warning(f"{plain(device)}: {plain(err)}")
     else:
         rows = []
         for what, one in (("peak memory", fit.memory), ("step time", fit.time), ("communication", fit.communication),
@@ -66,4 +67,4 @@ if device is not None:
                              "median |error| after": f"{one.error:.1%}", "left out": one.noisy + len(one.outliers)})
         if rows:
             st.dataframe(pd.DataFrame(rows), hide_index=True)
-        st.markdown(f"**Confidence:** {fit.confidence()}")
+        st.markdown(f"**Confidence:** {shown_calibration(fit).confidence()}")

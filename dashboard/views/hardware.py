@@ -7,6 +7,7 @@ import streamlit as st
 from core.hardware import DTYPES
 from dashboard import charts, data, roofs
 from dashboard.notices import readable_store, store_notice
+from dashboard.text import plain
 
 st.title("Hardware")
 url = readable_store()
@@ -24,7 +25,7 @@ device_type = run_rows.loc[run_rows["device_name"] == device, "device_type"].ilo
 spec = roofs.datasheet_row(device, device_type)
 measured_dtypes = [d for d in DTYPES if d in set(matmul["dtype"])]
 st.caption(
-    f"{device} ({device_type}); datasheet: {spec.name + ' — ' + spec.source if spec else 'none (CPU or unknown device)'}. "
+    f"{plain(device)} ({device_type}); datasheet: {spec.name + ' — ' + spec.source if spec else 'none (CPU or unknown device)'}. "
     f"{len(matmul)} matmul, {len(attention)} attention and {len(elementwise)} elementwise results "
     f"from {run_rows['device_name'].eq(device).sum()} runs."
 )

@@ -24,6 +24,7 @@ from core.units import GB
 from dashboard import charts, columns, data, planning
 from dashboard.notices import store_notice
 from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
+from dashboard.text import plain, shown_calibration
 
 EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan_train.sh", "bash"),
                 "megatron": ("megatron_args.txt", "bash"), "deepspeed": ("ds_config.json", "json"),
@@ -126,7 +127,7 @@ try:
     with st.spinner(f"Searching every layout of {inputs.gpus} GPUs..." if inputs.gpus else "Planning..."):
         result = cached_plan(inputs, spec, profile, calibration)
 except (ConfigError, ValueError) as err:
-    st.error(str(err))
+    st.error(plain(err))
     st.stop()
 
 request, best = result.request, result.recommendation
@@ -138,23 +139,23 @@ if searched:
 else:
     where = f"{request.layout} ({request.layout.world} GPUs)"
 st.markdown(
-    f"**{spec.name}** ({spec.parameters / 1e9:.2f}B parameters), sequence {request.seq_len}, global batch "
+    f"**{plain(spec.name)}** ({spec.parameters / 1e9:.2f}B parameters), sequence {request.seq_len}, global batch "
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
-    f"{request.precision}, {request.train.optimizer} on **{profile.name}** ({profile.source}), "
+    f"{request.precision}, {request.train.optimizer} on **{plain(profile.name)}** ({profile.source}), "
     f"budget {budget_gb:.1f} GB per GPU"
 )
 if request.cluster is not None:
     cluster = request.cluster
     inside = (f"collectives measured {cluster.measured.source}" if cluster.measured else cluster.intra.name)
-    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {inside}, nodes on {cluster.inter.name}"
-               + (f" ({cluster.assumed})" if cluster.assumed else "")
+    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {plain(inside)}, nodes on {cluster.inter.name}"
+               + (f" ({plain(cluster.assumed)})" if cluster.assumed else "")
                + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
                   "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
                   "collectives measured on this device."))
 if best is None:
     st.error(f"**Recommendation:** {planning.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
     for line in result.advice:
-        st.markdown(f"- {line}")
+        st.markdown(f"- {plain(line)}")
 else:
     st.success(f"**Recommendation:** {planning.recommendation_text(result)}")
     cols = st.columns(4)
@@ -162,9 +163,9 @@ else:
     cols[1].metric("step time", planning.seconds_text(best.step_time_s))
     cols[2].metric("needs per GPU", f"{best.required_bytes / GB:.1f} GB", help="peak x fragmentation + context reserve")
     cols[3].metric("headroom", f"{(request.budget_bytes - best.required_bytes) / GB:.1f} GB")
-st.markdown(f"**Confidence:** {result.calibration.confidence()}")
+st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence()}")
 if profile.assumptions:
-    st.caption("Assumed, not measured: " + "; ".join(profile.assumptions))
+    st.caption("Assumed, not measured: " + "; ".join(plain(a) for a in profile.assumptions))
 st.caption(f"Margin: peak x {profile.fragmentation:.2f} allocator fragmentation + "
            f"{request.context_reserve_bytes / GB:.1f} GB CUDA context. GB = 1e9 bytes.")
 
@@ -233,13 +234,13 @@ else:
         other_profile, other_calibration = data.hardware(url, other_inputs.hardware)
         other = cached_plan(other_inputs, other_spec, other_profile, other_calibration)
     except (ConfigError, ValueError) as err:
-        st.error(f"The other plan: {err}")
+        st.error(f"The other plan: {plain(err)}")
     else:
         change = planning.tokens_per_s_change(result, other)
         for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other))):
             figures = planning.plan_figures(plan)
             with column:
-                st.markdown(f"**{tag}:** {planning.plan_title(plan)}")
+                st.markdown(f"**{tag}:** {plain(planning.plan_title(plan))}")
                 st.caption(figures["recommendation"])
                 cols = st.columns(3)
                 cols[0].metric("tokens/s", figures["tokens/s"], delta=change if plan is other else None)
