@@ -1,4 +1,4 @@
-"""Stored and user-given text shown inside Markdown: as the characters it holds, never as markup.
+r"""Stored and user-given text shown inside Markdown: as the characters it holds, never as markup.
 
 Streamlit renders captions, alerts and st.markdown as Markdown (raw HTML is already escaped). A device
 name from a bundle such as ``[click here](https://...) ![x](https://.../p.png)`` would otherwise become a
