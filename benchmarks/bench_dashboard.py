@@ -109,7 +109,7 @@ def fill(url: str, n_runs: int, n_devices: int, seed: int) -> float:
         run["fingerprint"]["device_name"] = DEVICES[device % len(DEVICES)]
         run["fingerprint"]["hostname"] = f"box-{device:02d}"
         slow = 0.9 if rng.random() < 0.02 else 1.0
-        for kind, results in run["results"].items():
+        for results in run["results"].values():
             for result in results:
                 result["recorded_at"] = run["started_at"]
                 for key in ("tflop_per_s", "gb_per_s", "tokens_per_s"):

@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from agent.check.parts import PARTS
     from agent.check.report import Rows, markdown, summary
-    from db.bundle import export_bundle, write_bundle
+    from db.bundle import export_file
     from db.store import open_store
 
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
@@ -159,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
         stem = f"{slug(fingerprint.get('device_name', ''))}-{date.today().isoformat()}"
         rows = Rows.load(store)
         with open_store(store) as opened:
-            write_bundle(export_bundle(opened), out / f"{stem}.json.gz")
+            export_file(opened, out / f"{stem}.json.gz")
     (out / "gpu-check.log").replace(out / f"{stem}.log")
     progress.replace(out / f"{stem}.checks.json")
     title = f"GPU check: {fingerprint.get('device_name', device)}, {date.today().isoformat()}"

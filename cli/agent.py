@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import sys
 
 from cli.train_flags import add_train_flags, layout_from_args, train_config
@@ -168,9 +167,9 @@ def run_agent(args: argparse.Namespace) -> int:
 
 def print_runs(store, reports) -> None:
     """``--json``: the runs just measured, as `headroom db export` writes them."""
-    from db.bundle import export_bundle
+    from db.bundle import print_runs
 
-    print(json.dumps(export_bundle(store, [r.run_id for r in reports]), indent=1))
+    print_runs(store, [r.run_id for r in reports], sys.stdout)
 
 
 def nothing_measured(report) -> bool:

@@ -97,12 +97,8 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 def load_bundle(path: Path, scratch: Path) -> str:
     """A store in ``scratch`` holding the bundle's runs; its URL. A bad bundle is refused before anything is written."""
-    from db.bundle import check_bundle, read_bundle, write_runs
-    from db.store import open_store
+    from db.bundle import import_file
 
-    runs = check_bundle(read_bundle(path), str(path))
-    url = f"sqlite:///{scratch / 'bundle.db'}"
-    with open_store(url, mode="write") as store:
-        report = write_runs(store, runs, str(path))
+    report, url = import_file(path, f"sqlite:///{scratch / 'bundle.db'}")
     print(f"headroom dashboard: {path}: {report}", flush=True)
     return url

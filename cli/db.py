@@ -75,25 +75,20 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
 
 def run_export(args: argparse.Namespace) -> int:
-    from db.bundle import export_bundle, write_bundle
+    from db.bundle import export_file
     from db.store import open_store
 
     with open_store(args.db, mode="read") as store:
-        bundle = export_bundle(store)
-    write_bundle(bundle, args.path, compress=True if args.gzip else None)
-    results = sum(len(rows) for run in bundle["runs"] for rows in run["results"].values())
-    print(f"exported {len(bundle['runs'])} runs ({results:,} results) from {store.url} to {args.path}")
+        counts = export_file(store, args.path, compress=True if args.gzip else None)
+    print(f"exported {counts.runs} runs ({counts.results:,} results) from {store.url} to {args.path}")
     return 0
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from db.bundle import check_bundle, read_bundle, write_runs
-    from db.store import open_store
+    from db.bundle import import_file
 
-    runs = check_bundle(read_bundle(args.path), str(args.path))  # before opening: a bad bundle creates nothing
-    with open_store(args.db, mode="write") as store:
-        report = write_runs(store, runs, source=str(args.path))
-        print(f"{args.path} -> {store.url}: {report}")
+    report, url = import_file(args.path, args.db)  # checked whole before the store is opened
+    print(f"{args.path} -> {url}: {report}")
     return 0
 
 

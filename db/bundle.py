@@ -6,12 +6,13 @@ over, and the fleet imports it. The format::
     {
       "format": "headroom-bundle",
       "version": 1,
-      "schema_revision": "0003",            # informational: the exporter's schema
+      "schema_revision": "0005",            # informational: the exporter's schema
       "runs": [
         {"uuid": ..., "suite": ..., "benchmark_version": ..., "started_at": ..., "finished_at": ...,
          "status": ..., "labels": {...},
          "fingerprint": {...every Fingerprint field but id and digest...},
-         "results": {"matmul": [...], "elementwise": [...], "attention": [...], "train_step": [...]}}
+         "results": {"matmul": [...], "elementwise": [...], "attention": [...], "train_step": [...],
+                     "collective": [...]}}
       ]
     }
 
@@ -19,45 +20,58 @@ Result records carry every column of their table but the internal ids
 (db.models documents each field). Times are ISO 8601 with offset.
 Export is deterministic (runs by start time then uuid, results in the order
 they were recorded), so exporting an imported bundle gives the same bytes.
+Export, import and merge stream: memory holds one run at a time, whatever
+the size of the store or the bundle (db/bundle_file.py reads and writes the
+files).
 
 Import is idempotent by run uuid: a run already stored is skipped, whole
 (unless it was stored as ``running`` and the bundle has it finished: then the
 finished copy replaces it, but only a copy from the same machine, its
 fingerprint, holding every result already stored for the run; anything else
-would let a bundle rewrite what a box measured, and is refused). Import is all-or-nothing: the whole bundle is read and checked before anything is
+would let a bundle rewrite what a box measured, and is refused). Import is
+all-or-nothing: the whole bundle is read and checked before anything is
 written, and the writes go in one transaction. A truncated or malformed
 bundle adds nothing and the error names the run, record and field.
 """
 
 from __future__ import annotations
 
-import gzip
 import json
-import os
-import tempfile
-import zlib
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 from uuid import UUID
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
+from db.bundle_file import (
+    BUNDLE_FORMAT,
+    BUNDLE_VERSION,
+    HEADER_KEYS,
+    BundleCounts,
+    check_header,
+    dump_bundle,
+    read_runs,
+    write_bundle,
+)
 from db.engine import driver_message
 from db.errors import BundleError
 from db.migrate import head
 from db.models import RESULT_MODELS, Fingerprint, Run
-from db.store import Store, fingerprint_id, insert_run
+from db.store import Store, fingerprint_id, insert_run, open_store
 from db.validate import check_record, data_columns, record_values
 
-BUNDLE_FORMAT = "headroom-bundle"
-BUNDLE_VERSION = 1
-_GZIP_MAGIC = b"\x1f\x8b"
+__all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleCounts", "CheckedRun", "ImportReport", "check_bundle",
+           "check_file", "check_runs", "export_bundle", "export_file", "export_runs", "import_bundle", "import_file",
+           "merge_stores", "print_runs", "read_runs", "write_runs"]
+
 _RUN_KEYS = tuple(c.key for c in data_columns(Run))
+_BATCH = 100
+"""Rows fetched at a time when exporting."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,129 +103,77 @@ class ImportReport:
 # ---- export ----------------------------------------------------------------------
 
 
-def export_bundle(store: Store, uuids: Collection[str] | None = None) -> dict[str, Any]:
-    """Every run in ``store`` (or those of ``uuids``) with its fingerprint and results, as a bundle document."""
+def export_runs(store: Store, uuids: Collection[str] | None = None) -> Iterator[dict[str, Any]]:
+    """Every run in ``store`` (or those of ``uuids``) as a bundle's run document, in export order.
+
+    One snapshot of the store (one transaction) read through a cursor per
+    table, each in the runs' order, ``_BATCH`` rows at a time: memory holds
+    one run's results, whatever the store's size.
+    """
     with store.session() as session:
         if store.backend == "postgresql":  # one snapshot for every query (a SQLite transaction is one already)
             session.connection(execution_options={"isolation_level": "REPEATABLE READ"})
-        query = select(Run, Fingerprint).join(Fingerprint, Fingerprint.id == Run.fingerprint_id)
-        if uuids is not None:
-            query = query.where(Run.uuid.in_(list(uuids)))
-        runs = session.execute(query.order_by(Run.started_at, Run.uuid)).all()
-        wanted = [run.id for run, _ in runs]
-        results: dict[int, dict[str, list[dict[str, Any]]]] = {}
-        for kind, model in RESULT_MODELS.items():
-            rows = select(model).order_by(model.run_id, model.id)
-            for row in session.scalars(rows if uuids is None else rows.where(model.run_id.in_(wanted))):
-                results.setdefault(row.run_id, {}).setdefault(kind, []).append(_plain(record_values(row)))
-    documents = []
-    for run, device in runs:
-        document = _plain(record_values(run))
-        document["fingerprint"] = _plain(record_values(device))
-        found = results.get(run.id, {})
-        document["results"] = {kind: found.get(kind, []) for kind in RESULT_MODELS}
-        documents.append(document)
-    return {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_revision": head(), "runs": documents}
+        order = (Run.started_at, Run.uuid)
+        picked = (lambda query: query) if uuids is None else (lambda query: query.where(Run.uuid.in_(list(uuids))))
+        run_columns, device_columns = data_columns(Run), data_columns(Fingerprint)
+        runs = session.execute(
+            picked(select(Run.id, *run_columns, *device_columns).join(Fingerprint, Fingerprint.id == Run.fingerprint_id))
+            .order_by(*order), execution_options={"yield_per": _BATCH})
+        results = {
+            kind: _Grouped(session.execute(
+                picked(select(model.run_id, *data_columns(model)).join(Run, Run.id == model.run_id))
+                .order_by(*order, model.id), execution_options={"yield_per": _BATCH}), data_columns(model))
+            for kind, model in RESULT_MODELS.items()
+        }
+        split = 1 + len(run_columns)
+        for row in runs:
+            document = _plain(zip((c.key for c in run_columns), row[1:split], strict=True))
+            document["fingerprint"] = _plain(zip((c.key for c in device_columns), row[split:], strict=True))
+            document["results"] = {kind: list(rows.take(row[0])) for kind, rows in results.items()}
+            yield document
 
 
-def _plain(values: dict[str, Any]) -> dict[str, Any]:
-    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in values.items()}
+class _Grouped:
+    """Result rows in the runs' order (run id first), handed out one run's worth at a time as plain records."""
+
+    def __init__(self, rows: Iterable[Any], columns: list) -> None:
+        self._rows = iter(rows)
+        self._keys = [c.key for c in columns]
+        self._next = next(self._rows, None)
+
+    def take(self, run_id: int) -> Iterator[dict[str, Any]]:
+        while self._next is not None and self._next[0] == run_id:
+            yield _plain(zip(self._keys, self._next[1:], strict=True))
+            self._next = next(self._rows, None)
 
 
-def write_bundle(bundle: dict[str, Any], path: Path, *, compress: bool | None = None) -> None:
-    """Write ``bundle`` to ``path`` atomically (a temporary file renamed into place).
+def _plain(items: Iterable[tuple[str, Any]]) -> dict[str, Any]:
+    return {k: v.isoformat() if isinstance(v, datetime) else v for k, v in items}
 
-    Gzip when ``compress`` is true, or when it is None and the name ends in ``.gz``.
-    """
-    compress = path.name.endswith(".gz") if compress is None else compress
-    data = json.dumps(bundle, indent=1, allow_nan=False).encode() + b"\n"
-    if compress:
-        data = gzip.compress(data, mtime=0)  # mtime=0: the same bundle gives the same bytes
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+
+def export_bundle(store: Store, uuids: Collection[str] | None = None) -> dict[str, Any]:
+    """A (small) store's runs as one bundle document in memory; `export_runs` streams them."""
+    return {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_revision": head(),
+            "runs": list(export_runs(store, uuids))}
+
+
+def export_file(store: Store, path: Path, *, compress: bool | None = None) -> BundleCounts:
+    """Write every run of ``store`` to the bundle file ``path`` (db.bundle_file.write_bundle), streamed."""
+    return write_bundle(export_runs(store), path, head(), compress=compress)
+
+
+def print_runs(store: Store, uuids: Collection[str], out: TextIO) -> BundleCounts:
+    """Write the runs ``uuids`` of ``store`` to ``out`` as a bundle, streamed."""
+    return dump_bundle(export_runs(store, uuids), out, head())
 
 
 # ---- import ----------------------------------------------------------------------
 
 
-def read_bundle(path: Path) -> Any:
-    """The parsed JSON of a bundle file, plain or gzip (recognised by its magic bytes)."""
-    try:
-        raw = path.read_bytes()
-    except OSError as err:
-        raise BundleError(f"cannot read bundle {path}: {err.strerror}") from None
-    if raw.startswith(_GZIP_MAGIC):
-        raw = _gunzip(raw, path)
-    try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except UnicodeDecodeError:
-        raise BundleError(f"{path}: not UTF-8 text, so not a bundle; nothing imported") from None
-    except RecursionError:
-        raise BundleError(f"{path}: JSON nested too deeply to be a bundle; nothing imported") from None
-    except json.JSONDecodeError as err:
-        raise BundleError(
-            f"{path}: not valid JSON at line {err.lineno} column {err.colno} ({err.msg}); "
-            "a truncated bundle ends early; nothing imported"
-        ) from None
-
-
-MAX_EXPANSION = 100
-"""A gzip bundle may expand to this many times its size at most: exported bundles expand about 6x (the
-H200 reference data: 5.9x); a file that expands 1000x is a decompression bomb, refused before it fills memory."""
-_CHUNK = 1 << 20
-
-
-def _gunzip(raw: bytes, path: Path) -> bytes:
-    """``raw`` decompressed (every gzip member), refused as soon as it outgrows MAX_EXPANSION."""
-    limit = max(MAX_EXPANSION * len(raw), 16 * _CHUNK)
-    out, data = bytearray(), raw
-    try:
-        while data:
-            inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
-            pending = data
-            while pending and not inflate.eof:
-                out += inflate.decompress(pending, _CHUNK)
-                pending = inflate.unconsumed_tail
-                if len(out) > limit:
-                    raise BundleError(f"{path}: expands more than {MAX_EXPANSION}x its {len(raw):,} bytes, which "
-                                      "no exported bundle does (a decompression bomb?); nothing imported")
-            if not inflate.eof:
-                raise EOFError("compressed file ended before the end-of-stream marker was reached")
-            data = inflate.unused_data
-    except (EOFError, zlib.error) as err:
-        raise BundleError(f"{path}: truncated or damaged gzip ({err}); nothing imported") from None
-    return bytes(out)
-
-
-def _refuse_constant(name: str) -> None:
-    raise json.JSONDecodeError(f"{name} is not a number a bundle may carry", name, 0)
-
-
-def check_bundle(bundle: Any, source: str) -> list[CheckedRun]:
-    """Check every part of a bundle document; raise `BundleError` at the first problem."""
-    if not isinstance(bundle, dict) or bundle.get("format") != BUNDLE_FORMAT:
-        found = bundle.get("format") if isinstance(bundle, dict) else type(bundle).__name__
-        raise BundleError(f"{source}: not a Headroom bundle (format {found!r}, expected {BUNDLE_FORMAT!r})")
-    version = bundle.get("version")
-    if version != BUNDLE_VERSION:
-        newer = isinstance(version, int) and version > BUNDLE_VERSION
-        raise BundleError(f"{source}: bundle version {version!r}; this headroom reads version {BUNDLE_VERSION}"
-                          + (" (upgrade headroom to import it)" if newer else ""))
-    unknown = sorted(set(bundle) - {"format", "version", "schema_revision", "runs"})
-    if unknown or not isinstance(bundle.get("runs"), list):
-        raise BundleError(f"{source}: expected the keys format, version, schema_revision and a list 'runs'"
-                          + (f"; unknown key {unknown[0]!r}" if unknown else ""))
-    checked, seen = [], set()
-    for number, document in enumerate(bundle["runs"], start=1):
+def check_runs(documents: Iterable[Any], source: str) -> Iterator[CheckedRun]:
+    """Each run document checked (`BundleError` at the first problem, naming the run), in order."""
+    seen = set()
+    for number, document in enumerate(documents, start=1):
         try:
             run = _check_run(document, f"{source}: run {number}")
         except RecursionError:
@@ -219,8 +181,37 @@ def check_bundle(bundle: Any, source: str) -> list[CheckedRun]:
         if run.run["uuid"] in seen:
             raise BundleError(f"{source}: run {number}: uuid {run.run['uuid']} appears twice in the bundle")
         seen.add(run.run["uuid"])
-        checked.append(run)
-    return checked
+        yield run
+
+
+def check_bundle(bundle: Any, source: str) -> list[CheckedRun]:
+    """Check every part of a bundle document held in memory; raise `BundleError` at the first problem."""
+    if not isinstance(bundle, dict):
+        raise BundleError(f"{source}: not a Headroom bundle (a JSON {type(bundle).__name__}, a bundle is an object "
+                          f"with format {BUNDLE_FORMAT!r})")
+    check_header(bundle, source)
+    unknown = sorted(set(bundle) - {*HEADER_KEYS, "runs"})
+    if unknown or not isinstance(bundle.get("runs"), list):
+        raise BundleError(f"{source}: expected the keys {', '.join(HEADER_KEYS)} and a list 'runs'"
+                          + (f"; unknown key {unknown[0]!r}" if unknown else ""))
+    return list(check_runs(bundle["runs"], source))
+
+
+def check_file(path: Path) -> int:
+    """Read and check the whole bundle file at ``path``, a run at a time; how many runs it holds."""
+    return sum(1 for _ in check_runs(read_runs(path), str(path)))
+
+
+def import_file(path: Path, url: str | None) -> tuple[ImportReport, str]:
+    """Import the bundle file at ``path`` into the store at ``url``: the report and the store's URL.
+
+    The file is read twice, a run at a time: once to check it whole, before
+    the store is even opened (a bad bundle creates no store), then to write
+    it in one transaction. Memory holds a run, whatever the bundle's size.
+    """
+    check_file(path)
+    with open_store(url, mode="write") as store:
+        return write_runs(store, check_runs(read_runs(path), str(path)), str(path)), store.url
 
 
 def _check_run(document: Any, where: str) -> CheckedRun:
@@ -257,11 +248,11 @@ def _is_uuid(text: str) -> bool:
 
 
 def import_bundle(store: Store, bundle: Any, source: str = "bundle") -> ImportReport:
-    """Check ``bundle`` whole, then write the runs ``store`` lacks in one transaction."""
+    """Check a bundle document held in memory whole, then write the runs ``store`` lacks in one transaction."""
     return write_runs(store, check_bundle(bundle, source), source)
 
 
-def write_runs(store: Store, runs: list[CheckedRun], source: str) -> ImportReport:
+def write_runs(store: Store, runs: Iterable[CheckedRun], source: str) -> ImportReport:
     """Write checked runs in one transaction: new ones added, stored ones skipped.
 
     One exception to skipping: a run stored as ``running`` (exported while
@@ -325,5 +316,9 @@ def _drop_unfinished(session: Session, uuid: str) -> bool:
 
 
 def merge_stores(source: Store, destination: Store) -> ImportReport:
-    """Copy the runs of ``source`` that ``destination`` lacks: export and import, in memory."""
-    return import_bundle(destination, export_bundle(source), source=source.url)
+    """Copy the runs of ``source`` that ``destination`` lacks, streamed from one to the other a run at a time.
+
+    Every run is checked as a bundle's would be, and the writes go in one
+    transaction: a run the destination refuses leaves it as it was.
+    """
+    return write_runs(destination, check_runs(export_runs(source), source.url), source.url)

@@ -12,11 +12,13 @@ import pytest
 
 from db.bundle import (
     BUNDLE_FORMAT,
+    check_runs,
     export_bundle,
+    export_file,
     import_bundle,
     merge_stores,
-    read_bundle,
-    write_bundle,
+    read_runs,
+    write_runs,
 )
 from db.errors import BundleError
 from db.store import open_store
@@ -44,7 +46,7 @@ def source(tmp_path) -> str:
 
 def _export(url: str, path: Path) -> bytes:
     with open_store(url) as store:
-        write_bundle(export_bundle(store), path)
+        export_file(store, path)
     return path.read_bytes()
 
 
@@ -53,7 +55,7 @@ def test_export_import_export_gives_identical_bytes(source, target, request, tmp
     first = _export(source, tmp_path / "first.json.gz")
     url = request.getfixturevalue(target)
     with open_store(url, mode="write") as store:
-        report = import_bundle(store, read_bundle(tmp_path / "first.json.gz"))
+        report = write_runs(store, check_runs(read_runs(tmp_path / "first.json.gz"), "first"), "first")
         assert (len(report.added), len(report.skipped), report.results) == (3, 0, 11)  # two runs of one of each of 5 kinds, one result
     assert _export(url, tmp_path / "second.json.gz") == first
     bundle = json.loads(gzip.decompress(first))
@@ -235,8 +237,8 @@ def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path,
     _refused(headroom, tmp_path / "bomb.json.gz", fleet, f"expands more than 100x its {size:,} bytes")
     # A fresh interpreter's peak memory (VmHWM: ru_maxrss would carry this process's peak over the exec):
     # decompressing it all would add 200 MB.
-    code = ("import sys\nfrom db.bundle import read_bundle\nfrom db.errors import BundleError\n"
-            "try:\n    read_bundle(__import__('pathlib').Path(sys.argv[1]))\nexcept BundleError:\n    pass\n"
+    code = ("import sys\nfrom db.bundle import check_file\nfrom db.errors import BundleError\n"
+            "try:\n    check_file(__import__('pathlib').Path(sys.argv[1]))\nexcept BundleError:\n    pass\n"
             "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
     peak_kib = int(subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.json.gz")], capture_output=True,
                                   text=True, check=True, timeout=60).stdout)
@@ -263,3 +265,37 @@ def test_a_write_the_store_refuses_midway_rolls_the_whole_import_back(source, fl
             import_bundle(store, bundle)
         assert row_counts(store) == before
 
+
+
+@pytest.fixture(scope="module")
+def stores_of_two_sizes(tmp_path_factory) -> dict[int, Path]:
+    """Stores of real H200 results (benchmarks/big_store.py) holding about 2,000 and 8,000 results."""
+    from benchmarks.big_store import build_store
+
+    folders = {}
+    for results in (2_000, 8_000):
+        folders[results] = tmp_path_factory.mktemp(f"store{results}")
+        build_store(f"sqlite:///{folders[results] / 'store.db'}", results)
+    return folders
+
+
+@pytest.mark.slow
+def test_export_import_and_merge_memory_does_not_grow_with_the_store(stores_of_two_sizes):
+    """Four times the results, the same peak: a run is held at a time, never the store or the bundle
+    (benchmarks/bench_big_store.py prints the figures at 100,000 results)."""
+    from benchmarks.peak_memory import run_headroom
+
+    peaks, sizes = {}, {}
+    for results, folder in stores_of_two_sizes.items():
+        store, bundle = str(folder / "store.db"), str(folder / "bundle.json")
+        commands = {"export": ("db", "export", bundle, "--db", store),
+                    "import": ("db", "import", bundle, "--db", str(folder / "imported.db")),
+                    "merge": ("db", "merge", store, "--db", str(folder / "merged.db"))}
+        for name, args in commands.items():
+            done = run_headroom(*args, timeout=120)
+            assert done.returncode == 0, done.stderr
+            peaks[name, results] = done.peak_mib
+        sizes[results] = (folder / "bundle.json").stat().st_size / 2**20
+    assert sizes[8_000] - sizes[2_000] > 15  # MiB more JSON: holding it whole would show
+    for name in ("export", "import", "merge"):
+        assert peaks[name, 8_000] - peaks[name, 2_000] < 4, (name, peaks)

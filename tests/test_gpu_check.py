@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 pytest.importorskip("torch")
-from db.bundle import check_bundle, read_bundle  # noqa: E402
+from db.bundle import check_runs, read_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,7 +31,7 @@ def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
     parts = json.loads((out / f"{stem}.checks.json").read_text())
     assert list(parts) == ["environment", "ledger", "suite", "offload", "repeat", "regret", "multi-rank"]
     assert {name: p["status"] for name, p in parts.items()} == dict.fromkeys(parts, "ok")
-    runs = check_bundle(read_bundle(out / f"{stem}.json.gz"), "gpu check bundle")
+    runs = list(check_runs(read_runs(out / f"{stem}.json.gz"), "gpu check bundle"))
     assert [r.run["suite"] for r in runs][0] == "quick"  # then the check's own runs
     assert all(r.fingerprint["device_type"] == "cpu" for r in runs)
     report = md.read_text()

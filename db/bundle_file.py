@@ -1,0 +1,332 @@
+"""Bundle files, written and read one run at a time: memory holds a run, never the bundle.
+
+Writing (`dump_bundle`, `write_bundle`) serialises run documents as they
+arrive, in exactly the bytes ``json.dumps(bundle, indent=1)`` gives, so a
+bundle written in pieces equals one written whole.
+
+Reading (`read_runs`) walks the top-level object itself and hands each
+element of ``"runs"`` to the standard library's JSON decoder, a document at a
+time, from a file read in 1 MiB pieces and, for gzip, decompressed as it goes.
+The header (``format``, ``version``) is checked as soon as it is read; keys
+may come in any order, as any JSON tool may reorder them. What no exported
+bundle holds is refused before it fills memory: a gzip file that expands more
+than `MAX_EXPANSION` times, a run document longer than `MAX_RUN_CHARS`.
+Errors name the file, and for bad JSON the line and column.
+
+The format itself is described in db/bundle.py.
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import io
+import json
+import os
+import re
+import tempfile
+import zlib
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any, TextIO
+
+from db.errors import BundleError
+
+BUNDLE_FORMAT = "headroom-bundle"
+BUNDLE_VERSION = 1
+HEADER_KEYS = ("format", "version", "schema_revision")
+
+MAX_EXPANSION = 100
+"""A gzip bundle may expand to this many times its size at most: exported bundles expand about 6x (the
+H200 reference data: 5.9x); a file that expands 1000x is a decompression bomb, refused before it fills memory."""
+MAX_RUN_CHARS = 16 << 20
+"""The longest run document a bundle may hold, in characters of JSON: the agent's runs are well under 1 MiB
+(the H200 reference data's largest, 69 results, is 0.2 MiB), and one run is held in memory whole."""
+_HEADER_CHARS = 1 << 20
+"""The longest key or header value read (they are a few characters in any bundle)."""
+_CHUNK = 1 << 20
+_GZIP_MAGIC = b"\x1f\x8b"
+_SPACE = re.compile(r"[ \t\n\r]*")
+
+
+@dataclass(frozen=True, slots=True)
+class BundleCounts:
+    runs: int
+    results: int
+
+
+# ---- writing ---------------------------------------------------------------------
+
+
+def dump_bundle(runs: Iterable[Mapping[str, Any]], out: TextIO, schema_revision: str) -> BundleCounts:
+    """Write a bundle of ``runs`` to ``out`` a run at a time, byte for byte as ``json.dumps(bundle, indent=1)``."""
+    header = {"format": BUNDLE_FORMAT, "version": BUNDLE_VERSION, "schema_revision": schema_revision}
+    out.write("{\n" + "".join(f" {json.dumps(k)}: {json.dumps(v)},\n" for k, v in header.items()) + ' "runs": [')
+    n_runs = n_results = 0
+    for run in runs:
+        text = json.dumps(run, indent=1, allow_nan=False)
+        out.write(("\n  " if n_runs == 0 else ",\n  ") + text.replace("\n", "\n  "))  # JSON text has no raw newline
+        n_runs += 1
+        n_results += sum(len(rows) for rows in run["results"].values())
+    out.write("\n ]\n}\n" if n_runs else "]\n}\n")
+    return BundleCounts(n_runs, n_results)
+
+
+def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision: str, *,
+                 compress: bool | None = None) -> BundleCounts:
+    """Write a bundle of ``runs`` to ``path`` atomically (a temporary file renamed into place).
+
+    Gzip when ``compress`` is true, or when it is None and the name ends in
+    ``.gz``; the gzip header carries no time or name, so the same runs give
+    the same bytes.
+    """
+    compress = path.name.endswith(".gz") if compress is None else compress
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as raw:
+            packed: IO[bytes] = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if compress else raw
+            text = io.TextIOWrapper(packed, encoding="utf-8", newline="\n")
+            counts = dump_bundle(runs, text, schema_revision)
+            text.flush()
+            text.detach()  # leaves ``packed`` open
+            if compress:
+                packed.close()  # writes the gzip trailer; ``raw`` stays open
+            raw.flush()
+            os.fsync(raw.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+    return counts
+
+
+# ---- reading ---------------------------------------------------------------------
+
+
+def read_runs(path: Path) -> Iterator[Any]:
+    """The run documents of the bundle at ``path`` (plain or gzip JSON), one at a time, as parsed JSON.
+
+    The header is checked as it is read, and once more at the end (a bundle
+    without ``format`` is found out there); a caller that has taken every run
+    without an error has read a whole, well-formed bundle. The runs themselves
+    are not checked here (db.bundle.check_runs does that).
+    """
+    source = str(path)
+    reader = _Reader(_file_bytes(path), source)
+    try:
+        yield from _bundle(reader, source)
+    except UnicodeDecodeError:
+        raise BundleError(f"{source}: not UTF-8 text, so not a bundle; nothing imported") from None
+
+
+def check_header(header: Mapping[str, Any], source: str, *, complete: bool = True) -> None:
+    """Refuse what is not a bundle this headroom reads; ``complete=False`` checks only the keys present so far."""
+    if complete or "format" in header:
+        if header.get("format") != BUNDLE_FORMAT:
+            raise BundleError(f"{source}: not a Headroom bundle (format {header.get('format')!r}, "
+                              f"expected {BUNDLE_FORMAT!r})")
+    if complete or "version" in header:
+        version = header.get("version")
+        if version != BUNDLE_VERSION:
+            newer = isinstance(version, int) and version > BUNDLE_VERSION
+            raise BundleError(f"{source}: bundle version {version!r}; this headroom reads version {BUNDLE_VERSION}"
+                              + (" (upgrade headroom to import it)" if newer else ""))
+
+
+def _bundle(reader: _Reader, source: str) -> Iterator[Any]:
+    first = reader.peek()
+    if first and first != "{":
+        kind = {"[": "a list", '"': "a string", "t": "true", "f": "false", "n": "null"}.get(first, "a number")
+        raise BundleError(f"{source}: not a Headroom bundle (the file is {kind}, a bundle is a JSON object "
+                          f"with format {BUNDLE_FORMAT!r})")
+    if not first:
+        raise reader.syntax("Expecting value")
+    reader.pos += 1
+    header: dict[str, Any] = {}
+    seen_runs = False
+    if reader.peek() == "}":
+        reader.pos += 1
+    else:
+        while True:
+            if reader.peek() != '"':
+                raise reader.syntax("Expecting property name enclosed in double quotes")
+            key = reader.value(_HEADER_CHARS, "a key")
+            if key in header or (key == "runs" and seen_runs):
+                raise BundleError(f"{source}: key {key!r} appears twice in the bundle")
+            reader.expect(":", "':' delimiter")
+            if key == "runs":
+                check_header(header, source, complete=False)
+                seen_runs = True
+                yield from _runs(reader, source)
+            elif key in HEADER_KEYS:
+                header[key] = reader.value(_HEADER_CHARS, repr(key))
+                check_header(header, source, complete=False)
+            else:
+                raise BundleError(f"{source}: unknown key {key!r}; a bundle holds {', '.join(HEADER_KEYS)} "
+                                  "and a list 'runs'")
+            if reader.expect(",}", "',' delimiter") == "}":
+                break
+    if reader.peek():
+        raise reader.syntax("Extra data")
+    check_header(header, source)
+    if not seen_runs:
+        raise BundleError(f"{source}: no list 'runs'; a bundle holds {', '.join(HEADER_KEYS)} and a list 'runs'")
+
+
+def _runs(reader: _Reader, source: str) -> Iterator[Any]:
+    found = reader.peek()
+    if not found:
+        raise reader.syntax("Expecting value")
+    if found != "[":
+        raise BundleError(f"{source}: 'runs' must be a list of run documents")
+    reader.pos += 1
+    if reader.peek() == "]":
+        reader.pos += 1
+        return
+    number = 0
+    while True:
+        number += 1
+        yield reader.value(MAX_RUN_CHARS, f"run {number}")
+        if reader.expect(",]", "',' delimiter") == "]":
+            return
+
+
+class _Reader:
+    """A bundle's text, read in pieces, parsed a value at a time; positions kept for error messages."""
+
+    def __init__(self, chunks: Iterator[bytes], source: str) -> None:
+        self._chunks = chunks
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
+        self._json = json.JSONDecoder(parse_constant=self._constant)
+        self._source = source
+        self.text = ""
+        self.pos = 0
+        self.eof = False
+        self._lines = 0  # newlines in the text already dropped
+        self._column = 0  # characters after the last of them
+
+    def peek(self) -> str:
+        """The next character that is not whitespace (the position moves to it); '' at the end."""
+        while True:
+            self.pos = _SPACE.match(self.text, self.pos).end()
+            if self.pos < len(self.text):
+                return self.text[self.pos]
+            if not self._read(_CHUNK):
+                return ""
+
+    def expect(self, characters: str, what: str) -> str:
+        found = self.peek()
+        if not found or found not in characters:
+            raise self.syntax(f"Expecting {what}")
+        self.pos += 1
+        return found
+
+    def value(self, limit: int, what: str = "a value") -> Any:
+        """The JSON value at the next non-whitespace character, read on until it is whole (at most ``limit``
+        characters)."""
+        self.peek()
+        while True:
+            try:
+                value, end = self._json.raw_decode(self.text, self.pos)
+            except json.JSONDecodeError as err:
+                if self.eof:
+                    raise self.syntax(err.msg, err.pos) from None
+                self._grow(limit, what, err)
+                continue
+            except RecursionError:
+                raise BundleError(f"{self._source}: {what}: JSON nested too deeply to be a bundle; "
+                                  "nothing imported") from None
+            if end == len(self.text) and not self.eof:  # a number may go on in the next piece
+                self._grow(limit, what, None)
+                continue
+            if end - self.pos > limit:
+                raise self._too_long(what, limit)
+            self.pos = end
+            return value
+
+    def _grow(self, limit: int, what: str, err: json.JSONDecodeError | None) -> None:
+        held = len(self.text) - self.pos
+        if held > limit:
+            if err is not None and err.pos < len(self.text) - _CHUNK:  # broken well before the end of what is read
+                raise self.syntax(err.msg, err.pos)
+            raise self._too_long(what, limit)
+        self._read(max(held, _CHUNK))  # double what is held: a long value is parsed a few times, not per piece
+
+    def _too_long(self, what: str, limit: int) -> BundleError:
+        return BundleError(f"{self._source}: {what} is longer than {limit:,} characters of JSON, more than any "
+                           "bundle headroom writes holds; nothing imported")
+
+    def _read(self, at_least: int) -> bool:
+        """Append at least ``at_least`` more characters (fewer at the end of the file); False when none came."""
+        if self.eof:
+            return False
+        if self.pos > len(self.text) // 2:
+            self._drop_parsed()
+        pieces, got = [], 0
+        while got < at_least and not self.eof:
+            chunk = next(self._chunks, None)
+            piece = self._utf8.decode(b"" if chunk is None else chunk, final=chunk is None)
+            self.eof = chunk is None
+            pieces.append(piece)
+            got += len(piece)
+        self.text += "".join(pieces)
+        return got > 0
+
+    def _drop_parsed(self) -> None:
+        parsed = self.text[: self.pos]
+        newlines = parsed.count("\n")
+        self._lines += newlines
+        self._column = len(parsed) - parsed.rfind("\n") - 1 if newlines else self._column + len(parsed)
+        self.text, self.pos = self.text[self.pos:], 0
+
+    def syntax(self, message: str, pos: int | None = None) -> BundleError:
+        pos = self.pos if pos is None else pos
+        before = self.text[:pos]
+        newlines = before.count("\n")
+        line = self._lines + newlines + 1
+        column = pos - before.rfind("\n") if newlines else self._column + pos + 1
+        return BundleError(f"{self._source}: not valid JSON at line {line} column {column} ({message}); "
+                           "a truncated bundle ends early; nothing imported")
+
+    def _constant(self, name: str) -> None:
+        raise BundleError(f"{self._source}: {name} is not a number a bundle may carry; nothing imported")
+
+
+def _file_bytes(path: Path) -> Iterator[bytes]:
+    """The bytes of the file at ``path`` in pieces, decompressed when it is gzip (recognised by its magic)."""
+    try:
+        with path.open("rb") as f:
+            if f.peek(2)[:2] == _GZIP_MAGIC:
+                yield from _gunzip(f, os.fstat(f.fileno()).st_size, path)
+            else:
+                while chunk := f.read(_CHUNK):
+                    yield chunk
+    except OSError as err:
+        raise BundleError(f"cannot read bundle {path}: {err.strerror or err}") from None
+
+
+def _gunzip(f: IO[bytes], size: int, path: Path) -> Iterator[bytes]:
+    """Every gzip member of ``f`` decompressed in pieces, refused as soon as it outgrows MAX_EXPANSION."""
+    limit, total = max(MAX_EXPANSION * size, 16 * _CHUNK), 0
+    inflate, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
+    try:
+        while True:
+            if not pending and not (pending := f.read(_CHUNK)):
+                break
+            if inflate.eof:  # another member follows
+                inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
+            piece = inflate.decompress(pending, _CHUNK)
+            pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
+            total += len(piece)
+            if total > limit:
+                raise BundleError(f"{path}: expands more than {MAX_EXPANSION}x its {size:,} bytes, which "
+                                  "no exported bundle does (a decompression bomb?); nothing imported")
+            yield piece
+        if not inflate.eof:
+            yield inflate.flush()
+        if not inflate.eof:
+            raise EOFError("compressed file ended before the end-of-stream marker was reached")
+    except (EOFError, zlib.error) as err:
+        raise BundleError(f"{path}: truncated or damaged gzip ({err}); nothing imported") from None
