@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -45,6 +46,8 @@ OUTLIER_RATIO = 2.0
 """A ratio more than this factor above or below the median ratio is an outlier."""
 FAR_FACTOR = 2.0
 """A factor beyond this (or below its inverse) is reported, not applied."""
+OUTLIERS_SHOWN = 5
+"""Distinct outliers a description names; the rest are counted."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,13 +121,22 @@ class Fit:
             parts.append(f"{self.noisy} noisy (busy host or spread samples)")
         if self.outliers:
             parts.append(f"{len(self.outliers)} outlier{'s' if len(self.outliers) > 1 else ''} "
-                         f"({', '.join(self.outliers)})")
+                         f"({_tally(self.outliers)})")
         return ", ".join(parts)
 
     def to_dict(self) -> dict:
         return {"samples": self.samples, "factor": self.factor, "applied": self.applied,
                 "raw_error": self.raw_error, "error": self.error, "worst": self.worst, "noisy": self.noisy,
                 "outliers": list(self.outliers)}
+
+
+def _tally(labels: tuple[str, ...], shown: int = OUTLIERS_SHOWN) -> str:
+    """Labels in first-seen order, a repeated one once with its count (a fleet reruns the same steps), the
+    first ``shown`` of them."""
+    counts = Counter(labels)
+    named = [f"{label} ({n} steps)" if n > 1 else label for label, n in counts.items()]
+    more = f", and {len(named) - shown} more" if len(named) > shown else ""
+    return ", ".join(named[:shown]) + more
 
 
 NO_FIT = Fit(samples=0, factor=1.0, raw_error=0.0, error=0.0, worst=0.0)

@@ -29,15 +29,16 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
-from alembic import command
-from alembic.config import Config
-from alembic.runtime.migration import MigrationContext
-from alembic.script import ScriptDirectory
-from sqlalchemy import Connection, Engine, func, inspect, select
+from typing import TYPE_CHECKING
+
+from sqlalchemy import Connection, Engine, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 
 from db.engine import display_url, driver_message
 from db.errors import OutdatedStoreError, StoreError
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 VERSION_TABLE = "headroom_schema_version"
 MIGRATIONS = Path(__file__).with_name("migrations")
@@ -60,7 +61,13 @@ class SchemaState:
 
 
 def alembic_config(connection: Connection | None = None) -> Config:
-    """Alembic's configuration, in code; ``connection`` is the one migrations run on."""
+    """Alembic's configuration, in code; ``connection`` is the one migrations run on.
+
+    Alembic is imported here, by writers only: a reader recognises a store
+    without it (`revisions`, `probe`).
+    """
+    from alembic.config import Config
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS))
     config.attributes["connection"] = connection
@@ -69,9 +76,14 @@ def alembic_config(connection: Connection | None = None) -> Config:
 
 @cache
 def revisions() -> tuple[str, ...]:
-    """Every schema revision this code knows, oldest first; the last is the head."""
-    script = ScriptDirectory.from_config(alembic_config())
-    return tuple(reversed([s.revision for s in script.walk_revisions()]))
+    """Every schema revision this code knows, oldest first; the last is the head.
+
+    Read from the scripts' names (``versions/NNNN_what.py`` holds revision
+    ``NNNN``, whose down revision is the one before), not from Alembic's
+    script directory, which readers do not import; tests/test_db_migrations.py
+    checks that the two agree.
+    """
+    return tuple(sorted(p.name[:4] for p in (MIGRATIONS / "versions").glob("[0-9][0-9][0-9][0-9]_*.py")))
 
 
 def head() -> str:
@@ -87,9 +99,8 @@ def probe(connection: Connection) -> SchemaState:
     try:
         tables = tuple(sorted(inspect(connection).get_table_names()))
         revision = None
-        if VERSION_TABLE in tables:
-            context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
-            revision = context.get_current_revision()
+        if VERSION_TABLE in tables:  # Alembic's version table: one row, the revision
+            revision = connection.execute(text(f"SELECT version_num FROM {VERSION_TABLE}")).scalars().first()
     except DBAPIError as err:
         raise StoreError(
             f"cannot read {display_url(connection.engine.url)}: {driver_message(err)}; it is not a readable Headroom store "
@@ -141,5 +152,7 @@ def ensure_schema(engine: Engine, *, write: bool) -> str | None:
         state = probe(connection)  # again, under the lock: another writer may have been first
         check(state, url)
         if state.revision != head():
+            from alembic import command
+
             command.upgrade(alembic_config(connection), "head")
     return None if state.revision == head() else state.revision or "empty"

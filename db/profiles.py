@@ -6,19 +6,28 @@
 (`build_profile`) and calibration (`calibration_for`). What the rows mean
 (medians, the non-decreasing matmul curve, the fastest attention, the best
 copy, fragmentation, datasheet fallbacks, re-predicting each training step)
-is core.measurements's; this module only queries and converts.
+is core.measurements's.
+
+The work does not grow with the store's history. Each kind of result is
+read from the device's latest `PROFILE_RUNS` runs that recorded it, and where
+core.measurements reduces many rows to one figure, SQL does it first
+(``GROUP BY``, window functions) and hands over one record per group that
+yields the same figure: the median rate of each matmul size, the median time
+of each collective size, the fastest attention of each shape, the best copy.
+tests/test_db_profiles.py checks each aggregate against core.measurements on
+every row.
 """
 
 from __future__ import annotations
 
 import os
 
-from sqlalchemy import select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from core.calibration import Calibration
-from core.errors import ConfigError
 from core.collective_curves import CollectiveRecord
+from core.errors import ConfigError
 from core.measurements import (
     AttentionRecord,
     DeviceRecord,
@@ -40,6 +49,11 @@ from db.models import (
     TrainStepResult,
 )
 from db.store import open_store
+
+PROFILE_RUNS = 50
+"""A profile and its calibration read each kind of result from the device's latest this-many runs that
+recorded it: the box as it is now (its driver, clocks and software), and a bounded amount of work however
+long its history. A box that runs the standard suite nightly covers seven weeks."""
 
 
 def device_names(session: Session) -> list[str]:
@@ -64,17 +78,31 @@ def find_device(session: Session, name: str) -> str | None:
     return partial[0] if partial else None
 
 
-def _rows(session: Session, model, device_name: str, *columns):
-    """The device's ok rows of ``model``, oldest run first, as plain rows of ``columns`` only: no ORM
-    objects, and no raw samples or details documents decoded (a profile reads medians and rates)."""
-    query = (
+def _ok_rows(model, device_name: str, *columns) -> Select:
+    """The device's ok rows of ``model`` in its latest `PROFILE_RUNS` runs that recorded any, as plain columns
+    (no ORM objects, no samples decoded)."""
+    latest = (select(Run.id).join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
+              .where(Fingerprint.device_name == device_name,
+                     select(model.id).where(model.run_id == Run.id, model.status == "ok").exists())
+              .order_by(Run.started_at.desc(), Run.id.desc()).limit(PROFILE_RUNS))
+    return (
         select(*columns)
         .join(Run, model.run_id == Run.id)
-        .join(Fingerprint, Run.fingerprint_id == Fingerprint.id)
-        .where(Fingerprint.device_name == device_name, model.status == "ok")
-        .order_by(Run.started_at, model.id)
+        .where(model.run_id.in_(latest), model.status == "ok")
     )
-    return session.execute(query).all()
+
+
+def _medians(rows: Select, keys: list, value) -> Select:
+    """For each group of ``keys`` among ``rows``, the median of ``value`` as statistics.median takes it (the
+    middle row, or the mean of the two middle rows), with window functions that SQLite and PostgreSQL share."""
+    ranked = rows.add_columns(
+        value.label("value"),
+        func.row_number().over(partition_by=keys, order_by=value).label("place"),
+        func.count().over(partition_by=keys).label("size"),
+    ).subquery()
+    grouped = [ranked.c[f"key{i}"] for i in range(len(keys))]
+    middle = or_(ranked.c.place == (ranked.c.size + 1) // 2, ranked.c.place == (ranked.c.size + 2) // 2)
+    return select(*grouped, func.avg(ranked.c.value)).where(middle).group_by(*grouped).order_by(*grouped)
 
 
 def device_record(session: Session, device_name: str) -> DeviceRecord:
@@ -86,27 +114,41 @@ def device_record(session: Session, device_name: str) -> DeviceRecord:
 
 
 def matmul_records(session: Session, device_name: str) -> list[MatmulRecord]:
+    """One record per dtype and GEMM size (FLOPs): its median rate, what core.measurements.matmul_curve takes."""
     m = MatmulResult
-    return [MatmulRecord(dtype, 2 * a * b * c * batch, tflop_per_s * 1e12)
-            for dtype, a, b, c, batch, tflop_per_s in _rows(session, m, device_name, m.dtype, m.m, m.n, m.k, m.batch,
-                                                            m.tflop_per_s)]
+    flops = 2 * m.m * m.n * m.k * m.batch
+    rows = _ok_rows(m, device_name, m.dtype.label("key0"), flops.label("key1")).where(m.tflop_per_s > 0, flops > 0)
+    return [MatmulRecord(dtype, int(size), rate)
+            for dtype, size, rate in session.execute(_medians(rows, [m.dtype, flops], m.tflop_per_s * 1e12))]
 
 
 def attention_records(session: Session, device_name: str) -> list[AttentionRecord]:
+    """One record per shape: its fastest forward (ties: the earliest), of which core.measurements takes the
+    fastest at the largest shape."""
     a = AttentionResult
-    return [AttentionRecord(*row) for row in _rows(session, a, device_name, a.batch, a.seq_len, a.n_heads, a.head_dim,
-                                                   a.forward_median_s, a.backward_median_s)]
+    shape = [a.batch, a.seq_len, a.n_heads, a.head_dim]
+    ranked = _ok_rows(a, device_name, *shape, a.forward_median_s, a.backward_median_s, Run.started_at.label("at"),
+                      a.id.label("row"),
+                      func.row_number().over(partition_by=shape, order_by=(a.forward_median_s, Run.started_at, a.id))
+                      .label("place")).where(a.forward_median_s > 0).subquery()
+    fastest = select(*[c for c in ranked.c if c.key not in ("at", "row", "place")]).where(ranked.c.place == 1)
+    return [AttentionRecord(*row) for row in session.execute(fastest.order_by(ranked.c.at, ranked.c.row))]
 
 
 def elementwise_records(session: Session, device_name: str) -> list[ElementwiseRecord]:
+    """The best copy (core.measurements.copy_bandwidth takes the best), or nothing."""
     e = ElementwiseResult
-    return [ElementwiseRecord(op, gb_per_s * 1e9) for op, gb_per_s in _rows(session, e, device_name, e.op, e.gb_per_s)]
+    best = session.scalar(_ok_rows(e, device_name, func.max(e.gb_per_s)).where(e.op == "copy", e.gb_per_s > 0))
+    return [ElementwiseRecord("copy", best * 1e9)] if best is not None else []
 
 
 def collective_records(session: Session, device_name: str) -> list[CollectiveRecord]:
+    """One record per op, group and message size: its median time, what CollectiveCurves.from_records takes."""
     c = CollectiveResult
-    return [CollectiveRecord(*row) for row in _rows(session, c, device_name, c.op, c.group_size, c.message_bytes,
-                                                    c.median_s)]
+    keys = [c.op, c.group_size, c.message_bytes]
+    rows = _ok_rows(c, device_name, *(k.label(f"key{i}") for i, k in enumerate(keys))).where(
+        c.median_s > 0, c.message_bytes > 0, c.group_size > 1)
+    return [CollectiveRecord(*row) for row in session.execute(_medians(rows, keys, c.median_s))]
 
 
 TRAIN_STEP_COLUMNS = (
@@ -117,17 +159,18 @@ TRAIN_STEP_COLUMNS = (
 
 
 def train_step_records(session: Session, device_name: str) -> list[TrainStepRecord]:
+    """The device's ok training steps of its latest `PROFILE_RUNS` runs that measured any, oldest first."""
     t = TrainStepResult
     # Dropout is not a column: it is read from the configuration the core's prediction was made for,
     # in SQL (a JSON path), so the prediction documents are not decoded.
     dropout = t.prediction[("config", "dropout")].as_float()
     busy = t.details[("host", "busy")].as_boolean()  # the agent's verdict on the host (NULL on older rows)
     columns = [getattr(t, name) for name in TRAIN_STEP_COLUMNS]
+    rows = _ok_rows(t, device_name, *columns, dropout, t.communication_median_s, busy).order_by(Run.started_at, t.id)
     return [
         TrainStepRecord(**dict(zip(TRAIN_STEP_COLUMNS, values, strict=True)), dropout=float(drop or 0.0),
                         communication_s=communication, busy=bool(flagged))
-        for *values, drop, communication, flagged in _rows(session, t, device_name, *columns, dropout,
-                                                           t.communication_median_s, busy)
+        for *values, drop, communication, flagged in session.execute(rows)
     ]
 
 

@@ -62,3 +62,11 @@ def test_a_cpu_has_no_memory_calibration_only_a_check_of_the_ledger():
 def test_nothing_measured_is_uncalibrated():
     assert calibrate("gpu", []).confidence() == "uncalibrated: no measured training steps on gpu"
     assert not calibrate("gpu", []).calibrated
+
+
+def test_a_rerun_outlier_is_named_once_with_its_count():
+    clean = [(1.0, 1.0 + i / 100, f"step {i}", False) for i in range(10)]
+    reruns = [(1.0, 5.0, "llama micro 1 offload", False)] * 3 + [(1.0, 0.2, f"odd {i}", False) for i in range(6)]
+    text = fit_ratio(clean + reruns).describe("step time")
+    assert text.endswith("left out: 9 outliers (llama micro 1 offload x5 (3 steps), odd 0 x0.2, odd 1 x0.2, "
+                         "odd 2 x0.2, odd 3 x0.2, and 2 more)")

@@ -63,3 +63,14 @@ def test_datasheet_planning_without_a_store_loads_no_database(tmp_path):
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert result.stdout.split() == ["datasheet", "None", "[]"]
     assert not (tmp_path / "headroom").exists(), "resolving hardware must never create a store"
+
+
+def test_planning_from_a_store_loads_no_migration_tooling(measured_url):
+    """Readers recognise a store without Alembic (and its Mako and Pygments): only writers migrate."""
+    code = (
+        "import sys\nfrom db.hardware import resolve_hardware\n"
+        f"profile, calibration = resolve_hardware('h100', {measured_url!r})\n"
+        "print(profile.source, sorted(m for m in ('sqlalchemy', 'alembic', 'mako', 'pygments') if m in sys.modules))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert result.stdout.split() == ["measured", "['sqlalchemy']"]

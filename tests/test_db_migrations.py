@@ -17,6 +17,7 @@ import pytest
 from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import MetaData, create_engine, select, text
 
 from db.errors import OutdatedStoreError, StoreError
@@ -57,6 +58,9 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
     assert revisions() == ("0001", "0002", "0003", "0004", "0005")
+    # Read from the scripts' names; Alembic's own walk of the chain agrees.
+    walked = ScriptDirectory.from_config(alembic_config()).walk_revisions()
+    assert tuple(reversed([script.revision for script in walked])) == revisions()
     assert _rows(old_store)[VERSION_TABLE] == [{"version_num": "0001"}]
 
 
