@@ -12,6 +12,13 @@ from core.layout import Layout
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
 KIND_NAMES = ("matmul", "elementwise", "attention", "train", "collectives")
+MAX_LOCAL_RANKS = 64
+"""Processes the agent starts on one box, one per rank: more than the GPUs of any node, and more CPU processes
+than gloo measures anything with. Checked before anything is launched."""
+MAX_STEPS = 1000
+"""Timed steps per configuration: past a few, more only take longer."""
+MAX_ACCUMULATION = 4096
+"""Micro-batches per optimizer step (a global batch of 2**24 sequences takes 4096 of 4096 on 1,024 ranks)."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -113,6 +120,9 @@ def collective_ranks(nproc: int | None, targets: list, explicit: bool) -> int:
     import torch
 
     gpus = torch.cuda.device_count() if targets[0].type == "cuda" else 0
+    if nproc is not None and nproc > MAX_LOCAL_RANKS:
+        raise ConfigError(f"--nproc {nproc:,}: the agent starts one process per rank on this box, at most "
+                          f"{MAX_LOCAL_RANKS}")
     if nproc is None:
         ranks = gpus if gpus > 1 else 1
     elif nproc < 2:
@@ -220,8 +230,9 @@ def run_train(args: argparse.Namespace) -> int:
     (device,) = devices(args.device) if args.device != "all" else (None,)
     if device is None:
         raise ConfigError("--device all is for `agent run`; train one device at a time")
-    if args.steps <= 0 or args.accumulation <= 0:
-        raise ConfigError(f"--steps and --accumulation must be positive, got {args.steps} and {args.accumulation}")
+    if not 0 < args.steps <= MAX_STEPS or not 0 < args.accumulation <= MAX_ACCUMULATION:
+        raise ConfigError(f"--steps must be 1 to {MAX_STEPS} and --accumulation 1 to {MAX_ACCUMULATION:,}, got "
+                          f"{args.steps:,} and {args.accumulation:,}")
     spec = resolve_model(args.model)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
     layout = train_layout(args, device)
@@ -276,6 +287,9 @@ def train_layout(args: argparse.Namespace, device) -> Layout:
         elif layout.world != args.nproc:
             raise ConfigError(f"--nproc {args.nproc} but the layout has tp x dp x pp x cp = {layout.world} ranks; "
                               "give one process per rank")
+    if layout.world > MAX_LOCAL_RANKS:
+        raise ConfigError(f"{layout.world:,} ranks: the agent starts one process per rank on this box, at most "
+                          f"{MAX_LOCAL_RANKS}")
     if layout.world > 1 and device.type == "cuda":
         import torch
 

@@ -61,7 +61,9 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the dashboard needs its extra: pip install 'headroom[dashboard]'") from None
     env = dict(os.environ)
     if args.db:
-        env["HEADROOM_DB"] = args.db
+        from db.location import resolve_url
+
+        env["HEADROOM_DB"] = resolve_url(args.db)  # refuses what no store can be named (a NUL, not UTF-8)
     with tempfile.TemporaryDirectory(prefix="headroom-bundle-") as scratch:
         if args.bundle is not None:
             env["HEADROOM_DB"] = load_bundle(args.bundle, Path(scratch))

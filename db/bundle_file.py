@@ -82,6 +82,8 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
     the same bytes.
     """
     compress = path.name.endswith(".gz") if compress is None else compress
+    if "\x00" in str(path):
+        raise BundleError(f"cannot write bundle {str(path)!r}: a file name cannot hold a NUL")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -303,8 +305,8 @@ def _file_bytes(path: Path) -> Iterator[bytes]:
             else:
                 while chunk := f.read(_CHUNK):
                     yield chunk
-    except OSError as err:
-        raise BundleError(f"cannot read bundle {path}: {err.strerror or err}") from None
+    except (OSError, ValueError) as err:  # ValueError: a name with a NUL, which no file has
+        raise BundleError(f"cannot read bundle {str(path)!r}: {getattr(err, 'strerror', None) or err}") from None
 
 
 def _gunzip(f: IO[bytes], size: int, path: Path) -> Iterator[bytes]:

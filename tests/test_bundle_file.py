@@ -119,5 +119,10 @@ def test_a_run_longer_than_any_bundle_holds_is_refused(tmp_path, monkeypatch, pi
 
 def test_a_missing_file_or_a_directory_is_one_line(tmp_path):
     for path in (tmp_path / "absent.json", tmp_path):
-        with pytest.raises(BundleError, match=f"cannot read bundle {path}: "):
+        with pytest.raises(BundleError, match=f"cannot read bundle '{path}': "):
             list(read_runs(Path(path)))
+
+
+def test_a_name_no_file_can_have_is_one_line():
+    with pytest.raises(BundleError, match=r"cannot read bundle 'a\\x00b.json': embedded null byte"):
+        list(read_runs(Path("a\x00b.json")))

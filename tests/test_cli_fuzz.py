@@ -1,9 +1,10 @@
-"""Every option of every planning and store command, given adversarial values: never a traceback, never a
-hang, and a refusal is one line with exit status 2.
+"""Every option of every command, given adversarial values: never a traceback, never a hang, and a refusal is
+one line with exit status 2.
 
 The commands run in this process (``cli.main.main``), each call under an alarm, in a scratch working
-directory (a path-like value may name a file). ``agent`` and ``dashboard`` are left out: a value they
-accept starts a measurement or a server; tests/test_cli.py refuses their bad values one by one.
+directory (a path-like value may name a file). ``agent run``, ``agent train`` and ``dashboard`` check their
+input and then start a measurement or a server: there the fuzz stops them (`Accepted`), since what it tests
+is that every value is refused or taken before any work starts.
 """
 
 from __future__ import annotations
@@ -36,24 +37,40 @@ BASE = {
     ("db", "info"): [],
     ("db", "export"): ["out.json"],
     ("db", "import"): ["missing.json"],
+    ("db", "merge"): ["missing.db"],
     ("db", "upgrade"): [],
+    ("agent", "run"): ["--suite", "smoke", "--device", "cpu"],
+    ("agent", "train"): ["--model", "bench-llama-tiny", "--seq-len", "64", "--device", "cpu"],
+    ("dashboard",): [],
 }
-"""Each command with a valid invocation; the fuzz replaces one option's value at a time."""
+"""Each command with a valid invocation; the fuzz replaces one option's value at a time, or the positional
+argument (the first word after the command)."""
+POSITIONAL = "POSITIONAL"
 CALL_LIMIT_S = 20
+
+
+class Accepted(BaseException):  # noqa: N818  (not an error: main() lets a BaseException through)
+    """Raised where a command would start measuring or serving: its input was taken."""
+
+
+def _accept(*_args, **_kwargs):
+    raise Accepted
 
 
 def _subparser(command: tuple[str, ...]):
     parser = build_parser()
     for word in command:
-        parser = next(a for a in parser._actions if a.dest in ("command", "action", "db_command")
+        parser = next(a for a in parser._actions if a.dest in ("command", "agent_command", "db_command")
                       and getattr(a, "choices", None) and word in a.choices).choices[word]
     return parser
 
 
 def _options(command: tuple[str, ...]) -> list[str]:
-    """The options of ``command`` that take a value."""
-    return sorted(opt for action in _subparser(command)._actions if action.nargs != 0
-                  for opt in action.option_strings if opt.startswith("--"))
+    """The options of ``command`` that take a value, and POSITIONAL when it takes a positional argument."""
+    actions = _subparser(command)._actions
+    positional = [POSITIONAL] if any(not a.option_strings and a.nargs is None for a in actions) else []
+    return positional + sorted(opt for action in actions if action.nargs != 0
+                               for opt in action.option_strings if opt.startswith("--"))
 
 
 CASES = [(command, option) for command in BASE for option in _options(command)]
@@ -74,6 +91,8 @@ def run(argv: list[str]) -> tuple[int, str]:
                 status = main(argv)
             except SystemExit as exit_:  # argparse's own refusals
                 status = exit_.code if isinstance(exit_.code, int) else 2
+            except Accepted:
+                status = 0
     finally:
         signal.alarm(0)
         signal.signal(signal.SIGALRM, previous)
@@ -85,6 +104,7 @@ def test_the_fuzz_covers_every_option_of_every_command():
     assert {command for command, _ in CASES} == {c for c in BASE if _options(c)}
     assert {"--model", "--budget", "--gpus", "--hardware", "--export", "--tp", "--db"} <= {
         option for command, option in CASES if command == ("plan",)}
+    assert {c for c, _ in CASES} >= {("agent", "run"), ("agent", "train"), ("dashboard",), ("db", "export")}
 
 
 @pytest.mark.parametrize("command, option", CASES, ids=[f"{' '.join(c)} {o}" for c, o in CASES])
@@ -95,7 +115,9 @@ def test_an_adversarial_value_is_refused_in_one_line_or_accepted(command, option
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
-    argv = [*command, *BASE[command], option, value]
+    monkeypatch.setattr("agent.runner.run_suite", _accept)
+    monkeypatch.setattr("cli.dashboard.serve", _accept)
+    argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option, value]
     status, err = run(argv)
     assert "Traceback" not in err and "internal error" not in err, (argv, err)
     no_match = command == ("hardware",) and status == 1 and err == ""  # grep's convention, README says so

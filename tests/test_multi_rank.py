@@ -287,6 +287,10 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
     (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),
     (("--tp", "2", "--dp", "2"), "use zero 3"),
     (("--nproc", "0"), "--nproc 0: give 1 or more processes"),
+    (("--nproc", "10000000"), "10,000,000 ranks: the agent starts one process per rank on this box, at most 64"),
+    (("--dp", "65"), "65 ranks: the agent starts one process per rank on this box, at most 64"),
+    (("--steps", "1001"), "--steps must be 1 to 1000 and --accumulation 1 to 4,096, got 1,001 and 1"),
+    (("--accumulation", "10000000"), "got 3 and 10,000,000"),
 ])
 def test_layouts_the_agent_cannot_run_are_refused_by_name(capsys, flags, message):
     assert main(["agent", "train", *TRAIN_FLAGS, *flags]) == 2
@@ -302,3 +306,6 @@ def test_a_pipeline_of_a_tied_model_is_refused_by_name(capsys):
 def test_collectives_need_ranks(capsys):
     assert main(["agent", "run", "--only", "collectives", "--device", "cpu"]) == 2
     assert "--only collectives needs 2 or more processes" in capsys.readouterr().err
+    assert main(["agent", "run", "--only", "collectives", "--device", "cpu", "--nproc", "1000000000"]) == 2
+    assert "--nproc 1,000,000,000: the agent starts one process per rank on this box, at most 64" in \
+        capsys.readouterr().err
