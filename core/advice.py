@@ -34,10 +34,12 @@ MAX_GPU_MULTIPLIER = 64
 MIN_SEQ_LEN = 256
 
 
-def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None) -> Plan:
-    """The plan, with advice when nothing fits."""
-    result = plan(request, profile, calibration)
-    if result.recommendation is None:
+def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
+                    time_limit_s: float | None = None) -> Plan:
+    """The plan, with advice when nothing fits (``time_limit_s``: see core.planner.plan). A search cut short
+    gets no advice: what the untried layouts would do is unknown, so the plan says how many are left."""
+    result = plan(request, profile, calibration, time_limit_s=time_limit_s)
+    if result.recommendation is None and not result.unsearched:
         result = replace(result, advice=advise_nothing_fits(result))
     return result
 

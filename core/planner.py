@@ -24,6 +24,7 @@ user's account of all this.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -202,6 +203,8 @@ class Plan:
     """When nothing fits: what dominates and the smallest change that would fit."""
     layouts: tuple[LayoutOutcome, ...] = field(default=())
     """Every layout searched, best first (one entry without a search)."""
+    unsearched: int = 0
+    """Layouts left untried when the search ran out of its time limit (`plan`'s ``time_limit_s``)."""
 
     @property
     def recommendation(self) -> Candidate | None:
@@ -312,12 +315,18 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
     )
 
 
-def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None) -> Plan:
+def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
+         time_limit_s: float | None = None) -> Plan:
     """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
 
-    No advice: when nothing fits, ``core.advice.plan_and_advise`` says what would.
+    ``time_limit_s`` bounds a layout search (a dashboard page's work): once it is spent no further layout
+    is tried, and the plan counts the ones left (`Plan.unsearched`). Layouts are tried simplest first
+    (fewest ranks one model is split over, then the lowest sharding stage), so a search cut short has
+    tried the ones a near tie would recommend. No advice: when nothing fits,
+    ``core.advice.plan_and_advise`` says what would.
     """
     calibration = calibration or uncalibrated(profile.name)
+    unsearched = 0
     if request.gpus is None:
         outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
         fitting = [c for c in evaluated if c.rejection is None]
@@ -325,10 +334,15 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
         outcomes = [outcome]
     else:
         cluster = request.cluster_for(profile)
-        layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
-                                    cluster.gpus_per_node, request.pinned)
+        layouts = sorted(candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+                                           cluster.gpus_per_node, request.pinned),
+                         key=lambda layout: (_split(layout), layout.zero))
         fitting, rejected, outcomes = [], [], []
-        for layout in layouts:
+        started = time.monotonic()
+        for tried, layout in enumerate(layouts):
+            if time_limit_s is not None and outcomes and time.monotonic() - started > time_limit_s:
+                unsearched = len(layouts) - tried
+                break
             sub = replace(request.on_layout(layout), cluster=cluster)
             if not micro_batches(sub):  # interleaving needs micro-batches in groups of pp
                 continue
@@ -339,7 +353,8 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
     fastest = max((c.tokens_per_s for c in fitting), default=0.0)
     fitting.sort(key=lambda c: _rank(c, fastest))
     outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
-    return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes))
+    return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes),
+                unsearched=unsearched)
 
 
 def _seconds(s: float) -> str:

@@ -46,6 +46,10 @@ AUTO = "auto"
 MAX_GPUS = 4096
 """The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: ~470 layouts,
 most of a minute on one busy core); `headroom plan --gpus` has none."""
+PAGE_TIME_LIMIT_S = 10.0
+"""A search on the page tries layouts, simplest first, for this long at most (core.planner.plan's time
+limit): 4096 GPUs of llama2-7b take 35 s and 0.6 GB in full on the 2-core CI machine, and a page that a URL
+can keep busy for minutes is a denial of service once it is exposed."""
 ONE_LAYOUT: dict[str, Any] = {"tp": 1, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1, "dp": 8, "zero": 2}
 """What an axis left on auto takes without a GPU count: eight data-parallel ranks at ZeRO-2 (sp: on when tp > 1,
 the search's own rule; virtual stages: 2 under the interleaved schedule, as on the command line)."""
@@ -224,11 +228,17 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile 
 
 
 def make_plan(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile, calibration: Calibration | None) -> Plan:
-    return plan_and_advise(build_request(inputs, spec, profile), profile, calibration)
+    return plan_and_advise(build_request(inputs, spec, profile), profile, calibration,
+                           time_limit_s=PAGE_TIME_LIMIT_S)
 
 
 def resolve_preset(name: str) -> ModelSpec:
     return get_preset(name)
+
+
+def count(n: int, noun: str) -> str:
+    """``n`` and the noun, plural unless one."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def recommendation_text(result: Plan) -> str:
@@ -236,6 +246,8 @@ def recommendation_text(result: Plan) -> str:
     best = result.recommendation
     if best is None:
         where = f" on any layout of {result.request.gpus} GPUs" if result.request.gpus is not None else ""
+        if result.unsearched:
+            where = f" on the {count(len(result.layouts), 'layout')} of {result.request.gpus} GPUs tried in time"
         return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget{where}"
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "

@@ -322,3 +322,15 @@ def test_the_compare_view_shows_two_layouts(monkeypatch, tmp_path, small_search)
     assert compared.loc[compared["row"] == "B", "seconds"].sum() == pytest.approx(b.step_time_s, rel=1e-12)
     memory = chart_data(at, "component")[1]  # chosen layout's ranks, then A and B's
     assert any(row.startswith("B: ") for row in memory["row"])
+
+
+def test_a_search_past_the_pages_time_limit_says_how_far_it_got(monkeypatch, tmp_path):
+    """The page's work is bounded: a URL asking for thousands of GPUs cannot keep the server busy for minutes."""
+    monkeypatch.setattr(planning, "PAGE_TIME_LIMIT_S", 0.0)  # spent at once: one layout tried
+    every = core_plan("bench-llama-small", 128, 8, 8)
+    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8", "budget": "1.01GB"})
+    assert [w.value for w in at.warning] == [
+        f"The search stopped at this page's limit of 0 s: 1 layout tried, simplest first, {len(every.layouts) - 1} "
+        "left untried. `headroom plan --gpus 8` searches every one."]
+    assert at.error[0].value.startswith("**Recommendation:** Nothing fits the 1.0 GB budget on the 1 layout of 8 "
+                                        "GPUs tried in time")

@@ -96,3 +96,21 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
     assert corrected.calibrated_peak_bytes == pytest.approx(raw.calibrated_peak_bytes * 1.10, rel=1e-6)
     assert corrected.estimate.peak_bytes == raw.estimate.peak_bytes == raw.calibrated_peak_bytes  # raw: uncorrected
     assert "peak memory: measured/predicted x1.100 over 3 steps" in calibration.confidence()
+
+
+@pytest.mark.parametrize("budget_gb", [80, 1.01], ids=["fits", "nothing fits"])
+def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(budget_gb):
+    from core.interconnect import default_cluster
+    from core.layout_search import candidate_layouts
+
+    request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
+                          gpus=8, budget_bytes=int(budget_gb * GB), cluster=default_cluster("h100-sxm"))
+    every = candidate_layouts(request.spec, request.train, 8, 8, 8, frozenset())
+    whole = plan_and_advise(request, H100)
+    cut = plan_and_advise(request, H100, time_limit_s=0)  # spent at once: one layout, then stop
+    assert (whole.unsearched, cut.unsearched, len(cut.layouts)) == (0, len(every) - 1, 1)
+    assert len(whole.layouts) == len(every)
+    simplest = min(every, key=lambda layout: (layout.tp * layout.pp * layout.cp, layout.zero))
+    assert cut.layouts[0].layout == simplest == Layout(dp=8, zero=0)
+    # Nothing fits among the layouts tried says nothing about the rest: no advice from a search cut short.
+    assert (whole.recommendation is None, bool(whole.advice), cut.advice) == (budget_gb < 2, budget_gb < 2, ())

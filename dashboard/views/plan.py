@@ -124,7 +124,8 @@ try:
     else:
         spec = planning.dimensions_spec(inputs)
     profile, calibration = data.hardware(url, inputs.hardware)
-    with st.spinner(f"Searching every layout of {inputs.gpus} GPUs..." if inputs.gpus else "Planning..."):
+    with st.spinner(f"Searching the layouts of {inputs.gpus} GPUs (at most {planning.PAGE_TIME_LIMIT_S:g} s)..."
+                    if inputs.gpus else "Planning..."):
         result = cached_plan(inputs, spec, profile, calibration)
 except (ConfigError, ValueError) as err:
     st.error(plain(err))
@@ -152,6 +153,11 @@ if request.cluster is not None:
                + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
                   "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
                   "collectives measured on this device."))
+if result.unsearched:
+    st.warning(f"The search stopped at this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s: "
+               f"{planning.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
+               "untried. "
+               f"`headroom plan --gpus {request.gpus}` searches every one.")
 if best is None:
     st.error(f"**Recommendation:** {planning.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
     for line in result.advice:
