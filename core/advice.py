@@ -104,7 +104,7 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
     while multiplier <= MAX_GPU_MULTIPLIER:
         if request.gpus is not None:
             gpus = request.gpus * multiplier
-            yield from planned(f"--gpus {gpus}", lambda: replace(request, gpus=gpus))
+            yield from planned(f"--gpus {gpus}", lambda gpus=gpus: replace(request, gpus=gpus))
         else:
             options = [found for label, make in _more_gpus(request, multiplier, gpus_per_node)
                        for found in planned(label, make)]
