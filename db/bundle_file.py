@@ -43,6 +43,8 @@ H200 reference data: 5.9x); a file that expands 1000x is a decompression bomb, r
 MAX_RUN_CHARS = 16 << 20
 """The longest run document a bundle may hold, in characters of JSON: the agent's runs are well under 1 MiB
 (the H200 reference data's largest, 69 results, is 0.2 MiB), and one run is held in memory whole."""
+GZIP_LEVEL = 6
+"""gzip's own default: on 96 MiB of bundle 1.9 s against level 9's 5.1 s, for 3.7% more bytes."""
 _HEADER_CHARS = 1 << 20
 """The longest key or header value read (they are a few characters in any bundle)."""
 _CHUNK = 1 << 20
@@ -88,7 +90,8 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as raw:
-            packed: IO[bytes] = gzip.GzipFile(filename="", fileobj=raw, mode="wb", mtime=0) if compress else raw
+            packed: IO[bytes] = (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
+                                 if compress else raw)
             text = io.TextIOWrapper(packed, encoding="utf-8", newline="\n")
             counts = dump_bundle(runs, text, schema_revision)
             text.flush()
