@@ -143,7 +143,8 @@ def check_header(header: Mapping[str, Any], source: str, *, complete: bool = Tru
 def _bundle(reader: _Reader, source: str) -> Iterator[Any]:
     first = reader.peek()
     if first and first != "{":
-        kind = {"[": "a list", '"': "a string", "t": "true", "f": "false", "n": "null"}.get(first, "a number")
+        value = [] if first == "[" else reader.value(_HEADER_CHARS)  # a scalar is short; a list may be the file
+        kind = {list: "a list", str: "a string", bool: "a boolean", type(None): "null"}.get(type(value), "a number")
         raise BundleError(f"{source}: not a Headroom bundle (the file is {kind}, a bundle is a JSON object "
                           f"with format {BUNDLE_FORMAT!r})")
     if not first:

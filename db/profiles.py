@@ -92,14 +92,15 @@ def _ok_rows(model, device_name: str, *columns) -> Select:
     )
 
 
-def _medians(rows: Select, keys: list, value) -> Select:
-    """For each group of ``keys`` among ``rows``, the median of ``value`` as statistics.median takes it (the
-    middle row, or the mean of the two middle rows), with window functions that SQLite and PostgreSQL share."""
-    ranked = rows.add_columns(
-        value.label("value"),
+def _medians(model, device_name: str, keys: list, value, *where) -> Select:
+    """For each group of ``keys`` among the device's ok rows of ``model`` that meet ``where``, the keys and the
+    median of ``value`` as statistics.median takes it (the middle row, or the mean of the two middle rows), with
+    window functions that SQLite and PostgreSQL share."""
+    ranked = _ok_rows(
+        model, device_name, *(key.label(f"key{i}") for i, key in enumerate(keys)), value.label("value"),
         func.row_number().over(partition_by=keys, order_by=value).label("place"),
         func.count().over(partition_by=keys).label("size"),
-    ).subquery()
+    ).where(*where).subquery()
     grouped = [ranked.c[f"key{i}"] for i in range(len(keys))]
     middle = or_(ranked.c.place == (ranked.c.size + 1) // 2, ranked.c.place == (ranked.c.size + 2) // 2)
     return select(*grouped, func.avg(ranked.c.value)).where(middle).group_by(*grouped).order_by(*grouped)
@@ -117,9 +118,8 @@ def matmul_records(session: Session, device_name: str) -> list[MatmulRecord]:
     """One record per dtype and GEMM size (FLOPs): its median rate, what core.measurements.matmul_curve takes."""
     m = MatmulResult
     flops = 2 * m.m * m.n * m.k * m.batch
-    rows = _ok_rows(m, device_name, m.dtype.label("key0"), flops.label("key1")).where(m.tflop_per_s > 0, flops > 0)
-    return [MatmulRecord(dtype, int(size), rate)
-            for dtype, size, rate in session.execute(_medians(rows, [m.dtype, flops], m.tflop_per_s * 1e12))]
+    medians = _medians(m, device_name, [m.dtype, flops], m.tflop_per_s * 1e12, m.tflop_per_s > 0, flops > 0)
+    return [MatmulRecord(dtype, int(size), rate) for dtype, size, rate in session.execute(medians)]
 
 
 def attention_records(session: Session, device_name: str) -> list[AttentionRecord]:
@@ -145,10 +145,9 @@ def elementwise_records(session: Session, device_name: str) -> list[ElementwiseR
 def collective_records(session: Session, device_name: str) -> list[CollectiveRecord]:
     """One record per op, group and message size: its median time, what CollectiveCurves.from_records takes."""
     c = CollectiveResult
-    keys = [c.op, c.group_size, c.message_bytes]
-    rows = _ok_rows(c, device_name, *(k.label(f"key{i}") for i, k in enumerate(keys))).where(
-        c.median_s > 0, c.message_bytes > 0, c.group_size > 1)
-    return [CollectiveRecord(*row) for row in session.execute(_medians(rows, keys, c.median_s))]
+    medians = _medians(c, device_name, [c.op, c.group_size, c.message_bytes], c.median_s,
+                       c.median_s > 0, c.message_bytes > 0, c.group_size > 1)
+    return [CollectiveRecord(*row) for row in session.execute(medians)]
 
 
 TRAIN_STEP_COLUMNS = (

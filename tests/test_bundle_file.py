@@ -81,6 +81,8 @@ def test_every_truncation_is_refused_where_json_loads_finds_it(tmp_path, small_p
     [
         ("[]", "not a Headroom bundle (the file is a list, a bundle is a JSON object with format 'headroom-bundle')"),
         ('"headroom-bundle"', "not a Headroom bundle (the file is a string"),
+        ("-12.5e3", "not a Headroom bundle (the file is a number"),
+        ("hello", "not valid JSON at line 1 column 1 (Expecting value)"),
         ('{"format": "other", "runs": []}', "not a Headroom bundle (format 'other', expected 'headroom-bundle')"),
         ('{"runs": [], "version": 1}', "not a Headroom bundle (format None"),
         ('{"format": "headroom-bundle", "version": 2, "runs": [1]}',
@@ -96,7 +98,7 @@ def test_every_truncation_is_refused_where_json_loads_finds_it(tmp_path, small_p
          "run 1: JSON nested too deeply to be a bundle"),
         (b'{"format": "headroom-bundle", "version": 1, "runs": ["\xff"]}', "not UTF-8 text, so not a bundle"),
     ],
-    ids=["list", "string", "format", "no format", "newer", "no runs", "runs not a list", "unknown key", "twice", "NaN",
+    ids=["list", "string", "number", "not json", "format", "no format", "newer", "no runs", "runs not a list", "unknown key", "twice", "NaN",
          "extra data", "nested", "not utf-8"],
 )
 def test_what_is_not_a_bundle_is_named(tmp_path, text, message):
