@@ -30,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs; --tp/--pp/--cp/--dp/"
         "--zero/--sp pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
     )
-    p.add_argument("--model", required=True, help="preset name (see `headroom models`) or path to a HuggingFace config.json")
+    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, or a model directory holding one")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free")
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")

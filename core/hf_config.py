@@ -1,5 +1,10 @@
 """Read a HuggingFace ``config.json`` from disk into a ModelSpec (no network).
 
+The model is named by its config (``_name_or_path``, as the hub saves it,
+e.g. ``meta-llama/Llama-3.1-8B``, or ``name``), else by the directory that
+holds ``config.json``, else by the file's stem; never the full path
+(`hf_model_name`).
+
 Supported ``model_type`` values and the field names each uses:
 
 - ``llama``, ``mistral``, ``qwen2``: num_hidden_layers, hidden_size,
@@ -13,6 +18,8 @@ Supported ``model_type`` values and the field names each uses:
 from __future__ import annotations
 
 import json
+import re
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -39,9 +46,34 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         ) from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to be a model config") from None
+    return spec_from_config_file(config, path)
+
+
+def spec_from_config_file(config: Any, path: Path) -> ModelSpec:
+    """The model of a parsed ``config.json`` read from ``path`` (or uploaded under that name), named by
+    `hf_model_name`; errors name the path."""
     if not isinstance(config, dict):
         raise ConfigError(f"{path}: expected a JSON object with model fields, got {type(config).__name__}")
-    return spec_from_hf_config(config, name=str(path))
+    return replace(spec_from_hf_config(config, name=str(path)), name=hf_model_name(config, path))
+
+
+_UNSAFE = re.compile(r"[^\w.+@:/-]")
+"""What a model name may not hold: it lands in logs, tables and the comment line of an exported script, so
+whitespace, quotes, control and formatting characters become ``_``."""
+
+
+def hf_model_name(config: dict[str, Any], path: Path) -> str:
+    """The model's own name: ``_name_or_path`` or ``name`` from the config (a local path there is cut to its
+    last part), else the directory holding ``config.json``, else the file's stem; unsafe characters as ``_``."""
+    given = next((config[k] for k in ("_name_or_path", "name") if isinstance(config.get(k), str) and config[k].strip()),
+                 None)
+    if given is not None:
+        text = given.strip()
+        if text.startswith(("/", ".", "~")) or "\\" in text:  # a checkpoint saved from a local directory
+            text = Path(text.replace("\\", "/")).name
+    else:
+        text = path.parent.name if path.name == "config.json" and path.parent.name else path.stem
+    return _UNSAFE.sub("_", text)[:200] or "model"
 
 
 def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:

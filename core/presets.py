@@ -68,7 +68,7 @@ def get_preset(name: str) -> ModelSpec:
         return PRESETS[key]
     close = difflib.get_close_matches(key, PRESETS, n=3, cutoff=0.5)
     hint = f"did you mean {', '.join(close)}?" if close else f"known presets: {', '.join(PRESETS)}"
-    raise ConfigError(f"unknown model preset {name!r}; {hint} (or give a path to a config.json)")
+    raise ConfigError(f"unknown model preset {name!r}; {hint} (or give a config.json or a model directory holding one)")
 
 
 def _is_file(name: str) -> bool:
@@ -78,10 +78,26 @@ def _is_file(name: str) -> bool:
         return False
 
 
+def _is_dir(name: str) -> bool:
+    try:
+        return Path(name).is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset name, or a path to a HuggingFace-style config.json."""
+    """A preset name, a path to a HuggingFace-style config.json, or a model directory holding one (as
+    downloaded from a model hub)."""
     if name_or_path.lower().endswith(".json") or _is_file(name_or_path):
         from core.hf_config import load_hf_config
 
         return load_hf_config(name_or_path)
+    if _is_dir(name_or_path):
+        from core.hf_config import load_hf_config
+
+        config = Path(name_or_path) / "config.json"
+        if not config.is_file():
+            raise ConfigError(f"directory {name_or_path!r} holds no config.json; give a model directory as "
+                              "downloaded from a model hub, a config.json or a preset")
+        return load_hf_config(config)
     return get_preset(name_or_path)

@@ -111,3 +111,24 @@ def test_hf_config_errors_are_clear(tmp_path):
         load_hf_config(broken)
     with pytest.raises(ConfigError, match="does not exist"):
         load_hf_config(tmp_path / "missing.json")
+
+
+def test_a_model_is_named_by_its_config_or_its_directory_never_the_full_path(tmp_path):
+    llama = json.loads((FIXTURES / "hf" / "llama-2-7b.json").read_text())
+    llama.pop("_name_or_path", None)
+    folder = tmp_path / "downloads" / "Llama-2-7b-hf"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps(llama))
+    assert resolve_model(str(folder)).name == "Llama-2-7b-hf"  # a model directory, as a hub download holds it
+    assert resolve_model(str(folder / "config.json")).name == "Llama-2-7b-hf"
+    (tmp_path / "my-llama.json").write_text(json.dumps(llama))
+    assert resolve_model(str(tmp_path / "my-llama.json")).name == "my-llama"
+    named = {"meta-llama/Llama-2-7b-hf": "meta-llama/Llama-2-7b-hf", "/checkpoints/run-7/step-1000": "step-1000",
+             "evil\nrm -rf / #": "evil_rm_-rf_/__"}  # a name reaches an exported script's comment line
+    for given, name in named.items():
+        (folder / "config.json").write_text(json.dumps(llama | {"_name_or_path": given}))
+        assert resolve_model(str(folder)).name == name
+    assert resolve_model(str(folder)).parameters == 6_738_415_616
+    with pytest.raises(ConfigError, match="directory '.*empty' holds no config.json"):
+        (tmp_path / "empty").mkdir()
+        resolve_model(str(tmp_path / "empty"))

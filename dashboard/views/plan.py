@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, fields
+from pathlib import Path
 
 import streamlit as st
 
@@ -13,7 +14,7 @@ from core.calibration import Calibration
 from core.config import ATTENTIONS
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
-from core.hf_config import spec_from_hf_config
+from core.hf_config import spec_from_config_file
 from core.interconnect import LINKS_BY_KEY
 from core.model import ModelSpec
 from core.planner import Plan
@@ -120,7 +121,7 @@ try:
         if uploaded is None:
             st.info("Upload a config.json to plan for it.")
             st.stop()
-        spec = spec_from_hf_config(json.loads(uploaded.getvalue()), name=uploaded.name.removesuffix(".json"))
+        spec = spec_from_config_file(json.loads(uploaded.getvalue()), Path(uploaded.name))
     else:
         spec = planning.dimensions_spec(inputs)
     profile, calibration = data.hardware(url, inputs.hardware)
