@@ -7,10 +7,12 @@ holds ``config.json``, else by the file's stem; never the full path
 
 Supported ``model_type`` values and the field names each uses:
 
-- ``llama``, ``mistral``, ``qwen2``: num_hidden_layers, hidden_size,
+- ``llama``, ``mistral``, ``qwen2``, ``phi3``: num_hidden_layers, hidden_size,
   num_attention_heads, num_key_value_heads (defaults to the head count),
   intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings
-  (default false). Qwen2 has biases on q, k and v.
+  (default false). Qwen2 has biases on q, k and v. Phi-3 fuses q, k, v into
+  one projection and gate and up into another: the same weights as Llama's
+  separate ones (transformers' Phi3Attention and Phi3MLP).
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
 """
@@ -26,7 +28,7 @@ from typing import Any
 from core.errors import ConfigError
 from core.model import ModelSpec
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3")
 SUPPORTED = (*LLAMA_LIKE, "gpt2")
 
 

@@ -83,6 +83,9 @@ def test_unknown_preset_suggests_closest():
         ("mistral-7b-v0.1.json", "llama", 7_241_732_096),
         ("qwen2-0.5b.json", "llama", 494_032_768),  # HF Qwen/Qwen2-0.5B: 494,032,768 (q/k/v biases, tied)
         ("gpt2.json", "gpt", 124_439_808),
+        # microsoft/Phi-3-mini-4k-instruct: 3.82B on its model card; 32 x (4 x 3072^2 + 3 x 3072 x 8192 + 2 x 3072)
+        # + 2 x 32064 x 3072 (untied) + 3072
+        ("phi-3-mini-4k-instruct.json", "llama", 3_821_079_552),
     ],
 )
 def test_hf_config_files_load_to_exact_counts(file, block, count):
@@ -104,7 +107,7 @@ def test_hf_config_errors_are_clear(tmp_path):
     with pytest.raises(ConfigError, match=r"not valid JSON .* line 1"):
         load_hf_config(broken)
     broken.write_text(json.dumps({"model_type": "t5"}))
-    with pytest.raises(ConfigError, match="model_type 't5' is not supported; supported: llama, mistral, qwen2, gpt2"):
+    with pytest.raises(ConfigError, match="model_type 't5' is not supported; supported: llama, mistral, qwen2, phi3, gpt2"):
         load_hf_config(broken)
     broken.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
     with pytest.raises(ConfigError, match="required field 'num_attention_heads' is missing"):

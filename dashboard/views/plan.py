@@ -70,7 +70,7 @@ with st.sidebar:
     if source == "preset":
         st.selectbox("model preset", list(PRESETS), key="plan_model")
     elif source == "config.json":
-        uploaded = st.file_uploader("HuggingFace config.json (llama, mistral, qwen2, gpt2)", type="json")
+        uploaded = st.file_uploader("HuggingFace config.json (llama, mistral, qwen2, phi3, gpt2)", type="json")
     else:
         st.selectbox("block", ("llama", "gpt"), key="plan_block")
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):
