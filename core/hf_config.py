@@ -85,7 +85,9 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     if model_type in LLAMA_LIKE:
         return _llama_like(config, name, model_type)
     raise ConfigError(
-        f"{name}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}"
+        f"{name}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}. A decoder-only "
+        "model close to one of them can be planned approximately from a copy of its config with that model_type "
+        "(weights the copy does not describe are not counted)"
     )
 
 
