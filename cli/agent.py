@@ -18,7 +18,8 @@ than gloo measures anything with. Checked before anything is launched."""
 MAX_STEPS = 1000
 """Timed steps per configuration: past a few, more only take longer."""
 MAX_ACCUMULATION = 4096
-"""Micro-batches per optimizer step (a global batch of 2**24 sequences takes 4096 of 4096 on 1,024 ranks)."""
+"""Micro-batches per optimizer step: 4,096 micro-batches of one sequence each is 4,096 sequences per rank per
+step, more than training runs accumulate."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
