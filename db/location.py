@@ -38,7 +38,15 @@ def default_url() -> str:
 
 def sqlite_url(path: str | os.PathLike[str]) -> str:
     """The URL of a SQLite file, made absolute so it means the same from any directory."""
-    return f"sqlite:///{Path(path).expanduser().resolve()}"
+    try:
+        full = Path(path).expanduser()
+    except RuntimeError:  # ``~name`` of a user this system does not have
+        from core.errors import ConfigError
+
+        user = str(path)[1:].split("/", 1)[0]
+        raise ConfigError(f"store location {str(path)!r}: this system has no user {user!r} whose home "
+                          "'~' could mean; give the path in full") from None
+    return f"sqlite:///{full.resolve()}"
 
 
 def nothing_recorded(url: str | None = None) -> bool:

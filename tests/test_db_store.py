@@ -36,6 +36,17 @@ def test_location_flag_beats_env_var_beats_default(monkeypatch, tmp_path):
     assert resolve_url("postgresql://u@h/fleet") == "postgresql+psycopg://u@h/fleet"
 
 
+def test_a_home_of_no_user_is_refused_by_name(monkeypatch):
+    from core.errors import ConfigError
+
+    monkeypatch.setenv("HOME", "/home/someone")
+    assert resolve_url("~/x.db") == "sqlite:////home/someone/x.db"
+    with pytest.raises(ConfigError) as caught:
+        resolve_url("~0/x.db")
+    assert str(caught.value) == ("store location '~0/x.db': this system has no user '0' whose home '~' could "
+                                 "mean; give the path in full")
+
+
 def test_writer_creates_the_default_store_under_xdg_data_home(monkeypatch, tmp_path):
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
