@@ -38,6 +38,10 @@ def rotary_tables(seq_len: int, head_dim: int, device: torch.device, base: float
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half RoPE over the first ``cos.shape[-1]`` dimensions of each head; the rest pass (GPT-NeoX)."""
+    width = cos.shape[-1]
+    if width < x.shape[-1]:
+        return torch.cat((apply_rotary(x[..., :width], cos, sin), x[..., width:]), dim=-1)
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
@@ -48,25 +52,31 @@ class Attention(nn.Module):
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
-        h, kv = spec.hidden, spec.kv_dim
+        h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
         qkv_bias = spec.bias in ("qkv", "all")
-        self.q_proj = nn.Linear(h, h, bias=qkv_bias)
+        self.q_proj = nn.Linear(h, q, bias=qkv_bias)
         self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
         self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.o_proj = nn.Linear(h, h, bias=spec.bias == "all")
+        self.o_proj = nn.Linear(q, h, bias=spec.bias == "all")
+        # Qwen3 and Gemma 3 normalise each head of q and k (HF's Qwen3Attention: q_norm, k_norm).
+        self.q_norm = nn.RMSNorm(spec.head_dim, eps=1e-6) if spec.qk_norm else None
+        self.k_norm = nn.RMSNorm(spec.head_dim, eps=1e-6) if spec.qk_norm else None
         self.n_heads, self.n_kv_heads, self.head_dim = spec.n_heads, spec.n_kv_heads, spec.head_dim
-        self.rotary = spec.block == "llama"
+        self.rotary_dim = spec.rotary_dim if spec.rotary else 0
         self.attention = attention
         self.dropout = dropout
         self.checkpoint_core = checkpoint_core
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = q.transpose(1, 2), k.transpose(1, 2)
         v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        if self.rotary:
-            cos, sin = rotary_tables(s, self.head_dim, x.device)
+        if self.rotary_dim:
+            cos, sin = rotary_tables(s, self.rotary_dim, x.device)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if self.checkpoint_core and torch.is_grad_enabled():
             y = checkpointed(self.core, q, k, v)
@@ -114,19 +124,30 @@ def _norm(spec: ModelSpec) -> nn.Module:
 
 
 class Block(nn.Module):
-    """Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x)))."""
+    """Pre-norm residual block: x + drop(attn(norm(x))), then x + drop(mlp(norm(x))).
+
+    With ``post_norms`` (Gemma 2 and 3) the attention's and the MLP's outputs are normalised again before
+    dropout and the residual add: x + drop(norm(attn(norm(x)))). With ``parallel_residual`` (GPT-NeoX)
+    both read the block's input: x + drop(attn(norm(x))) + drop(mlp(norm(x))).
+    """
 
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec, attention, dropout, checkpoint_core)
+        self.attn_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.mlp_norm = _norm(spec)
         self.mlp = MLP(spec)
+        self.mlp_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.dropout = dropout
+        self.parallel_residual = spec.parallel_residual
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + F.dropout(self.attn(self.attn_norm(x)), self.dropout, self.training)
-        return x + F.dropout(self.mlp(self.mlp_norm(x)), self.dropout, self.training)
+        attn = F.dropout(self.attn_post_norm(self.attn(self.attn_norm(x))), self.dropout, self.training)
+        if self.parallel_residual:
+            return x + attn + F.dropout(self.mlp_post_norm(self.mlp(self.mlp_norm(x))), self.dropout, self.training)
+        x = x + attn
+        return x + F.dropout(self.mlp_post_norm(self.mlp(self.mlp_norm(x))), self.dropout, self.training)
 
 
 class Decoder(nn.Module):
@@ -143,7 +164,7 @@ class Decoder(nn.Module):
         self.recompute = parse_policy(recompute) if isinstance(recompute, str) else recompute
         selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
-        self.positions = nn.Embedding(spec.max_seq_len, spec.hidden) if spec.block == "gpt" else None
+        self.positions = None if spec.rotary else nn.Embedding(spec.max_seq_len, spec.hidden)
         self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective) for _ in range(spec.n_layers))
         self.final_norm = _norm(spec)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)

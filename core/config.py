@@ -86,7 +86,7 @@ class TrainConfig:
     def context_note(self, spec: ModelSpec) -> str | None:
         """Said, not refused, when a RoPE model trains beyond its context window: that is context extension,
         which long-context runs (and context parallelism) exist for; the accounting holds either way."""
-        if spec.block == "llama" and self.seq_len > spec.max_seq_len:
+        if spec.rotary and self.seq_len > spec.max_seq_len:
             return (f"seq-len {self.seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,}-token context window: "
                     "training there extends the context (RoPE scaling); memory and time are accounted the same")
         return None
@@ -97,7 +97,7 @@ class TrainConfig:
                                 n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
         if spec.block == "llama" and self.dropout > 0:
             raise ConfigError(f"{spec.name}: llama blocks have no dropout; use --dropout 0")
-        if spec.block == "gpt" and self.seq_len > spec.max_seq_len:
+        if not spec.rotary and self.seq_len > spec.max_seq_len:
             raise ConfigError(
                 f"{spec.name}: seq-len {self.seq_len} exceeds its {spec.max_seq_len} learned positions"
             )

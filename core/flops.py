@@ -35,16 +35,17 @@ def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int)
 
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict[str, int]:
     """Forward FLOPs of each matmul in one block, for b sequences of s tokens."""
-    t, h, kv, f = micro_batch * seq_len, spec.hidden, spec.kv_dim, spec.ffn_hidden
-    # Every query head attends over all s keys: 2 b s^2 (a x head_dim) = 2 b s^2 h per product.
+    t, h, q, kv, f = micro_batch * seq_len, spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden
+    # Every query head attends over all s keys: 2 b s^2 (a x head_dim) per product (2 b s^2 h when
+    # the heads are hidden / n_heads wide).
     attention = attention_forward_flops(micro_batch, seq_len, spec.n_heads, spec.head_dim) // 2
     flops = {
-        "q_proj": 2 * t * h * h,
+        "q_proj": 2 * t * h * q,
         "k_proj": 2 * t * h * kv,
         "v_proj": 2 * t * h * kv,
         "attn_scores": attention,
         "attn_values": attention,
-        "o_proj": 2 * t * h * h,
+        "o_proj": 2 * t * q * h,
         "mlp_up": 2 * t * h * f,
     }
     if spec.block == "llama":

@@ -13,8 +13,30 @@ Supported ``model_type`` values and the field names each uses:
   (default false). Qwen2 has biases on q, k and v. Phi-3 fuses q, k, v into
   one projection and gate and up into another: the same weights as Llama's
   separate ones (transformers' Phi3Attention and Phi3MLP).
+- ``qwen3``: Llama's fields, and head_dim (default hidden_size /
+  num_attention_heads) and an RMSNorm over each head of q and k
+  (transformers' Qwen3Attention); attention_bias (default false).
+- ``gemma``, ``gemma2``, ``gemma3_text``: Llama's fields, head_dim (default
+  256), tie_word_embeddings (default true). The MLP is GeGLU: the same three
+  matrices as SwiGLU. Gemma 2 and 3 add norms after attention and after the
+  MLP; Gemma 3 also normalises each head of q and k (transformers'
+  Gemma2DecoderLayer, Gemma3Attention). ``gemma3`` (the image-and-text
+  model) is planned as its language model, from its ``text_config``: the
+  vision encoder's weights (about 0.4B) are not counted.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
+- ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,
+  biases) with q, k, v fused into one projection (the same weights), rotary
+  positions on ``rotary_pct`` of each head (``partial_rotary_factor``, also
+  under ``rope_parameters``; default 0.25) and, with use_parallel_residual
+  (default true), attention and MLP side by side; num_hidden_layers,
+  hidden_size, num_attention_heads, intermediate_size, vocab_size,
+  max_position_embeddings, tie_word_embeddings (default false)
+  (transformers' GPTNeoXLayer).
+
+Gemma's embedding scale, logit soft-capping and sliding-window layers change
+no weight and, in the accounting's reference decoder, no saved tensor worth a
+byte per token; they are not modelled.
 """
 
 from __future__ import annotations
@@ -28,8 +50,18 @@ from typing import Any
 from core.errors import ConfigError
 from core.model import ModelSpec
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3")
-SUPPORTED = (*LLAMA_LIKE, "gpt2")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma", "gemma2", "gemma3_text")
+SUPPORTED = (*LLAMA_LIKE, "gemma3", "gpt2", "gpt_neox")
+GEMMAS = ("gemma", "gemma2", "gemma3_text")
+GEMMA3_TEXT_DEFAULTS = {
+    "vocab_size": 262_208, "hidden_size": 2_304, "intermediate_size": 9_216, "num_hidden_layers": 26,
+    "num_attention_heads": 8, "num_key_value_heads": 4, "head_dim": 256, "max_position_embeddings": 131_072,
+}
+"""transformers' Gemma3TextConfig defaults: a gemma3 checkpoint's ``text_config`` names only what differs
+from them (google/gemma-3-4b-it gives no vocabulary size or head count). tests/test_hf_models.py checks
+them against transformers' own."""
+QK_NORM = ("qwen3", "gemma3_text")
+POST_NORMS = ("gemma2", "gemma3_text")
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -80,8 +112,16 @@ def hf_model_name(config: dict[str, Any], path: Path) -> str:
 
 def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
+    if model_type == "gemma3":  # image and text: its language model
+        text = config.get("text_config")
+        if not isinstance(text, dict):
+            raise ConfigError(f"{name}: a gemma3 config needs its language model's fields as an object "
+                              f"'text_config', got {type(text).__name__}")
+        return _llama_like(GEMMA3_TEXT_DEFAULTS | text, name, "gemma3_text")
     if model_type == "gpt2":
         return _gpt2(config, name)
+    if model_type == "gpt_neox":
+        return _gpt_neox(config, name)
     if model_type in LLAMA_LIKE:
         return _llama_like(config, name, model_type)
     raise ConfigError(
@@ -110,11 +150,15 @@ def _flag(config: dict[str, Any], key: str, name: str, default: bool) -> bool:
 def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec:
     heads = _field(config, "num_attention_heads", name)
     hidden = _field(config, "hidden_size", name)
-    head_dim = config.get("head_dim")
-    if head_dim is not None and isinstance(heads, int) and head_dim * heads != hidden:
+    head_dim = _field(config, "head_dim", name, 256 if model_type in GEMMAS else None)
+    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
+        raise ConfigError(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    natural = isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and head_dim == hidden // heads \
+        and hidden % heads == 0
+    if head_dim is not None and not natural and model_type not in (*GEMMAS, "qwen3"):
         raise ConfigError(
-            f"{name}: head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden}; "
-            "models whose attention width differs from hidden_size are not supported yet"
+            f"{name}: head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden}; a "
+            f"{model_type} model's heads are hidden_size / num_attention_heads wide"
         )
     for flag in ("attention_bias", "mlp_bias"):
         if _flag(config, flag, name, False):
@@ -129,8 +173,11 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         ffn_hidden=_field(config, "intermediate_size", name),
         vocab_size=_field(config, "vocab_size", name),
         max_seq_len=_field(config, "max_position_embeddings", name),
-        tied_embeddings=_flag(config, "tie_word_embeddings", name, False),
+        tied_embeddings=_flag(config, "tie_word_embeddings", name, model_type in GEMMAS),
         bias="qkv" if model_type == "qwen2" else "none",
+        head_size=None if natural else head_dim,
+        qk_norm=model_type in QK_NORM,
+        post_norms=model_type in POST_NORMS,
     )
 
 
@@ -149,4 +196,29 @@ def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:
         max_seq_len=_field(config, "n_positions", name),
         tied_embeddings=_flag(config, "tie_word_embeddings", name, True),
         bias="all",
+    )
+
+
+def _gpt_neox(config: dict[str, Any], name: str) -> ModelSpec:
+    if not _flag(config, "attention_bias", name, True):
+        raise ConfigError(f"{name}: attention_bias=false is not supported yet (GPT-NeoX has biases on every linear)")
+    rope = config.get("rope_parameters") if isinstance(config.get("rope_parameters"), dict) else {}
+    fraction = next((v for v in (config.get("rotary_pct"), config.get("partial_rotary_factor"),
+                                 rope.get("partial_rotary_factor")) if v is not None), 0.25)
+    heads = _field(config, "num_attention_heads", name)
+    return ModelSpec(
+        name=name,
+        block="gpt",
+        n_layers=_field(config, "num_hidden_layers", name),
+        hidden=_field(config, "hidden_size", name),
+        n_heads=heads,
+        n_kv_heads=heads,
+        ffn_hidden=_field(config, "intermediate_size", name),
+        vocab_size=_field(config, "vocab_size", name),
+        max_seq_len=_field(config, "max_position_embeddings", name),
+        tied_embeddings=_flag(config, "tie_word_embeddings", name, False),
+        bias="all",
+        positions="rotary",
+        rotary_fraction=fraction,
+        parallel_residual=_flag(config, "use_parallel_residual", name, True),
     )

@@ -320,7 +320,7 @@ class _Dims:
     """Sequence length of the residual stream, norms and dropouts: s / cp, and / tp under sp."""
     h: int
     q: int
-    """Query projection width: h / tp."""
+    """Query projection width: n_heads x head_dim / tp."""
     kv: int
     """Key (and value) projection width: kv_dim / tp."""
     heads: int
@@ -337,7 +337,7 @@ class _Dims:
     def of(cls, spec: ModelSpec, cfg: TrainConfig) -> _Dims:
         lay = cfg.layout
         t, s = lay.tp, cfg.seq_len // lay.cp
-        return cls(b=cfg.micro_batch, s=s, rows=s // t if lay.sp else s, h=spec.hidden, q=spec.hidden // t,
+        return cls(b=cfg.micro_batch, s=s, rows=s // t if lay.sp else s, h=spec.hidden, q=spec.q_dim // t,
                    kv=spec.kv_dim // t, heads=spec.n_heads // t, kv_heads=spec.n_kv_heads // t,
                    head_dim=spec.head_dim, ffn=spec.ffn_hidden // t, vocab=spec.vocab_size // t, sp=lay.sp,
                    keep_gathered=get_stack(cfg.stack).sp_keeps_gathered_input)
@@ -393,8 +393,14 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
     return tr.new("attn.out_heads_merged", (b, s, d.q), q.dtype)
 
 
+def _heads(x: _Sym, heads: int, head_dim: int) -> _Sym:
+    """A projection's output (b, s, heads x head_dim) viewed per head: the same storage."""
+    return _Sym(x.storage, (*x.shape[:-1], heads, head_dim), x.dtype, x.name, x.kind)
+
+
 def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
-    """x * cos + rotate_half(x) * sin: saves cos and sin, cast to x's dtype per call."""
+    """x * cos + rotate_half(x) * sin: saves cos and sin, cast to x's dtype per call. Partial rotary
+    rotates the first rotary_dim of each head and concatenates the rest back: the tables are that wide."""
     cos, sin = (tr.cast(t, x.dtype, f"{name}.{t.name.rsplit('.', 1)[-1]}_cast") for t in tables)
     tr.save(cos, sin)
     return tr.new(f"{name}.rotated", x.shape, x.dtype)
@@ -421,8 +427,12 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept)
     k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept)
     v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept)
-    if not gpt:
-        tables = (tr.new("rope.cos", (d.s, d.head_dim), "fp32"), tr.new("rope.sin", (d.s, d.head_dim), "fp32"))
+    if spec.qk_norm:  # over each head: the projection's output seen as (b, s, heads, head_dim)
+        q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
+        k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
+    if spec.rotary:
+        rd = spec.rotary_dim
+        tables = (tr.new("rope.cos", (d.s, rd), "fp32"), tr.new("rope.sin", (d.s, rd), "fp32"))
         q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
@@ -430,9 +440,12 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     else:
         y = _attention(tr, d, cfg, q, k, v)
     o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows)
+    if spec.post_norms:
+        o = norm(o, "attn_post_norm", param_dtype)
     if cfg.dropout > 0:
         o = tr.dropout(o, "attn.resid_dropout")
-    x = tr.new("residual_attn", (b, rows, h), x.dtype)
+    if not spec.parallel_residual:  # else the MLP reads the block's input too
+        x = tr.new("residual_attn", (b, rows, h), x.dtype)
 
     m, kept = _column_input(tr, d, norm(x, "mlp_norm", param_dtype), "mlp_norm")
     if gpt:
@@ -447,6 +460,8 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
         tr.save(silu, up)  # the product saves both factors
         hidden = tr.new("mlp.swiglu", gate.shape, gate.dtype)
     down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows)
+    if spec.post_norms:
+        down = norm(down, "mlp_post_norm", param_dtype)
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
     return tr.new("residual_mlp", (b, rows, h), x.dtype)
@@ -482,7 +497,7 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         tokens = tr.new("tokens", (b, d.s), "int64", "input")
         tr.save(tokens)  # the embedding's backward needs the indices
         x = tr.new("embed", (b, d.rows, h), param_dtype)
-        if spec.block == "gpt":
+        if not spec.rotary:
             tr.save(tr.new("positions", (d.s,), "int64"))
             x = tr.new("embed_sum", (b, d.rows, h), param_dtype)
         if cfg.dropout > 0:

@@ -49,10 +49,12 @@ def _layer_split(spec: ModelSpec) -> tuple[int, int]:
     """One block's parameters as (split by tensor parallelism, replicated on every tp rank).
 
     Split: the q, k, v, output and MLP weights, and the biases of column-parallel layers (q, k, v,
-    MLP up/gate). Replicated: the norms and the biases of row-parallel layers (output, MLP down),
-    which are added after the all-reduce (Megatron-LM's ColumnParallelLinear/RowParallelLinear).
+    MLP up/gate). Replicated: the norms (a q or k norm is over one head, which every rank has whole)
+    and the biases of row-parallel layers (output, MLP down), which are added after the all-reduce
+    (Megatron-LM's ColumnParallelLinear/RowParallelLinear).
     """
-    replicated = 2 * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
+    replicated = (spec.norms_per_block * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
+                  + (2 * spec.head_dim if spec.qk_norm else 0))
     return spec.layer_parameters() - replicated, replicated
 
 
@@ -79,9 +81,8 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
 def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
     """Weights of the matmuls one rank runs (autocast copies these): its blocks' projections / tp and
     the head on the last stage."""
-    h, kv, f = spec.hidden, spec.kv_dim, spec.ffn_hidden
-    per_layer = 2 * h * h + 2 * h * kv + spec.mlp_projections * h * f
-    return (rank.layers * per_layer + (spec.vocab_size * h if rank.last else 0)) // layout.tp
+    head = spec.vocab_size * spec.hidden if rank.last else 0
+    return (rank.layers * spec.layer_matmul_weights() + head) // layout.tp
 
 
 def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ...]:

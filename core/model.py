@@ -5,12 +5,20 @@ Two block types cover the models Headroom plans for:
 - ``gpt`` (GPT-2/GPT-3): LayerNorm (weight and bias), GELU MLP with one up and
   one down projection, learned absolute positions, biases on every linear
   layer, optional dropout.
-- ``llama`` (LLaMA, Mistral, Qwen2): RMSNorm (weight only), SwiGLU MLP (gate,
-  up, down), rotary positions (no parameters), no biases by default (Qwen2 has
-  them on q, k and v), no dropout.
+- ``llama`` (LLaMA, Mistral, Qwen2, Qwen3, Gemma): RMSNorm (weight only), a
+  gated MLP (gate, up, down: SwiGLU; Gemma's GeGLU has the same weights and
+  saves the same tensors), rotary positions (no parameters), no biases by
+  default (Qwen2 has them on q, k and v), no dropout.
 
 Both use pre-norm residual blocks, a final norm and a language-model head that
-is either tied to the token embedding or a separate matrix.
+is either tied to the token embedding or a separate matrix. Options describe
+other models: attention heads wider than ``hidden / n_heads`` (``head_size``:
+Gemma, Qwen3's small models), an RMSNorm over each head of q and k
+(``qk_norm``: Qwen3, Gemma 3), norms after attention and after the MLP as well
+as before (``post_norms``: Gemma 2 and 3), rotary positions on a ``gpt`` block
+and on part of each head (``positions``, ``rotary_fraction``: GPT-NeoX), and
+attention and MLP side by side on the block's input (``parallel_residual``:
+GPT-NeoX, GPT-J).
 """
 
 from __future__ import annotations
@@ -23,6 +31,7 @@ from core.errors import ConfigError
 
 BlockType = Literal["gpt", "llama"]
 BiasMode = Literal["none", "qkv", "all"]
+PositionKind = Literal["learned", "rotary"]
 BLOCK_TYPES: tuple[str, ...] = ("gpt", "llama")
 BIAS_MODES: tuple[str, ...] = ("none", "qkv", "all")
 SIZE_LIMITS = {
@@ -32,6 +41,9 @@ SIZE_LIMITS = {
 """Each size's upper bound, far beyond any model trained (the largest published: ~200 layers, hidden
 ~2e4, vocabularies ~2.6e5, contexts ~1e7), so no real config is refused, while a size that would make
 every formula's work or the result meaningless (10**12 layers) is refused before any work."""
+MAX_HEAD_SIZE = 2**12
+"""Widest attention head accepted (published models use 64-256)."""
+
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,6 +72,21 @@ class ModelSpec:
     """The language-model head reuses the token embedding matrix."""
     bias: BiasMode = field(default="none")
     """Linear-layer biases: ``none``, ``qkv`` (Qwen2) or ``all`` (GPT-2/3)."""
+    head_size: int | None = None
+    """Width of one attention head where it is not hidden / n_heads (Gemma 7B: 256 heads of 16 with hidden
+    3,072, so attention is 4,096 wide); None: hidden / n_heads."""
+    qk_norm: bool = False
+    """An RMSNorm over each head of q and of k, before rotary (Qwen3, Gemma 3): head_dim weights each."""
+    post_norms: bool = False
+    """The attention's and the MLP's outputs are normalised again before the residual add (Gemma 2 and 3):
+    four norms a block."""
+    positions: PositionKind | None = None
+    """``learned`` (a table of max_seq_len x hidden) or ``rotary`` (no parameters); None: the block's own,
+    learned for ``gpt``, rotary for ``llama``."""
+    rotary_fraction: float = 1.0
+    """The part of each head that rotary rotates (GPT-NeoX: 0.25); the rest passes through."""
+    parallel_residual: bool = False
+    """Attention and MLP both read the block's input: x + attn(norm(x)) + mlp(norm(x)) (GPT-NeoX)."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -72,7 +99,19 @@ class ModelSpec:
                 raise ConfigError(f"{self.name}: {size} must be a positive integer, got {value!r}")
             if value > limit:
                 raise ConfigError(f"{self.name}: {size} {value:,} is beyond any trainable model (at most {limit:,})")
-        if self.hidden % self.n_heads:
+        if self.head_size is not None and (isinstance(self.head_size, bool) or not isinstance(self.head_size, int)
+                                           or not 0 < self.head_size <= MAX_HEAD_SIZE):
+            raise ConfigError(f"{self.name}: head_size must be a positive integer up to {MAX_HEAD_SIZE:,} "
+                              f"(or None for hidden / n_heads), got {self.head_size!r}")
+        if self.positions is not None and self.positions not in ("learned", "rotary"):
+            raise ConfigError(f"{self.name}: positions {self.positions!r} is not learned or rotary")
+        if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) \
+                or not 0 < self.rotary_fraction <= 1:
+            raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        if self.rotary and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ConfigError(f"{self.name}: rotary over {self.rotary_fraction:g} of a {self.head_dim}-wide head "
+                              f"is {self.rotary_dim} dimensions; rotary needs an even number, 2 or more")
+        if self.head_size is None and self.hidden % self.n_heads:
             raise ConfigError(
                 f"{self.name}: hidden {self.hidden} is not divisible by n_heads {self.n_heads}; "
                 f"choose n_heads among {divisors_near(self.hidden, self.n_heads)}"
@@ -87,7 +126,23 @@ class ModelSpec:
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.n_heads
+        """Width of one attention head: ``head_size``, else hidden / n_heads."""
+        return self.head_size or self.hidden // self.n_heads
+
+    @property
+    def rotary(self) -> bool:
+        """Positions are rotary (applied to q and k), not a learned table."""
+        return (self.positions or ("learned" if self.block == "gpt" else "rotary")) == "rotary"
+
+    @property
+    def rotary_dim(self) -> int:
+        """Dimensions of each head that rotary rotates: head_dim x rotary_fraction (as transformers rounds)."""
+        return int(self.head_dim * self.rotary_fraction)
+
+    @property
+    def q_dim(self) -> int:
+        """Width of the query projection (and of the output projection's input): n_heads x head_dim."""
+        return self.n_heads * self.head_dim
 
     @property
     def kv_dim(self) -> int:
@@ -102,14 +157,15 @@ class ModelSpec:
     # ---- parameter counts (exact) -----------------------------------------------
 
     def attention_parameters(self) -> int:
-        """q, k, v and output projections, with their biases."""
-        h, kv = self.hidden, self.kv_dim
-        weights = h * h + 2 * h * kv + h * h
+        """q, k, v and output projections with their biases, and the per-head q and k norms."""
+        h, q, kv = self.hidden, self.q_dim, self.kv_dim
+        weights = h * q + 2 * h * kv + q * h
+        qk_norms = 2 * self.head_dim if self.qk_norm else 0
         if self.bias == "all":
-            return weights + (h + 2 * kv) + h
+            return weights + (q + 2 * kv) + h + qk_norms
         if self.bias == "qkv":
-            return weights + (h + 2 * kv)
-        return weights
+            return weights + (q + 2 * kv) + qk_norms
+        return weights + qk_norms
 
     def mlp_parameters(self) -> int:
         h, f = self.hidden, self.ffn_hidden
@@ -123,12 +179,18 @@ class ModelSpec:
         return 2 * self.hidden if self.block == "gpt" else self.hidden
 
     def layer_parameters(self) -> int:
-        """One transformer block: attention, MLP and its two norms."""
-        return self.attention_parameters() + self.mlp_parameters() + 2 * self.norm_parameters()
+        """One transformer block: attention, MLP and its two norms (four with ``post_norms``)."""
+        return self.attention_parameters() + self.mlp_parameters() + self.norms_per_block * self.norm_parameters()
+
+    @property
+    def norms_per_block(self) -> int:
+        """Norms over the residual stream's width in one block: before attention and MLP, and after with
+        ``post_norms``."""
+        return 4 if self.post_norms else 2
 
     def embedding_parameters(self) -> int:
-        """Token embedding, plus learned positions for ``gpt``."""
-        positions = self.max_seq_len * self.hidden if self.block == "gpt" else 0
+        """Token embedding, plus the learned position table (``gpt``, unless rotary)."""
+        positions = 0 if self.rotary else self.max_seq_len * self.hidden
         return self.vocab_size * self.hidden + positions
 
     def head_parameters(self) -> int:
@@ -141,32 +203,38 @@ class ModelSpec:
         These are what autocast copies to 16 bits during the forward pass. With
         tied embeddings the head's matmul uses the embedding matrix.
         """
-        h, kv, f = self.hidden, self.kv_dim, self.ffn_hidden
-        per_layer = 2 * h * h + 2 * h * kv + self.mlp_projections * h * f
-        return self.n_layers * per_layer + self.vocab_size * h
+        return self.n_layers * self.layer_matmul_weights() + self.vocab_size * self.hidden
+
+    def layer_matmul_weights(self) -> int:
+        """One block's projection weights: q, k, v, output and the MLP's."""
+        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
+        return 2 * h * q + 2 * h * kv + self.mlp_projections * h * f
 
     def parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The shape of every parameter tensor, in the order of the agent's ``Decoder.parameters()``.
 
         Token embedding (V, h); learned positions (max_seq_len, h) for ``gpt``; per block the
-        attention norm, q (h, h), k and v (kv_dim, h), o (h, h), the MLP norm, gate (``llama``) and
-        up (f, h), down (h, f), each linear's bias (out,) per ``bias``; the final norm; the head
-        (V, h) unless tied. A norm is a weight (h,), plus a bias (h,) for ``gpt``'s LayerNorm.
+        attention norm, q (q_dim, h), k and v (kv_dim, h), o (h, q_dim), each linear's bias (out,)
+        per ``bias``, the q and k norms (head_dim,) with ``qk_norm``, the post-attention norm with
+        ``post_norms``, the MLP norm, gate (``llama``) and up (f, h), down (h, f), the post-MLP norm
+        with ``post_norms``; the final norm; the head (V, h) unless tied. A norm is a weight (h,), plus a bias (h,) for ``gpt``'s LayerNorm.
         Linear weights are (out, in) as ``nn.Linear`` stores them: FSDP shards them along dim 0.
         """
-        h, kv, f, v = self.hidden, self.kv_dim, self.ffn_hidden, self.vocab_size
+        h, q, kv, f, v = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden, self.vocab_size
         norm = ((h,), (h,)) if self.block == "gpt" else ((h,),)
 
         def linear(out: int, into: int, bias: bool) -> tuple[tuple[int, ...], ...]:
             return ((out, into), (out,)) if bias else ((out, into),)
 
         qkv_bias, other_bias = self.bias in ("qkv", "all"), self.bias == "all"
-        attention = (*linear(h, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias),
-                     *linear(h, h, other_bias))
+        qk_norms = ((self.head_dim,), (self.head_dim,)) if self.qk_norm else ()
+        attention = (*linear(q, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias),
+                     *linear(h, q, other_bias), *qk_norms)
         gate = linear(f, h, other_bias) if self.block == "llama" else ()
         mlp = (*gate, *linear(f, h, other_bias), *linear(h, f, other_bias))
-        block = (*norm, *attention, *norm, *mlp)
-        positions = ((self.max_seq_len, h),) if self.block == "gpt" else ()
+        post = norm if self.post_norms else ()
+        block = (*norm, *attention, *post, *norm, *mlp, *post)
+        positions = () if self.rotary else ((self.max_seq_len, h),)
         head = () if self.tied_embeddings else ((v, h),)
         return ((v, h), *positions, *block * self.n_layers, *norm, *head)
 

@@ -44,6 +44,37 @@ def test_ledger_matches_probe_on_cpu(block, attention, dropout, policy, precisio
     assert ledger.parameter_copy_bytes == measured.parameter_copy_bytes
 
 
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_ledger_matches_probe_for_wide_heads_qk_norms_and_post_norms(attention, policy, precision):
+    """Gemma 3's block on the CPU: heads wider than hidden / n_heads, q and k normalised per head, and norms
+    after attention and the MLP."""
+    spec = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, head_size=24, qk_norm=True,
+                               post_norms=True)
+    assert spec.q_dim == 96 > spec.hidden
+    config = _config(32, 2, attention, 0.0, policy, precision)
+    measured = probe_config(spec, config, "cpu")
+    ledger = activation_ledger(spec, config, "cpu")
+    assert ledger.saved_bytes == pytest.approx(measured.activation_bytes, rel=TOLERANCE)
+    assert ledger.parameter_copy_bytes == measured.parameter_copy_bytes
+
+
+@pytest.mark.parametrize("dropout", [0.0, 0.1])
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("precision", PRECISIONS)
+def test_ledger_matches_probe_for_partial_rotary_and_a_parallel_residual(dropout, policy, precision):
+    """GPT-NeoX's block on the CPU: rotary on a quarter of each head, and attention and MLP side by side on
+    the block's input."""
+    spec = dataclasses.replace(get_preset("bench-gpt-tiny"), n_layers=4, positions="rotary", rotary_fraction=0.25,
+                               parallel_residual=True)
+    config = _config(32, 2, "standard", dropout, policy, precision)
+    measured = probe_config(spec, config, "cpu")
+    ledger = activation_ledger(spec, config, "cpu")
+    assert ledger.saved_bytes == pytest.approx(measured.activation_bytes, rel=TOLERANCE)
+    assert ledger.parameter_copy_bytes == measured.parameter_copy_bytes
+
+
 @pytest.mark.parametrize(("name", "seq_len"), [("llama2-7b", 4096), ("gpt3-175b", 2048)])
 @pytest.mark.parametrize("precision", ["fp32", "bf16-pure"])
 @pytest.mark.parametrize("policy", ["none", "full", "selective", "op-selective"])

@@ -23,18 +23,30 @@ QWEN_LIKE = ModelSpec(
     name="qwen-like", block="llama", n_layers=2, hidden=96, n_heads=6, n_kv_heads=2, ffn_hidden=160,
     vocab_size=300, max_seq_len=64, tied_embeddings=True, bias="qkv",
 )
+GEMMA3_LIKE = ModelSpec(
+    name="gemma3-like", block="llama", n_layers=2, hidden=96, n_heads=4, n_kv_heads=2, ffn_hidden=160,
+    vocab_size=300, max_seq_len=64, tied_embeddings=True, head_size=40, qk_norm=True, post_norms=True,
+)
+"""Heads wider than hidden / n_heads (4 x 40 = 160 > 96), q and k normalised per head, sandwich norms."""
+NEOX_LIKE = ModelSpec(
+    name="neox-like", block="gpt", n_layers=2, hidden=96, n_heads=4, n_kv_heads=4, ffn_hidden=160,
+    vocab_size=300, max_seq_len=64, tied_embeddings=False, bias="all", positions="rotary", rotary_fraction=0.25,
+    parallel_residual=True,
+)
+"""GPT-NeoX's block: rotary on a quarter of each head, no position table, attention and MLP side by side."""
 
 
-@pytest.mark.parametrize("spec", [*(get_preset(n) for n in BENCH), QWEN_LIKE], ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", [*(get_preset(n) for n in BENCH), QWEN_LIKE, GEMMA3_LIKE, NEOX_LIKE], ids=lambda s: s.name)
 def test_parameter_count_equals_numel(spec):
     model = Decoder(spec)
     assert sum(p.numel() for p in model.parameters()) == spec.parameters
+    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
 
 
-@pytest.mark.parametrize("name", ["bench-gpt-tiny", "bench-llama-tiny"])
+@pytest.mark.parametrize("spec", [get_preset("bench-gpt-tiny"), get_preset("bench-llama-tiny"), GEMMA3_LIKE, NEOX_LIKE],
+                         ids=lambda s: s.name)
 @pytest.mark.parametrize(("attention", "device"), [("standard", "cpu"), ("flash", "meta")])
-def test_flops_equal_flop_counter(name, attention, device):
-    spec = get_preset(name)
+def test_flops_equal_flop_counter(spec, attention, device):
     batch, seq = 3, 48
     with torch.device(device):
         model = Decoder(spec, attention=attention)

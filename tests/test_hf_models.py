@@ -1,0 +1,151 @@
+"""HuggingFace architectures beyond Llama: exact parameter counts against transformers' own models and the
+published figures.
+
+transformers builds each model from the same config on the meta device (no weights, no memory): its
+parameter count is an independent number for every supported ``model_type``. Model cards round; where they
+give a figure, the count rounds to it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from core.errors import ConfigError
+from core.hf_config import GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, load_hf_config, spec_from_hf_config
+from core.presets import resolve_model
+from tests.conftest import FIXTURES
+
+HF = FIXTURES / "hf"
+
+
+@pytest.mark.parametrize(
+    ("file", "count", "published"),
+    [
+        # Qwen/Qwen3-0.6B model card: 0.6B parameters, 0.44B non-embedding (tied, 128-wide heads over hidden 1,024).
+        ("qwen3-0.6b.json", 596_049_920, (0.6, 0.44)),
+        # Qwen/Qwen3-8B model card: 8.2B parameters, 6.95B non-embedding.
+        ("qwen3-8b.json", 8_190_735_360, (8.2, 6.95)),
+        # google/gemma-7b: "7B" by name, 8.54B by count; 256-wide heads over hidden 3,072.
+        ("gemma-7b.json", 8_537_680_896, (8.54, None)),
+        # google/gemma-2-9b: 9.24B on the hub.
+        ("gemma-2-9b.json", 9_241_705_984, (9.24, None)),
+        # google/gemma-3-1b-it: 1B (1,000M on the hub).
+        ("gemma-3-1b-it.json", 999_885_952, (1.0, None)),
+    ],
+)
+def test_published_configs_count_exactly(file, count, published):
+    spec = resolve_model(str(HF / file))
+    assert spec.parameters == count
+    total, non_embedding = published
+    digits = len(str(total).split(".")[1])
+    assert round(spec.parameters / 1e9, digits) == total
+    if non_embedding is not None:
+        embedding = spec.vocab_size * spec.hidden * (1 if spec.tied_embeddings else 2)
+        assert round((spec.parameters - embedding) / 1e9, 2) == non_embedding
+
+
+def test_pythia_counts_what_its_paper_publishes():
+    """Biderman et al. 2023 (Pythia), Table 1: Pythia-160M has 162,322,944 parameters, 85,056,000 of them
+    outside the (untied) embedding and head."""
+    spec = resolve_model(str(HF / "pythia-160m.json"))
+    assert spec.parameters == 162_322_944
+    assert spec.parameters - 2 * spec.vocab_size * spec.hidden == 85_056_000
+    assert (spec.block, spec.rotary, spec.rotary_dim, spec.parallel_residual, spec.bias) == ("gpt", True, 16, True, "all")
+
+
+def test_each_gemma_and_qwen3_has_its_own_block():
+    qwen3 = load_hf_config(HF / "qwen3-0.6b.json")
+    assert (qwen3.head_dim, qwen3.q_dim, qwen3.hidden, qwen3.qk_norm, qwen3.post_norms) == (128, 2048, 1024, True, False)
+    assert load_hf_config(HF / "qwen3-8b.json").head_size is None  # 4,096 / 32 = 128: no override needed
+    gemma = load_hf_config(HF / "gemma-7b.json")
+    assert (gemma.head_dim, gemma.q_dim, gemma.tied_embeddings, gemma.qk_norm, gemma.post_norms) == (256, 4096, True, False, False)
+    gemma2 = load_hf_config(HF / "gemma-2-9b.json")
+    assert (gemma2.norms_per_block, gemma2.qk_norm) == (4, False)
+    gemma3 = load_hf_config(HF / "gemma-3-1b-it.json")
+    assert (gemma3.norms_per_block, gemma3.qk_norm, gemma3.n_kv_heads) == (4, True, 1)
+
+
+def test_an_image_and_text_gemma3_is_planned_as_its_language_model(tmp_path):
+    """google/gemma-3-4b-it's config gives only what differs from transformers' text defaults."""
+    config = {"_name_or_path": "google/gemma-3-4b-it", "model_type": "gemma3",
+              "text_config": {"hidden_size": 2560, "intermediate_size": 10240, "model_type": "gemma3_text",
+                              "num_hidden_layers": 34, "sliding_window": 1024},
+              "vision_config": {"hidden_size": 1152, "model_type": "siglip_vision_model"}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    spec = resolve_model(str(tmp_path))
+    assert spec.name == "google/gemma-3-4b-it"
+    assert (spec.n_layers, spec.hidden, spec.n_heads, spec.n_kv_heads, spec.head_dim, spec.vocab_size) == (
+        34, 2560, 8, 4, 256, 262_208)
+    with pytest.raises(ConfigError, match="a gemma3 config needs its language model's fields as an object "
+                                          "'text_config', got NoneType"):
+        spec_from_hf_config({"model_type": "gemma3"}, "g")
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    ("128", "head_dim must be a positive integer, got '128'"),
+    (0, "head_dim must be a positive integer, got 0"),
+    (True, "head_dim must be a positive integer, got True"),
+])
+def test_a_bad_head_dim_is_refused_by_name(value, message):
+    config = json.loads((HF / "qwen3-8b.json").read_text()) | {"head_dim": value}
+    with pytest.raises(ConfigError, match=message):
+        spec_from_hf_config(config, "q")
+
+
+def test_a_llama_whose_head_dim_disagrees_with_its_width_is_refused():
+    config = json.loads((HF / "llama-2-7b.json").read_text()) | {"head_dim": 256}
+    with pytest.raises(ConfigError, match="head_dim 256 x num_attention_heads 32 != hidden_size 4096; a llama "
+                                          "model's heads are hidden_size / num_attention_heads wide"):
+        spec_from_hf_config(config, "l")
+
+
+# ---- against transformers' own implementation -----------------------------------------------------
+
+transformers = pytest.importorskip("transformers")
+torch = pytest.importorskip("torch")
+
+
+def _transformers_count(config: dict) -> int:
+    """Parameters of transformers' causal LM built from ``config`` on the meta device, tied weights once."""
+    hf_config = transformers.AutoConfig.for_model(**config)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(hf_config)
+    return sum(p.numel() for p in model.parameters())  # parameters() yields a tied matrix once
+
+
+TINY = {"num_hidden_layers": 2, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 40, "vocab_size": 300, "max_position_embeddings": 64,
+        "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
+"""Odd sizes, heads wider than hidden / n_heads where the type allows it."""
+
+
+@pytest.mark.parametrize("file", sorted(p.name for p in HF.glob("*.json") if p.name != "gpt2.json"))
+def test_every_config_counts_what_transformers_builds(file):
+    config = json.loads((HF / file).read_text())
+    assert load_hf_config(HF / file).parameters == _transformers_count(config)
+
+
+@pytest.mark.parametrize("model_type", LLAMA_LIKE)
+@pytest.mark.parametrize("tied", [False, True])
+def test_every_llama_like_type_counts_what_transformers_builds(model_type, tied):
+    config = TINY | {"model_type": model_type, "tie_word_embeddings": tied}
+    if model_type in ("llama", "mistral", "qwen2", "phi3"):
+        config["head_dim"] = 96 // 4
+    assert spec_from_hf_config(config, model_type).parameters == _transformers_count(config)
+
+
+@pytest.mark.parametrize(("fraction", "parallel"), [(0.25, True), (0.5, False)])
+def test_gpt_neox_counts_what_transformers_builds(fraction, parallel):
+    config = {"model_type": "gpt_neox", "num_hidden_layers": 2, "hidden_size": 96, "intermediate_size": 160,
+              "num_attention_heads": 4, "vocab_size": 300, "max_position_embeddings": 64,
+              "rotary_pct": fraction, "use_parallel_residual": parallel}
+    spec = spec_from_hf_config(config, "neox")
+    assert (spec.rotary_dim, spec.parallel_residual) == (int(24 * fraction), parallel)
+    assert spec.parameters == _transformers_count(config)
+
+
+def test_gemma3_text_defaults_are_transformers_own():
+    defaults = transformers.Gemma3TextConfig()
+    assert {key: getattr(defaults, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
