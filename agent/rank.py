@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import time
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -42,6 +43,27 @@ def join(device_type: str, timeout_s: float) -> RankInfo:
     kwargs = {"device_id": device} if device.type == "cuda" else {}
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s), **kwargs)
     return RankInfo(dist.get_rank(), dist.get_world_size(), device, backend)
+
+
+SETTLE_S = 0.05
+"""How long `settled` lets gloo's worker threads run after the barrier: they drop a finished collective's
+buffers within microseconds when they get a core, and a busy 2-core box deschedules them for milliseconds."""
+
+
+def settled(loss: torch.Tensor) -> torch.Tensor:
+    """``loss``, once every rank got here and the collectives before it let go of their buffers.
+
+    What a probe reads right after a forward must not include a buffer only the backend still holds:
+    gloo's worker thread signals a collective done, then drops its reference to the work and its tensors,
+    and a barrier waits for the first, not the second. Seen without the pause: one rank of two kept the
+    last all-reduce's or all-gather's output (8-12 KiB in the tests' toy blocks), once in tens of probes
+    on a loaded machine. NCCL's buffers are the caching allocator's and need no pause.
+    """
+    if dist.is_initialized():
+        dist.barrier()
+        if dist.get_backend() == "gloo":
+            time.sleep(SETTLE_S)
+    return loss
 
 
 def leave() -> None:

@@ -45,12 +45,11 @@ import sys
 import traceback
 
 import torch
-import torch.distributed as dist
 
 from agent import bench_train
 from agent.cases import Case, skipped
 from agent.launch import Launch, emit
-from agent.rank import RankInfo, add_rank_flags, join, leave
+from agent.rank import RankInfo, add_rank_flags, join, leave, settled
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.estimate import estimate, for_rank
@@ -271,13 +270,8 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
             torch.cuda.synchronize(device)
     communication = exposed_s(prof, device.type, STEP_MARK) / PROFILED_STEPS
 
-    def forward() -> torch.Tensor:
-        loss = trainer.loss(tokens, targets)
-        dist.barrier()  # gloo's thread may hold the last collective's buffer a moment after it returned
-        return loss
-
     with trainer.context():
-        probed = probe(trainer.model, forward)
+        probed = probe(trainer.model, lambda: settled(trainer.loss(tokens, targets)))
     in_flight = trainer.in_flight(batches) if pipelined else None
     row |= {
         "activation_bytes": probed.activation_bytes,

@@ -40,6 +40,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from agent.model import Decoder
 from agent.parallel import local_tensor, shard_fully
 from agent.probe import probe
+from agent.rank import settled
 from core.model import ModelSpec
 
 SPEC = ModelSpec(
@@ -178,7 +179,7 @@ def measure_fsdp(mesh: DeviceMesh, units: str = "blocks") -> dict:
     states = _shard_rows([(f"{name}.{key}", value) for name, p in model.named_parameters()
                           for key, value in optimizer.state[p].items()])
     names = {id(p): n for n, p in model.named_parameters()}
-    measured = probe(model, lambda: _synchronised(model(tokens, targets)))
+    measured = probe(model, lambda: settled(model(tokens, targets)))
     unsharded = _decoder(torch.bfloat16)
     reference = probe(unsharded, lambda: unsharded(tokens, targets))
     # Last: a tracker that fails may leave its hooks on the model.
@@ -206,13 +207,6 @@ def measure_fsdp(mesh: DeviceMesh, units: str = "blocks") -> dict:
                          "bytes": t.nbytes, "kind": t.kind} for t in measured.tensors],
         },
     }
-
-
-def _synchronised(loss: torch.Tensor) -> torch.Tensor:
-    """The loss, once every rank got here: gloo's worker thread can hold the last all-gather's output
-    buffer a moment after the collective returned (seen on one rank of two, one probe in three)."""
-    dist.barrier()
-    return loss
 
 
 def _memtracker_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens: torch.Tensor,

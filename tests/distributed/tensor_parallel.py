@@ -14,13 +14,13 @@ import dataclasses
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 
 from agent.bench_train import forward_loss
 from agent.ledger_check import build
 from agent.parallel import local_tensor, parallelize_tensor
 from agent.probe import ProbedTensor, probe
+from agent.rank import settled
 from core.config import TrainConfig
 from core.model import ModelSpec
 from core.presets import get_preset
@@ -69,13 +69,6 @@ def cases(tp: int) -> list[TensorParallelCase]:
             for block in blocks for t, sp in ((1, False), (tp, False), (tp, True))]
 
 
-def _synchronised(loss: torch.Tensor) -> torch.Tensor:
-    """The loss, once every rank got here (no collective's buffer is still held by gloo's thread)."""
-    if dist.is_initialized():
-        dist.barrier()
-    return loss
-
-
 def _tensor_row(t: ProbedTensor) -> dict:
     return {"module": t.module, "op": t.op, "shape": list(t.shape), "dtype": t.dtype, "bytes": t.nbytes,
             "kind": t.kind, "saved_by_autograd": t.saved_by_autograd}
@@ -97,7 +90,7 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
         reference, _, _ = build(spec, config, "cpu", seed=0)  # same seed: the same weights
         parallelize_tensor(model, mesh, case.sp)
 
-    measured = probe(model, lambda: _synchronised(forward_loss(model, tokens, targets, config.precision)))
+    measured = probe(model, lambda: settled(forward_loss(model, tokens, targets, config.precision)))
     activations = [t for t in measured.tensors if t.kind in ("activation", "input")]
     layer_bytes: dict[str, int] = {}
     for t in activations:
