@@ -158,6 +158,8 @@ class Decoder(nn.Module):
         recompute: RecomputePolicy | str = "none",
     ) -> None:
         super().__init__()
+        if spec.is_moe:
+            raise ValueError(f"{spec.name}: the agent's decoder has dense MLPs only, not {spec.n_experts} experts")
         if dropout and spec.block == "llama":
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec

@@ -93,6 +93,11 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
+        if spec.is_moe:
+            raise ConfigError(
+                f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token; "
+                f"{spec.parameters:,} parameters, {spec.active_parameters:,} active per token) cannot be estimated "
+                "or planned yet: its routed activations and expert parallelism are not modelled")
         self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
                                 n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
         if spec.block == "llama" and self.dropout > 0:

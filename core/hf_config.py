@@ -23,6 +23,13 @@ Supported ``model_type`` values and the field names each uses:
   Gemma2DecoderLayer, Gemma3Attention). ``gemma3`` (the image-and-text
   model) is planned as its language model, from its ``text_config``: the
   vision encoder's weights (about 0.4B) are not counted.
+- ``mixtral``, ``qwen2_moe``, ``qwen3_moe`` (mixtures of experts): their
+  dense relatives' fields, and num_local_experts or num_experts,
+  num_experts_per_tok, moe_intermediate_size (Qwen; Mixtral's experts are
+  intermediate_size wide), shared_expert_intermediate_size (Qwen2-MoE's
+  gated shared expert). Their parameters, total and active, are counted;
+  estimating and planning them waits for the routed activations and expert
+  parallelism to be modelled, and says so.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
 - ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,
@@ -50,7 +57,9 @@ from typing import Any
 from core.errors import ConfigError
 from core.model import ModelSpec
 
-LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma", "gemma2", "gemma3_text")
+LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen2_moe",
+              "qwen3_moe")
+MIXTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
 SUPPORTED = (*LLAMA_LIKE, "gemma3", "gpt2", "gpt_neox")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 GEMMA3_TEXT_DEFAULTS = {
@@ -60,7 +69,7 @@ GEMMA3_TEXT_DEFAULTS = {
 """transformers' Gemma3TextConfig defaults: a gemma3 checkpoint's ``text_config`` names only what differs
 from them (google/gemma-3-4b-it gives no vocabulary size or head count). tests/test_hf_models.py checks
 them against transformers' own."""
-QK_NORM = ("qwen3", "gemma3_text")
+QK_NORM = ("qwen3", "gemma3_text", "qwen3_moe")
 POST_NORMS = ("gemma2", "gemma3_text")
 
 
@@ -155,7 +164,7 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         raise ConfigError(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
     natural = isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and head_dim == hidden // heads \
         and hidden % heads == 0
-    if head_dim is not None and not natural and model_type not in (*GEMMAS, "qwen3"):
+    if head_dim is not None and not natural and model_type not in (*GEMMAS, "qwen3", "qwen3_moe", "mixtral"):
         raise ConfigError(
             f"{name}: head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden}; a "
             f"{model_type} model's heads are hidden_size / num_attention_heads wide"
@@ -174,11 +183,33 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         vocab_size=_field(config, "vocab_size", name),
         max_seq_len=_field(config, "max_position_embeddings", name),
         tied_embeddings=_flag(config, "tie_word_embeddings", name, model_type in GEMMAS),
-        bias="qkv" if model_type == "qwen2" else "none",
+        bias="qkv" if model_type in ("qwen2", "qwen2_moe") else "none",
         head_size=None if natural else head_dim,
         qk_norm=model_type in QK_NORM,
         post_norms=model_type in POST_NORMS,
+        **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
     )
+
+
+def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, Any]:
+    """A mixture of experts' fields: every block's MLP routed (Qwen's decoder_sparse_step 1, no
+    mlp_only_layers), through experts of intermediate_size (Mixtral) or moe_intermediate_size (Qwen), with
+    Qwen2-MoE's gated shared expert."""
+    if model_type != "mixtral":
+        step, dense = _field(config, "decoder_sparse_step", name, 1), _field(config, "mlp_only_layers", name, [])
+        if step != 1 or dense:
+            raise ConfigError(f"{name}: decoder_sparse_step {step!r} and mlp_only_layers {dense!r}: only models "
+                              "whose every block routes its MLP through experts are supported yet")
+    experts_key = next((k for k in ("num_local_experts", "num_experts") if config.get(k) is not None),
+                       "num_local_experts" if model_type == "mixtral" else "num_experts")
+    shared = _field(config, "shared_expert_intermediate_size", name) if model_type == "qwen2_moe" else 0
+    return {
+        "n_experts": _field(config, experts_key, name),
+        "experts_per_token": _field(config, "num_experts_per_tok", name),
+        "expert_ffn_hidden": 0 if model_type == "mixtral" else _field(config, "moe_intermediate_size", name),
+        "shared_expert_ffn_hidden": shared,
+        "shared_expert_gate": bool(shared),
+    }
 
 
 def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:

@@ -43,6 +43,8 @@ SIZE_LIMITS = {
 every formula's work or the result meaningless (10**12 layers) is refused before any work."""
 MAX_HEAD_SIZE = 2**12
 """Widest attention head accepted (published models use 64-256)."""
+MAX_EXPERTS = 2**14
+"""Most routed experts accepted (published models: up to 384)."""
 
 
 
@@ -87,6 +89,18 @@ class ModelSpec:
     """The part of each head that rotary rotates (GPT-NeoX: 0.25); the rest passes through."""
     parallel_residual: bool = False
     """Attention and MLP both read the block's input: x + attn(norm(x)) + mlp(norm(x)) (GPT-NeoX)."""
+    n_experts: int = 0
+    """Routed experts of a mixture-of-experts MLP (Mixtral 8x7B: 8); 0: every MLP is dense."""
+    experts_per_token: int = 0
+    """Routed experts each token goes through (top-k; Mixtral: 2)."""
+    expert_ffn_hidden: int = 0
+    """Inner width of each routed expert's gated MLP; 0: ffn_hidden."""
+    shared_expert_ffn_hidden: int = 0
+    """Inner width of the gated MLP every token goes through beside the routed ones (Qwen2-MoE); 0: none."""
+    shared_expert_gate: bool = False
+    """A sigmoid gate, one hidden-wide row, scales the shared expert's output (Qwen2-MoE)."""
+    dense_layers: int = 0
+    """Leading blocks whose MLP is dense and ffn_hidden wide (DeepSeek-V3's first_k_dense_replace)."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -111,6 +125,7 @@ class ModelSpec:
         if self.rotary and (self.rotary_dim < 2 or self.rotary_dim % 2):
             raise ConfigError(f"{self.name}: rotary over {self.rotary_fraction:g} of a {self.head_dim}-wide head "
                               f"is {self.rotary_dim} dimensions; rotary needs an even number, 2 or more")
+        self._check_experts()
         if self.head_size is None and self.hidden % self.n_heads:
             raise ConfigError(
                 f"{self.name}: hidden {self.hidden} is not divisible by n_heads {self.n_heads}; "
@@ -122,7 +137,41 @@ class ModelSpec:
                 f"choose n_kv_heads among {divisors_near(self.n_heads, self.n_kv_heads)}"
             )
 
+    def _check_experts(self) -> None:
+        sizes = {"n_experts": (self.n_experts, MAX_EXPERTS), "experts_per_token": (self.experts_per_token, MAX_EXPERTS),
+                 "expert_ffn_hidden": (self.expert_ffn_hidden, SIZE_LIMITS["ffn_hidden"]),
+                 "shared_expert_ffn_hidden": (self.shared_expert_ffn_hidden, SIZE_LIMITS["ffn_hidden"]),
+                 "dense_layers": (self.dense_layers, SIZE_LIMITS["n_layers"])}
+        for size, (value, limit) in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= limit:
+                raise ConfigError(f"{self.name}: {size} must be an integer from 0 to {limit:,}, got {value!r}")
+        if not self.is_moe:
+            if self.experts_per_token or self.expert_ffn_hidden or self.shared_expert_ffn_hidden \
+                    or self.shared_expert_gate or self.dense_layers:
+                raise ConfigError(f"{self.name}: expert sizes are given but n_experts is 0 (a dense model)")
+            return
+        if self.block != "llama":
+            raise ConfigError(f"{self.name}: experts are gated MLPs of a llama block, not of a {self.block} block")
+        if not 1 <= self.experts_per_token <= self.n_experts:
+            raise ConfigError(f"{self.name}: experts_per_token {self.experts_per_token} must be 1 to n_experts "
+                              f"{self.n_experts}")
+        if self.dense_layers >= self.n_layers:
+            raise ConfigError(f"{self.name}: dense_layers {self.dense_layers} leaves none of its {self.n_layers} "
+                              "layers with experts")
+        if self.shared_expert_gate and not self.shared_expert_ffn_hidden:
+            raise ConfigError(f"{self.name}: a shared expert gate needs a shared expert (shared_expert_ffn_hidden)")
+
     # ---- derived sizes -------------------------------------------------------
+
+    @property
+    def is_moe(self) -> bool:
+        """A mixture of experts: some blocks route each token through experts_per_token of n_experts MLPs."""
+        return self.n_experts > 0
+
+    @property
+    def moe_layers(self) -> int:
+        """Blocks whose MLP is a mixture of experts."""
+        return self.n_layers - self.dense_layers if self.is_moe else 0
 
     @property
     def head_dim(self) -> int:
@@ -174,13 +223,28 @@ class ModelSpec:
             return weights + (self.mlp_projections - 1) * f + h
         return weights
 
+    def moe_parameters(self, active: bool = False) -> int:
+        """One mixture-of-experts MLP: the router (hidden x n_experts), every routed expert (or, ``active``,
+        the experts_per_token a token uses), the shared expert and its gate. No biases."""
+        h = self.hidden
+        routed = (self.experts_per_token if active else self.n_experts) * 3 * h * (self.expert_ffn_hidden or self.ffn_hidden)
+        shared = 3 * h * self.shared_expert_ffn_hidden + (h if self.shared_expert_gate else 0)
+        return h * self.n_experts + routed + shared
+
     def norm_parameters(self) -> int:
         """One norm: LayerNorm has weight and bias, RMSNorm only a weight."""
         return 2 * self.hidden if self.block == "gpt" else self.hidden
 
     def layer_parameters(self) -> int:
-        """One transformer block: attention, MLP and its two norms (four with ``post_norms``)."""
+        """One transformer block with a dense MLP: attention, MLP and its two norms (four with ``post_norms``)."""
         return self.attention_parameters() + self.mlp_parameters() + self.norms_per_block * self.norm_parameters()
+
+    def blocks_parameters(self, active: bool = False) -> int:
+        """Every block: dense ones and, for a mixture of experts, the expert blocks (``active``: the
+        parameters one token uses)."""
+        dense = self.n_layers - self.moe_layers
+        moe = self.attention_parameters() + self.moe_parameters(active) + self.norms_per_block * self.norm_parameters()
+        return dense * self.layer_parameters() + self.moe_layers * moe
 
     @property
     def norms_per_block(self) -> int:
@@ -241,9 +305,11 @@ class ModelSpec:
     @property
     def parameters(self) -> int:
         """Exact parameter count (tied embeddings counted once)."""
-        return (
-            self.embedding_parameters()
-            + self.n_layers * self.layer_parameters()
-            + self.norm_parameters()
-            + self.head_parameters()
-        )
+        return self.embedding_parameters() + self.blocks_parameters() + self.norm_parameters() + self.head_parameters()
+
+    @property
+    def active_parameters(self) -> int:
+        """Parameters one token uses: all of a dense model's; a mixture of experts' without the experts the
+        router did not choose (Mixtral 8x7B: 12.9B of 46.7B)."""
+        return (self.embedding_parameters() + self.blocks_parameters(active=True) + self.norm_parameters()
+                + self.head_parameters())

@@ -9,11 +9,12 @@ give a figure, the count rounds to it.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
 from core.errors import ConfigError
-from core.hf_config import GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, load_hf_config, spec_from_hf_config
+from core.hf_config import GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config, spec_from_hf_config
 from core.presets import resolve_model
 from tests.conftest import FIXTURES
 
@@ -53,6 +54,49 @@ def test_pythia_counts_what_its_paper_publishes():
     assert spec.parameters == 162_322_944
     assert spec.parameters - 2 * spec.vocab_size * spec.hidden == 85_056_000
     assert (spec.block, spec.rotary, spec.rotary_dim, spec.parallel_residual, spec.bias) == ("gpt", True, 16, True, "all")
+
+
+@pytest.mark.parametrize(
+    ("file", "total", "active", "published"),
+    [
+        # mistralai/Mixtral-8x7B: 46.7B parameters, 12.9B used per token (Mistral AI's announcement).
+        ("mixtral-8x7b-v0.1.json", 46_702_792_704, 12_879_925_248, (46.7, 12.9)),
+        # Qwen/Qwen3-30B-A3B model card: 30.5B parameters, 3.3B activated (3.35: the card truncates).
+        ("qwen3-30b-a3b.json", 30_532_122_624, 3_353_032_704, (30.5, 3.3)),
+        # Qwen/Qwen1.5-MoE-A2.7B model card: 14.3B parameters, 2.7B activated (a gated shared expert).
+        ("qwen1.5-moe-a2.7b.json", 14_315_784_192, 2_689_173_504, (14.3, 2.7)),
+    ],
+)
+def test_mixtures_of_experts_count_total_and_active_parameters(file, total, active, published):
+    """Totals are transformers' own (test_every_config_counts_what_transformers_builds); active is the total
+    less the experts a token skips, every block: Qwen3-30B-A3B 30,532,122,624 - 48 x 120 x 3 x 2,048 x 768."""
+    spec = resolve_model(str(HF / file))
+    skipped = spec.moe_layers * (spec.n_experts - spec.experts_per_token) * 3 * spec.hidden * (
+        spec.expert_ffn_hidden or spec.ffn_hidden)
+    assert total - skipped == active
+    assert (spec.parameters, spec.active_parameters) == (total, active)
+    for count, figure in zip((total, active), published, strict=True):  # cards round, or cut, to 0.1B
+        assert figure in (round(count / 1e9, 1), math.floor(count / 1e8) / 10)
+
+
+def test_a_mixture_of_experts_is_refused_for_planning_with_its_counts():
+    from core.config import TrainConfig
+    from core.estimate import estimate
+
+    spec = resolve_model(str(HF / "mixtral-8x7b-v0.1.json"))
+    with pytest.raises(ConfigError) as caught:
+        estimate(spec, TrainConfig(seq_len=4096, micro_batch=1))
+    assert str(caught.value) == (
+        "mistralai/Mixtral-8x7B-v0.1: a mixture of experts (8 experts, 2 per token; 46,702,792,704 parameters, "
+        "12,879,925,248 active per token) cannot be estimated or planned yet: its routed activations and expert "
+        "parallelism are not modelled")
+
+
+def test_a_qwen_mixture_with_dense_blocks_is_refused_by_name():
+    config = json.loads((HF / "qwen3-30b-a3b.json").read_text()) | {"mlp_only_layers": [0, 1]}
+    with pytest.raises(ConfigError, match=r"decoder_sparse_step 1 and mlp_only_layers \[0, 1\]: only models "
+                                          "whose every block routes its MLP through experts are supported yet"):
+        spec_from_hf_config(config, "q")
 
 
 def test_each_gemma_and_qwen3_has_its_own_block():
@@ -131,8 +175,11 @@ def test_every_config_counts_what_transformers_builds(file):
 @pytest.mark.parametrize("tied", [False, True])
 def test_every_llama_like_type_counts_what_transformers_builds(model_type, tied):
     config = TINY | {"model_type": model_type, "tie_word_embeddings": tied}
-    if model_type in ("llama", "mistral", "qwen2", "phi3"):
+    if model_type in ("llama", "mistral", "qwen2", "phi3", "qwen2_moe"):
         config["head_dim"] = 96 // 4
+    if model_type in MIXTURES:
+        config |= {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
+                   "shared_expert_intermediate_size": 64 if model_type == "qwen2_moe" else 0}
     assert spec_from_hf_config(config, model_type).parameters == _transformers_count(config)
 
 

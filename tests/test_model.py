@@ -108,7 +108,8 @@ def test_hf_config_errors_are_clear(tmp_path):
         load_hf_config(broken)
     broken.write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(ConfigError, match="model_type 't5' is not supported; supported: llama, mistral, qwen2, "
-                                          "phi3, qwen3, gemma, gemma2, gemma3_text, gemma3, gpt2, gpt_neox"):
+                                          "phi3, qwen3, gemma, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, "
+                                          "gemma3, gpt2, gpt_neox"):
         load_hf_config(broken)
     broken.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
     with pytest.raises(ConfigError, match="required field 'num_attention_heads' is missing"):
