@@ -9,8 +9,8 @@ Supported ``model_type`` values and the field names each uses:
 
 - ``llama``, ``mistral``, ``qwen2``, ``phi3``: num_hidden_layers, hidden_size,
   num_attention_heads, num_key_value_heads (defaults to the head count),
-  intermediate_size, vocab_size, max_position_embeddings, tie_word_embeddings
-  (default false). Qwen2 has biases on q, k and v. Phi-3 fuses q, k, v into
+  head_dim (defaults to hidden_size / num_attention_heads), intermediate_size,
+  vocab_size, max_position_embeddings, tie_word_embeddings (default false). Qwen2 has biases on q, k and v. Phi-3 fuses q, k, v into
   one projection and gate and up into another: the same weights as Llama's
   separate ones (transformers' Phi3Attention and Phi3MLP).
 - ``qwen3``: Llama's fields, and head_dim (default hidden_size /
@@ -162,13 +162,10 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
     head_dim = _field(config, "head_dim", name, 256 if model_type in GEMMAS else None)
     if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim <= 0):
         raise ConfigError(f"{name}: head_dim must be a positive integer, got {head_dim!r}")
+    # transformers sizes every one of these types' heads by head_dim when the config gives it (Mistral-Nemo:
+    # 32 heads of 128 over hidden 5,120).
     natural = isinstance(heads, int) and isinstance(hidden, int) and heads > 0 and head_dim == hidden // heads \
         and hidden % heads == 0
-    if head_dim is not None and not natural and model_type not in (*GEMMAS, "qwen3", "qwen3_moe", "mixtral"):
-        raise ConfigError(
-            f"{name}: head_dim {head_dim} x num_attention_heads {heads} != hidden_size {hidden}; a "
-            f"{model_type} model's heads are hidden_size / num_attention_heads wide"
-        )
     for flag in ("attention_bias", "mlp_bias"):
         if _flag(config, flag, name, False):
             raise ConfigError(f"{name}: {flag}=true is not supported yet (only Qwen2's q/k/v biases are)")

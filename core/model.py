@@ -46,8 +46,6 @@ MAX_HEAD_SIZE = 2**12
 MAX_EXPERTS = 2**14
 """Most routed experts accepted (published models: up to 384)."""
 
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """A decoder-only transformer, sized."""
@@ -75,7 +73,7 @@ class ModelSpec:
     bias: BiasMode = field(default="none")
     """Linear-layer biases: ``none``, ``qkv`` (Qwen2) or ``all`` (GPT-2/3)."""
     head_size: int | None = None
-    """Width of one attention head where it is not hidden / n_heads (Gemma 7B: 256 heads of 16 with hidden
+    """Width of one attention head where it is not hidden / n_heads (Gemma 7B: 16 heads of 256 with hidden
     3,072, so attention is 4,096 wide); None: hidden / n_heads."""
     qk_norm: bool = False
     """An RMSNorm over each head of q and of k, before rotary (Qwen3, Gemma 3): head_dim weights each."""
@@ -122,9 +120,6 @@ class ModelSpec:
         if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) \
                 or not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
-        if self.rotary and (self.rotary_dim < 2 or self.rotary_dim % 2):
-            raise ConfigError(f"{self.name}: rotary over {self.rotary_fraction:g} of a {self.head_dim}-wide head "
-                              f"is {self.rotary_dim} dimensions; rotary needs an even number, 2 or more")
         self._check_experts()
         if self.head_size is None and self.hidden % self.n_heads:
             raise ConfigError(
@@ -136,6 +131,9 @@ class ModelSpec:
                 f"{self.name}: n_heads {self.n_heads} is not divisible by n_kv_heads {self.n_kv_heads}; "
                 f"choose n_kv_heads among {divisors_near(self.n_heads, self.n_kv_heads)}"
             )
+        if self.rotary and (self.rotary_dim < 2 or self.rotary_dim % 2):
+            raise ConfigError(f"{self.name}: rotary over {self.rotary_fraction:g} of a {self.head_dim}-wide head "
+                              f"is {self.rotary_dim} dimensions; rotary needs an even number, 2 or more")
 
     def _check_experts(self) -> None:
         sizes = {"n_experts": (self.n_experts, MAX_EXPERTS), "experts_per_token": (self.experts_per_token, MAX_EXPERTS),

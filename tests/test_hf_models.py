@@ -138,11 +138,11 @@ def test_a_bad_head_dim_is_refused_by_name(value, message):
         spec_from_hf_config(config, "q")
 
 
-def test_a_llama_whose_head_dim_disagrees_with_its_width_is_refused():
-    config = json.loads((HF / "llama-2-7b.json").read_text()) | {"head_dim": 256}
-    with pytest.raises(ConfigError, match="head_dim 256 x num_attention_heads 32 != hidden_size 4096; a llama "
-                                          "model's heads are hidden_size / num_attention_heads wide"):
-        spec_from_hf_config(config, "l")
+def test_a_head_dim_other_than_hidden_over_heads_sizes_the_attention():
+    """Mistral-Nemo's shape: 32 heads of 128 over hidden 5,120, so q is 4,096 wide."""
+    config = json.loads((HF / "mistral-7b-v0.1.json").read_text()) | {"hidden_size": 5120, "head_dim": 128}
+    spec = spec_from_hf_config(config, "nemo-like")
+    assert (spec.head_dim, spec.q_dim, spec.kv_dim) == (128, 4096, 1024)
 
 
 # ---- against transformers' own implementation -----------------------------------------------------
@@ -162,7 +162,7 @@ def _transformers_count(config: dict) -> int:
 TINY = {"num_hidden_layers": 2, "hidden_size": 96, "intermediate_size": 160, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 40, "vocab_size": 300, "max_position_embeddings": 64,
         "pad_token_id": 0, "bos_token_id": 1, "eos_token_id": 2}
-"""Odd sizes, heads wider than hidden / n_heads where the type allows it."""
+"""Odd sizes, and heads wider than hidden / n_heads (4 x 40 = 160 over 96): every type sizes its heads by head_dim."""
 
 
 @pytest.mark.parametrize("file", sorted(p.name for p in HF.glob("*.json") if p.name != "gpt2.json"))
@@ -175,8 +175,6 @@ def test_every_config_counts_what_transformers_builds(file):
 @pytest.mark.parametrize("tied", [False, True])
 def test_every_llama_like_type_counts_what_transformers_builds(model_type, tied):
     config = TINY | {"model_type": model_type, "tie_word_embeddings": tied}
-    if model_type in ("llama", "mistral", "qwen2", "phi3", "qwen2_moe"):
-        config["head_dim"] = 96 // 4
     if model_type in MIXTURES:
         config |= {"num_local_experts": 4, "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48,
                    "shared_expert_intermediate_size": 64 if model_type == "qwen2_moe" else 0}
