@@ -251,9 +251,8 @@ def _young_garbage_collected() -> Iterator[None]:
     """Collect, on leaving, the garbage made inside: storages that only a reference cycle keeps alive.
 
     Such a storage is garbage the collector has not reached yet, not something backward needs, so whether
-    it counts must not depend on when the collector last ran. (CI once saw one rank of a tensor-parallel
-    block keep 12 KiB more than the other, not reproduced in isolation; a cycle collected late would do
-    that.) Objects older than the block are frozen first: a full collection walks the whole process's heap,
+    it counts must not depend on when the collector last ran. (A buffer a collective's backend still holds
+    is another matter: agent.rank.settled.) Objects older than the block are frozen first: a full collection walks the whole process's heap,
     0.26 s in a test process holding half a million objects, and a probe runs hundreds of times there.
     """
     freeze = gc.get_freeze_count() == 0  # a caller's own freeze is left as it is

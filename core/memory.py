@@ -54,7 +54,7 @@ def _layer_split(spec: ModelSpec) -> tuple[int, int]:
     (Megatron-LM's ColumnParallelLinear/RowParallelLinear).
     """
     replicated = (spec.norms_per_block * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
-                  + (2 * spec.head_dim if spec.qk_norm else 0))
+                  + spec.qk_norm_parameters())
     return spec.layer_parameters() - replicated, replicated
 
 

@@ -207,7 +207,7 @@ class ModelSpec:
         """q, k, v and output projections with their biases, and the per-head q and k norms."""
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         weights = h * q + 2 * h * kv + q * h
-        qk_norms = 2 * self.head_dim if self.qk_norm else 0
+        qk_norms = self.qk_norm_parameters()
         if self.bias == "all":
             return weights + (q + 2 * kv) + h + qk_norms
         if self.bias == "qkv":
@@ -220,6 +220,10 @@ class ModelSpec:
         if self.bias == "all":
             return weights + (self.mlp_projections - 1) * f + h
         return weights
+
+    def qk_norm_parameters(self) -> int:
+        """The q and k norms of one block: head_dim weights each with ``qk_norm``, else none."""
+        return 2 * self.head_dim if self.qk_norm else 0
 
     def moe_parameters(self, active: bool = False) -> int:
         """One mixture-of-experts MLP: the router (hidden x n_experts), every routed expert (or, ``active``,
