@@ -7,6 +7,10 @@ FlopCounterMode counts are what the core's accounting must match:
   ``spec.bias``, dropout on the embedding sum, the attention probabilities and
   both residual branches (GPT-2's placement).
 - ``llama`` blocks: RMSNorm, SwiGLU MLP, rotary positions, no dropout.
+- mixture-of-experts blocks (``spec.is_moe``, past ``dense_layers``): a
+  router, top-k over fp32 softmax probabilities, and each expert a SwiGLU MLP
+  over the tokens routed to it, dropless, as transformers' eager Mixtral and
+  Qwen-MoE blocks run (``Experts``).
 - attention ``flash``: ``F.scaled_dot_product_attention`` (causal, grouped
   key/value heads passed as they are); ``standard``: an explicit
   softmax(QK^T / sqrt(d)) V that materialises the s x s scores, key/value heads
@@ -104,9 +108,10 @@ class Attention(nn.Module):
 
 
 class MLP(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
+        """GELU or SwiGLU per the block; ``width``: the inner width where it is not ffn_hidden (an expert)."""
         super().__init__()
-        h, f, bias = spec.hidden, spec.ffn_hidden, spec.bias == "all"
+        h, f, bias = spec.hidden, width or spec.ffn_hidden, spec.bias == "all"
         self.swiglu = spec.block == "llama"
         if self.swiglu:
             self.gate_proj = nn.Linear(h, f, bias=bias)
@@ -117,6 +122,46 @@ class MLP(nn.Module):
         if self.swiglu:
             return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
         return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class Experts(nn.Module):
+    """A mixture-of-experts MLP, dropless, as transformers' eager Mixtral and Qwen-MoE blocks run it.
+
+    The router's logits give fp32 softmax probabilities; each token takes its top k (their weights
+    renormalised to sum to one with ``normalize_expert_weights``). Each expert, a SwiGLU MLP, runs on the
+    tokens routed to it, gathered by index, its output scaled by their routing weights and added back at
+    their rows. Every expert runs, on no rows if none chose it, so what autograd keeps depends on the
+    t x k routed rows and not on how the router spread them. A shared expert (and its sigmoid gate) runs
+    on every token after the routed ones.
+    """
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        h = spec.hidden
+        self.router = nn.Linear(h, spec.n_experts, bias=False)
+        self.experts = nn.ModuleList(MLP(spec, spec.expert_ffn) for _ in range(spec.n_experts))
+        fs = spec.shared_expert_ffn_hidden
+        self.shared = MLP(spec, fs) if fs else None
+        self.shared_gate = nn.Linear(h, 1, bias=False) if spec.shared_expert_gate else None
+        self.top_k, self.normalize = spec.experts_per_token, spec.normalize_expert_weights
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
+        weights, chosen = probs.topk(self.top_k, dim=-1)
+        if self.normalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        out = torch.zeros_like(flat)
+        for e, expert in enumerate(self.experts):
+            token, slot = torch.where(chosen == e)
+            y = expert(flat[token]) * weights[token, slot].unsqueeze(-1)
+            out = out.index_add(0, token, y.to(out.dtype))
+        if self.shared is not None:
+            shared = self.shared(flat)
+            if self.shared_gate is not None:
+                shared = shared * torch.sigmoid(self.shared_gate(flat))
+            out = out + shared
+        return out.view(x.shape)
 
 
 def _norm(spec: ModelSpec) -> nn.Module:
@@ -131,13 +176,14 @@ class Block(nn.Module):
     both read the block's input: x + drop(attn(norm(x))) + drop(mlp(norm(x))).
     """
 
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False,
+                 experts: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
         self.attn = Attention(spec, attention, dropout, checkpoint_core)
         self.attn_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.mlp_norm = _norm(spec)
-        self.mlp = MLP(spec)
+        self.mlp = Experts(spec) if experts else MLP(spec)
         self.mlp_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.dropout = dropout
         self.parallel_residual = spec.parallel_residual
@@ -158,8 +204,6 @@ class Decoder(nn.Module):
         recompute: RecomputePolicy | str = "none",
     ) -> None:
         super().__init__()
-        if spec.is_moe:
-            raise ValueError(f"{spec.name}: the agent's decoder has dense MLPs only, not {spec.n_experts} experts")
         if dropout and spec.block == "llama":
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec
@@ -167,7 +211,8 @@ class Decoder(nn.Module):
         selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = None if spec.rotary else nn.Embedding(spec.max_seq_len, spec.hidden)
-        self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective) for _ in range(spec.n_layers))
+        self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective, spec.is_moe_layer(i))
+                                    for i in range(spec.n_layers))
         self.final_norm = _norm(spec)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
         if spec.tied_embeddings:

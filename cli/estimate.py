@@ -48,9 +48,12 @@ def run(args: argparse.Namespace) -> int:
 def render(result: Estimate) -> str:
     spec, cfg, report = result.spec, result.config, result.to_dict()
     memory, flops = report["memory_bytes"], report["flops"]
+    experts = (f"; {spec.active_parameters:,} active per token, {spec.experts_per_token} of {spec.n_experts} experts "
+               f"in {spec.moe_layers} layers") if spec.is_moe else ""
+    per_token = spec.active_parameters  # the 6N of a mixture of experts counts the parameters a token uses
     lines = [
         f"{spec.name}: {spec.parameters:,} parameters ({spec.block}, {spec.n_layers} layers, "
-        f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,})",
+        f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,}{experts})",
         f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
         f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
         f"accumulation {result.accumulation_steps}, target {result.device}, {cfg.stack} stack",
@@ -79,7 +82,8 @@ def render(result: Estimate) -> str:
         f"  {'backward':<22}{flops['backward'] / 1e12:>12,.2f}",
         f"  {'recompute':<22}{flops['recompute'] / 1e12:>12,.2f}",
         f"  {'step (hardware)':<22}{flops['step'] / 1e12:>12,.2f}",
-        f"  model FLOPs per token {flops['per_token']:,} ({flops['per_token'] / spec.parameters:.2f} x parameters)",
+        f"  model FLOPs per token {flops['per_token']:,} ({flops['per_token'] / per_token:.2f} x "
+        f"{'active ' if spec.is_moe else ''}parameters)",
         "",
         *([f"{'peak per rank kind':<24}{'GB':>12}", *(f"  {r['rank']:<22}{r['peak'] / GB:>12,.2f}" for r in report["ranks"]), ""]
           if len(report["ranks"]) > 1 else []),

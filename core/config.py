@@ -93,11 +93,11 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
-        if spec.is_moe:
+        if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
-                f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token; "
-                f"{spec.parameters:,} parameters, {spec.active_parameters:,} active per token) cannot be estimated "
-                "or planned yet: its routed activations and expert parallelism are not modelled")
+                f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "
+                f"planned on data and context parallelism with sharding; tp {self.layout.tp} and pp "
+                f"{self.layout.pp} (and expert parallelism) are not modelled for it yet: use tp 1 and pp 1")
         self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
                                 n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
         if spec.block == "llama" and self.dropout > 0:

@@ -33,8 +33,9 @@ def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int)
     return 4 * batch * seq_len * seq_len * heads * head_dim
 
 
-def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict[str, int]:
-    """Forward FLOPs of each matmul in one block, for b sequences of s tokens."""
+def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool = False) -> dict[str, int]:
+    """Forward FLOPs of each matmul in one block, for b sequences of s tokens; ``moe``: a mixture-of-experts
+    block's (``moe_forward_flops`` in place of the dense MLP)."""
     t, h, q, kv, f = micro_batch * seq_len, spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden
     # Every query head attends over all s keys: 2 b s^2 (a x head_dim) per product (2 b s^2 h when
     # the heads are hidden / n_heads wide).
@@ -46,11 +47,29 @@ def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict
         "attn_scores": attention,
         "attn_values": attention,
         "o_proj": 2 * t * q * h,
-        "mlp_up": 2 * t * h * f,
     }
+    if moe:
+        return flops | moe_forward_flops(spec, t)
+    flops["mlp_up"] = 2 * t * h * f
     if spec.block == "llama":
         flops["mlp_gate"] = 2 * t * h * f
     flops["mlp_down"] = 2 * t * f * h
+    return flops
+
+
+def moe_forward_flops(spec: ModelSpec, tokens: int) -> dict[str, int]:
+    """Forward FLOPs of a mixture-of-experts MLP over ``tokens`` tokens, dropless: the router's logits
+    (t x h)(h x E); each token's k experts, every one a gated MLP fe wide, so the experts' GEMMs together
+    multiply t k rows (however the router spreads them); the shared expert and its gate over every token.
+    Routing itself (softmax, top-k, permutation, the weighted sum) is elementwise."""
+    t, h, fe, fs = tokens, spec.hidden, spec.expert_ffn, spec.shared_expert_ffn_hidden
+    routed = t * spec.experts_per_token
+    flops = {"router": 2 * t * h * spec.n_experts, "experts_gate": 2 * routed * h * fe,
+             "experts_up": 2 * routed * h * fe, "experts_down": 2 * routed * fe * h}
+    if fs:
+        flops |= {"shared_gate": 2 * t * h * fs, "shared_up": 2 * t * h * fs, "shared_down": 2 * t * fs * h}
+    if spec.shared_expert_gate:
+        flops["shared_expert_gate"] = 2 * t * h
     return flops
 
 
@@ -64,16 +83,26 @@ class StepFlops:
     """FLOPs of one micro-batch's forward and backward."""
 
     layer_forward: dict[str, int]
-    """One block's forward, by matmul."""
+    """One block's forward, by matmul (a dense block's in a mixture of experts)."""
     n_layers: int
     logits_forward: int
     recompute: int
     """Forward FLOPs run again by the checkpoint policy."""
     tokens: int
+    moe_layer_forward: dict[str, int] | None = None
+    """One mixture-of-experts block's forward, by matmul; None for a dense model."""
+    moe_layers: int = 0
+    """Blocks of the n_layers that are mixture-of-experts blocks."""
+
+    @property
+    def blocks_forward(self) -> int:
+        """Every block's forward FLOPs."""
+        moe = self.moe_layers * sum(self.moe_layer_forward.values()) if self.moe_layer_forward else 0
+        return (self.n_layers - self.moe_layers) * sum(self.layer_forward.values()) + moe
 
     @property
     def forward(self) -> int:
-        return self.n_layers * sum(self.layer_forward.values()) + self.logits_forward
+        return self.blocks_forward + self.logits_forward
 
     @property
     def backward(self) -> int:
@@ -104,17 +133,23 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     output nothing in the region saves is not run again:
 
     - full and every-K: every block's forward, less the last block of each
-      segment's down projection (without dropout; residual dropout saves a
-      mask, which needs that output);
+      segment's last matmul, when nothing saves its output (``_unsaved_last_matmul``;
+      without dropout: residual dropout saves a mask, which needs that output);
     - selective: QK^T for the explicit or math-path attention (PV's inputs are
       saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
     - op-selective: no matmul (their outputs are cached); none and offload: 0.
     """
-    layer = layer_forward_flops(spec, config.micro_batch, config.seq_len)
+    b, s = config.micro_batch, config.seq_len
+    layer = layer_forward_flops(spec, b, s)
     policy = config.recompute
     if policy.recomputes_blocks:
-        skipped = 0 if config.dropout > 0 else policy.segments(spec.n_layers) * layer["mlp_down"]
-        return spec.n_layers * sum(layer.values()) - skipped
+        blocks = step_flops(spec, config, device, recompute=0).blocks_forward
+        if config.dropout > 0:
+            return blocks
+        size, n = policy.segment_layers(spec.n_layers), spec.n_layers
+        ends = [min(start + size, n) - 1 for start in range(0, n, size)]
+        trailing = {moe: _unsaved_last_matmul(spec, b, s, moe) for moe in {spec.is_moe_layer(end) for end in ends}}
+        return blocks - sum(trailing[spec.is_moe_layer(end)] for end in ends)
     if policy.recomputes_attention:
         fused = device_rules(device).fused_sdpa(config.attention, config.dropout,
                                                 fp32=get_precision(config.precision).compute_dtype == "fp32",
@@ -123,14 +158,31 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     return 0
 
 
-def step_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") -> StepFlops:
-    """FLOPs of one micro-batch on ``device`` (the device decides which attention kernel runs)."""
+def _unsaved_last_matmul(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool) -> int:
+    """Forward FLOPs of a block's last matmul when nothing in the block saves its output, so that a
+    recomputing checkpoint stops before it: the MLP's down projection; a mixture of experts' shared down
+    projection. Saved, hence run again: under a post-MLP norm (it keeps its input), a shared expert's
+    sigmoid gate (the product keeps both factors) or, without a shared expert, the last expert's routing
+    weights (likewise)."""
+    if spec.post_norms:
+        return 0
+    if not moe:
+        return layer_forward_flops(spec, micro_batch, seq_len)["mlp_down"]
+    return 0 if spec.shared_expert_gate else moe_forward_flops(spec, micro_batch * seq_len).get("shared_down", 0)
+
+
+def step_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda", recompute: int | None = None) -> StepFlops:
+    """FLOPs of one micro-batch on ``device`` (the device decides which attention kernel runs).
+    ``recompute``: the recomputed FLOPs when already known."""
+    b, s = config.micro_batch, config.seq_len
     return StepFlops(
-        layer_forward=layer_forward_flops(spec, config.micro_batch, config.seq_len),
+        layer_forward=layer_forward_flops(spec, b, s),
         n_layers=spec.n_layers,
-        logits_forward=logits_forward_flops(spec, config.micro_batch, config.seq_len),
-        recompute=recompute_flops(spec, config, device),
+        logits_forward=logits_forward_flops(spec, b, s),
+        recompute=recompute_flops(spec, config, device) if recompute is None else recompute,
         tokens=config.tokens,
+        moe_layer_forward=layer_forward_flops(spec, b, s, moe=True) if spec.is_moe else None,
+        moe_layers=spec.moe_layers,
     )
 
 

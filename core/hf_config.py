@@ -27,9 +27,10 @@ Supported ``model_type`` values and the field names each uses:
   dense relatives' fields, and num_local_experts or num_experts,
   num_experts_per_tok, moe_intermediate_size (Qwen; Mixtral's experts are
   intermediate_size wide), shared_expert_intermediate_size (Qwen2-MoE's
-  gated shared expert). Their parameters, total and active, are counted;
-  estimating and planning them waits for the routed activations and expert
-  parallelism to be modelled, and says so.
+  gated shared expert), norm_topk_prob (Qwen; Mixtral always renormalises).
+  They are estimated and planned on data and context parallelism with
+  sharding; tensor, pipeline and expert parallelism wait to be modelled for
+  them, and say so.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
 - ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,
@@ -206,6 +207,8 @@ def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, An
         "expert_ffn_hidden": 0 if model_type == "mixtral" else _field(config, "moe_intermediate_size", name),
         "shared_expert_ffn_hidden": shared,
         "shared_expert_gate": bool(shared),
+        # Mixtral always renormalises its top-k weights (transformers' MixtralTopKRouter); Qwen when asked.
+        "normalize_expert_weights": model_type == "mixtral" or bool(_field(config, "norm_topk_prob", name, False)),
     }
 
 

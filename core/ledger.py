@@ -260,15 +260,16 @@ class _Trace:
         return self.param(f"{name}.weight", shape, param_dtype)
 
     def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str, kept: _Sym | None = None,
-               rows: int | None = None) -> _Sym:
+               rows: int | None = None, stacked: int = 1) -> _Sym:
         """Saves its input (cast to bf16 per call under autocast) and its weight.
 
         ``kept``: what backward keeps instead of x (a sharded input gathered again in backward);
-        ``rows``: the output's sequence length after a row-parallel reduce-scatter (sequence parallel).
+        ``rows``: the output's sequence length after a row-parallel reduce-scatter (sequence parallel);
+        ``stacked``: x is the rows of that many linears of this shape (experts), one weight each.
         """
         x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
         saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
-        self.save(saved, self.weight(name, (out_features, x.shape[-1]), param_dtype))
+        self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
         return self.matmul_output(self.new(f"{name}.out", shape, x_in.dtype))
 
@@ -448,23 +449,72 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
         x = tr.new("residual_attn", (b, rows, h), x.dtype)
 
     m, kept = _column_input(tr, d, norm(x, "mlp_norm", param_dtype), "mlp_norm")
-    if gpt:
+    if spec.is_moe_layer(tr.layer or 0):
+        down = _experts(tr, spec, d, m, param_dtype)
+    elif gpt:
         up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept)
         tr.save(up)  # GELU saves its input
         hidden = tr.new("mlp.gelu", up.shape, up.dtype)
+        down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows)
     else:
-        gate = tr.linear(m, "mlp.gate_proj", d.ffn, param_dtype, kept)
-        up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept)
-        tr.save(gate)  # SiLU saves its input
-        silu = tr.new("mlp.silu", gate.shape, gate.dtype)
-        tr.save(silu, up)  # the product saves both factors
-        hidden = tr.new("mlp.swiglu", gate.shape, gate.dtype)
-    down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows)
+        down = _swiglu(tr, m, "mlp", d.ffn, h, param_dtype, kept, rows)
     if spec.post_norms:
         down = norm(down, "mlp_post_norm", param_dtype)
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
     return tr.new("residual_mlp", (b, rows, h), x.dtype)
+
+
+def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: str, kept: _Sym | None = None,
+            rows: int | None = None, stacked: int = 1) -> _Sym:
+    """down(silu(gate(x)) * up(x)): what a gated MLP keeps; returns the down projection's output.
+
+    ``kept`` and ``rows`` as for ``_Trace.linear`` (sequence parallelism); ``stacked``: x holds the rows of
+    that many experts, each with its own weights."""
+    gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked)
+    up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked)
+    tr.save(gate)  # SiLU saves its input
+    silu = tr.new(f"{name}.silu", gate.shape, gate.dtype)
+    tr.save(silu, up)  # the product saves both factors
+    hidden = tr.new(f"{name}.swiglu", gate.shape, gate.dtype)
+    return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked)
+
+
+def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -> _Sym:
+    """A mixture-of-experts MLP, dropless (agent.model.Experts), over this rank's t tokens.
+
+    Router: its input (cast per call under autocast) and logits, fp32 softmax probabilities, top-k
+    indices (and, renormalised, the top-k weights and their sum). Each expert runs on the tokens routed
+    to it, t x k rows over all experts however the router spreads them, so the experts' tensors are
+    written as one of t x k rows: the (token, slot) pairs torch.where finds, each expert's SwiGLU
+    tensors, its output and routing weight (their product keeps both) and the weighted output, which
+    index_add keeps, in the residual stream's dtype. Every expert's weight is copied under autocast,
+    chosen or not. Then the shared expert over every token, and the product with its sigmoid gate.
+    """
+    t, h, k = d.b * d.rows, d.h, spec.experts_per_token
+    routed = t * k
+    flat = _Sym(x.storage, (t, h), x.dtype, x.name, x.kind)  # a view: (b, s, h) as (t, h)
+    tr.linear(flat, "moe.router", spec.n_experts, param_dtype)
+    tr.save(tr.new("moe.router_probs", (t, spec.n_experts), "fp32"), tr.new("moe.topk_indices", (t, k), "int64"))
+    if spec.normalize_expert_weights:  # the division keeps numerator and denominator
+        tr.save(tr.new("moe.topk_weights", (t, k), "fp32"), tr.new("moe.topk_weight_sum", (t, 1), "fp32"))
+    tr.save(tr.new("moe.token_slots", (routed, 2), "int64"))
+    # The gathered rows are not kept themselves: each linear keeps them, or under autocast its own cast.
+    permuted = tr.new("moe.permuted_tokens", (routed, h), x.dtype)
+    out = _swiglu(tr, permuted, "moe.experts", spec.expert_ffn, h, param_dtype, stacked=spec.n_experts)
+    weights = tr.new("moe.routing_weights", (routed, 1), "fp32")
+    tr.save(out, weights)  # the product keeps both factors
+    weighted = tr.cast(tr.new("moe.weighted", (routed, h), "fp32"), x.dtype, "moe.weighted_cast")
+    tr.save(weighted)  # index_add keeps its source
+    result = tr.new("moe.combined", (t, h), x.dtype)
+    if spec.shared_expert_ffn_hidden:
+        shared = _swiglu(tr, flat, "moe.shared", spec.shared_expert_ffn_hidden, h, param_dtype)
+        if spec.shared_expert_gate:
+            logit = tr.linear(flat, "moe.shared_gate", 1, param_dtype)
+            gate = tr.new("moe.shared_gate.sigmoid", logit.shape, logit.dtype)
+            tr.save(gate, shared)  # sigmoid keeps its output; the product keeps both factors
+        result = tr.new("moe.combined_shared", (t, h), x.dtype)
+    return result
 
 
 def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, param_dtype: str,
@@ -508,11 +558,14 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     policy, n = cfg.recompute, rank.layers
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
     starts = list(range(0, n, size))
+    # The template: the second segment, or a mixture of experts' first past its dense blocks.
+    template = next(j for j, start in enumerate(starts) if j >= 1 and start >= spec.dense_layers) \
+        if len(starts) > 1 else 1
     for i, start in enumerate(starts):
-        # Segments past the second whose length is the usual one save what the second saved:
-        # replay it instead of tracing every block (an 80-layer model costs two segments).
-        if 2 <= i and start + size <= n and (i < len(starts) - 1 or n % size == 0):
-            x = tr.repeat_segment(starts[1], start, size, x)
+        # Later segments whose length is the usual one save what the template saved: replay it
+        # instead of tracing every block (an 80-layer model costs two segments).
+        if template < i and start + size <= n and (i < len(starts) - 1 or n % size == 0):
+            x = tr.repeat_segment(starts[template], start, size, x)
             continue
         x = _segment(tr, spec, d, cfg, x, param_dtype, start, min(start + size, n))
     tr.layer = None
@@ -592,21 +645,25 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d
     policy = config.recompute
     if not policy.recomputes and not (policy.offloads and rules.offload_moves):
         return 0
-    block = _block_bytes(spec, config, rules, d, "none")
+    # The largest block: a mixture of experts' last (a routed one), or any.
+    layer = spec.n_layers - 1
+    block = _block_bytes(spec, config, rules, d, "none", layer)
+    if spec.dense_layers:
+        block = max(block, _block_bytes(spec, config, rules, d, "none", 0))
     if policy.recomputes_blocks:
         segment = policy.segment_layers(spec.n_layers // config.layout.pp) * block
     elif policy.recomputes_attention:
-        segment = block - _block_bytes(spec, config, rules, d, "selective")
+        segment = block - _block_bytes(spec, config, rules, d, "selective", layer)
     else:  # op-selective recomputes, offload brings back, one block at a time
         segment = block
     return max(0, segment - log_probs)
 
 
-def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, policy: str) -> int:
-    """Activation bytes one block keeps under ``none`` or ``selective``."""
+def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, policy: str, layer: int) -> int:
+    """Activation bytes block ``layer`` keeps under ``none`` or ``selective``."""
     cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
     param_dtype = _compute_param_dtype(cfg)
-    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=0)
+    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=layer)
     x = tr.new("input", (d.b, d.rows, d.h), param_dtype)
     _block(tr, spec, d, cfg, x, param_dtype)
     return sum(t.bytes for t in tr.kept.values() if t.kind == "activation")

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass, replace
 
 from core.config import TrainConfig
+from core.errors import ConfigError
 from core.layout import Layout
 from core.model import ModelSpec
 from core.pipeline import RankKind, rank_kinds
@@ -45,17 +46,34 @@ def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
     return recipe.param_bytes + recipe.grad_bytes + recipe.master_bytes + optimizer_state_bytes(optimizer)
 
 
-def _layer_split(spec: ModelSpec) -> tuple[int, int]:
+def _rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
+    """The rank's blocks by kind: {False: dense blocks, True: mixture-of-experts blocks}. A mixture of
+    experts is planned without a pipeline (core.config.TrainConfig.check_model): its rank holds every block."""
+    if not spec.is_moe:
+        return {False: rank.layers}
+    if rank.layers != spec.n_layers:
+        raise ConfigError(f"{spec.name}: a pipeline stage of {rank.layers} of its {spec.n_layers} blocks is not "
+                          "modelled for a mixture of experts")
+    return {False: spec.n_layers - spec.moe_layers, True: spec.moe_layers}
+
+
+def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
     """One block's parameters as (split by tensor parallelism, replicated on every tp rank).
 
     Split: the q, k, v, output and MLP weights, and the biases of column-parallel layers (q, k, v,
     MLP up/gate). Replicated: the norms (a q or k norm is over one head, which every rank has whole)
     and the biases of row-parallel layers (output, MLP down), which are added after the all-reduce
-    (Megatron-LM's ColumnParallelLinear/RowParallelLinear).
+    (Megatron-LM's ColumnParallelLinear/RowParallelLinear). ``moe``: a mixture-of-experts block.
     """
     replicated = (spec.norms_per_block * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
                   + spec.qk_norm_parameters())
-    return spec.layer_parameters() - replicated, replicated
+    return spec.layer_parameters(moe) - replicated, replicated
+
+
+def _rank_block(spec: ModelSpec, tp: int, moe: bool) -> int:
+    """Parameters of one block on one tensor-parallel rank: its split part / tp and its replicated part."""
+    split, replicated = _layer_split(spec, moe)
+    return -(-split // tp) + replicated
 
 
 def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
@@ -67,8 +85,7 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
     """
     rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
     t = layout.tp
-    split, replicated = _layer_split(spec)
-    total = rank.layers * (-(-split // t) + replicated)
+    total = sum(n * _rank_block(spec, t, moe) for moe, n in _rank_blocks(spec, rank).items())
     words = -(-spec.vocab_size * spec.hidden // t)
     if rank.first:
         total += words + (spec.embedding_parameters() - spec.vocab_size * spec.hidden)
@@ -82,15 +99,15 @@ def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
     """Weights of the matmuls one rank runs (autocast copies these): its blocks' projections / tp and
     the head on the last stage."""
     head = spec.vocab_size * spec.hidden if rank.last else 0
-    return (rank.layers * spec.layer_matmul_weights() + head) // layout.tp
+    blocks = sum(n * spec.layer_matmul_weights(moe) for moe, n in _rank_blocks(spec, rank).items())
+    return (blocks + head) // layout.tp
 
 
 def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ...]:
     """Parameters of each unit FSDP gathers on one rank, in forward order: the embedding (first
     stage), each block, the final norm and head (last stage), as torchtitan wraps a Llama."""
-    split, replicated = _layer_split(spec)
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    units = [-(-split // layout.tp) + replicated] * rank.layers
+    units = [_rank_block(spec, layout.tp, moe) for moe, n in _rank_blocks(spec, rank).items() for _ in range(n)]
     if rank.first:
         units.insert(0, words + spec.embedding_parameters() - spec.vocab_size * spec.hidden)
     if rank.last:

@@ -99,6 +99,8 @@ class ModelSpec:
     """A sigmoid gate, one hidden-wide row, scales the shared expert's output (Qwen2-MoE)."""
     dense_layers: int = 0
     """Leading blocks whose MLP is dense and ffn_hidden wide (DeepSeek-V3's first_k_dense_replace)."""
+    normalize_expert_weights: bool = False
+    """The top-k routing probabilities are divided by their sum (Mixtral; Qwen-MoE's ``norm_topk_prob``)."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -145,7 +147,7 @@ class ModelSpec:
                 raise ConfigError(f"{self.name}: {size} must be an integer from 0 to {limit:,}, got {value!r}")
         if not self.is_moe:
             if self.experts_per_token or self.expert_ffn_hidden or self.shared_expert_ffn_hidden \
-                    or self.shared_expert_gate or self.dense_layers:
+                    or self.shared_expert_gate or self.dense_layers or self.normalize_expert_weights:
                 raise ConfigError(f"{self.name}: expert sizes are given but n_experts is 0 (a dense model)")
             return
         if self.block != "llama":
@@ -170,6 +172,15 @@ class ModelSpec:
     def moe_layers(self) -> int:
         """Blocks whose MLP is a mixture of experts."""
         return self.n_layers - self.dense_layers if self.is_moe else 0
+
+    @property
+    def expert_ffn(self) -> int:
+        """Inner width of one routed expert: expert_ffn_hidden, else ffn_hidden."""
+        return self.expert_ffn_hidden or self.ffn_hidden
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Block ``layer`` (from 0) routes its tokens through experts: a mixture of experts past its dense layers."""
+        return self.is_moe and layer >= self.dense_layers
 
     @property
     def head_dim(self) -> int:
@@ -229,7 +240,7 @@ class ModelSpec:
         """One mixture-of-experts MLP: the router (hidden x n_experts), every routed expert (or, ``active``,
         the experts_per_token a token uses), the shared expert and its gate. No biases."""
         h = self.hidden
-        routed = (self.experts_per_token if active else self.n_experts) * 3 * h * (self.expert_ffn_hidden or self.ffn_hidden)
+        routed = (self.experts_per_token if active else self.n_experts) * 3 * h * self.expert_ffn
         shared = 3 * h * self.shared_expert_ffn_hidden + (h if self.shared_expert_gate else 0)
         return h * self.n_experts + routed + shared
 
@@ -237,16 +248,17 @@ class ModelSpec:
         """One norm: LayerNorm has weight and bias, RMSNorm only a weight."""
         return 2 * self.hidden if self.block == "gpt" else self.hidden
 
-    def layer_parameters(self) -> int:
-        """One transformer block with a dense MLP: attention, MLP and its two norms (four with ``post_norms``)."""
-        return self.attention_parameters() + self.mlp_parameters() + self.norms_per_block * self.norm_parameters()
+    def layer_parameters(self, moe: bool = False, active: bool = False) -> int:
+        """One transformer block: attention, its MLP (``moe``: a mixture of experts, of which ``active``
+        counts the experts one token uses) and its two norms (four with ``post_norms``)."""
+        mlp = self.moe_parameters(active) if moe else self.mlp_parameters()
+        return self.attention_parameters() + mlp + self.norms_per_block * self.norm_parameters()
 
     def blocks_parameters(self, active: bool = False) -> int:
         """Every block: dense ones and, for a mixture of experts, the expert blocks (``active``: the
         parameters one token uses)."""
         dense = self.n_layers - self.moe_layers
-        moe = self.attention_parameters() + self.moe_parameters(active) + self.norms_per_block * self.norm_parameters()
-        return dense * self.layer_parameters() + self.moe_layers * moe
+        return dense * self.layer_parameters() + self.moe_layers * self.layer_parameters(moe=True, active=active)
 
     @property
     def norms_per_block(self) -> int:
@@ -269,12 +281,16 @@ class ModelSpec:
         These are what autocast copies to 16 bits during the forward pass. With
         tied embeddings the head's matmul uses the embedding matrix.
         """
-        return self.n_layers * self.layer_matmul_weights() + self.vocab_size * self.hidden
+        dense = self.n_layers - self.moe_layers
+        return (dense * self.layer_matmul_weights() + self.moe_layers * self.layer_matmul_weights(moe=True)
+                + self.vocab_size * self.hidden)
 
-    def layer_matmul_weights(self) -> int:
-        """One block's projection weights: q, k, v, output and the MLP's."""
+    def layer_matmul_weights(self, moe: bool = False) -> int:
+        """One block's projection weights: q, k, v, output and the MLP's; ``moe``: a mixture-of-experts block's,
+        whose MLP weights are the router's, every expert's, the shared expert's and its gate's."""
         h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
-        return 2 * h * q + 2 * h * kv + self.mlp_projections * h * f
+        mlp = self.moe_parameters() if moe else self.mlp_projections * h * f
+        return 2 * h * q + 2 * h * kv + mlp
 
     def parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
         """The shape of every parameter tensor, in the order of the agent's ``Decoder.parameters()``.
@@ -284,6 +300,8 @@ class ModelSpec:
         per ``bias``, the q and k norms (head_dim,) with ``qk_norm``, the post-attention norm with
         ``post_norms``, the MLP norm, gate (``llama``) and up (f, h), down (h, f), the post-MLP norm
         with ``post_norms``; the final norm; the head (V, h) unless tied. A norm is a weight (h,), plus a bias (h,) for ``gpt``'s LayerNorm.
+        A mixture-of-experts block's MLP: the router (n_experts, h), each expert's gate, up and down, the
+        shared expert's, and the shared expert's gate (1, h).
         Linear weights are (out, in) as ``nn.Linear`` stores them: FSDP shards them along dim 0.
         """
         h, q, kv, f, v = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden, self.vocab_size
@@ -298,11 +316,20 @@ class ModelSpec:
                      *linear(h, q, other_bias), *qk_norms)
         gate = linear(f, h, other_bias) if self.block == "llama" else ()
         mlp = (*gate, *linear(f, h, other_bias), *linear(h, f, other_bias))
+
+        def gated(width: int) -> tuple[tuple[int, ...], ...]:
+            return ((width, h), (width, h), (h, width))
+
+        shared = (*gated(self.shared_expert_ffn_hidden),) if self.shared_expert_ffn_hidden else ()
+        experts = ((self.n_experts, h), *gated(self.expert_ffn) * self.n_experts, *shared,
+                   *(((1, h),) if self.shared_expert_gate else ()))
         post = norm if self.post_norms else ()
-        block = (*norm, *attention, *post, *norm, *mlp, *post)
+        dense_block = (*norm, *attention, *post, *norm, *mlp, *post)
+        moe_block = (*norm, *attention, *post, *norm, *experts, *post)
+        blocks = (*dense_block * (self.n_layers - self.moe_layers), *moe_block * self.moe_layers)
         positions = () if self.rotary else ((self.max_seq_len, h),)
         head = () if self.tied_embeddings else ((v, h),)
-        return ((v, h), *positions, *block * self.n_layers, *norm, *head)
+        return ((v, h), *positions, *blocks, *norm, *head)
 
     @property
     def parameters(self) -> int:

@@ -2,7 +2,8 @@
 
 Sizes come from each model's published config.json (HuggingFace hub) or paper.
 Published parameter counts (tests/test_model.py checks them exactly):
-llama2-7b 6,738,415,616; llama3-8b 8,030,261,248; gpt2-small 124,439,808.
+llama2-7b 6,738,415,616; llama3-8b 8,030,261,248; gpt2-small 124,439,808;
+mixtral-8x7b 46,702,792,704 (12,879,925,248 active per token).
 
 The ``bench-*`` presets are small enough that a 2-core CPU trains a step in
 well under a second; the agent and the tests use them.
@@ -11,6 +12,7 @@ well under a second; the agent and the tests use them.
 from __future__ import annotations
 
 import difflib
+from dataclasses import replace
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -52,6 +54,12 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied=True),
         # Mistral 7B v0.1 (HF mistralai/Mistral-7B-v0.1 config.json)
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
+        # Mixtral 8x7B v0.1 (HF mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts, 2 per token
+        replace(_llama("mixtral-8x7b", 32, 4096, 32, 8, 14336, 32000, 32768), n_experts=8, experts_per_token=2,
+                normalize_expert_weights=True),
+        # Qwen3-30B-A3B (HF Qwen/Qwen3-30B-A3B config.json): 128 experts of 768, 8 per token, 128-wide heads
+        replace(_llama("qwen3-30b-a3b", 48, 2048, 32, 4, 6144, 151936, 40960), head_size=128, qk_norm=True,
+                n_experts=128, experts_per_token=8, expert_ffn_hidden=768, normalize_expert_weights=True),
         # Small shapes for CPU benchmarks and tests.
         _gpt("bench-gpt-tiny", 2, 64, 4, 256, vocab=512),
         _gpt("bench-gpt-small", 4, 256, 8, 512, vocab=4096),

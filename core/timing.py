@@ -221,10 +221,14 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     split = layout.tp * layout.cp  # ranks sharing one micro-batch's FLOPs within a stage
     layers = spec.n_layers // layout.pp
     dtype = cfg.recipe.compute_dtype
-    layer = {k: f // split for k, f in layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len).items()}
-    attention_flops = layer.pop("attn_scores") + layer.pop("attn_values")
-    blocks_matmul_s = layers * sum(f / profile.matmul_flop_per_s(dtype, f) for f in layer.values())
-    blocks_attention_s = layers * attention_flops / profile.attention_flop_per_s
+    moe_layers = spec.moe_layers  # a mixture of experts runs without a pipeline: every block is here
+    blocks_matmul_s = attention_flops = 0.0
+    for moe, n in ((False, layers - moe_layers), (True, moe_layers)):
+        if n:
+            layer = {k: f // split for k, f in layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len, moe).items()}
+            attention_flops += n * (layer.pop("attn_scores") + layer.pop("attn_values"))
+            blocks_matmul_s += n * sum(_gemms_s(profile, dtype, name, f, spec.n_experts) for name, f in layer.items())
+    blocks_attention_s = attention_flops / profile.attention_flop_per_s
     blocks_elementwise_s = 2 * _plain_activation_bytes(spec, cfg, profile.device) / profile.hbm_bytes_per_s
     blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
     logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len) // split
@@ -238,8 +242,7 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     if policy.caches_matmuls:  # matmul outputs are cached; every elementwise op runs again
         recompute_s = overhead * blocks_elementwise_s
     else:  # a fraction of the blocks' forward runs again, at the forward's blend of rates
-        full = layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len)
-        recompute_s = overhead * blocks_s * estimate.flops.recompute / (spec.n_layers * sum(full.values()))
+        recompute_s = overhead * blocks_s * estimate.flops.recompute / estimate.flops.blocks_forward
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
 
     static = estimate.static
@@ -262,6 +265,13 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
         })
     return StepTime(forward_s, backward_s, recompute_s, offload_s, accumulation_s, optimizer_s, m,
                     communication_s=exposed, bubble_s=bubble_s, communication=terms)
+
+
+def _gemms_s(profile: HardwareProfile, dtype: str, name: str, flops: float, experts: int) -> float:
+    """Seconds of one block's matmul ``name``: one GEMM, or for the routed experts (``experts_*``) one per
+    expert, each over its share of the routed tokens (as many as the others, on average)."""
+    gemms = experts if name.startswith("experts_") else 1
+    return flops / profile.matmul_flop_per_s(dtype, flops / gemms)
 
 
 def _dp_hideable(zero: int, m: int, forward_s: float, backward_s: float) -> float:

@@ -8,6 +8,7 @@ give a figure, the count rounds to it.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -15,7 +16,7 @@ import pytest
 
 from core.errors import ConfigError
 from core.hf_config import GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config, spec_from_hf_config
-from core.presets import resolve_model
+from core.presets import get_preset, resolve_model
 from tests.conftest import FIXTURES
 
 HF = FIXTURES / "hf"
@@ -79,17 +80,13 @@ def test_mixtures_of_experts_count_total_and_active_parameters(file, total, acti
         assert figure in (round(count / 1e9, 1), math.floor(count / 1e8) / 10)
 
 
-def test_a_mixture_of_experts_is_refused_for_planning_with_its_counts():
-    from core.config import TrainConfig
-    from core.estimate import estimate
-
-    spec = resolve_model(str(HF / "mixtral-8x7b-v0.1.json"))
-    with pytest.raises(ConfigError) as caught:
-        estimate(spec, TrainConfig(seq_len=4096, micro_batch=1))
-    assert str(caught.value) == (
-        "mistralai/Mixtral-8x7B-v0.1: a mixture of experts (8 experts, 2 per token; 46,702,792,704 parameters, "
-        "12,879,925,248 active per token) cannot be estimated or planned yet: its routed activations and expert "
-        "parallelism are not modelled")
+def test_mixture_presets_are_their_published_configs():
+    """The presets equal what their hub configs load to; Qwen renormalises top-k weights only when the config
+    says norm_topk_prob (Qwen3-30B-A3B: true; Qwen1.5-MoE-A2.7B: false), Mixtral always."""
+    for preset, file in (("mixtral-8x7b", "mixtral-8x7b-v0.1.json"), ("qwen3-30b-a3b", "qwen3-30b-a3b.json")):
+        assert dataclasses.replace(resolve_model(str(HF / file)), name=preset) == get_preset(preset)
+        assert get_preset(preset).normalize_expert_weights
+    assert not resolve_model(str(HF / "qwen1.5-moe-a2.7b.json")).normalize_expert_weights
 
 
 def test_a_qwen_mixture_with_dense_blocks_is_refused_by_name():

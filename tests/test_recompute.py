@@ -17,6 +17,8 @@ POLICIES = ("full", "every-2", "selective", "op-selective", "offload")
 SPECS = {
     "gpt": dataclasses.replace(get_preset("bench-gpt-tiny"), n_layers=3),
     "llama": dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=3),
+    # Gemma 2 and 3: the post-MLP norm keeps the down projection's output, so recompute runs it again.
+    "post-norms": dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=3, post_norms=True),
 }
 
 
@@ -50,6 +52,7 @@ def test_every_policy_gives_the_loss_and_gradients_of_none(policy, block, attent
 @pytest.mark.parametrize("policy", ["none", "full", "every-2", "selective", "op-selective"])
 @pytest.mark.parametrize(("block", "attention", "dropout", "device"), [
     ("gpt", "standard", 0.0, "cpu"), ("gpt", "standard", 0.1, "cpu"), ("llama", "standard", 0.0, "cpu"),
+    ("post-norms", "standard", 0.0, "cpu"),
     # FlopCounterMode does not count CPU's fused SDPA kernel; meta runs SDPA's math path.
     ("gpt", "flash", 0.1, "meta"), ("llama", "flash", 0.0, "meta"),
 ])

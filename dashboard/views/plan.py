@@ -14,7 +14,7 @@ from core.calibration import Calibration
 from core.config import ATTENTIONS
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
-from core.hf_config import spec_from_config_file
+from core.hf_config import SUPPORTED, spec_from_config_file
 from core.interconnect import LINKS_BY_KEY
 from core.model import ModelSpec
 from core.planner import Plan
@@ -70,7 +70,7 @@ with st.sidebar:
     if source == "preset":
         st.selectbox("model preset", list(PRESETS), key="plan_model")
     elif source == "config.json":
-        uploaded = st.file_uploader("HuggingFace config.json (llama, mistral, qwen2, phi3, gpt2)", type="json")
+        uploaded = st.file_uploader(f"HuggingFace config.json ({', '.join(SUPPORTED)})", type="json")
     else:
         st.selectbox("block", ("llama", "gpt"), key="plan_block")
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):

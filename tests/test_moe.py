@@ -1,0 +1,171 @@
+"""Mixtures of experts: the agent's dropless MoE block (agent.model.Experts) against the core's accounting.
+
+Three small variants cover the published designs: Mixtral's (renormalised top-2, no shared expert),
+Qwen2-MoE's (a shared expert behind a sigmoid gate, top-k weights as the softmax gives them) and
+DeepSeek-V3's layout (a leading dense block, an ungated shared expert). Each is checked against
+FlopCounterMode, against the bytes autograd saves (agent.probe), exactly, and against the published
+active parameter counts through the planner's FLOPs.
+"""
+
+import dataclasses
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from agent.model import Decoder  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
+from core.errors import ConfigError  # noqa: E402
+from core.estimate import estimate  # noqa: E402
+from core.flops import step_flops  # noqa: E402
+from core.hardware import get_hardware  # noqa: E402
+from core.layout import Layout  # noqa: E402
+from core.ledger import activation_ledger  # noqa: E402
+from core.planner import PlanRequest, plan  # noqa: E402
+from core.presets import get_preset  # noqa: E402
+from core.recompute import parse_policy  # noqa: E402
+from core.timing import datasheet_profile  # noqa: E402
+from tests.probing import build, probe_config, run_forward  # noqa: E402
+
+TINY = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, n_experts=4, experts_per_token=2,
+                           expert_ffn_hidden=48)
+VARIANTS = {
+    "mixtral-like": dataclasses.replace(TINY, normalize_expert_weights=True),
+    "qwen2-moe-like": dataclasses.replace(TINY, shared_expert_ffn_hidden=64, shared_expert_gate=True),
+    "deepseek-like": dataclasses.replace(TINY, shared_expert_ffn_hidden=64, dense_layers=1,
+                                         normalize_expert_weights=True),
+}
+POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
+PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+def test_the_decoders_parameters_are_the_specs(name):
+    spec = VARIANTS[name]
+    model = Decoder(spec)
+    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
+    assert sum(p.numel() for p in model.parameters()) == spec.parameters
+    assert sum(isinstance(m, torch.nn.Linear) and "experts" in n for n, m in model.named_modules()) == (
+        3 * spec.n_experts * spec.moe_layers)
+
+
+@pytest.mark.parametrize("policy", POLICIES[:-1])
+@pytest.mark.parametrize("name", VARIANTS)
+def test_flops_equal_flop_counter(name, policy):
+    """Forward, and forward + backward + recompute, as FlopCounterMode counts them (standard attention on
+    the CPU: data-dependent routing cannot run on the meta device)."""
+    spec = VARIANTS[name]
+    config = TrainConfig(seq_len=24, micro_batch=2, attention="standard", recompute=parse_policy(policy))
+    model, tokens, targets = build(spec, config)
+    with FlopCounterMode(display=False) as counter:
+        loss = model(tokens, targets)
+        forward = counter.get_total_flops()
+        by_module = counter.get_flop_counts()
+        loss.backward()
+    predicted = step_flops(spec, config, "cpu")
+    assert (forward, counter.get_total_flops()) == (predicted.forward, predicted.hardware)
+    last = f"Decoder.blocks.{spec.n_layers - 1}.mlp"
+    moe = predicted.moe_layer_forward
+    assert sum(by_module[f"{last}.router"].values()) == moe["router"]
+    routed = sum(sum(by_module[f"{last}.experts.{e}"].values()) for e in range(spec.n_experts))
+    assert routed == moe["experts_gate"] + moe["experts_up"] + moe["experts_down"]
+    assert predicted.moe_layers == spec.n_layers - spec.dense_layers
+
+
+@pytest.mark.parametrize(("name", "policy", "precision"), list(itertools.product(VARIANTS, POLICIES, PRECISIONS)))
+def test_ledger_equals_what_autograd_saves(name, policy, precision):
+    """Byte for byte: the router's tensors, the routed rows' and each expert's, the shared expert's, and
+    every expert's autocast weight copy, under every policy."""
+    spec = VARIANTS[name]
+    attention = "flash" if name == "mixtral-like" else "standard"
+    config = TrainConfig(seq_len=16, micro_batch=2, attention=attention, precision=precision,
+                         recompute=parse_policy(policy))
+    measured = probe_config(spec, config)
+    ledger = activation_ledger(spec, config, "cpu")
+    assert (ledger.saved_bytes, ledger.parameter_copy_bytes) == (measured.activation_bytes,
+                                                                 measured.parameter_copy_bytes)
+
+
+@pytest.mark.parametrize("name", ["mixtral-like", "qwen2-moe-like"])
+def test_a_routed_mlp_keeps_the_documented_bytes(name):
+    """docs/accounting.md's formula for the MoE MLP under amp-bf16, term by term."""
+    spec = VARIANTS[name]
+    b, s = 2, 16
+    ledger = activation_ledger(spec, TrainConfig(seq_len=s, micro_batch=b), "cuda")
+    t, h, k, e, fe, fs = b * s, spec.hidden, spec.experts_per_token, spec.n_experts, spec.expert_ffn, \
+        spec.shared_expert_ffn_hidden
+    r = t * k
+    router = 2 * t * h + 4 * t * e + 8 * t * k + (4 * t * k + 4 * t if spec.normalize_expert_weights else 0)
+    routed = 16 * r + 4 * r * h + 8 * r * fe + 2 * r * h + 4 * r + 4 * r * h
+    shared = (4 * t * h + 8 * t * fs + (2 * t * h + 2 * t + 2 * t * h if spec.shared_expert_gate else 0)) if fs else 0
+    kept = sum(x.bytes for x in ledger.tensors if x.layer == 0 and x.name.startswith("block.moe.")
+               and x.kind == "activation")
+    assert kept == router + routed + shared
+    copies = sum(x.bytes for x in ledger.tensors if x.layer == 0 and x.name.startswith("block.moe.")
+                 and x.kind == "parameter_copy")
+    assert copies == 2 * (h * e + 3 * h * fe * e + 3 * h * fs + (h if spec.shared_expert_gate else 0))
+
+
+@pytest.mark.parametrize("policy", ["none", "every-2"])
+def test_later_blocks_repeat_a_routed_block_not_a_dense_one(policy):
+    """Six blocks, two dense: the ledger traces the dense blocks and the first routed segment, and repeats
+    that one for the rest."""
+    spec = dataclasses.replace(VARIANTS["deepseek-like"], n_layers=6, dense_layers=2)
+    config = TrainConfig(seq_len=16, micro_batch=2, attention="standard", recompute=parse_policy(policy))
+    ledger = activation_ledger(spec, config, "cpu")
+    assert ledger.repeats and all(r.template >= spec.dense_layers for r in ledger.repeats)
+    assert ledger.saved_bytes == probe_config(spec, config).activation_bytes
+    if policy == "none":
+        assert ledger.layer_bytes(0) == ledger.layer_bytes(1) != ledger.layer_bytes(2) == ledger.layer_bytes(5)
+
+
+def test_recomputed_routing_gives_the_loss_and_gradients_of_none():
+    """A checkpointed block routes its tokens again in backward; the same experts must be chosen."""
+    spec = VARIANTS["deepseek-like"]
+    results = []
+    for policy in ("none", "full"):
+        config = TrainConfig(seq_len=24, micro_batch=2, recompute=parse_policy(policy))
+        model, tokens, targets = build(spec, config)
+        loss = run_forward(model, tokens, targets, config.precision)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_none, grads_none), (loss_full, grads_full) = results
+    torch.testing.assert_close(loss_full, loss_none, rtol=1e-6, atol=0)
+    for name, grad in grads_full.items():
+        torch.testing.assert_close(grad, grads_none[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_mixtral_flops_per_token_are_twice_its_published_active_matmul_weights_plus_attention():
+    """Mixtral 8x7B uses 12,879,925,248 parameters per token (Mistral AI); less its embedding and norms,
+    each one a matmul weight: forward is 2 FLOPs per weight per token, plus the attention core."""
+    spec = get_preset("mixtral-8x7b")
+    config = TrainConfig(seq_len=4096, micro_batch=1)
+    flops = step_flops(spec, config)
+    h, s = spec.hidden, config.seq_len
+    norms = (2 * spec.n_layers + 1) * h
+    matmul_weights = 12_879_925_248 - spec.vocab_size * h - norms
+    attention = spec.n_layers * 4 * s * s * spec.n_heads * spec.head_dim
+    assert flops.forward == 2 * s * matmul_weights + attention
+    assert flops.model == 3 * flops.forward
+
+
+def test_static_memory_counts_every_expert_and_fsdp_shards_them():
+    spec = get_preset("mixtral-8x7b")
+    single = estimate(spec, TrainConfig(seq_len=4096, precision="bf16-pure"))
+    assert single.static.parameters == 2 * 46_702_792_704
+    sharded = estimate(spec, TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3)))
+    # FSDP2 splits each expert's (14,336, 4,096) matrices by rows: 8 ranks divide everything evenly.
+    assert sharded.static.parameters == 4 * 46_702_792_704 // 8
+
+
+def test_a_plan_searches_data_and_context_parallel_layouts_and_refuses_the_others_by_name():
+    spec = get_preset("qwen3-30b-a3b")
+    request = PlanRequest(spec=spec, global_batch=64, train=TrainConfig(seq_len=4096), gpus=16)
+    result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
+    searched = {(c.layout.tp, c.layout.pp) for c in result.layouts}
+    assert searched == {(1, 1)} and result.recommendation is not None
+    with pytest.raises(ConfigError, match=r"qwen3-30b-a3b: a mixture of experts \(128 experts, 8 per token\) is "
+                                          r"planned on data and context parallelism with sharding; tp 2 and pp 1 "):
+        estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=2, sp=True)))
