@@ -70,6 +70,11 @@ class PlanInputs:
     n_kv_heads: int = 32
     ffn_hidden: int = 11008
     vocab_size: int = 32000
+    n_experts: int = 0
+    """Routed experts of a llama block's MLP (a mixture of experts); 0: a dense MLP."""
+    experts_per_token: int = 2
+    expert_ffn_hidden: int = 0
+    """Inner width of each expert; 0: ffn_hidden."""
     seq_len: int = 4096
     global_batch: int = 64
     budget: str = "80GB"
@@ -123,13 +128,17 @@ class PlanInputs:
 
 
 def dimensions_spec(inputs: PlanInputs) -> ModelSpec:
-    """A model from its dimensions (llama: RMSNorm + SwiGLU, no bias; gpt: LayerNorm + GELU, biases)."""
+    """A model from its dimensions (llama: RMSNorm + SwiGLU, no bias, and with ``n_experts`` a Mixtral-style
+    mixture of experts in every block; gpt: LayerNorm + GELU, biases)."""
     llama = inputs.block == "llama"
+    experts = dict(n_experts=inputs.n_experts, experts_per_token=inputs.experts_per_token,
+                   expert_ffn_hidden=inputs.expert_ffn_hidden, normalize_expert_weights=True) \
+        if llama and inputs.n_experts else {}
     return ModelSpec(
         name="custom", block=inputs.block, n_layers=inputs.n_layers, hidden=inputs.hidden, n_heads=inputs.n_heads,
         n_kv_heads=inputs.n_kv_heads if llama else inputs.n_heads, ffn_hidden=inputs.ffn_hidden,
         vocab_size=inputs.vocab_size, max_seq_len=max(inputs.seq_len, 1), tied_embeddings=not llama,
-        bias="none" if llama else "all",
+        bias="none" if llama else "all", **experts,
     )
 
 

@@ -192,13 +192,22 @@ def test_agent_commands_from_the_cli(headroom, tmp_path):
     with open_store(db) as store, store.session() as s:
         assert sorted(s.scalars(select(Run.suite)).all()) == ["smoke", "train"]
         assert {"rack": "b7"} in s.scalars(select(Run.labels)).all()
-    if not torch.cuda.is_available():
-        no_gpu = headroom("agent", "run", "--device", "cuda:0", "--db", db)
-        assert no_gpu.returncode == 2 and "no CUDA device is visible here; use --device cpu" in no_gpu.stderr
-    bad = headroom("agent", "run", "--device", "cpu", "--only", "matmul,bogus", "--db", db)
-    assert bad.returncode == 2 and "--only 'matmul,bogus': unknown kind(s) bogus; valid: matmul," in bad.stderr
-    empty = headroom("agent", "run", "--device", "cpu", "--only", ",", "--db", db)
-    assert empty.returncode == 2 and "--only ',': names no kind" in empty.stderr
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (("--device", "cuda:0"), "no CUDA device is visible here; use --device cpu"),
+    (("--device", "cpu", "--only", "matmul,bogus"), "--only 'matmul,bogus': unknown kind(s) bogus; valid: matmul,"),
+    (("--device", "cpu", "--only", ","), "--only ',': names no kind"),
+])
+def test_agent_run_refuses_a_missing_device_or_unknown_kinds_before_any_work(flags, message, tmp_path, capsys):
+    from cli.main import main
+
+    if flags[1].startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("a CUDA device is visible")
+    db = tmp_path / "refused.db"
+    assert main(["agent", "run", *flags, "--db", f"sqlite:///{db}"]) == 2
+    assert message in capsys.readouterr().err
+    assert not db.exists()  # refused before the store was opened
 
 
 def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):

@@ -207,6 +207,22 @@ def test_a_shared_url_restores_the_inputs(tmp_path, monkeypatch):
     assert "rtx-4090" in texts(at) and "24.0 GB" in texts(at)
 
 
+def test_a_mixture_of_experts_from_its_dimensions_is_planned_with_its_active_parameters(tmp_path, monkeypatch):
+    query = {"source": "dimensions", "n_layers": "8", "hidden": "1024", "n_heads": "8", "n_kv_heads": "8",
+             "ffn_hidden": "2816", "vocab_size": "32000", "n_experts": "8", "experts_per_token": "2",
+             "seq_len": "2048", "global_batch": "16"}
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch, query)
+    assert at.number_input(key="plan_n_experts").value == 8
+    spec = planning.dimensions_spec(planning.PlanInputs.from_query(query))
+    # Per block: attention 4 x 1,024^2, two norms, the router 8 x 1,024, each expert 3 x 1,024 x 2,816; with
+    # the embedding and head (32,000 x 1,024 each) and the final norm.
+    block, expert, outside = 4 * 1024**2 + 2 * 1024 + 8 * 1024, 3 * 1024 * 2816, 2 * 32000 * 1024 + 1024
+    assert (spec.parameters, spec.active_parameters) == (8 * (block + 8 * expert) + outside,
+                                                         8 * (block + 2 * expert) + outside) == (652_821_504, 237_585_408)
+    assert "(0.65B parameters, 0.24B active per token)" in texts(at)
+    assert "micro-batch" in recommendation(at)
+
+
 def test_export_snippets_come_with_download_buttons(tmp_path, monkeypatch):
     at = render("plan", str(tmp_path / "none.db"), monkeypatch)
     snippets = [c.value for c in at.code]

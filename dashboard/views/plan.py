@@ -75,6 +75,12 @@ with st.sidebar:
         st.selectbox("block", ("llama", "gpt"), key="plan_block")
         for name in ("n_layers", "hidden", "n_heads", "n_kv_heads", "ffn_hidden", "vocab_size"):
             st.number_input(name.replace("_", " "), min_value=1, step=1, key=f"plan_{name}")
+        if st.session_state.plan_block == "llama":
+            st.number_input("experts (0: a dense MLP)", min_value=0, step=1, key="plan_n_experts",
+                            help="routed experts in every block's MLP, a mixture of experts as Mixtral's")
+            if st.session_state.plan_n_experts:
+                st.number_input("experts per token", min_value=1, step=1, key="plan_experts_per_token")
+                st.number_input("expert ffn hidden (0: ffn hidden)", min_value=0, step=1, key="plan_expert_ffn_hidden")
     st.number_input("sequence length (tokens)", min_value=1, step=256, key="plan_seq_len")
     st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
     st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget")
@@ -141,7 +147,9 @@ if searched:
 else:
     where = f"{request.layout} ({request.layout.world} GPUs)"
 st.markdown(
-    f"**{plain(spec.name)}** ({spec.parameters / 1e9:.2f}B parameters), sequence {request.seq_len}, global batch "
+    f"**{plain(spec.name)}** ({spec.parameters / 1e9:.2f}B parameters"
+    + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
+    + f"), sequence {request.seq_len}, global batch "
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
     f"{request.precision}, {request.train.optimizer} on **{plain(profile.name)}** ({profile.source}), "
     f"budget {budget_gb:.1f} GB per GPU"
