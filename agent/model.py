@@ -204,6 +204,8 @@ class Decoder(nn.Module):
         recompute: RecomputePolicy | str = "none",
     ) -> None:
         super().__init__()
+        if spec.is_mla or spec.expert_scoring != "softmax":
+            raise ValueError(f"{spec.name}: the agent's decoder has no latent attention or sigmoid router")
         if dropout and spec.block == "llama":
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec

@@ -93,6 +93,11 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
+        if spec.is_mla:
+            raise ConfigError(
+                f"{spec.name}: multi-head latent attention (DeepSeek-V2/V3; {spec.parameters:,} parameters, "
+                f"{spec.active_parameters:,} active per token) is counted but cannot be estimated or planned yet: "
+                "its attention's FLOPs and saved tensors, and its sigmoid router's, are not modelled")
         if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
                 f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "

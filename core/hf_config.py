@@ -31,6 +31,14 @@ Supported ``model_type`` values and the field names each uses:
   They are estimated and planned on data and context parallelism with
   sharding; tensor, pipeline and expert parallelism wait to be modelled for
   them, and say so.
+- ``deepseek_v3`` (DeepSeek-V3, R1): Llama's fields with latent attention
+  (q_lora_rank, null for queries projected directly; kv_lora_rank,
+  qk_nope_head_dim, qk_rope_head_dim, v_head_dim) and experts after
+  first_k_dense_replace dense blocks (n_routed_experts, num_experts_per_tok,
+  moe_intermediate_size, n_shared_experts, norm_topk_prob, scoring_func),
+  every missing field at transformers' default (DEEPSEEK_V3_DEFAULTS).
+  Counted exactly; refused for estimates and plans until latent attention is
+  modelled.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
 - ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,
@@ -61,7 +69,7 @@ from core.model import ModelSpec
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen2_moe",
               "qwen3_moe")
 MIXTURES = ("mixtral", "qwen2_moe", "qwen3_moe")
-SUPPORTED = (*LLAMA_LIKE, "gemma3", "gpt2", "gpt_neox")
+SUPPORTED = (*LLAMA_LIKE, "deepseek_v3", "gemma3", "gpt2", "gpt_neox")
 GEMMAS = ("gemma", "gemma2", "gemma3_text")
 GEMMA3_TEXT_DEFAULTS = {
     "vocab_size": 262_208, "hidden_size": 2_304, "intermediate_size": 9_216, "num_hidden_layers": 26,
@@ -134,6 +142,8 @@ def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
         return _gpt_neox(config, name)
     if model_type in LLAMA_LIKE:
         return _llama_like(config, name, model_type)
+    if model_type == "deepseek_v3":
+        return _deepseek_v3(config, name)
     raise ConfigError(
         f"{name}: model_type {model_type!r} is not supported; supported: {', '.join(SUPPORTED)}. A decoder-only "
         "model close to one of them can be planned approximately from a copy of its config with that model_type "
@@ -210,6 +220,50 @@ def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, An
         # Mixtral always renormalises its top-k weights (transformers' MixtralTopKRouter); Qwen when asked.
         "normalize_expert_weights": model_type == "mixtral" or bool(_field(config, "norm_topk_prob", name, False)),
     }
+
+
+DEEPSEEK_V3_DEFAULTS: dict[str, Any] = {
+    "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 128, "num_key_value_heads": 128, "n_shared_experts": 1,
+    "n_routed_experts": 256, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_rope_head_dim": 64, "v_head_dim": 128,
+    "qk_nope_head_dim": 128, "num_experts_per_tok": 8, "first_k_dense_replace": 3, "norm_topk_prob": True,
+    "max_position_embeddings": 4096, "tie_word_embeddings": False,
+}
+"""transformers' DeepseekV3Config defaults (DeepSeek-V3's own sizes), which a deepseek_v3 config.json may leave
+out; tests/test_hf_models.py holds them to transformers'."""
+
+
+def _deepseek_v3(config: dict[str, Any], name: str) -> ModelSpec:
+    """DeepSeek-V3 (and R1): latent attention (q_lora_rank, kv_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+    v_head_dim) and a mixture of experts after first_k_dense_replace dense blocks: n_routed_experts of
+    moe_intermediate_size, num_experts_per_tok, n_shared_experts of the same width (ungated), sigmoid scores
+    (scoring_func) renormalised with norm_topk_prob. The multi-token-prediction block
+    (num_nextn_predict_layers) is not part of transformers' model and is not counted, nor is the router's
+    score-correction bias (a buffer, not a parameter)."""
+    config = DEEPSEEK_V3_DEFAULTS | {k: v for k, v in config.items() if v is not None or k == "q_lora_rank"}
+    base = {**config, "model_type": "llama", "head_dim": None}
+    for key in ("qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim", "kv_lora_rank", "moe_intermediate_size",
+                "n_routed_experts", "num_experts_per_tok"):
+        value = _field(config, key, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"{name}: {key} must be a positive integer, got {value!r}")
+    if _field(config, "moe_layer_freq", name, 1) != 1:
+        raise ConfigError(f"{name}: moe_layer_freq {config['moe_layer_freq']!r}: only every block past "
+                          "first_k_dense_replace routing through experts is supported")
+    scoring = _field(config, "scoring_func", name, "sigmoid")
+    if scoring not in ("softmax", "sigmoid"):
+        raise ConfigError(f"{name}: scoring_func {scoring!r} is not softmax or sigmoid")
+    shared = _field(config, "n_shared_experts", name, 0)
+    width = config["moe_intermediate_size"]
+    spec = _llama_like(base, name, "llama")
+    return replace(
+        spec, head_size=config["qk_nope_head_dim"] + config["qk_rope_head_dim"],
+        kv_lora_rank=config["kv_lora_rank"], q_lora_rank=config["q_lora_rank"] or 0,  # null: q projected directly
+        rope_head_size=config["qk_rope_head_dim"], v_head_size=config["v_head_dim"],
+        n_experts=config["n_routed_experts"], experts_per_token=config["num_experts_per_tok"],
+        expert_ffn_hidden=width, shared_expert_ffn_hidden=shared * width,
+        dense_layers=_field(config, "first_k_dense_replace", name, 0),
+        normalize_expert_weights=_flag(config, "norm_topk_prob", name, True), expert_scoring=scoring)
 
 
 def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:

@@ -18,11 +18,15 @@ Gemma, Qwen3's small models), an RMSNorm over each head of q and k
 as before (``post_norms``: Gemma 2 and 3), rotary positions on a ``gpt`` block
 and on part of each head (``positions``, ``rotary_fraction``: GPT-NeoX), and
 attention and MLP side by side on the block's input (``parallel_residual``:
-GPT-NeoX, GPT-J).
+GPT-NeoX, GPT-J), a mixture of experts in place of a llama block's MLP
+(``n_experts`` and the fields after it: Mixtral, Qwen-MoE, DeepSeek-V3) and
+multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3,
+counted only).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -32,6 +36,7 @@ from core.errors import ConfigError
 BlockType = Literal["gpt", "llama"]
 BiasMode = Literal["none", "qkv", "all"]
 PositionKind = Literal["learned", "rotary"]
+ExpertScoring = Literal["softmax", "sigmoid"]
 BLOCK_TYPES: tuple[str, ...] = ("gpt", "llama")
 BIAS_MODES: tuple[str, ...] = ("none", "qkv", "all")
 SIZE_LIMITS = {
@@ -101,6 +106,20 @@ class ModelSpec:
     """Leading blocks whose MLP is dense and ffn_hidden wide (DeepSeek-V3's first_k_dense_replace)."""
     normalize_expert_weights: bool = False
     """The top-k routing probabilities are divided by their sum (Mixtral; Qwen-MoE's ``norm_topk_prob``)."""
+    expert_scoring: ExpertScoring = "softmax"
+    """How the router turns logits into expert weights: ``softmax`` (Mixtral, Qwen) or ``sigmoid`` (DeepSeek-V3,
+    which also picks its experts within the best groups)."""
+    kv_lora_rank: int = 0
+    """Multi-head latent attention (DeepSeek-V2 and V3): keys and values are projected up from a latent of this
+    rank (normalised), beside one rotary key head shared by every head; 0: ordinary attention."""
+    q_lora_rank: int = 0
+    """Multi-head latent attention: queries come up from a latent of this rank (normalised); 0: projected
+    directly from the residual stream."""
+    rope_head_size: int = 0
+    """Multi-head latent attention: the rotary part of each q and k head (qk_rope_head_dim); the rest of
+    ``head_size`` is positionless."""
+    v_head_size: int = 0
+    """Multi-head latent attention: the width of each value head (v_head_dim), which differs from head_size."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -123,6 +142,7 @@ class ModelSpec:
                 or not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
         self._check_experts()
+        self._check_latent_attention()
         if self.head_size is None and self.hidden % self.n_heads:
             raise ConfigError(
                 f"{self.name}: hidden {self.hidden} is not divisible by n_heads {self.n_heads}; "
@@ -161,7 +181,35 @@ class ModelSpec:
         if self.shared_expert_gate and not self.shared_expert_ffn_hidden:
             raise ConfigError(f"{self.name}: a shared expert gate needs a shared expert (shared_expert_ffn_hidden)")
 
+    def _check_latent_attention(self) -> None:
+        sizes = {"kv_lora_rank": self.kv_lora_rank, "q_lora_rank": self.q_lora_rank,
+                 "rope_head_size": self.rope_head_size, "v_head_size": self.v_head_size}
+        for size, value in sizes.items():
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= SIZE_LIMITS["hidden"]:
+                raise ConfigError(f"{self.name}: {size} must be an integer from 0 to {SIZE_LIMITS['hidden']:,}, "
+                                  f"got {value!r}")
+        if self.expert_scoring not in ("softmax", "sigmoid"):
+            raise ConfigError(f"{self.name}: expert_scoring {self.expert_scoring!r} is not softmax or sigmoid")
+        if not self.is_mla:
+            if self.q_lora_rank or self.rope_head_size or self.v_head_size:
+                raise ConfigError(f"{self.name}: q_lora_rank, rope_head_size and v_head_size describe latent "
+                                  "attention, which needs kv_lora_rank")
+            return
+        if self.block != "llama" or self.bias != "none" or self.qk_norm or self.n_kv_heads != self.n_heads:
+            raise ConfigError(f"{self.name}: latent attention is a llama block's, without biases or q/k norms, "
+                              "with as many key/value heads as query heads")
+        if self.head_size is None or not 0 < self.rope_head_size < self.head_size or self.rope_head_size % 2 \
+                or not self.v_head_size:
+            raise ConfigError(f"{self.name}: latent attention needs head_size (q and k), an even rope_head_size "
+                              f"below it and v_head_size; got {self.head_size!r}, {self.rope_head_size}, "
+                              f"{self.v_head_size}")
+
     # ---- derived sizes -------------------------------------------------------
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention (DeepSeek-V2 and V3): kv_lora_rank is set."""
+        return self.kv_lora_rank > 0
 
     @property
     def is_moe(self) -> bool:
@@ -215,7 +263,10 @@ class ModelSpec:
     # ---- parameter counts (exact) -----------------------------------------------
 
     def attention_parameters(self) -> int:
-        """q, k, v and output projections with their biases, and the per-head q and k norms."""
+        """q, k, v and output projections with their biases, and the per-head q and k norms; for latent
+        attention its projections and the norms of its latents (``latent_attention_shapes``)."""
+        if self.is_mla:
+            return sum(math.prod(shape) for shape in self.latent_attention_shapes())
         h, q, kv = self.hidden, self.q_dim, self.kv_dim
         weights = h * q + 2 * h * kv + q * h
         qk_norms = self.qk_norm_parameters()
@@ -224,6 +275,17 @@ class ModelSpec:
         if self.bias == "qkv":
             return weights + (q + 2 * kv) + qk_norms
         return weights + qk_norms
+
+    def latent_attention_shapes(self) -> tuple[tuple[int, ...], ...]:
+        """Multi-head latent attention's parameters, as transformers' DeepseekV3Attention registers them:
+        q_a (q_lora_rank, h) and its norm, q_b (a x head_size, q_lora_rank), or one q (a x head_size, h);
+        kv_a (kv_lora_rank + rope_head_size, h) and its norm (kv_lora_rank,); kv_b (a x (head_size -
+        rope_head_size + v_head_size), kv_lora_rank); o (h, a x v_head_size)."""
+        h, a, qr, kvr = self.hidden, self.n_heads, self.q_lora_rank, self.kv_lora_rank
+        q = ((qr, h), (qr,), (a * self.head_dim, qr)) if qr else ((a * self.head_dim, h),)
+        nope = self.head_dim - self.rope_head_size
+        return (*q, (kvr + self.rope_head_size, h), (kvr,), (a * (nope + self.v_head_size), kvr),
+                (h, a * self.v_head_size))
 
     def mlp_parameters(self) -> int:
         h, f = self.hidden, self.ffn_hidden
@@ -290,6 +352,8 @@ class ModelSpec:
         whose MLP weights are the router's, every expert's, the shared expert's and its gate's."""
         h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
         mlp = self.moe_parameters() if moe else self.mlp_projections * h * f
+        if self.is_mla:
+            return sum(math.prod(shape) for shape in self.latent_attention_shapes() if len(shape) == 2) + mlp
         return 2 * h * q + 2 * h * kv + mlp
 
     def parameter_shapes(self) -> tuple[tuple[int, ...], ...]:
@@ -312,8 +376,9 @@ class ModelSpec:
 
         qkv_bias, other_bias = self.bias in ("qkv", "all"), self.bias == "all"
         qk_norms = ((self.head_dim,), (self.head_dim,)) if self.qk_norm else ()
-        attention = (*linear(q, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias),
-                     *linear(h, q, other_bias), *qk_norms)
+        attention = self.latent_attention_shapes() if self.is_mla else (
+            *linear(q, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(h, q, other_bias),
+            *qk_norms)
         gate = linear(f, h, other_bias) if self.block == "llama" else ()
         mlp = (*gate, *linear(f, h, other_bias), *linear(h, f, other_bias))
 

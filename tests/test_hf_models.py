@@ -15,7 +15,8 @@ import math
 import pytest
 
 from core.errors import ConfigError
-from core.hf_config import GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config, spec_from_hf_config
+from core.hf_config import (DEEPSEEK_V3_DEFAULTS, GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config,
+                            spec_from_hf_config)
 from core.presets import get_preset, resolve_model
 from tests.conftest import FIXTURES
 
@@ -78,6 +79,38 @@ def test_mixtures_of_experts_count_total_and_active_parameters(file, total, acti
     assert (spec.parameters, spec.active_parameters) == (total, active)
     for count, figure in zip((total, active), published, strict=True):  # cards round, or cut, to 0.1B
         assert figure in (round(count / 1e9, 1), math.floor(count / 1e8) / 10)
+
+
+def test_deepseek_v3_counts_its_published_671b_and_37b_activated():
+    """DeepSeek-V3 Technical Report (2024), abstract: "671B total parameters with 37B activated for each token"
+    (the multi-token-prediction module's 14B come on top, and are not part of transformers' model). Latent
+    attention per block: q_a 7,168 x 1,536 and its norm, q_b 1,536 x 128 x 192, kv_a 7,168 x 576 and its norm
+    of 512, kv_b 512 x 128 x 256, o 128 x 128 x 7,168; 3 dense blocks of 18,432, then 58 of 256 routed experts
+    (8 used) and one shared, each 2,048 wide."""
+    spec = resolve_model(str(HF / "deepseek-v3.json"))
+    attention = 7168 * 1536 + 1536 + 1536 * 128 * 192 + 7168 * 576 + 512 + 512 * 128 * 256 + 128 * 128 * 7168
+    expert, norms = 3 * 7168 * 2048, 2 * 7168
+    dense = attention + norms + 3 * 7168 * 18432
+    routed = attention + norms + 256 * 7168  # and the experts
+    outside = 2 * 129280 * 7168 + 7168
+    assert spec.parameters == 3 * dense + 58 * (routed + 257 * expert) + outside == 671_026_404_352
+    assert spec.active_parameters == 3 * dense + 58 * (routed + 9 * expert) + outside == 37_552_282_624
+    assert (math.floor(spec.parameters / 1e9), math.floor(spec.active_parameters / 1e9)) == (671, 37)
+    assert (spec.is_mla, spec.expert_scoring, spec.dense_layers, spec.head_dim, spec.v_head_size) == (
+        True, "sigmoid", 3, 192, 128)
+
+
+def test_latent_attention_is_counted_but_refused_for_planning_by_name():
+    from core.config import TrainConfig
+    from core.estimate import estimate
+
+    spec = resolve_model(str(HF / "deepseek-v3.json"))
+    with pytest.raises(ConfigError) as caught:
+        estimate(spec, TrainConfig(seq_len=4096))
+    assert str(caught.value) == (
+        "deepseek-ai/DeepSeek-V3: multi-head latent attention (DeepSeek-V2/V3; 671,026,404,352 parameters, "
+        "37,552,282,624 active per token) is counted but cannot be estimated or planned yet: its attention's FLOPs "
+        "and saved tensors, and its sigmoid router's, are not modelled")
 
 
 def test_mixture_presets_are_their_published_configs():
@@ -185,6 +218,25 @@ def test_gpt_neox_counts_what_transformers_builds(fraction, parallel):
               "rotary_pct": fraction, "use_parallel_residual": parallel}
     spec = spec_from_hf_config(config, "neox")
     assert (spec.rotary_dim, spec.parallel_residual) == (int(24 * fraction), parallel)
+    assert spec.parameters == _transformers_count(config)
+
+
+def test_deepseek_v3_defaults_are_transformers_own():
+    defaults = transformers.DeepseekV3Config()
+    assert {key: getattr(defaults, key) for key in DEEPSEEK_V3_DEFAULTS} == DEEPSEEK_V3_DEFAULTS
+
+
+@pytest.mark.parametrize("q_lora_rank", [24, None])
+def test_deepseek_v3_counts_what_transformers_builds(q_lora_rank):
+    """Odd sizes, a leading dense block, and queries projected directly when q_lora_rank is null
+    (DeepSeek-V2-Lite's design)."""
+    config = {"model_type": "deepseek_v3", "num_hidden_layers": 3, "hidden_size": 96, "intermediate_size": 160,
+              "moe_intermediate_size": 40, "num_attention_heads": 4, "num_key_value_heads": 4, "vocab_size": 300,
+              "max_position_embeddings": 64, "q_lora_rank": q_lora_rank, "kv_lora_rank": 20, "qk_nope_head_dim": 12,
+              "qk_rope_head_dim": 8, "v_head_dim": 10, "n_routed_experts": 6, "num_experts_per_tok": 2,
+              "n_shared_experts": 2, "first_k_dense_replace": 1, "n_group": 2, "topk_group": 1}
+    spec = spec_from_hf_config(config, "deepseek-like")
+    assert (spec.q_lora_rank, spec.shared_expert_ffn_hidden, spec.moe_layers) == (q_lora_rank or 0, 80, 2)
     assert spec.parameters == _transformers_count(config)
 
 

@@ -62,6 +62,27 @@ def test_non_positive_or_non_integer_sizes_are_rejected(field, value):
         _spec(**{field: value})
 
 
+MLA = dict(n_heads=4, n_kv_heads=4, head_size=24, kv_lora_rank=16, rope_head_size=8, v_head_size=12)
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(q_lora_rank=8), "q_lora_rank, rope_head_size and v_head_size describe latent attention, which needs "
+                          "kv_lora_rank"),
+    (MLA | dict(n_kv_heads=2), "latent attention is a llama block's, without biases or q/k norms, with as many "
+                               "key/value heads as query heads"),
+    (MLA | dict(bias="qkv"), "latent attention is a llama block's"),
+    (MLA | dict(rope_head_size=7), r"an even rope_head_size below it and v_head_size; got 24, 7, 12"),
+    (MLA | dict(rope_head_size=24), r"got 24, 24, 12"),
+    (MLA | dict(v_head_size=0), r"got 24, 8, 0"),
+    (MLA | dict(kv_lora_rank=-1), "kv_lora_rank must be an integer from 0"),
+    (MLA | dict(expert_scoring="relu"), "expert_scoring 'relu' is not softmax or sigmoid"),
+])
+def test_latent_attention_needs_consistent_sizes(overrides, message):
+    assert _spec(**MLA).is_mla
+    with pytest.raises(ConfigError, match=message):
+        _spec(**overrides)
+
+
 def test_unknown_block_and_bias():
     with pytest.raises(ConfigError, match="block 'bert' is not one of gpt, llama"):
         _spec(block="bert")
@@ -109,7 +130,7 @@ def test_hf_config_errors_are_clear(tmp_path):
     broken.write_text(json.dumps({"model_type": "t5"}))
     with pytest.raises(ConfigError, match="model_type 't5' is not supported; supported: llama, mistral, qwen2, "
                                           "phi3, qwen3, gemma, gemma2, gemma3_text, mixtral, qwen2_moe, qwen3_moe, "
-                                          "gemma3, gpt2, gpt_neox"):
+                                          "deepseek_v3, gemma3, gpt2, gpt_neox"):
         load_hf_config(broken)
     broken.write_text(json.dumps({"model_type": "llama", "hidden_size": 4096}))
     with pytest.raises(ConfigError, match="required field 'num_attention_heads' is missing"):
