@@ -76,7 +76,8 @@ def forward_loss(model: Decoder, tokens: torch.Tensor, targets: torch.Tensor, pr
 def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
     cfg = setup.config
     with torch.device(device):
-        model = Decoder(setup.spec, attention=cfg.attention, dropout=cfg.dropout, recompute=cfg.recompute)
+        model = Decoder(setup.spec, attention=cfg.attention, dropout=cfg.dropout, recompute=cfg.recompute,
+                        stack=cfg.stack)
     if cfg.recipe.param_dtype == "bf16":
         model = model.to(torch.bfloat16)
     return model.train()

@@ -62,6 +62,8 @@ class LedgerCase:
     precision: str
     backend: str = "default"
     """SDPA backend forced while probing: ``default`` (SDPA's own choice), flash, efficient, cudnn, math."""
+    stack: str = "torch"
+    """Whose checkpointing applies the policy (core.stack)."""
 
     @property
     def spec(self) -> ModelSpec:
@@ -70,13 +72,15 @@ class LedgerCase:
     @property
     def config(self) -> TrainConfig:
         return TrainConfig(seq_len=self.seq_len, micro_batch=self.micro_batch, attention=self.attention,
-                           dropout=self.dropout, recompute=parse_policy(self.policy), precision=self.precision)
+                           dropout=self.dropout, recompute=parse_policy(self.policy), precision=self.precision,
+                           stack=self.stack)
 
     @property
     def label(self) -> str:
         backend = f" [{self.backend}]" if self.backend != "default" else ""
+        stack = f" ({self.stack})" if self.stack != "torch" else ""
         return (f"{self.model} L{self.n_layers} s{self.seq_len} b{self.micro_batch} {self.attention} "
-                f"p{self.dropout:g} {self.policy} {self.precision}{backend}")
+                f"p{self.dropout:g} {self.policy} {self.precision}{stack}{backend}")
 
 
 @dataclass(slots=True)

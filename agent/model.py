@@ -201,7 +201,7 @@ class Decoder(nn.Module):
 
     def __init__(
         self, spec: ModelSpec, attention: str = "flash", dropout: float = 0.0,
-        recompute: RecomputePolicy | str = "none",
+        recompute: RecomputePolicy | str = "none", stack: str = "torch",
     ) -> None:
         super().__init__()
         if spec.is_mla or spec.expert_scoring != "softmax":
@@ -210,6 +210,7 @@ class Decoder(nn.Module):
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec
         self.recompute = parse_policy(recompute) if isinstance(recompute, str) else recompute
+        self.stack = stack  # whose checkpointing applies the policy (agent.recompute)
         selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = None if spec.rotary else nn.Embedding(spec.max_seq_len, spec.hidden)
@@ -233,7 +234,7 @@ class Decoder(nn.Module):
         return embed_tokens(self.embed, self.positions, idx, self.dropout, self.training)
 
     def forward(self, idx: torch.Tensor, targets: torch.Tensor | None = None) -> torch.Tensor:
-        x = apply_blocks(self.blocks, self.embed_tokens(idx), self.recompute)
+        x = apply_blocks(self.blocks, self.embed_tokens(idx), self.recompute, self.stack)
         logits = self.lm_head(self.final_norm(x))
         if targets is None:
             return logits

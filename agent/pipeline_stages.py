@@ -76,7 +76,7 @@ class Stage(nn.Module):
         self.blocks = nn.ModuleList(decoder.blocks[index * per_stage:(index + 1) * per_stage])
         self.final_norm = decoder.final_norm if self.last else None
         self.lm_head = decoder.lm_head if self.last else None
-        self.recompute, self.dropout = decoder.recompute, decoder.dropout
+        self.recompute, self.stack, self.dropout = decoder.recompute, decoder.stack, decoder.dropout
         self.autocast = autocast
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -88,7 +88,7 @@ class Stage(nn.Module):
     def _forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.first:
             x = embed_tokens(self.embed, self.positions, x, self.dropout, self.training)
-        x = apply_blocks(self.blocks, x, self.recompute)
+        x = apply_blocks(self.blocks, x, self.recompute, self.stack)
         return self.lm_head(self.final_norm(x)) if self.last else x
 
 

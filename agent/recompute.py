@@ -17,6 +17,13 @@ same.
   recomputed.
 - ``offload``: the blocks' saved tensors move to host memory
   (``torch.autograd.graph.save_on_cpu``).
+
+Under the ``torchtitan`` stack (core.stack) ``full`` and ``op-selective`` are
+torchtitan's own (torchtitan 0.3, ``torchtitan/distributed/activation_checkpoint.py``):
+``FullAC`` checkpoints each block with ``early_stop=False``; ``SelectiveAC``
+saves the outputs of ``TORCHTITAN_SAVED`` ops except every second ``aten.mm``
+(or ``aten.linear``) of a block, counted afresh for each block's forward and
+again for its recompute.
 """
 
 from __future__ import annotations
@@ -50,6 +57,28 @@ SAVED_BY_OP_SELECTIVE = frozenset(
 )
 
 
+
+def _torchtitan_saved() -> frozenset:
+    """torchtitan's ``_get_default_save_ops``: torch's compute-intensive ops (mm, addmm, bmm, the CUDA attention
+    kernels, ...), SDPA's math, cuDNN and overrideable kernels, max, linear, topk, flex attention, and the
+    reduce-scatter and all-to-all collectives, and inductor's compiled code where torch has it (its other
+    optional ops belong to libraries the agent does not use)."""
+    from torch._functorch.partitioners import get_default_op_list
+
+    ops = {op.default for op in get_default_op_list().compute_intensive_ops}
+    ops |= {aten._scaled_dot_product_cudnn_attention.default, aten._scaled_dot_product_attention_math.default,
+            aten._scaled_dot_product_fused_attention_overrideable.default, aten.max.default,
+            torch._higher_order_ops.flex_attention, aten.linear.default, aten.topk.default,
+            torch.ops._c10d_functional.reduce_scatter_tensor.default,
+            torch.ops._c10d_functional.all_to_all_single.default}
+    compiled = getattr(torch._higher_order_ops, "inductor_compiled_code", None)
+    return frozenset(ops | ({compiled} if compiled is not None else set()))
+
+
+TORCHTITAN_SAVED = _torchtitan_saved()
+TORCHTITAN_MM = (aten.mm.default, aten.linear.default)
+
+
 def _save_matmuls(ctx, op, *args, **kwargs) -> CheckpointPolicy:
     return CheckpointPolicy.MUST_SAVE if op in SAVED_BY_OP_SELECTIVE else CheckpointPolicy.PREFER_RECOMPUTE
 
@@ -58,27 +87,46 @@ def op_selective_context():
     return create_selective_checkpoint_contexts(_save_matmuls)
 
 
+def torchtitan_context():
+    """torchtitan's SelectiveAC policy for one block: a fresh count of its matmuls, kept apart for the forward
+    and the recompute."""
+    count = {"forward": 0, "recompute": 0}
+
+    def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
+        mode = "recompute" if ctx.is_recompute else "forward"
+        if op in TORCHTITAN_MM:
+            count[mode] += 1
+        if op in TORCHTITAN_SAVED and not (op in TORCHTITAN_MM and count[mode] % 2 == 0):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
+
+
 def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
     for block in blocks:
         x = block(x)
     return x
 
 
-def apply_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, policy: RecomputePolicy) -> torch.Tensor:
-    """Run the blocks under a checkpoint policy (``selective`` lives in Attention)."""
+def apply_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, policy: RecomputePolicy,
+                 stack: str = "torch") -> torch.Tensor:
+    """Run the blocks under a checkpoint policy (``selective`` lives in Attention), as ``stack`` applies it."""
     if not torch.is_grad_enabled() or not (policy.recomputes_blocks or policy.caches_matmuls or policy.offloads):
         return _run(blocks, x)
     if policy.offloads:
         with torch.autograd.graph.save_on_cpu(pin_memory=x.is_cuda):
             return _run(blocks, x)
+    titan = stack == "torchtitan"
     if policy.caches_matmuls:
+        context = torchtitan_context if titan else op_selective_context
         for block in blocks:
-            x = checkpoint(block, x, use_reentrant=False, context_fn=op_selective_context)
+            x = checkpoint(block, x, use_reentrant=False, context_fn=context, early_stop=not titan)
         return x
     size = policy.segment_layers(len(blocks))
     for start in range(0, len(blocks), size):
         segment = blocks[start : start + size]
-        x = checkpoint(functools.partial(_run, segment), x, use_reentrant=False)
+        x = checkpoint(functools.partial(_run, segment), x, use_reentrant=False, early_stop=not titan)
     return x
 
 

@@ -10,8 +10,9 @@ itself (agent/check/parts.py):
   environment  torch, CUDA, cuDNN, driver, clocks; the attention kernel SDPA
                picks by itself for a bf16 GQA causal input and an fp32 one
   ledger       the saved-tensor probe against the ledger over block x attention
-               x dropout x policy x precision: full-size layers, a small-model
-               matrix, and the matrix again with each fused SDPA backend forced
+               x dropout x policy x precision: full-size layers (and one under
+               torchtitan's checkpointing), a small-model matrix, and the
+               matrix again with each fused SDPA backend forced
   suite        the quick suite, as `headroom agent run --suite quick` runs it
                (matmul, memory-bound ops, attention, the ~1B llama sweep)
   offload      the sweep's offload configurations

@@ -46,7 +46,8 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
     p.add_argument("--stack", default="torch", choices=list(STACKS),
-                   help="training stack whose saving rules apply: torch (torchtitan, FSDP2, DTensor) or megatron (default torch)")
+                   help="training stack whose saving rules apply: torch (plain PyTorch, the agent's decoder), torchtitan "
+                        "(its activation checkpointing: none, full, op-selective) or megatron (default torch)")
     if layout == "none":
         return
     free = layout == "free"

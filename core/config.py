@@ -36,7 +36,7 @@ class TrainConfig:
     recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
     """Activation-checkpoint policy."""
     stack: str = "torch"
-    """Training stack whose saving rules differ (core.stack): ``torch`` or ``megatron``."""
+    """Training stack whose saving rules differ (core.stack): ``torch``, ``torchtitan`` or ``megatron``."""
     layout: Layout = SINGLE
     """How the run is spread over GPUs (core.layout): tp, sp, pp, cp, dp and the sharding stage."""
 
@@ -54,7 +54,7 @@ class TrainConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         get_precision(self.precision)
-        get_stack(self.stack)
+        get_stack(self.stack).check_policy(self.recompute)
         if self.layout.cp > 1 and self.attention != "flash":
             raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
         optimizer_state_bytes(self.optimizer)
@@ -98,6 +98,10 @@ class TrainConfig:
                 f"{spec.name}: multi-head latent attention (DeepSeek-V2/V3; {spec.parameters:,} parameters, "
                 f"{spec.active_parameters:,} active per token) is counted but cannot be estimated or planned yet: "
                 "its attention's FLOPs and saved tensors, and its sigmoid router's, are not modelled")
+        if spec.is_moe and self.recompute.caches_matmuls and get_stack(self.stack).every_other_mm:
+            raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
+                              "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "
+                              "use full or none")
         if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
                 f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "

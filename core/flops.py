@@ -26,6 +26,7 @@ from core.devices import device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
 from core.precision import get_precision
+from core.stack import get_stack
 
 
 def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int) -> int:
@@ -138,13 +139,17 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     - selective: QK^T for the explicit or math-path attention (PV's inputs are
       saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
     - op-selective: no matmul (their outputs are cached); none and offload: 0.
+
+    Under the ``torchtitan`` stack (core.stack) full reruns every block whole (no early stop), and
+    op-selective reruns every second ``aten.mm`` of each block (``_sac_recomputed``) and, on a CPU, the
+    fused attention kernel.
     """
     b, s = config.micro_batch, config.seq_len
     layer = layer_forward_flops(spec, b, s)
-    policy = config.recompute
+    policy, stack = config.recompute, get_stack(config.stack)
     if policy.recomputes_blocks:
         blocks = step_flops(spec, config, device, recompute=0).blocks_forward
-        if config.dropout > 0:
+        if config.dropout > 0 or not stack.early_stop:
             return blocks
         size, n = policy.segment_layers(spec.n_layers), spec.n_layers
         ends = [min(start + size, n) - 1 for start in range(0, n, size)]
@@ -155,7 +160,27 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
                                                 fp32=get_precision(config.precision).compute_dtype == "fp32",
                                                 grouped=spec.n_kv_heads < spec.n_heads)
         return spec.n_layers * (layer["attn_scores"] + (layer["attn_values"] if fused else 0))
+    if policy.caches_matmuls and stack.every_other_mm:
+        rules = device_rules(device)
+        fused = rules.fused_sdpa(config.attention, config.dropout,
+                                 fp32=get_precision(config.precision).compute_dtype == "fp32",
+                                 grouped=spec.n_kv_heads < spec.n_heads)
+        attention = layer["attn_scores"] + layer["attn_values"] \
+            if fused and rules.device == "cpu" and not stack.caches_cpu_attention else 0
+        return spec.n_layers * (_sac_recomputed(spec, layer) + attention)
     return 0
+
+
+def _sac_recomputed(spec: ModelSpec, layer: dict[str, int]) -> int:
+    """FLOPs of the matmuls of one block that torchtitan's per-op checkpointing recomputes: every second
+    ``aten.mm``, counting in forward order the linears without a bias (with one, torch runs an ``aten.addmm``,
+    which it caches)."""
+    qkv_bias, other_bias = spec.bias in ("qkv", "all"), spec.bias == "all"
+    mlp = ("mlp_gate", "mlp_up", "mlp_down") if spec.block == "llama" else ("mlp_up", "mlp_down")
+    order = [("q_proj", qkv_bias), ("k_proj", qkv_bias), ("v_proj", qkv_bias), ("o_proj", other_bias),
+             *((name, other_bias) for name in mlp)]
+    mms = [name for name, bias in order if not bias]
+    return sum(layer[name] for name in mms[1::2])
 
 
 def _unsaved_last_matmul(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool) -> int:

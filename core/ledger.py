@@ -40,6 +40,9 @@ from core.stack import get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 Kind = Literal["activation", "input", "parameter_copy"]
+MatmulOp = Literal["mm", "addmm", "bmm", "attention"]
+"""The op whose output a selective checkpoint may cache: a linear without (mm) or with a bias (addmm), a batched
+matmul (standard attention) or a fused attention kernel."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +183,12 @@ class _Trace:
     layer: int | None = None
     region: Literal["none", "checkpoint", "op-selective"] = "none"
     offloading: bool = False
+    every_other_mm: bool = False
+    """op-selective caches only the odd-numbered ``aten.mm`` outputs of a block (torchtitan, core.stack)."""
+    caches_cpu_attention: bool = True
+    """op-selective caches the CPU's fused attention kernel's outputs (core.stack)."""
+    mm_count: int = 0
+    """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
     weight_copies: dict[str, _Sym] = field(default_factory=dict)
     repeats: list[Repeat] = field(default_factory=list)
@@ -219,10 +228,18 @@ class _Trace:
         self._next += 1
         return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
-    def matmul_output(self, t: _Sym) -> _Sym:
-        """Selective-checkpoint contexts cache the outputs of matmul and attention kernels."""
-        if self.region == "op-selective":
-            self.keep(t)
+    def matmul_output(self, t: _Sym, op: MatmulOp = "mm") -> _Sym:
+        """Selective-checkpoint contexts cache the outputs of matmul and attention kernels (``op``): every one, or
+        under torchtitan's policy neither every second ``aten.mm`` of a block nor the CPU's fused attention."""
+        if op == "mm":
+            self.mm_count += 1
+        if self.region != "op-selective":
+            return t
+        if op == "mm" and self.every_other_mm and self.mm_count % 2 == 0:
+            return t
+        if op == "attention" and self.rules.device == "cpu" and not self.caches_cpu_attention:
+            return t
+        self.keep(t)
         return t
 
     @contextlib.contextmanager
@@ -260,18 +277,19 @@ class _Trace:
         return self.param(f"{name}.weight", shape, param_dtype)
 
     def linear(self, x: _Sym, name: str, out_features: int, param_dtype: str, kept: _Sym | None = None,
-               rows: int | None = None, stacked: int = 1) -> _Sym:
+               rows: int | None = None, stacked: int = 1, bias: bool = False) -> _Sym:
         """Saves its input (cast to bf16 per call under autocast) and its weight.
 
         ``kept``: what backward keeps instead of x (a sharded input gathered again in backward);
         ``rows``: the output's sequence length after a row-parallel reduce-scatter (sequence parallel);
-        ``stacked``: x is the rows of that many linears of this shape (experts), one weight each.
+        ``stacked``: x is the rows of that many linears of this shape (experts), one weight each;
+        ``bias``: the layer has one, so torch runs it as one ``aten.addmm`` rather than an ``aten.mm``.
         """
         x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
         saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
         self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
-        return self.matmul_output(self.new(f"{name}.out", shape, x_in.dtype))
+        return self.matmul_output(self.new(f"{name}.out", shape, x_in.dtype), "addmm" if bias else "mm")
 
     def layer_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
@@ -358,9 +376,9 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
     if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1):
         # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp (and on CUDA the
         # dropout generator's seed and offset, kept with or without dropout).
-        out = tr.matmul_output(tr.new("attn.sdpa_out", heads, q.dtype))
-        lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"))
-        rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64")) for n in ("seed", "offset")
+        out = tr.matmul_output(tr.new("attn.sdpa_out", heads, q.dtype), "attention")
+        lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"), "attention")
+        rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64"), "attention") for n in ("seed", "offset")
                ] if tr.rules.fused_attention_rng_state else []
         tr.save(q, k, v, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
@@ -380,7 +398,7 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
         v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", heads, v.dtype)
         mask = tr.new("attn.causal_mask", (s, s), "bool")
         softmax_dtype = "fp32" if tr.amp and tr.rules.autocast_softmax_fp32 else q.dtype
-    scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype))
+    scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype), "bmm")
     tr.save(q_b, k_b, mask)
     del scores  # not saved by the ops after it: only the softmax output is
     probs = tr.new("attn.softmax", (b, a, s, s), softmax_dtype)
@@ -389,7 +407,7 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
         probs = tr.dropout(probs, "attn.dropout")
     probs = tr.cast(probs, v_b.dtype, "attn.probs_bf16") if tr.amp else probs
     tr.save(probs, v_b)
-    y = tr.matmul_output(tr.new("attn.pv", heads, v_b.dtype))
+    y = tr.matmul_output(tr.new("attn.pv", heads, v_b.dtype), "bmm")
     del y
     return tr.new("attn.out_heads_merged", (b, s, d.q), q.dtype)
 
@@ -425,9 +443,11 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     norm = tr.layer_norm if gpt else tr.rms_norm
 
     a, kept = _column_input(tr, d, norm(x, "attn_norm", param_dtype), "attn_norm")
-    q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept)
-    k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept)
-    v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept)
+    tr.mm_count = 0  # a checkpointed block counts its own matmuls (torchtitan's SAC)
+    qkv_bias, other_bias = spec.bias in ("qkv", "all"), spec.bias == "all"
+    q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept, bias=qkv_bias)
+    k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept, bias=qkv_bias)
+    v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept, bias=qkv_bias)
     if spec.qk_norm:  # over each head: the projection's output seen as (b, s, heads, head_dim)
         q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
         k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
@@ -440,7 +460,7 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
             y = _attention(tr, d, cfg, q, k, v)
     else:
         y = _attention(tr, d, cfg, q, k, v)
-    o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows)
+    o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows, bias=other_bias)
     if spec.post_norms:
         o = norm(o, "attn_post_norm", param_dtype)
     if cfg.dropout > 0:
@@ -452,12 +472,12 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     if spec.is_moe_layer(tr.layer or 0):
         down = _experts(tr, spec, d, m, param_dtype)
     elif gpt:
-        up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept)
+        up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept, bias=other_bias)
         tr.save(up)  # GELU saves its input
         hidden = tr.new("mlp.gelu", up.shape, up.dtype)
-        down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows)
+        down = tr.linear(hidden, "mlp.down_proj", h, param_dtype, rows=rows, bias=other_bias)
     else:
-        down = _swiglu(tr, m, "mlp", d.ffn, h, param_dtype, kept, rows)
+        down = _swiglu(tr, m, "mlp", d.ffn, h, param_dtype, kept, rows, bias=other_bias)
     if spec.post_norms:
         down = norm(down, "mlp_post_norm", param_dtype)
     if cfg.dropout > 0:
@@ -466,18 +486,18 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
 
 
 def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: str, kept: _Sym | None = None,
-            rows: int | None = None, stacked: int = 1) -> _Sym:
+            rows: int | None = None, stacked: int = 1, bias: bool = False) -> _Sym:
     """down(silu(gate(x)) * up(x)): what a gated MLP keeps; returns the down projection's output.
 
-    ``kept`` and ``rows`` as for ``_Trace.linear`` (sequence parallelism); ``stacked``: x holds the rows of
-    that many experts, each with its own weights."""
-    gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked)
-    up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked)
+    ``kept``, ``rows`` and ``bias`` as for ``_Trace.linear``; ``stacked``: x holds the rows of that many
+    experts, each with its own weights."""
+    gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
+    up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     tr.save(gate)  # SiLU saves its input
     silu = tr.new(f"{name}.silu", gate.shape, gate.dtype)
     tr.save(silu, up)  # the product saves both factors
     hidden = tr.new(f"{name}.swiglu", gate.shape, gate.dtype)
-    return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked)
+    return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
 
 
 def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -> _Sym:
@@ -539,7 +559,9 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
     amp = _autocast(cfg)
     param_dtype = _compute_param_dtype(cfg)
-    tr = _Trace(rules=rules, amp=amp)
+    stack = get_stack(cfg.stack)
+    tr = _Trace(rules=rules, amp=amp, every_other_mm=stack.every_other_mm,
+                caches_cpu_attention=stack.caches_cpu_attention)
     d = _Dims.of(spec, cfg)
     b, h = d.b, d.h
 

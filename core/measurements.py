@@ -133,6 +133,8 @@ class TrainStepRecord:
     """The fastest and slowest timed step."""
     busy: bool = False
     """The agent flagged the host busy while the steps were timed (agent/host_load.py)."""
+    stack: str = "torch"
+    """Whose checkpointing the step ran (core.stack), as its stored prediction records it."""
 
     @property
     def noisy(self) -> str | None:
@@ -150,12 +152,13 @@ class TrainStepRecord:
         """What makes two steps the same configuration (a fleet reruns the same ones night after night)."""
         return (json.dumps(self.model_spec, sort_keys=True), self.seq_len, self.micro_batch, self.accumulation_steps,
                 self.precision, self.optimizer, self.attention, self.recompute, self.dropout,
-                json.dumps(self.layout, sort_keys=True), self.rank)
+                json.dumps(self.layout, sort_keys=True), self.rank, self.stack)
 
     @property
     def label(self) -> str:
         ranks = f" rank {self.rank}/{Layout(**self.layout).world}" if self.layout else ""
-        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{ranks}"
+        stack = f" ({self.stack})" if self.stack != "torch" else ""
+        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{stack}{ranks}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -299,7 +302,8 @@ def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPredict
         layout = Layout(**step.layout) if step.layout else Layout()
         config = TrainConfig(seq_len=step.seq_len, micro_batch=step.micro_batch, precision=step.precision,
                              optimizer=step.optimizer, attention=step.attention,
-                             recompute=parse_policy(step.recompute), dropout=step.dropout, layout=layout)
+                             recompute=parse_policy(step.recompute), dropout=step.dropout, layout=layout,
+                             stack=step.stack)
         predicted = for_rank(estimate(spec, config, profile.device, step.accumulation_steps), step.rank)
     except (ConfigError, TypeError):
         return None

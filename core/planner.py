@@ -40,6 +40,7 @@ from core.ledger import activation_ledger
 from core.model import ModelSpec
 from core.precision import get_precision
 from core.recompute import RecomputePolicy
+from core.stack import get_stack
 from core.timing import HardwareProfile, StepTime, step_time, tokens_per_s
 from core.units import GB
 
@@ -243,7 +244,8 @@ class LayoutOutcome:
 
 
 def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
-    """none, selective, op-selective, full, every-K near the optimum, offload when allowed.
+    """none, selective, op-selective, full, every-K near the optimum, offload when allowed: those the
+    request's training stack offers (core.stack).
 
     The segment optimum (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
     Cost"): M(k) ~ ceil(L/k) c + k A is smallest near
@@ -261,7 +263,8 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     policies += [RecomputePolicy("every", k) for k in ks]
     if request.allow_offload:
         policies.append(RecomputePolicy("offload"))
-    return policies
+    offered = get_stack(request.train.stack).policies
+    return [p for p in policies if p.kind in offered]
 
 
 def _block_input_bytes(request: PlanRequest) -> int:

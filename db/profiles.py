@@ -160,16 +160,18 @@ TRAIN_STEP_COLUMNS = (
 def train_step_records(session: Session, device_name: str) -> list[TrainStepRecord]:
     """The device's ok training steps of its latest `PROFILE_RUNS` runs that measured any, oldest first."""
     t = TrainStepResult
-    # Dropout is not a column: it is read from the configuration the core's prediction was made for,
-    # in SQL (a JSON path), so the prediction documents are not decoded.
+    # Dropout and the stack are not columns: they are read from the configuration the core's prediction was
+    # made for, in SQL (a JSON path), so the prediction documents are not decoded.
     dropout = t.prediction[("config", "dropout")].as_float()
+    stack = t.prediction[("config", "stack")].as_string()  # whose checkpointing ran (NULL on the oldest rows)
     busy = t.details[("host", "busy")].as_boolean()  # the agent's verdict on the host (NULL on older rows)
     columns = [getattr(t, name) for name in TRAIN_STEP_COLUMNS]
-    rows = _ok_rows(t, device_name, *columns, dropout, t.communication_median_s, busy).order_by(Run.started_at, t.id)
+    rows = _ok_rows(t, device_name, *columns, dropout, stack, t.communication_median_s, busy).order_by(
+        Run.started_at, t.id)
     return [
         TrainStepRecord(**dict(zip(TRAIN_STEP_COLUMNS, values, strict=True)), dropout=float(drop or 0.0),
-                        communication_s=communication, busy=bool(flagged))
-        for *values, drop, communication, flagged in session.execute(rows)
+                        stack=ran or "torch", communication_s=communication, busy=bool(flagged))
+        for *values, drop, ran, communication, flagged in session.execute(rows)
     ]
 
 

@@ -101,10 +101,15 @@ def environment(ctx: Context) -> dict[str, Any]:
 
 def ledger_cases(gpu: bool) -> list[LedgerCase]:
     """Full-size layers first (the most telling), then the small-model matrix, then forced backends."""
+    # torchtitan's checkpointing (core.stack): its per-op policy caches the CUDA attention kernels, not the CPU's.
+    titan = [LedgerCase("llama3.2-1b" if gpu else "bench-llama-tiny", 2 if gpu else 4, 2048 if gpu else 32,
+                        1 if gpu else 2, "flash", 0.0, p, x, stack="torchtitan")
+             for p in ("full", "op-selective") for x in ("amp-bf16", "bf16-pure")]
     if not gpu:
         small = [LedgerCase("bench-llama-tiny", 4, 32, 2, "flash", 0.0, p, x) for p in POLICIES for x in PRECISIONS]
         small += [LedgerCase("bench-gpt-tiny", 4, 32, 2, "standard", 0.1, p, x) for p in POLICIES for x in PRECISIONS]
-        return small + [LedgerCase("bench-llama-tiny", 4, 32, 2, "flash", 0.0, "none", "fp32", b) for b in ("flash", "math")]
+        forced = [LedgerCase("bench-llama-tiny", 4, 32, 2, "flash", 0.0, "none", "fp32", b) for b in ("flash", "math")]
+        return small + titan + forced
     full = [
         LedgerCase(model, 2, seq, 1, attention, dropout, policy, precision)
         for model, seq, dropout in (("llama3.2-1b", 2048, 0.0), ("gpt2-xl", 1024, 0.1))
@@ -117,7 +122,7 @@ def ledger_cases(gpu: bool) -> list[LedgerCase]:
         if not (block == "llama" and dropout)
     ]
     forced = [dataclasses.replace(c, backend=b) for b in FUSED_BACKENDS for c in matrix if c.attention == "flash"]
-    return full + matrix + forced
+    return full + titan + matrix + forced
 
 
 def ledger(ctx: Context) -> dict[str, Any]:

@@ -18,6 +18,7 @@ from core.layout import Layout
 from core.model import ModelSpec
 from core.planner import Candidate, PlanRequest
 from core.recompute import RecomputePolicy
+from core.stack import get_stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +121,7 @@ def offload_note(framework: str, aside: str = "") -> str:
 
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
     """When the plan's sequence-parallel saving rules (core.stack) are another stack's than the framework's."""
-    if not run.layout.sp or run.stack == stack:
+    if not run.layout.sp or get_stack(run.stack).sp_keeps_gathered_input == get_stack(stack).sp_keeps_gathered_input:
         return None
     return (f"planned with the {run.stack} stack's sequence-parallel saving rules, but {framework} follows "
             f"the {stack} stack's: re-plan with --stack {stack} for its activation memory")

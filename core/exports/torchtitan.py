@@ -109,6 +109,9 @@ def _precision(run: Run, notes: list[str]) -> list[str]:
 def _checkpointing(run: Run, notes: list[str]) -> str:
     """The activation-checkpoint subcommand."""
     policy = run.policy
+    if policy.kind == "full" and run.stack != "torchtitan":
+        notes.append("torchtitan's full checkpointing reruns each block whole (no early stop): its down projection "
+                     "too, a little more recompute than planned: re-plan with --stack torchtitan")
     if policy.kind in ("none", "full"):
         return f"activation-checkpoint:{policy.kind}"
     if policy.kind == "every":
@@ -116,8 +119,10 @@ def _checkpointing(run: Run, notes: list[str]) -> str:
                      "block's input kept, more memory than planned: check with headroom estimate --recompute full")
         return "activation-checkpoint:full"
     if policy.kind == "op-selective":
-        notes.append("torchtitan's selective (per-op SAC) also recomputes every second matmul: less memory and more "
-                     "recompute than the planned op-selective, which keeps every matmul output")
+        if run.stack != "torchtitan":
+            notes.append("torchtitan's selective (per-op SAC) also recomputes every second matmul: less memory and "
+                         "more recompute than the planned op-selective, which keeps every matmul output: re-plan "
+                         "with --stack torchtitan")
         return "activation-checkpoint:selective"
     if policy.kind == "selective":
         notes.append("torchtitan cannot recompute the attention core alone; its fused SDPA attention keeps no "
@@ -132,7 +137,7 @@ def _other_notes(run: Run, notes: list[str]) -> None:
     if layout.cp > 1:
         notes.append(f"torchtitan's FSDP spans the dp x cp ranks: parameters, gradients and optimizer state are "
                      f"sharded over the {layout.cp} context-parallel ranks too, less memory than planned")
-    if (note := stack_note(run, "torchtitan", "torch")) is not None:
+    if (note := stack_note(run, "torchtitan", "torchtitan")) is not None:
         notes.append(note)
     if run.attention == "standard" and run.policy.kind != "selective":  # else the checkpointing note says it
         notes.append("torchtitan runs fused SDPA attention, which keeps no s x s tensor: less memory than planned "

@@ -1,0 +1,161 @@
+"""The torchtitan stack: torchtitan's activation checkpointing applied to the reference decoder's ops.
+
+torchtitan 0.3 (``torchtitan/distributed/activation_checkpoint.py``): ``SelectiveAC`` caches the outputs of
+torch's compute-intensive ops but every second ``aten.mm`` of a block; ``FullAC`` checkpoints each block with
+``early_stop=False``. The agent runs both policies (agent.recompute); here the ledger is held to what autograd
+saves under them, byte for byte, the FLOPs to FlopCounterMode, and the per-layer bytes to the policy's rule.
+"""
+
+import dataclasses
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
+
+from agent.recompute import TORCHTITAN_SAVED  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
+from core.errors import ConfigError  # noqa: E402
+from core.flops import step_flops  # noqa: E402
+from core.hardware import get_hardware  # noqa: E402
+from core.ledger import activation_ledger  # noqa: E402
+from core.planner import PlanRequest, policies_worth_trying  # noqa: E402
+from core.presets import get_preset  # noqa: E402
+from core.recompute import parse_policy  # noqa: E402
+from core.timing import datasheet_profile  # noqa: E402
+from tests.probing import build, probe_config, run_forward  # noqa: E402
+
+LLAMA = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4)
+SPECS = {
+    "llama": LLAMA,
+    "gpt": dataclasses.replace(get_preset("bench-gpt-tiny"), n_layers=4),  # every linear has a bias: addmm, cached
+    "qkv-bias": dataclasses.replace(LLAMA, bias="qkv"),  # q, k and v run as addmm: o is the first mm
+    "gemma3-like": dataclasses.replace(LLAMA, head_size=24, qk_norm=True, post_norms=True),
+}
+POLICIES = ("none", "full", "op-selective")
+PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
+
+
+def test_the_agents_save_list_is_torchtitans():
+    pytest.importorskip("torchtitan", reason="torchtitan (the frameworks extra) is not installed")
+    from torchtitan.distributed.activation_checkpoint import _get_default_save_ops
+
+    theirs = set(_get_default_save_ops())
+    # Beside these, torchtitan saves the custom ops of libraries the agent's decoder never runs, where another
+    # import has registered them (varlen attention, DeepEP and HybridEP's dispatch and combine).
+    optional = {"torch_attn._varlen_attn.default", "deepep.dispatch.default", "deepep.combine.default",
+                "hybridep.dispatch.default", "hybridep.combine.default"}
+    assert TORCHTITAN_SAVED <= theirs and {str(op) for op in theirs - TORCHTITAN_SAVED} <= optional
+
+
+@pytest.mark.parametrize(("name", "attention", "policy", "precision"),
+                         list(itertools.product(SPECS, ("standard", "flash"), POLICIES, PRECISIONS)))
+def test_ledger_equals_what_autograd_saves(name, attention, policy, precision):
+    spec = SPECS[name]
+    dropout = 0.1 if spec.block == "gpt" else 0.0
+    config = TrainConfig(seq_len=16, micro_batch=2, attention=attention, dropout=dropout, precision=precision,
+                         recompute=parse_policy(policy), stack="torchtitan")
+    measured = probe_config(spec, config)
+    ledger = activation_ledger(spec, config, "cpu")
+    assert (ledger.saved_bytes, ledger.parameter_copy_bytes) == (measured.activation_bytes,
+                                                                 measured.parameter_copy_bytes)
+
+
+@pytest.mark.parametrize("policy", ["full", "op-selective"])
+@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize(("attention", "device"), [("standard", "cpu"), ("flash", "meta")])
+def test_flops_with_recompute_equal_flop_counter(name, policy, attention, device):
+    spec = SPECS[name]
+    config = TrainConfig(seq_len=24, micro_batch=2, attention=attention, recompute=parse_policy(policy),
+                         stack="torchtitan")
+    model, tokens, targets = build(spec, config, device)
+    with FlopCounterMode(display=False) as counter:
+        model(tokens, targets).backward()
+    assert counter.get_total_flops() == step_flops(spec, config, device).hardware
+
+
+@pytest.mark.parametrize(("name", "recomputed"), [
+    ("llama", ("k", "o", "up")),  # mm 1 to 7: q, k, v, o, gate, up, down; the even ones rerun
+    ("qkv-bias", ("gate", "down")),  # q, k, v are addmm: o, gate, up, down are mm 1 to 4
+    ("gpt", ()),  # every linear an addmm: every output cached
+])
+def test_per_op_checkpointing_drops_every_second_matmul_output(name, recomputed):
+    """Against plain PyTorch's op-selective (every matmul output cached), per layer on CUDA under amp-bf16: the
+    bf16 outputs of the even-numbered mm, and nothing else."""
+    spec = SPECS[name]
+    b, s, h, kv, f = 2, 256, spec.hidden, spec.kv_dim, spec.ffn_hidden
+    per_layer = {stack: activation_ledger(spec, TrainConfig(seq_len=s, micro_batch=b, stack=stack,
+                                                            recompute=parse_policy("op-selective")),
+                                          "cuda").per_layer_bytes for stack in ("torch", "torchtitan")}
+    widths = {"k": kv, "o": h, "up": f, "gate": f, "down": h}
+    assert per_layer["torch"] - per_layer["torchtitan"] == sum(2 * b * s * widths[m] for m in recomputed)
+
+
+def test_full_checkpointing_reruns_the_down_projection_too():
+    spec = get_preset("llama2-7b")
+    flops = {stack: step_flops(spec, TrainConfig(seq_len=4096, stack=stack, recompute=parse_policy("full")))
+             for stack in ("torch", "torchtitan")}
+    down = flops["torch"].layer_forward["mlp_down"]
+    assert flops["torchtitan"].recompute == flops["torch"].recompute + spec.n_layers * down
+    assert flops["torchtitan"].recompute == flops["torch"].blocks_forward
+
+
+def test_the_stack_offers_only_its_own_policies():
+    with pytest.raises(ConfigError, match="the torchtitan stack has no every-2 checkpointing; it offers none, full, "
+                                          "op-selective"):
+        TrainConfig(seq_len=512, stack="torchtitan", recompute=parse_policy("every-2"))
+    request = PlanRequest(spec=get_preset("llama3-8b"), train=TrainConfig(seq_len=8192, stack="torchtitan"),
+                          global_batch=16)
+    assert [str(p) for p in policies_worth_trying(request)] == ["none", "op-selective", "full"]
+    moe = dataclasses.replace(LLAMA, n_experts=4, experts_per_token=2)
+    with pytest.raises(ConfigError, match="which experts' outputs it keeps depends on the routing"):
+        activation_ledger(moe, TrainConfig(seq_len=64, stack="torchtitan", recompute=parse_policy("op-selective")))
+    assert datasheet_profile(get_hardware("h100-sxm")).compute_overhead == 1.5
+
+
+@pytest.mark.parametrize("policy", ["full", "op-selective"])
+def test_torchtitans_policies_give_the_loss_and_gradients_of_none(policy):
+    spec = SPECS["llama"]
+    results = []
+    for stack, p in (("torch", "none"), ("torchtitan", policy)):
+        config = TrainConfig(seq_len=24, micro_batch=2, recompute=parse_policy(p), stack=stack)
+        model, tokens, targets = build(spec, config)
+        loss = run_forward(model, tokens, targets, config.precision)
+        loss.backward()
+        results.append((loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters()}))
+    (loss_none, grads_none), (loss, grads) = results
+    torch.testing.assert_close(loss, loss_none, rtol=1e-6, atol=0)
+    for name, grad in grads.items():
+        torch.testing.assert_close(grad, grads_none[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path):
+    """Calibration reads which stack a step ran from its stored prediction and predicts it with that stack: a
+    torchtitan per-op step's saved bytes match (the torch stack's op-selective would keep 2bs(kv + h + f) more)."""
+    from agent import bench_train
+    from agent.fingerprint import device_name
+    from agent.runner import run_suite
+    from core.measurements import step_observations
+    from db.profiles import train_step_records
+    from db.store import open_store
+
+    config = TrainConfig(seq_len=32, micro_batch=2, precision="fp32", stack="torchtitan",
+                         recompute=parse_policy("op-selective"))
+    setup = bench_train.TrainSetup(spec=LLAMA, config=config, steps=2)
+    url = f"sqlite:///{tmp_path / 'store.db'}"
+    with open_store(url, mode="write") as store:
+        run_suite(store, torch.device("cpu"), "train", cases=[bench_train.case(setup)], quiet=True)
+    with open_store(url) as store, store.session() as session:
+        (step,) = train_step_records(session, device_name(torch.device("cpu")))
+    assert step.stack == "torchtitan" and step.label.endswith("op-selective (torchtitan)")
+    # The saved bytes do not depend on the rates: any profile whose saving rules are the CPU's predicts them.
+    cpu_rules = dataclasses.replace(datasheet_profile(get_hardware("h100-sxm")), device="cpu")
+    (observed,) = step_observations([step], cpu_rules)
+    assert observed.predicted_activation_bytes == observed.measured_activation_bytes == step.activation_bytes
+    # Plain PyTorch's op-selective keeps k, o and up too (fp32), and the CPU's fused attention output and
+    # log-sum-exp, which torchtitan's list lacks.
+    b, s, a = 2, 32, LLAMA.n_heads
+    torch_stack = activation_ledger(LLAMA, dataclasses.replace(config, stack="torch"), "cpu").saved_bytes
+    assert torch_stack - step.activation_bytes == LLAMA.n_layers * 4 * b * s * (
+        LLAMA.kv_dim + LLAMA.hidden + LLAMA.ffn_hidden + LLAMA.q_dim + a)
