@@ -107,6 +107,56 @@ class Attention(nn.Module):
         return probs @ v
 
 
+class LatentAttention(Attention):
+    """Multi-head latent attention, as transformers' DeepseekV3Attention runs it (rotate-half RoPE).
+
+    q comes up from its latent (q_a, an RMSNorm, q_b) or straight from x; kv_a projects x to the key/value
+    latent and one rotary key shared by every head, split apart; the normalised latent's kv_b gives each
+    head's positionless key and its value, split apart. Rotary turns the last rope_head_size dimensions of
+    q and of the shared key; q and k are those parts concatenated back, head_size wide, and v is
+    v_head_size wide.
+    """
+
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
+        nn.Module.__init__(self)
+        if attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
+        h, a, rq, rkv = spec.hidden, spec.n_heads, spec.q_lora_rank, spec.kv_lora_rank
+        self.dqk, self.dr, self.dv = spec.head_dim, spec.rope_head_size, spec.v_head_size
+        if rq:
+            self.q_a_proj = nn.Linear(h, rq, bias=False)
+            self.q_a_norm = nn.RMSNorm(rq, eps=1e-6)
+            self.q_b_proj = nn.Linear(rq, a * self.dqk, bias=False)
+        else:
+            self.q_proj = nn.Linear(h, a * self.dqk, bias=False)
+        self.kv_a_proj = nn.Linear(h, rkv + self.dr, bias=False)
+        self.kv_a_norm = nn.RMSNorm(rkv, eps=1e-6)
+        self.kv_b_proj = nn.Linear(rkv, a * (self.dqk - self.dr + self.dv), bias=False)
+        self.o_proj = nn.Linear(a * self.dv, h, bias=False)
+        self.rank = rkv
+        self.n_heads = self.n_kv_heads = a
+        self.head_dim = self.dqk
+        self.attention, self.dropout, self.checkpoint_core = attention, dropout, checkpoint_core
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, _ = x.shape
+        a, dn, dr = self.n_heads, self.dqk - self.dr, self.dr
+        q = self.q_b_proj(self.q_a_norm(self.q_a_proj(x))) if hasattr(self, "q_a_proj") else self.q_proj(x)
+        q_pass, q_rot = q.view(b, s, a, self.dqk).transpose(1, 2).split([dn, dr], dim=-1)
+        latent, k_rot = self.kv_a_proj(x).split([self.rank, dr], dim=-1)
+        kv = self.kv_b_proj(self.kv_a_norm(latent)).view(b, s, a, dn + self.dv).transpose(1, 2)
+        k_pass, v = kv.split([dn, self.dv], dim=-1)
+        cos, sin = rotary_tables(s, dr, x.device)
+        q_rot, k_rot = apply_rotary(q_rot, cos, sin), apply_rotary(k_rot.view(b, 1, s, dr), cos, sin)
+        q = torch.cat((q_pass, q_rot), dim=-1)
+        k = torch.cat((k_pass, k_rot.expand(b, a, s, dr)), dim=-1)
+        if self.checkpoint_core and torch.is_grad_enabled():
+            y = checkpointed(self.core, q, k, v)
+        else:
+            y = self.core(q, k, v)
+        return self.o_proj(y.transpose(1, 2).reshape(b, s, -1))
+
+
 class MLP(nn.Module):
     def __init__(self, spec: ModelSpec, width: int | None = None) -> None:
         """GELU or SwiGLU per the block; ``width``: the inner width where it is not ffn_hidden (an expert)."""
@@ -144,11 +194,20 @@ class Experts(nn.Module):
         self.shared = MLP(spec, fs) if fs else None
         self.shared_gate = nn.Linear(h, 1, bias=False) if spec.shared_expert_gate else None
         self.top_k, self.normalize = spec.experts_per_token, spec.normalize_expert_weights
+        self.sigmoid = spec.expert_scoring == "sigmoid"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
-        probs = F.softmax(self.router(flat), dim=-1, dtype=torch.float32)
-        weights, chosen = probs.topk(self.top_k, dim=-1)
+        logits = self.router(flat)
+        if self.sigmoid:
+            # DeepSeek-V3: sigmoid scores; the choice (there, of groups first, with a bias) keeps nothing for
+            # backward, and the weights are the chosen scores, gathered.
+            scores = torch.sigmoid(logits.float())
+            with torch.no_grad():
+                chosen = scores.topk(self.top_k, dim=-1).indices
+            weights = scores.gather(1, chosen)
+        else:
+            weights, chosen = F.softmax(logits, dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         out = torch.zeros_like(flat)
@@ -180,7 +239,7 @@ class Block(nn.Module):
                  experts: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = Attention(spec, attention, dropout, checkpoint_core)
+        self.attn = (LatentAttention if spec.is_mla else Attention)(spec, attention, dropout, checkpoint_core)
         self.attn_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.mlp_norm = _norm(spec)
         self.mlp = Experts(spec) if experts else MLP(spec)
@@ -204,8 +263,6 @@ class Decoder(nn.Module):
         recompute: RecomputePolicy | str = "none", stack: str = "torch",
     ) -> None:
         super().__init__()
-        if spec.is_mla or spec.expert_scoring != "softmax":
-            raise ValueError(f"{spec.name}: the agent's decoder has no latent attention or sigmoid router")
         if dropout and spec.block == "llama":
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec

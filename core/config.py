@@ -93,11 +93,10 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
-        if spec.is_mla:
-            raise ConfigError(
-                f"{spec.name}: multi-head latent attention (DeepSeek-V2/V3; {spec.parameters:,} parameters, "
-                f"{spec.active_parameters:,} active per token) is counted but cannot be estimated or planned yet: "
-                "its attention's FLOPs and saved tensors, and its sigmoid router's, are not modelled")
+        if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
+            raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
+                              f"sharding; tp {self.layout.tp} and pp {self.layout.pp} are not modelled for it yet: "
+                              "use tp 1 and pp 1")
         if spec.is_moe and self.recompute.caches_matmuls and get_stack(self.stack).every_other_mm:
             raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
                               "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "

@@ -41,14 +41,17 @@ def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bo
     # Every query head attends over all s keys: 2 b s^2 (a x head_dim) per product (2 b s^2 h when
     # the heads are hidden / n_heads wide).
     attention = attention_forward_flops(micro_batch, seq_len, spec.n_heads, spec.head_dim) // 2
-    flops = {
-        "q_proj": 2 * t * h * q,
-        "k_proj": 2 * t * h * kv,
-        "v_proj": 2 * t * h * kv,
-        "attn_scores": attention,
-        "attn_values": attention,
-        "o_proj": 2 * t * q * h,
-    }
+    if spec.is_mla:
+        flops = latent_attention_flops(spec, micro_batch, seq_len)
+    else:
+        flops = {
+            "q_proj": 2 * t * h * q,
+            "k_proj": 2 * t * h * kv,
+            "v_proj": 2 * t * h * kv,
+            "attn_scores": attention,
+            "attn_values": attention,
+            "o_proj": 2 * t * q * h,
+        }
     if moe:
         return flops | moe_forward_flops(spec, t)
     flops["mlp_up"] = 2 * t * h * f
@@ -56,6 +59,21 @@ def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bo
         flops["mlp_gate"] = 2 * t * h * f
     flops["mlp_down"] = 2 * t * f * h
     return flops
+
+
+def latent_attention_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> dict[str, int]:
+    """Multi-head latent attention's forward: its projections (core.model.ModelSpec.latent_attention_shapes,
+    each 2 t x in x out), QK^T over head_size-wide heads and PV over v_head_size-wide ones, causal in full."""
+    t, h, a = micro_batch * seq_len, spec.hidden, spec.n_heads
+    dqk, dr, dv, rq, rkv = spec.head_dim, spec.rope_head_size, spec.v_head_size, spec.q_lora_rank, spec.kv_lora_rank
+    q = {"q_a_proj": 2 * t * h * rq, "q_b_proj": 2 * t * rq * a * dqk} if rq else {"q_proj": 2 * t * h * a * dqk}
+    return q | {
+        "kv_a_proj": 2 * t * h * (rkv + dr),
+        "kv_b_proj": 2 * t * rkv * a * (dqk - dr + dv),
+        "attn_scores": 2 * micro_batch * seq_len * seq_len * a * dqk,
+        "attn_values": 2 * micro_batch * seq_len * seq_len * a * dv,
+        "o_proj": 2 * t * a * dv * h,
+    }
 
 
 def moe_forward_flops(spec: ModelSpec, tokens: int) -> dict[str, int]:
@@ -155,16 +173,14 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
         ends = [min(start + size, n) - 1 for start in range(0, n, size)]
         trailing = {moe: _unsaved_last_matmul(spec, b, s, moe) for moe in {spec.is_moe_layer(end) for end in ends}}
         return blocks - sum(trailing[spec.is_moe_layer(end)] for end in ends)
+    rules = device_rules(device)
+    fused = rules.fused_sdpa(config.attention, config.dropout,
+                             fp32=get_precision(config.precision).compute_dtype == "fp32",
+                             grouped=spec.n_kv_heads < spec.n_heads,
+                             narrow_values=spec.is_mla and spec.v_head_size != spec.head_dim)
     if policy.recomputes_attention:
-        fused = device_rules(device).fused_sdpa(config.attention, config.dropout,
-                                                fp32=get_precision(config.precision).compute_dtype == "fp32",
-                                                grouped=spec.n_kv_heads < spec.n_heads)
         return spec.n_layers * (layer["attn_scores"] + (layer["attn_values"] if fused else 0))
     if policy.caches_matmuls and stack.every_other_mm:
-        rules = device_rules(device)
-        fused = rules.fused_sdpa(config.attention, config.dropout,
-                                 fp32=get_precision(config.precision).compute_dtype == "fp32",
-                                 grouped=spec.n_kv_heads < spec.n_heads)
         attention = layer["attn_scores"] + layer["attn_values"] \
             if fused and rules.device == "cpu" and not stack.caches_cpu_attention else 0
         return spec.n_layers * (_sac_recomputed(spec, layer) + attention)
@@ -177,8 +193,9 @@ def _sac_recomputed(spec: ModelSpec, layer: dict[str, int]) -> int:
     which it caches)."""
     qkv_bias, other_bias = spec.bias in ("qkv", "all"), spec.bias == "all"
     mlp = ("mlp_gate", "mlp_up", "mlp_down") if spec.block == "llama" else ("mlp_up", "mlp_down")
-    order = [("q_proj", qkv_bias), ("k_proj", qkv_bias), ("v_proj", qkv_bias), ("o_proj", other_bias),
-             *((name, other_bias) for name in mlp)]
+    attention = [(name, False) for name in layer if name.endswith("_proj")] if spec.is_mla else [
+        ("q_proj", qkv_bias), ("k_proj", qkv_bias), ("v_proj", qkv_bias), ("o_proj", other_bias)]
+    order = [*attention, *((name, other_bias) for name in mlp)]
     mms = [name for name, bias in order if not bias]
     return sum(layer[name] for name in mms[1::2])
 

@@ -37,8 +37,9 @@ Supported ``model_type`` values and the field names each uses:
   first_k_dense_replace dense blocks (n_routed_experts, num_experts_per_tok,
   moe_intermediate_size, n_shared_experts, norm_topk_prob, scoring_func),
   every missing field at transformers' default (DEEPSEEK_V3_DEFAULTS).
-  Counted exactly; refused for estimates and plans until latent attention is
-  modelled.
+  Planned, like the other mixtures, on data and context parallelism with
+  sharding; its group-limited expert choice and routed_scaling_factor keep
+  nothing for backward and are not modelled.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
   vocab_size, n_positions, tie_word_embeddings (default true).
 - ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,

@@ -11,8 +11,9 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 - cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
 - dp is what is left; it must divide the global batch. The sharding stage is
   tried from 0 to 3 when there is more than one data-parallel rank.
-- a mixture of experts is tried on data and context parallelism only (tp 1,
-  pp 1): its tensor, pipeline and expert parallelism are not modelled yet.
+- a mixture of experts or latent attention is tried on data and context
+  parallelism only (tp 1, pp 1): their tensor, pipeline and expert
+  parallelism are not modelled yet.
 
 An axis the user pinned (``--tp 2``) takes only that value.
 """
@@ -65,7 +66,7 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
     def choices(axis: str, options: list[int]) -> list[int]:
         return [getattr(fixed, axis)] if axis in pinned else options
 
-    dense = not spec.is_moe
+    dense = not (spec.is_moe or spec.is_mla)
     for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (dense or t == 1)
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
         if gpus % tp:

@@ -172,6 +172,8 @@ class _Sym:
     dtype: str
     name: str
     kind: Kind = "activation"
+    storage_shape: tuple[int, ...] | None = None
+    """The whole storage's shape when this is a view of part of it (a split): kept, the storage costs that."""
 
 
 @dataclass(slots=True)
@@ -213,7 +215,9 @@ class _Trace:
             key = self._fresh() if host else t.storage if t is not None else None
             if t is None or key in self.kept:
                 continue
-            self._store(key, SavedTensor(t.name, t.shape, t.dtype, "host" if host else "device", t.kind, self.layer))
+            # On the device a kept view holds its whole storage; save_on_cpu copies only the view's elements.
+            shape = t.shape if host else t.storage_shape or t.shape
+            self._store(key, SavedTensor(t.name, shape, t.dtype, "host" if host else "device", t.kind, self.layer))
 
     def _fresh(self) -> int:
         self._next += 1
@@ -367,35 +371,42 @@ class _Dims:
         return self.b * self.s
 
 
-def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym) -> _Sym:
-    """The attention core over this rank's heads; returns the output-projection input (b, s, q)."""
+def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym, v_head_dim: int | None = None,
+               qk_contiguous: bool = False) -> _Sym:
+    """The attention core over this rank's heads; returns the output-projection input (b, s, heads x v's head).
+
+    ``v_head_dim``: value heads narrower than query and key heads (latent attention); ``qk_contiguous``: q and
+    k come laid out (b, heads, s, d), so the explicit path's matmuls read them without a copy."""
     b, s = d.b, d.s
     a, hd, groups = d.heads, d.head_dim, d.heads // d.kv_heads
-    heads = (b, a, s, hd)
+    dv = v_head_dim or hd
+    heads, v_heads = (b, a, s, hd), (b, a, s, dv)
     dropout = cfg.dropout > 0
-    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1):
+    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1,
+                           narrow_values=dv != hd):
         # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp (and on CUDA the
         # dropout generator's seed and offset, kept with or without dropout).
-        out = tr.matmul_output(tr.new("attn.sdpa_out", heads, q.dtype), "attention")
+        out = tr.matmul_output(tr.new("attn.sdpa_out", v_heads, q.dtype), "attention")
         lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"), "attention")
         rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64"), "attention") for n in ("seed", "offset")
                ] if tr.rules.fused_attention_rng_state else []
         tr.save(q, k, v, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
-        return _Sym(out.storage, (b, s, d.q), out.dtype, out.name)
+        return _Sym(out.storage, (b, s, a * dv), out.dtype, out.name)
     if cfg.attention == "flash":
         # SDPA's math path: upcasts 16-bit inputs, scales q and k, no mask tensor kept.
         acc = "fp32"
         q_b = tr.new("attn.math.q_scaled", heads, acc)
         k_b = tr.new("attn.math.k_scaled_t", (b, a, hd, s), acc)
-        v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", heads, acc)
+        v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", v_heads, acc)
         mask = None
         softmax_dtype = acc
     else:
         # Explicit softmax(QK^T)V: bmm clones non-contiguous heads; repeat_interleave expands GQA.
-        q_b = tr.new("attn.q_heads", heads, q.dtype)
-        k_b = tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t", (b, a, hd, s) if groups == 1 else heads, k.dtype)
-        v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", heads, v.dtype)
+        q_b = q if qk_contiguous else tr.new("attn.q_heads", heads, q.dtype)
+        k_b = k if qk_contiguous else tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t",
+                                             (b, a, hd, s) if groups == 1 else heads, k.dtype)
+        v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", v_heads, v.dtype)
         mask = tr.new("attn.causal_mask", (s, s), "bool")
         softmax_dtype = "fp32" if tr.amp and tr.rules.autocast_softmax_fp32 else q.dtype
     scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype), "bmm")
@@ -407,14 +418,19 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
         probs = tr.dropout(probs, "attn.dropout")
     probs = tr.cast(probs, v_b.dtype, "attn.probs_bf16") if tr.amp else probs
     tr.save(probs, v_b)
-    y = tr.matmul_output(tr.new("attn.pv", heads, v_b.dtype), "bmm")
+    y = tr.matmul_output(tr.new("attn.pv", v_heads, v_b.dtype), "bmm")
     del y
-    return tr.new("attn.out_heads_merged", (b, s, d.q), q.dtype)
+    return tr.new("attn.out_heads_merged", (b, s, a * dv), q.dtype)
 
 
 def _heads(x: _Sym, heads: int, head_dim: int) -> _Sym:
     """A projection's output (b, s, heads x head_dim) viewed per head: the same storage."""
-    return _Sym(x.storage, (*x.shape[:-1], heads, head_dim), x.dtype, x.name, x.kind)
+    return _view(x, (*x.shape[:-1], heads, head_dim))
+
+
+def _view(x: _Sym, shape: tuple[int, ...]) -> _Sym:
+    """A view of all or part of x's storage (a reshape, a split, a slice): kept, it costs the whole storage."""
+    return _Sym(x.storage, shape, x.dtype, x.name, x.kind, x.storage_shape or x.shape)
 
 
 def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
@@ -445,21 +461,26 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     a, kept = _column_input(tr, d, norm(x, "attn_norm", param_dtype), "attn_norm")
     tr.mm_count = 0  # a checkpointed block counts its own matmuls (torchtitan's SAC)
     qkv_bias, other_bias = spec.bias in ("qkv", "all"), spec.bias == "all"
-    q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept, bias=qkv_bias)
-    k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept, bias=qkv_bias)
-    v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept, bias=qkv_bias)
-    if spec.qk_norm:  # over each head: the projection's output seen as (b, s, heads, head_dim)
-        q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
-        k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
-    if spec.rotary:
-        rd = spec.rotary_dim
-        tables = (tr.new("rope.cos", (d.s, rd), "fp32"), tr.new("rope.sin", (d.s, rd), "fp32"))
-        q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
+    if spec.is_mla:
+        q, k, v = _latent_qkv(tr, spec, d, a, param_dtype)
+        attention = functools.partial(_attention, v_head_dim=spec.v_head_size, qk_contiguous=True)
+    else:
+        q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept, bias=qkv_bias)
+        k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept, bias=qkv_bias)
+        v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept, bias=qkv_bias)
+        if spec.qk_norm:  # over each head: the projection's output seen as (b, s, heads, head_dim)
+            q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
+            k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
+        if spec.rotary:
+            rd = spec.rotary_dim
+            tables = (tr.new("rope.cos", (d.s, rd), "fp32"), tr.new("rope.sin", (d.s, rd), "fp32"))
+            q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
+        attention = _attention
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
-            y = _attention(tr, d, cfg, q, k, v)
+            y = attention(tr, d, cfg, q, k, v)
     else:
-        y = _attention(tr, d, cfg, q, k, v)
+        y = attention(tr, d, cfg, q, k, v)
     o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows, bias=other_bias)
     if spec.post_norms:
         o = norm(o, "attn_post_norm", param_dtype)
@@ -483,6 +504,33 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
     return tr.new("residual_mlp", (b, rows, h), x.dtype)
+
+
+def _latent_qkv(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -> tuple[_Sym, _Sym, _Sym]:
+    """Multi-head latent attention's q, k and v (agent.model.LatentAttention, as transformers' DeepseekV3Attention).
+
+    q from its latent (q_a, its norm, q_b) or one projection; kv_a projects to the key/value latent and one
+    rotary key of rope_head_size, split from the same storage; the latent's norm and kv_b give each head's
+    positionless key and its value, split again, so v is a view of kv_b's output (kept, it costs all of it).
+    Rotary rotates q's and the shared key's last rope_head_size dimensions, and concatenation makes q and k
+    (b, heads, s, head_size) anew: the attention's matmuls read them as they are.
+    """
+    b, s, a = d.b, d.s, d.heads
+    dqk, dr, dv, rkv = spec.head_dim, spec.rope_head_size, spec.v_head_size, spec.kv_lora_rank
+    if spec.q_lora_rank:
+        latent_q = tr.linear(x, "attn.q_a_proj", spec.q_lora_rank, param_dtype)
+        q = tr.linear(tr.rms_norm(latent_q, "attn.q_a_norm", param_dtype), "attn.q_b_proj", a * dqk, param_dtype)
+    else:
+        q = tr.linear(x, "attn.q_proj", a * dqk, param_dtype)
+    kv = tr.linear(x, "attn.kv_a_proj", rkv + dr, param_dtype)
+    normed = tr.rms_norm(_view(kv, (b, s, rkv)), "attn.kv_a_norm", param_dtype)
+    kv_up = tr.linear(normed, "attn.kv_b_proj", a * (dqk - dr + dv), param_dtype)
+    tables = (tr.new("rope.cos", (s, dr), "fp32"), tr.new("rope.sin", (s, dr), "fp32"))
+    _rope(tr, _view(q, (b, a, s, dr)), tables, "attn.q_rope")
+    k_rot = _rope(tr, _view(kv, (b, 1, s, dr)), tables, "attn.k_rope")
+    q = tr.new("attn.q_cat", (b, a, s, dqk), q.dtype)  # cat keeps nothing for backward
+    k = tr.new("attn.k_cat", (b, a, s, dqk), k_rot.dtype)
+    return q, k, _view(kv_up, (b, a, s, dv))
 
 
 def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: str, kept: _Sym | None = None,

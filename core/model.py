@@ -20,8 +20,7 @@ and on part of each head (``positions``, ``rotary_fraction``: GPT-NeoX), and
 attention and MLP side by side on the block's input (``parallel_residual``:
 GPT-NeoX, GPT-J), a mixture of experts in place of a llama block's MLP
 (``n_experts`` and the fields after it: Mixtral, Qwen-MoE, DeepSeek-V3) and
-multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3,
-counted only).
+multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3).
 """
 
 from __future__ import annotations

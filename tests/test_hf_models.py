@@ -100,17 +100,22 @@ def test_deepseek_v3_counts_its_published_671b_and_37b_activated():
         True, "sigmoid", 3, 192, 128)
 
 
-def test_latent_attention_is_counted_but_refused_for_planning_by_name():
+def test_deepseek_v3_is_estimated_on_data_parallelism_and_refuses_tensor_parallelism_by_name():
     from core.config import TrainConfig
     from core.estimate import estimate
+    from core.layout import Layout
 
     spec = resolve_model(str(HF / "deepseek-v3.json"))
+    sharded = estimate(spec, TrainConfig(seq_len=4096, layout=Layout(dp=256, zero=3)))
+    # FSDP2 gives the first of 256 ranks a row-chunk of every parameter: a 256th of the fp32 weights, and a
+    # little more where a matrix's rows do not divide (kv_a's 576: 3 rows of each of 7,168).
+    even = 4 * 671_026_404_352 // 256
+    assert even < sharded.static.parameters < 1.001 * even
     with pytest.raises(ConfigError) as caught:
-        estimate(spec, TrainConfig(seq_len=4096))
+        estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=8, sp=True)))
     assert str(caught.value) == (
-        "deepseek-ai/DeepSeek-V3: multi-head latent attention (DeepSeek-V2/V3; 671,026,404,352 parameters, "
-        "37,552,282,624 active per token) is counted but cannot be estimated or planned yet: its attention's FLOPs "
-        "and saved tensors, and its sigmoid router's, are not modelled")
+        "deepseek-ai/DeepSeek-V3: latent attention is planned on data and context parallelism with sharding; tp 8 "
+        "and pp 1 are not modelled for it yet: use tp 1 and pp 1")
 
 
 def test_mixture_presets_are_their_published_configs():
