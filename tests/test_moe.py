@@ -27,7 +27,7 @@ from core.planner import PlanRequest, plan  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
 from core.timing import datasheet_profile  # noqa: E402
-from tests.probing import build, probe_config, run_forward  # noqa: E402
+from tests.probing import assert_same_training, build, probe_config  # noqa: E402
 
 TINY = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, n_experts=4, experts_per_token=2,
                            expert_ffn_hidden=48)
@@ -123,18 +123,8 @@ def test_later_blocks_repeat_a_routed_block_not_a_dense_one(policy):
 
 def test_recomputed_routing_gives_the_loss_and_gradients_of_none():
     """A checkpointed block routes its tokens again in backward; the same experts must be chosen."""
-    spec = VARIANTS["deepseek-like"]
-    results = []
-    for policy in ("none", "full"):
-        config = TrainConfig(seq_len=24, micro_batch=2, recompute=parse_policy(policy))
-        model, tokens, targets = build(spec, config)
-        loss = run_forward(model, tokens, targets, config.precision)
-        loss.backward()
-        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}))
-    (loss_none, grads_none), (loss_full, grads_full) = results
-    torch.testing.assert_close(loss_full, loss_none, rtol=1e-6, atol=0)
-    for name, grad in grads_full.items():
-        torch.testing.assert_close(grad, grads_none[name], rtol=1e-5, atol=1e-5, msg=name)
+    base = TrainConfig(seq_len=24, micro_batch=2)
+    assert_same_training(VARIANTS["deepseek-like"], base, dataclasses.replace(base, recompute=parse_policy("full")))
 
 
 def test_mixtral_flops_per_token_are_twice_its_published_active_matmul_weights_plus_attention():

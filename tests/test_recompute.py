@@ -11,7 +11,7 @@ from core.config import TrainConfig  # noqa: E402
 from core.flops import step_flops  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
-from tests.probing import build, run_forward  # noqa: E402
+from tests.probing import assert_same_training, build  # noqa: E402
 
 POLICIES = ("full", "every-2", "selective", "op-selective", "offload")
 SPECS = {
@@ -22,31 +22,15 @@ SPECS = {
 }
 
 
-def _loss_and_grads(spec, config):
-    model, tokens, targets = build(spec, config)
-    torch.manual_seed(1234)  # same dropout masks for every policy
-    loss = run_forward(model, tokens, targets, config.precision)
-    loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters()}
-
-
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize(("block", "attention", "dropout"), [
     ("gpt", "standard", 0.1), ("gpt", "flash", 0.1), ("gpt", "flash", 0.0), ("llama", "standard", 0.0), ("llama", "flash", 0.0),
 ])
 def test_every_policy_gives_the_loss_and_gradients_of_none(policy, block, attention, dropout):
-    """fp32 on CPU; recompute replays the same kernels with the same RNG state.
-
-    Tolerance: 1e-6 relative on the loss, 1e-5 (absolute and relative) on each
-    gradient element, room for a different reduction order and nothing more.
-    """
+    """fp32 on CPU; recompute replays the same kernels with the same RNG state (tests.probing)."""
     spec = SPECS[block]
     base = TrainConfig(seq_len=24, micro_batch=2, attention=attention, dropout=dropout)
-    loss_none, grads_none = _loss_and_grads(spec, base)
-    loss, grads = _loss_and_grads(spec, dataclasses.replace(base, recompute=parse_policy(policy)))
-    torch.testing.assert_close(loss, loss_none, rtol=1e-6, atol=0)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, grads_none[name], rtol=1e-5, atol=1e-5, msg=name)
+    assert_same_training(spec, base, dataclasses.replace(base, recompute=parse_policy(policy)))
 
 
 @pytest.mark.parametrize("policy", ["none", "full", "every-2", "selective", "op-selective"])

@@ -24,7 +24,7 @@ from core.planner import PlanRequest, policies_worth_trying  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
 from core.timing import datasheet_profile  # noqa: E402
-from tests.probing import build, probe_config, run_forward  # noqa: E402
+from tests.probing import assert_same_training, build, probe_config  # noqa: E402
 
 LLAMA = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4)
 SPECS = {
@@ -116,18 +116,9 @@ def test_the_stack_offers_only_its_own_policies():
 
 @pytest.mark.parametrize("policy", ["full", "op-selective"])
 def test_torchtitans_policies_give_the_loss_and_gradients_of_none(policy):
-    spec = SPECS["llama"]
-    results = []
-    for stack, p in (("torch", "none"), ("torchtitan", policy)):
-        config = TrainConfig(seq_len=24, micro_batch=2, recompute=parse_policy(p), stack=stack)
-        model, tokens, targets = build(spec, config)
-        loss = run_forward(model, tokens, targets, config.precision)
-        loss.backward()
-        results.append((loss.detach(), {n: q.grad.clone() for n, q in model.named_parameters()}))
-    (loss_none, grads_none), (loss, grads) = results
-    torch.testing.assert_close(loss, loss_none, rtol=1e-6, atol=0)
-    for name, grad in grads.items():
-        torch.testing.assert_close(grad, grads_none[name], rtol=1e-5, atol=1e-5, msg=name)
+    base = TrainConfig(seq_len=24, micro_batch=2)
+    assert_same_training(SPECS["llama"], base,
+                         dataclasses.replace(base, recompute=parse_policy(policy), stack="torchtitan"))
 
 
 def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path):
