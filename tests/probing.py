@@ -6,7 +6,17 @@ from agent.bench_train import forward_loss
 from agent.ledger_check import build, probe_config
 
 run_forward = forward_loss
-__all__ = ["assert_same_training", "build", "probe_config", "run_forward"]
+__all__ = ["assert_decoder_is_the_spec", "assert_same_training", "build", "probe_config", "run_forward"]
+
+
+def assert_decoder_is_the_spec(spec):
+    """The agent's decoder holds exactly the spec's parameters: its shapes in order, and its count. Returns it."""
+    from agent.model import Decoder
+
+    model = Decoder(spec)
+    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
+    assert sum(p.numel() for p in model.parameters()) == spec.parameters
+    return model
 
 
 def _loss_and_grads(spec, config):

@@ -13,14 +13,13 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from agent.model import Decoder  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.flops import step_flops  # noqa: E402
 from core.ledger import activation_ledger  # noqa: E402
 from core.presets import get_preset, resolve_model  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
-from tests.probing import build, probe_config  # noqa: E402
+from tests.probing import assert_decoder_is_the_spec, build, probe_config  # noqa: E402
 
 MLA = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, n_kv_heads=4, head_size=24, kv_lora_rank=20,
                           rope_head_size=8, v_head_size=12)
@@ -36,10 +35,7 @@ POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
 
 @pytest.mark.parametrize("name", VARIANTS)
 def test_the_decoders_parameters_are_the_specs(name):
-    spec = VARIANTS[name]
-    model = Decoder(spec)
-    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
-    assert sum(p.numel() for p in model.parameters()) == spec.parameters
+    assert_decoder_is_the_spec(VARIANTS[name])
 
 
 @pytest.mark.parametrize(("name", "policy", "precision"),

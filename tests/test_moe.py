@@ -15,7 +15,6 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from agent.model import Decoder  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.errors import ConfigError  # noqa: E402
 from core.estimate import estimate  # noqa: E402
@@ -27,7 +26,7 @@ from core.planner import PlanRequest, plan  # noqa: E402
 from core.presets import get_preset  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
 from core.timing import datasheet_profile  # noqa: E402
-from tests.probing import assert_same_training, build, probe_config  # noqa: E402
+from tests.probing import assert_decoder_is_the_spec, assert_same_training, build, probe_config  # noqa: E402
 
 TINY = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, n_experts=4, experts_per_token=2,
                            expert_ffn_hidden=48)
@@ -44,9 +43,7 @@ PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
 @pytest.mark.parametrize("name", VARIANTS)
 def test_the_decoders_parameters_are_the_specs(name):
     spec = VARIANTS[name]
-    model = Decoder(spec)
-    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
-    assert sum(p.numel() for p in model.parameters()) == spec.parameters
+    model = assert_decoder_is_the_spec(spec)
     assert sum(isinstance(m, torch.nn.Linear) and "experts" in n for n, m in model.named_modules()) == (
         3 * spec.n_experts * spec.moe_layers)
 

@@ -17,6 +17,7 @@ from core.flops import step_flops  # noqa: E402
 from core.model import ModelSpec  # noqa: E402
 from core.presets import PRESETS, get_preset  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
+from tests.probing import assert_decoder_is_the_spec  # noqa: E402
 
 BENCH = [name for name in PRESETS if name.startswith("bench-")]
 QWEN_LIKE = ModelSpec(
@@ -38,9 +39,7 @@ NEOX_LIKE = ModelSpec(
 
 @pytest.mark.parametrize("spec", [*(get_preset(n) for n in BENCH), QWEN_LIKE, GEMMA3_LIKE, NEOX_LIKE], ids=lambda s: s.name)
 def test_parameter_count_equals_numel(spec):
-    model = Decoder(spec)
-    assert sum(p.numel() for p in model.parameters()) == spec.parameters
-    assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()
+    assert_decoder_is_the_spec(spec)
 
 
 @pytest.mark.parametrize("spec", [get_preset("bench-gpt-tiny"), get_preset("bench-llama-tiny"), GEMMA3_LIKE, NEOX_LIKE],
