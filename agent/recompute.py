@@ -21,7 +21,7 @@ same.
 Under the ``torchtitan`` stack (core.stack) ``full`` and ``op-selective`` are
 torchtitan's own (torchtitan 0.3, ``torchtitan/distributed/activation_checkpoint.py``):
 ``FullAC`` checkpoints each block with ``early_stop=False``; ``SelectiveAC``
-saves the outputs of ``TORCHTITAN_SAVED`` ops except every second ``aten.mm``
+saves the outputs of ``torchtitan_saved()`` ops except every second ``aten.mm``
 (or ``aten.linear``) of a block, counted afresh for each block's forward and
 again for its recompute.
 """
@@ -58,11 +58,13 @@ SAVED_BY_OP_SELECTIVE = frozenset(
 
 
 
-def _torchtitan_saved() -> frozenset:
+@functools.cache
+def torchtitan_saved() -> frozenset:
     """torchtitan's ``_get_default_save_ops``: torch's compute-intensive ops (mm, addmm, bmm, the CUDA attention
     kernels, ...), SDPA's math, cuDNN and overrideable kernels, max, linear, topk, flex attention, and the
     reduce-scatter and all-to-all collectives, and inductor's compiled code where torch has it (its other
-    optional ops belong to libraries the agent does not use)."""
+    optional ops belong to libraries the agent does not use). Built on first use: torch's partitioner module
+    imports dynamo and inductor, two seconds of every agent process's start-up otherwise."""
     from torch._functorch.partitioners import get_default_op_list
 
     ops = {op.default for op in get_default_op_list().compute_intensive_ops}
@@ -75,7 +77,6 @@ def _torchtitan_saved() -> frozenset:
     return frozenset(ops | ({compiled} if compiled is not None else set()))
 
 
-TORCHTITAN_SAVED = _torchtitan_saved()
 TORCHTITAN_MM = (aten.mm.default, aten.linear.default)
 
 
@@ -91,12 +92,13 @@ def torchtitan_context():
     """torchtitan's SelectiveAC policy for one block: a fresh count of its matmuls, kept apart for the forward
     and the recompute."""
     count = {"forward": 0, "recompute": 0}
+    saved = torchtitan_saved()
 
     def policy(ctx, op, *args, **kwargs) -> CheckpointPolicy:
         mode = "recompute" if ctx.is_recompute else "forward"
         if op in TORCHTITAN_MM:
             count[mode] += 1
-        if op in TORCHTITAN_SAVED and not (op in TORCHTITAN_MM and count[mode] % 2 == 0):
+        if op in saved and not (op in TORCHTITAN_MM and count[mode] % 2 == 0):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 
