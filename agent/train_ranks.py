@@ -70,6 +70,9 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
     if layout.cp > 1:
         raise ConfigError(f"the agent trains tensor, pipeline and data parallelism; cp {layout.cp} is planned by "
                           "the core but not measured: use cp 1")
+    if layout.ep > 1:
+        raise ConfigError(f"the agent trains tensor, pipeline and data parallelism; ep {layout.ep} is planned by "
+                          "the core but not measured: use ep 1")
     if layout.pp > 1:
         from agent.pipeline_stages import check_pipeline
 

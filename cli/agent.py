@@ -53,7 +53,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp/--pp) "
         "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
         "parallelism, a pipeline alone under --schedule 1f1b or gpipe with --accumulation micro-batches) and every "
-        "rank is recorded; --cp, --zero 2 and the interleaved schedule are planned by the core but not measured "
+        "rank is recorded; --cp, --ep, --zero 2 and the interleaved schedule are planned by the core but not measured "
         "here, and refused. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",

@@ -27,8 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="recommend micro-batch, accumulation and checkpointing for a memory budget",
         description="For a model, a global batch and a per-GPU memory budget, rank every micro-batch x "
         "checkpoint policy by predicted tokens/s, explain the winner and every rejection. With --gpus N, search "
-        "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs; --tp/--pp/--cp/--dp/"
-        "--zero/--sp pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
+        "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs (and expert "
+        "parallelism for a mixture of experts); --tp/--pp/--cp/--dp/--zero/--sp/--ep pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
     )
     p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, or a model directory holding one")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free")
@@ -74,7 +74,10 @@ NOTHING_FITS = 3
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
-    layout = layout_from_args(args, **SINGLE_GPU)
+    defaults = dict(SINGLE_GPU)
+    if args.gpus is not None and args.ep is not None:  # dp is the search's; until then it holds the pinned ep
+        defaults["dp"] = args.ep
+    layout = layout_from_args(args, **defaults)
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
         spec=resolve_model(args.model), train=train_config(args, layout=layout), global_batch=global_batch(args),

@@ -62,6 +62,9 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
     p.add_argument("--sp", default=None if free else "off", choices=("on", "off"),
                    help="sequence parallelism between tensor-parallel ranks, needs tp > 1 (default "
                    + ("chosen by the planner" if free else "off") + ")")
+    p.add_argument("--ep", type=int, default=None if free else 1,
+                   help="expert-parallel ranks of a mixture of experts, taken from the dp x cp ranks: each holds "
+                   "1/ep of the routed experts (default " + ("chosen by the planner" if free else "1") + ")")
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
@@ -69,7 +72,8 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
 
 def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
-    names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages"}
+    names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
+             "ep": "ep"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")

@@ -16,8 +16,12 @@ by an efficiency for protocol overhead. NVLink SHARP (NVLS) all-reduce, which
 reduces inside the switch and beats the ring bound, is not modelled.
 
 Placement. Ranks are numbered tp fastest, then cp, then dp, then pp
-(Megatron's default order tp-cp-dp-pp, without experts). A group along one axis
-is ``size`` ranks ``stride`` apart, stride = product of the axes inside it. All
+(Megatron's default order tp-cp-dp-pp). A group along one axis is ``size`` ranks
+``stride`` apart, stride = product of the axes inside it. Expert parallelism
+borrows ranks from dp x cp: an ``ep`` group is ep neighbouring ranks of the
+dp x cp block (stride tp), and the ``edp`` group that shares its experts'
+weights takes every ep-th rank of that block (torchtitan's sparse mesh,
+``efsdp`` x ``ep`` with ``ep`` innermost). All
 such groups stay inside a node when stride x size divides ``gpus_per_node``;
 otherwise some group straddles nodes, the step waits for it, and it runs at the
 slower of the node's link and the per-GPU NIC.
@@ -35,14 +39,15 @@ from core.config import TrainConfig
 from core.errors import ConfigError
 from core.interconnect import Cluster, Link
 from core.layout import Layout
-from core.memory import rank_parameters
+from core.memory import rank_expert_parameters, rank_parameters
 from core.model import ModelSpec
 from core.pipeline import rank_kinds
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
-GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp")
-"""Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones."""
+GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp", "ep", "edp")
+"""Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones;
+``ep`` the ranks that split the experts, ``edp`` the ranks that hold the same experts (dp x cp / ep)."""
 
 MEASURED = "measured"
 """A term's ``link_key`` when its time comes from the box's measured collectives (Cluster.measured)."""
@@ -93,6 +98,10 @@ def _group(axis: str, layout: Layout) -> tuple[int, int]:
         raise ConfigError(f"unknown parallel axis {axis!r}; valid: {', '.join(GROUPS)}")
     if axis == "dp-cp":
         return layout.tp, layout.cp * layout.dp
+    if axis == "ep":
+        return layout.tp, layout.ep
+    if axis == "edp":
+        return layout.tp * layout.ep, layout.expert_data_parallel
     stride = 1
     for inner in RANK_ORDER[: RANK_ORDER.index(axis)]:
         stride *= getattr(layout, inner)
@@ -129,7 +138,8 @@ class CommTerm:
     """One kind of collective a rank runs during one optimizer step."""
 
     axis: str
-    """Parallel axis: ``tp``, ``cp``, ``pp`` or ``dp`` (the dp x cp gradient group)."""
+    """Parallel axis: ``tp``, ``cp``, ``pp``, ``ep`` or ``dp`` (the gradient groups: dp x cp, and for the
+    experts' weights under expert parallelism dp x cp / ep)."""
     op: str
     """Collective: one of OPS."""
     message_bytes: int
@@ -185,7 +195,19 @@ def step_communication(
       reduce-scatter of P x grad_bytes (the sharded gradient's dtype: fp32 under
       amp-bf16, torchtitan's default reduce dtype; FSDP2 with reduce_dtype=None
       would reduce in bf16). Overlapped. Not counted: the tied-embedding gradient
-      all-reduce between first and last pipeline stage.
+      all-reduce between first and last pipeline stage. Under expert parallelism the
+      rank's routed experts (core.memory.rank_expert_parameters) take the same
+      collectives over the dp x cp / ep ranks holding the same experts, the rest
+      over dp x cp.
+    - ep: per mixture-of-experts layer and micro-batch an all-to-all dispatches each
+      token's k copies to its experts' ranks and one combines their outputs, forward
+      (again under block recompute) and backward: 2 (f + 1) all-to-alls of
+      S = b s k h e, the rank's routed rows (with balanced routing it receives as many as
+      it sends; nccl-tests' all-to-all S is the whole send buffer, (ep-1)/ep of it
+      leaves the rank). torchtitan's and Megatron's all-to-all token dispatchers
+      (``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
+      ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
+      Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
     """
     m = _count("accumulation-steps", accumulation_steps)
     layout, recipe = config.layout, config.recipe
@@ -195,8 +217,9 @@ def step_communication(
     forwards = 2 if config.recompute.recomputes_blocks else 1
     terms: list[CommTerm] = []
 
-    def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str) -> None:
-        group = "dp-cp" if axis == "dp" else axis
+    def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str,
+            group: str | None = None) -> None:
+        group = group or ("dp-cp" if axis == "dp" else axis)
         link = group_link(group, layout, cluster)
         measured = None
         if cluster.measured is not None and not crosses_nodes(group, layout, cluster):
@@ -227,23 +250,36 @@ def step_communication(
         activation = _ceil(b * s * h * e, layout.tp if layout.sp else 1)
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
             "activation forward and gradient backward per micro-batch and virtual stage")
-    ranks = layout.dp * layout.cp
-    if ranks > 1:
-        p = largest_rank_parameters(spec, layout)
-        grads, params = p * recipe.grad_bytes, p * recipe.param_bytes
-        group = f"over dp x cp = {ranks} ranks"
-        if layout.zero == 0:
-            add("dp", "all_reduce", grads, 1, ranks, True, f"gradients once per step {group}")
-        elif layout.zero in (1, 2):
-            rs_calls = 1 if layout.zero == 1 else m
-            add("dp", "reduce_scatter", grads, rs_calls, ranks, True,
-                f"gradients {'once per step' if rs_calls == 1 else 'every micro-batch'} {group}")
-            add("dp", "all_gather", params, 1, ranks, True, f"updated parameters once per step {group}")
-        else:
-            add("dp", "all_gather", p * e, 2 * m, ranks, True,
-                f"FSDP: parameters in the compute dtype, forward and backward, every micro-batch {group}")
-            add("dp", "reduce_scatter", grads, m, ranks, True, f"FSDP: gradients every micro-batch {group}")
+    if layout.ep > 1:
+        routed = b * s * spec.experts_per_token * h * e
+        again = " (+2 recomputed forward)" if forwards == 2 else ""
+        add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
+            f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")
+    experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
+    for p, ranks, group, what in (
+            (largest_rank_parameters(spec, layout) - experts, layout.dp * layout.cp, "dp-cp", "dp x cp"),
+            (experts, layout.expert_data_parallel, "edp", "dp x cp / ep")):
+        if p == 0 or ranks == 1:
+            continue
+        over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
+        for op, message, calls, note in _sharding_collectives(layout.zero, m, p * recipe.grad_bytes,
+                                                              p * recipe.param_bytes, p * e):
+            add("dp", op, message, calls, ranks, True, f"{note} {over}", group)
     return tuple(terms)
+
+
+def _sharding_collectives(zero: int, m: int, grads: int, params: int, gathered: int) -> list[tuple[str, int, int, str]]:
+    """(op, message bytes, calls, what) of one sharding group's collectives in a step of ``m`` micro-batches:
+    ``grads``/``params`` the group's gradient and parameter bytes, ``gathered`` its parameters in the compute
+    dtype (what FSDP gathers)."""
+    if zero == 0:
+        return [("all_reduce", grads, 1, "gradients once per step")]
+    if zero in (1, 2):
+        calls = 1 if zero == 1 else m
+        return [("reduce_scatter", grads, calls, f"gradients {'once per step' if calls == 1 else 'every micro-batch'}"),
+                ("all_gather", params, 1, "updated parameters once per step")]
+    return [("all_gather", gathered, 2 * m, "FSDP: parameters in the compute dtype, forward and backward, every micro-batch"),
+            ("reduce_scatter", grads, m, "FSDP: gradients every micro-batch")]
 
 
 def total_seconds(terms: Iterable[CommTerm]) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
+from core.divisors import divisors_near
 from core.errors import ConfigError
 from core.layout import SINGLE, Layout
 from core.model import SIZE_LIMITS, ModelSpec
@@ -104,8 +105,14 @@ class TrainConfig:
         if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
                 f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "
-                f"planned on data and context parallelism with sharding; tp {self.layout.tp} and pp "
-                f"{self.layout.pp} (and expert parallelism) are not modelled for it yet: use tp 1 and pp 1")
+                f"planned on data, context and expert parallelism with sharding; tp {self.layout.tp} and pp "
+                f"{self.layout.pp} are not modelled for it yet: use tp 1 and pp 1")
+        if self.layout.ep > 1 and not spec.is_moe:
+            raise ConfigError(f"{spec.name}: ep {self.layout.ep} splits a mixture of experts' routed experts over "
+                              "ranks, and this model has none: use ep 1")
+        if self.layout.ep > 1 and spec.n_experts % self.layout.ep:
+            raise ConfigError(f"{spec.name}: its {spec.n_experts} routed experts do not split over ep "
+                              f"{self.layout.ep}; use --ep among {divisors_near(spec.n_experts, self.layout.ep)}")
         self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
                                 n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
         if spec.block == "llama" and self.dropout > 0:

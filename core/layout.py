@@ -15,6 +15,14 @@ Five parallel axes and a sharding stage, multiplied out as
   holds ``seq_len / cp`` tokens and passes K/V around the ring.
 - ``dp`` data parallelism, with ``zero`` the sharding stage over those ranks:
   0 none (DDP), 1 optimizer state, 2 + gradients, 3 + parameters (FSDP).
+- ``ep`` expert parallelism (a mixture of experts): the routed experts split
+  over ``ep`` of the dp x cp ranks, which hold the same other weights and
+  send each token to its experts' ranks by all-to-all. It borrows ranks
+  rather than adding any (torchtitan's ``expert_parallel_degree``, Megatron's
+  ``--expert-model-parallel-size``), so it must divide dp x cp; the experts'
+  weights are then sharded and their gradients reduced over the other
+  dp x cp / ep ranks (torchtitan's ``efsdp`` mesh, Megatron's expert
+  data-parallel group).
 
 `Layout.check` names the first size that does not divide, and what would.
 """
@@ -55,14 +63,20 @@ class Layout:
     """Data-parallel ranks."""
     zero: int = 0
     """Sharding stage over the data-parallel ranks: 0 none, 1 optimizer, 2 +gradients, 3 +parameters."""
+    ep: int = 1
+    """Expert-parallel ranks: a mixture of experts' routed experts split over ep of the dp x cp ranks."""
 
     def __post_init__(self) -> None:
-        for axis in (*AXES, "virtual_stages"):
+        for axis in (*AXES, "virtual_stages", "ep"):
             _positive(axis.replace("_", "-"), getattr(self, axis))
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero (sharding stage) must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.sp not in (True, False):
             raise ConfigError(f"sp (sequence parallelism) must be on or off, got {self.sp!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"ep {self.ep} does not divide dp x cp = {self.dp * self.cp}: expert-parallel ranks are "
+                              f"data- or context-parallel ranks that split the experts; use --ep among "
+                              f"{divisors_near(self.dp * self.cp, self.ep)}")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallelism splits work between tensor-parallel ranks: it needs tp > 1")
         if self.schedule not in SCHEDULES:
@@ -76,6 +90,11 @@ class Layout:
     def world(self) -> int:
         """GPUs the layout occupies: tp x pp x cp x dp."""
         return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks that hold the same experts, and shard and reduce their weights: dp x cp / ep."""
+        return self.dp * self.cp // self.ep
 
     @property
     def model_parallel(self) -> int:
@@ -95,6 +114,8 @@ class Layout:
         else:
             parts.append("pp 1")
         parts += [f"cp {self.cp}", f"dp {self.dp}", f"zero {self.zero}"]
+        if self.ep > 1:
+            parts.append(f"ep {self.ep}")
         return ", ".join(parts)
 
     def check_model(self, name: str, *, n_layers: int, n_heads: int, n_kv_heads: int, seq_len: int) -> None:

@@ -11,9 +11,11 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 - cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
 - dp is what is left; it must divide the global batch. The sharding stage is
   tried from 0 to 3 when there is more than one data-parallel rank.
-- a mixture of experts or latent attention is tried on data and context
-  parallelism only (tp 1, pp 1): their tensor, pipeline and expert
-  parallelism are not modelled yet.
+- a mixture of experts is tried on data, context and expert parallelism
+  (tp 1, pp 1), ep every divisor of dp x cp that divides its experts: ep
+  trades all-to-all traffic for experts' weights held on fewer ranks, so
+  neither end dominates. Latent attention is tried on data and context
+  parallelism. Their tensor and pipeline parallelism are not modelled yet.
 
 An axis the user pinned (``--tp 2``) takes only that value.
 """
@@ -94,9 +96,14 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     else:
         schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+    if "ep" in pinned:
+        eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
+    else:
+        eps = [e for e in divisors(dp * cp) if spec.n_experts % e == 0] if spec.is_moe else [1]
     split = (2 * cp if cp > 1 else 1) * (tp if sp else 1)
     if train.seq_len % split or (cp > 1 and train.attention != "flash"):
         return
     for schedule, v in schedules:
         for zero in zeros:
-            yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero)
+            for ep in eps:
+                yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep)

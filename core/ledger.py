@@ -491,7 +491,7 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
 
     m, kept = _column_input(tr, d, norm(x, "mlp_norm", param_dtype), "mlp_norm")
     if spec.is_moe_layer(tr.layer or 0):
-        down = _experts(tr, spec, d, m, param_dtype)
+        down = _experts(tr, spec, d, m, param_dtype, cfg.layout.ep)
     elif gpt:
         up = tr.linear(m, "mlp.up_proj", d.ffn, param_dtype, kept, bias=other_bias)
         tr.save(up)  # GELU saves its input
@@ -548,7 +548,7 @@ def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: s
     return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
 
 
-def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -> _Sym:
+def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str, ep: int = 1) -> _Sym:
     """A mixture-of-experts MLP, dropless (agent.model.Experts), over this rank's t tokens.
 
     Router: its input (cast per call under autocast) and logits, fp32 softmax probabilities, top-k
@@ -558,6 +558,11 @@ def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -
     tensors, its output and routing weight (their product keeps both) and the weighted output, which
     index_add keeps, in the residual stream's dtype. Every expert's weight is copied under autocast,
     chosen or not. Then the shared expert over every token, and the product with its sigmoid gate.
+
+    Under expert parallelism (``ep``) the rank's experts are its n_experts / ep, and they run on the
+    rows the all-to-all brings them: t x k on average, as many as the rank sends away, so the tensors
+    keep their sizes (balanced routing; a skewed router loads some ranks more) and only the weight
+    copies shrink.
     """
     t, h, k = d.b * d.rows, d.h, spec.experts_per_token
     routed = t * k
@@ -569,7 +574,7 @@ def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -
     tr.save(tr.new("moe.token_slots", (routed, 2), "int64"))
     # The gathered rows are not kept themselves: each linear keeps them, or under autocast its own cast.
     permuted = tr.new("moe.permuted_tokens", (routed, h), x.dtype)
-    out = _swiglu(tr, permuted, "moe.experts", spec.expert_ffn, h, param_dtype, stacked=spec.n_experts)
+    out = _swiglu(tr, permuted, "moe.experts", spec.expert_ffn, h, param_dtype, stacked=spec.n_experts // ep)
     weights = tr.new("moe.routing_weights", (routed, 1), "fp32")
     tr.save(out, weights)  # the product keeps both factors
     weighted = tr.cast(tr.new("moe.weighted", (routed, h), "fp32"), x.dtype, "moe.weighted_cast")
@@ -683,9 +688,11 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
 def _ledger_key(config: TrainConfig) -> TrainConfig:
     """The configuration with what one micro-batch's ledger ignores set to one value (a layout search
     shares one ledger among them): the data-parallel ranks, the pipeline schedule (the rank's layers
-    carry it), and the sharding stage except whether FSDP gathers 16-bit units."""
+    carry it), and the sharding stage except whether FSDP gathers 16-bit units. Expert parallelism
+    stays: it decides which experts' weights the rank copies (dp = ep keeps the layout valid)."""
     fsdp_mixed = config.zero == 3 and config.recipe.autocast
-    layout = replace(config.layout, dp=1, zero=3 if fsdp_mixed else 0, schedule="1f1b", virtual_stages=1)
+    layout = replace(config.layout, dp=config.layout.ep, zero=3 if fsdp_mixed else 0, schedule="1f1b",
+                     virtual_stages=1)
     return replace(config, layout=layout) if layout != config.layout else config
 
 

@@ -70,10 +70,26 @@ def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
     return spec.layer_parameters(moe) - replicated, replicated
 
 
-def _rank_block(spec: ModelSpec, tp: int, moe: bool) -> int:
-    """Parameters of one block on one tensor-parallel rank: its split part / tp and its replicated part."""
+def _rank_block(spec: ModelSpec, layout: Layout, moe: bool) -> int:
+    """Parameters of one block on one rank: its tensor-parallel part / tp, its replicated part, and of a
+    mixture of experts' routed experts the 1/ep on this expert-parallel rank."""
     split, replicated = _layer_split(spec, moe)
-    return -(-split // tp) + replicated
+    if moe:
+        split -= _experts_elsewhere(spec, layout)
+    return -(-split // layout.tp) + replicated
+
+
+def _experts_elsewhere(spec: ModelSpec, layout: Layout) -> int:
+    """Routed-expert parameters of one block that the other ep - 1 expert-parallel ranks hold."""
+    routed = spec.routed_expert_parameters()
+    return routed - routed // layout.ep
+
+
+def rank_expert_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
+    """The routed-expert parameters one rank holds (its 1/ep of each expert block's), which are sharded and
+    reduced over the dp x cp / ep ranks that hold the same experts rather than over all dp x cp."""
+    rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
+    return _rank_blocks(spec, rank).get(True, 0) * (spec.routed_expert_parameters() // layout.ep)
 
 
 def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
@@ -85,7 +101,7 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
     """
     rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
     t = layout.tp
-    total = sum(n * _rank_block(spec, t, moe) for moe, n in _rank_blocks(spec, rank).items())
+    total = sum(n * _rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items())
     words = -(-spec.vocab_size * spec.hidden // t)
     if rank.first:
         total += words + (spec.embedding_parameters() - spec.vocab_size * spec.hidden)
@@ -96,10 +112,11 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
 
 
 def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
-    """Weights of the matmuls one rank runs (autocast copies these): its blocks' projections / tp and
-    the head on the last stage."""
+    """Weights of the matmuls one rank runs (autocast copies these): its blocks' projections / tp (of the
+    routed experts its 1/ep) and the head on the last stage."""
     head = spec.vocab_size * spec.hidden if rank.last else 0
-    blocks = sum(n * spec.layer_matmul_weights(moe) for moe, n in _rank_blocks(spec, rank).items())
+    blocks = sum(n * (spec.layer_matmul_weights(moe) - (_experts_elsewhere(spec, layout) if moe else 0))
+                 for moe, n in _rank_blocks(spec, rank).items())
     return (blocks + head) // layout.tp
 
 
@@ -107,7 +124,7 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ..
     """Parameters of each unit FSDP gathers on one rank, in forward order: the embedding (first
     stage), each block, the final norm and head (last stage), as torchtitan wraps a Llama."""
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    units = [_rank_block(spec, layout.tp, moe) for moe, n in _rank_blocks(spec, rank).items() for _ in range(n)]
+    units = [_rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items() for _ in range(n)]
     if rank.first:
         units.insert(0, words + spec.embedding_parameters() - spec.vocab_size * spec.hidden)
     if rank.last:
@@ -138,11 +155,17 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     4-byte scalar per parameter tensor, which torch keeps on the host unless the optimizer is fused
     or capturable (torch/optim/adam.py, ``_init_group``): where it lives depends on the optimizer's
     implementation, which the configuration does not name.
+
+    With expert parallelism the rank's routed experts (its 1/ep of them) are sharded over the
+    dp x cp / ep ranks that hold the same experts, the rest over dp x cp, each a plain division.
     """
     layout = config.layout
-    if config.zero == 3 and layout.tp == 1 and layout.pp == 1:
+    if config.zero == 3 and layout.tp == 1 and layout.pp == 1 and layout.ep == 1:
         return _unsharded(fsdp_first_shard_parameters(spec, config.dp * layout.cp), config)
-    static = static_memory_of(rank_parameters(spec, layout, rank), config)
+    experts = rank_expert_parameters(spec, layout, rank) if layout.ep > 1 else 0
+    static = static_memory_of(rank_parameters(spec, layout, rank) - experts, config)
+    if experts:
+        static = _sum(static, static_memory_of(experts, config, ranks=layout.expert_data_parallel))
     if config.dp * layout.cp > 1 and config.zero == 0:
         return replace(static, gradient_buckets=static.gradients)
     return static
@@ -159,16 +182,23 @@ def _unsharded(parameters: int, config: TrainConfig) -> StaticMemory:
     )
 
 
-def static_memory_of(parameters: int, config: TrainConfig) -> StaticMemory:
+def _sum(a: StaticMemory, b: StaticMemory) -> StaticMemory:
+    return StaticMemory(a.parameters + b.parameters, a.gradients + b.gradients, a.master_weights + b.master_weights,
+                        a.optimizer_states + b.optimizer_states, a.gradient_buckets + b.gradient_buckets)
+
+
+def static_memory_of(parameters: int, config: TrainConfig, ranks: int | None = None) -> StaticMemory:
     """Static bytes per rank for a parameter count, sharded by ZeRO stage.
 
     Stage 1 shards optimizer state and the master copy over the data-parallel
     (times context-parallel) ranks, stage 2 also gradients, stage 3 (FSDP) also parameters (Rajbhandari
     et al., "ZeRO", 2020, Fig. 1): ceil(N x bytes / W), a flat split of the whole. FSDP2 splits each
-    parameter instead; ``static_memory`` counts its padding from the model's shapes.
+    parameter instead; ``static_memory`` counts its padding from the model's shapes. ``ranks``: the
+    ranks sharing these parameters, by default dp x cp.
     """
     # Context-parallel ranks hold the same weights as data-parallel ones: sharding spans both.
-    whole, ranks, stage = _unsharded(parameters, config), config.dp * config.layout.cp, config.zero
+    whole, stage = _unsharded(parameters, config), config.zero
+    ranks = config.dp * config.layout.cp if ranks is None else ranks
     return StaticMemory(
         parameters=_shard(whole.parameters, ranks, stage >= 3),
         gradients=_shard(whole.gradients, ranks, stage >= 2),

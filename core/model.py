@@ -301,9 +301,14 @@ class ModelSpec:
         """One mixture-of-experts MLP: the router (hidden x n_experts), every routed expert (or, ``active``,
         the experts_per_token a token uses), the shared expert and its gate. No biases."""
         h = self.hidden
-        routed = (self.experts_per_token if active else self.n_experts) * 3 * h * self.expert_ffn
+        routed = self.routed_expert_parameters(self.experts_per_token if active else self.n_experts)
         shared = 3 * h * self.shared_expert_ffn_hidden + (h if self.shared_expert_gate else 0)
         return h * self.n_experts + routed + shared
+
+    def routed_expert_parameters(self, experts: int | None = None) -> int:
+        """The gate, up and down projections of ``experts`` routed experts (default all) of one block:
+        what expert parallelism splits between ranks."""
+        return (self.n_experts if experts is None else experts) * 3 * self.hidden * self.expert_ffn
 
     def norm_parameters(self) -> int:
         """One norm: LayerNorm has weight and bias, RMSNorm only a weight."""

@@ -234,8 +234,7 @@ class LayoutOutcome:
             return "recommended"
         if self.best.tokens_per_s >= winner.tokens_per_s * (1 - NEAR):
             return (f"as fast within {NEAR:.0%} ({self.best.label}), but splits the model over "
-                    f"{_split(self.layout)} ranks at ZeRO-{self.layout.zero} against {_split(winner.layout)} "
-                    f"at ZeRO-{winner.layout.zero}")
+                    f"{_how_split(self.layout)} against {_how_split(winner.layout)}")
         mine, theirs = self.best.time_by_term(), winner.time_by_term()
         term = max(mine, key=lambda k: mine[k] - theirs[k])
         slower = winner.tokens_per_s / self.best.tokens_per_s - 1
@@ -372,10 +371,15 @@ def _split(layout: Layout) -> int:
     return layout.tp * layout.pp * layout.cp
 
 
-def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int], float, int]:
-    """Sort key: the near-fastest first, simplest layout first among them; then by speed and headroom."""
+def _how_split(layout: Layout) -> str:
+    return f"{_split(layout)} ranks at ZeRO-{layout.zero}" + (f", experts over ep {layout.ep}" if layout.ep > 1 else "")
+
+
+def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int, int], float, int]:
+    """Sort key: the near-fastest first, simplest layout first among them (fewest ranks splitting a replica,
+    lowest sharding stage, fewest expert-parallel ranks); then by speed and headroom."""
     near = c.tokens_per_s >= fastest * (1 - NEAR)
-    simplicity = (_split(c.layout), c.layout.zero) if near else (0, 0)
+    simplicity = (_split(c.layout), c.layout.zero, c.layout.ep) if near else (0, 0, 0)
     return (not near, simplicity, -c.tokens_per_s, c.required_bytes)
 
 

@@ -229,7 +229,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
         if n:
             layer = {k: f // split for k, f in layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len, moe).items()}
             attention_flops += n * (layer.pop("attn_scores") + layer.pop("attn_values"))
-            blocks_matmul_s += n * sum(_gemms_s(profile, dtype, name, f, spec.n_experts) for name, f in layer.items())
+            blocks_matmul_s += n * sum(_gemms_s(profile, dtype, name, f, spec.n_experts // layout.ep)
+                                        for name, f in layer.items())
     blocks_attention_s = attention_flops / profile.attention_flop_per_s
     blocks_elementwise_s = 2 * _plain_activation_bytes(spec, cfg, profile.device) / profile.hbm_bytes_per_s
     blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
@@ -272,7 +273,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
 
 def _gemms_s(profile: HardwareProfile, dtype: str, name: str, flops: float, experts: int) -> float:
     """Seconds of one block's matmul ``name``: one GEMM, or for the routed experts (``experts_*``) one per
-    expert, each over its share of the routed tokens (as many as the others, on average)."""
+    expert of this rank (``experts``: n_experts / ep), each over its share of the routed tokens (as many as
+    the others, on average): under expert parallelism fewer, larger GEMMs for the same FLOPs."""
     gemms = experts if name.startswith("experts_") else 1
     return flops / profile.matmul_flop_per_s(dtype, flops / gemms)
 

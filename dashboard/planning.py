@@ -93,6 +93,7 @@ class PlanInputs:
     cp: str = AUTO
     dp: str = AUTO
     zero: str = AUTO
+    ep: str = AUTO
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -193,6 +194,8 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values[axis] = text == "on" if axis == "sp" else text if axis == "schedule" else int(text)
     if search and values.get("sp") and "tp" not in values:
         raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
+    if search and "ep" in values and "dp" not in values:  # dp is the search's; until then it holds the pinned ep
+        values["dp"] = values["ep"]
     if values.get("schedule") == "interleaved":
         values.setdefault("virtual_stages", 2)
     elif values.get("virtual_stages", 1) > 1:

@@ -322,7 +322,7 @@ class TrainStepResult(TimedResult):
     world_size: Mapped[int] = mapped_column(default=1, server_default="1")
     """Ranks that trained the step together, one process each."""
     layout: Mapped[dict[str, Any] | None] = mapped_column(_JSON, default=None)
-    """core.layout.Layout as a dict (tp, sp, pp, schedule, virtual_stages, cp, dp, zero); None on one device."""
+    """core.layout.Layout as a dict (tp, sp, pp, schedule, virtual_stages, cp, dp, zero, ep); None on one device."""
     communication_median_s: Mapped[float | None] = mapped_column(default=None)
     """Median exposed communication within a step on this rank: the time it waited for collectives, seconds."""
     predicted_communication_s: Mapped[float | None] = mapped_column(default=None)

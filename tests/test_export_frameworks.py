@@ -151,6 +151,7 @@ def torchtitan_config():
 TORCHTITAN_CASES = {
     **{name: CASES[name] for name in ("zero3", "tp-sp-pp-zero1", "interleaved-every2-zero2")},
     "llama3-8b-tp-no-sp-full": candidate(Layout(tp=2, dp=4, zero=3), "full", spec=LLAMA3),
+    "mixtral-ep4-full": candidate(Layout(dp=16, zero=3, ep=4), "full", spec=get_preset("mixtral-8x7b")),
 }
 
 
@@ -161,8 +162,8 @@ def test_torchtitan_command_loads(case, torchtitan_config):
     config = torchtitan_config(exported.text)
     layout = best.config.layout
     p, t = config.parallelism, config.training
-    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree) == (
-        layout.tp, layout.pp, layout.cp)
+    assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.context_parallel_degree,
+            p.expert_parallel_degree) == (layout.tp, layout.pp, layout.cp, layout.ep)
     assert p.data_parallel_replicate_degree * p.data_parallel_shard_degree == layout.dp
     assert p.enable_sequence_parallel == (layout.sp or layout.tp == 1)
     assert t.global_batch_size == request.global_batch and t.seq_len == best.config.seq_len

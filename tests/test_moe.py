@@ -16,7 +16,6 @@ torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
 from core.config import TrainConfig  # noqa: E402
-from core.errors import ConfigError  # noqa: E402
 from core.estimate import estimate  # noqa: E402
 from core.flops import step_flops  # noqa: E402
 from core.hardware import get_hardware  # noqa: E402
@@ -147,12 +146,10 @@ def test_static_memory_counts_every_expert_and_fsdp_shards_them():
     assert sharded.static.parameters == 4 * 46_702_792_704 // 8
 
 
-def test_a_plan_searches_data_and_context_parallel_layouts_and_refuses_the_others_by_name():
+def test_a_plan_searches_layouts_without_tensor_or_pipeline_parallelism():
+    """Their refusal by name, and expert parallelism: tests/test_expert_parallel.py."""
     spec = get_preset("qwen3-30b-a3b")
     request = PlanRequest(spec=spec, global_batch=64, train=TrainConfig(seq_len=4096), gpus=16)
     result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
     searched = {(c.layout.tp, c.layout.pp) for c in result.layouts}
     assert searched == {(1, 1)} and result.recommendation is not None
-    with pytest.raises(ConfigError, match=r"qwen3-30b-a3b: a mixture of experts \(128 experts, 8 per token\) is "
-                                          r"planned on data and context parallelism with sharding; tp 2 and pp 1 "):
-        estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=2, sp=True)))

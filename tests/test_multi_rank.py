@@ -281,6 +281,7 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
 @pytest.mark.parametrize(("flags", "message"), [
     (("--nproc", "4", "--tp", "2"), "--nproc 4 but the layout has tp x dp x pp x cp = 2 ranks"),
     (("--cp", "2"), "cp 2 is planned by the core but not measured"),
+    (("--dp", "2", "--zero", "3", "--ep", "2"), "ep 2 is planned by the core but not measured"),
     (("--pp", "2", "--schedule", "interleaved"), "not interleaved: use --schedule 1f1b or gpipe"),
     (("--pp", "2", "--dp", "2"), "the agent runs a pipeline alone"),
     (("--pp", "2"), "--accumulation 1 is fewer than pp 2; use --accumulation 2 or more, or --schedule gpipe"),

@@ -64,6 +64,9 @@ def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
         notes.append(f"DeepSpeed's config cannot express pipeline parallelism (pp {layout.pp}, {layout.schedule}): "
                      "build the model as a deepspeed.pipe.PipelineModule in code, or DeepSpeed counts those ranks "
                      "as data-parallel")
+    if layout.ep > 1:
+        notes.append(f"DeepSpeed sets expert parallelism in the model code, not its config: build the experts as "
+                     f"deepspeed.moe.layer.MoE(..., ep_size={layout.ep})")
     if layout.cp > 1:
         notes.append(f"DeepSpeed cannot express context parallelism (cp {layout.cp}, ring attention): its sequence "
                      "parallelism is Ulysses, set up in model code")

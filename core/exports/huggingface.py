@@ -84,11 +84,12 @@ def _precision(run: Run, notes: list[str]) -> bool:
 
 def _layout(run: Run, notes: list[str]) -> None:
     layout = run.layout
-    axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp)) if size > 1]
+    axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp),
+                                                 ("ep", layout.ep)) if size > 1]
     if axes:
         notes.append(f"TrainingArguments cannot express {', '.join(axes)}: accelerate's ParallelismConfig "
                      "(parallelism_config=, accelerate >= 1.10.1) takes tp_size and cp_size with FSDP2, not "
-                     "written here; the HF Trainer has no pipeline parallelism")
+                     "written here; the HF Trainer has no pipeline parallelism or expert parallelism")
     if layout.zero == 1 and layout.dp > 1:
         notes.append("ZeRO-1 runs through DeepSpeed: write ds_config.json with headroom plan ... --export deepspeed; "
                      "it decides the precision")

@@ -86,9 +86,10 @@ def lightning(run: Run) -> Export:
     strategy, imports, in_strategy = _strategy(run, notes)
     _checkpointing(run, in_strategy, notes)
     precision = _precision(run, strategy.startswith("DeepSpeedStrategy"), notes)
-    if layout.pp > 1 or layout.cp > 1:
-        axes = ", ".join(f"{name} {size}" for name, size in (("pp", layout.pp), ("cp", layout.cp)) if size > 1)
-        notes.append(f"Lightning has no pipeline or context parallel strategy: {axes} cannot be expressed")
+    if layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
+        axes = ", ".join(f"{name} {size}" for name, size in (("pp", layout.pp), ("cp", layout.cp), ("ep", layout.ep))
+                         if size > 1)
+        notes.append(f"Lightning has no pipeline, context or expert parallel strategy: {axes} cannot be expressed")
     devices = max(d for d in divisors(layout.world) if d <= run.gpus_per_node)  # Lightning's devices are per node
     nodes = layout.world // devices
     lines = [

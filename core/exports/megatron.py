@@ -115,6 +115,8 @@ def megatron(run: Run) -> Export:
     elif layout.schedule == "gpipe" and layout.pp > 1:
         notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
                      "flight: less activation memory than planned, the same bubble")
+    if layout.ep > 1:  # expert-parallel ranks come out of the data-parallel ones (megatron/core/parallel_state.py)
+        args += ["--expert-model-parallel-size", str(layout.ep)]
     args += ["--context-parallel-size", str(layout.cp),
              "--micro-batch-size", str(run.micro_batch),
              "--global-batch-size", str(run.global_batch),

@@ -13,7 +13,8 @@ and comes last). Names checked against torchtitan 0.3.0's
   ``enable_sequence_parallel`` (on by default), ``pipeline_parallel_degree``,
   ``pipeline_parallel_schedule`` (``1F1B``, ``Interleaved1F1B``, ``GPipe``),
   ``pipeline_parallel_microbatch_size``, ``pipeline_parallel_layers_per_stage``,
-  ``context_parallel_degree``. FSDP spans ``dp_shard x cp`` ranks; replication
+  ``context_parallel_degree``, ``expert_parallel_degree`` (ranks borrowed from
+  ``dp_shard x cp``, experts sharded over the rest). FSDP spans ``dp_shard x cp`` ranks; replication
   without FSDP (DDP) runs only when data parallelism is the sole axis.
 - ``training``: ``local_batch_size`` (per data-parallel rank; under pipeline
   parallelism split into ``local_batch_size / pipeline_parallel_microbatch_size``
@@ -172,6 +173,8 @@ def torchtitan(run: Run) -> Export:
         f"--parallelism.pipeline_parallel_degree {layout.pp}",
         f"--parallelism.context_parallel_degree {layout.cp}",
     ]
+    if layout.ep > 1:  # borrowed from data_parallel_shard_degree x cp (its efsdp x ep sparse mesh)
+        parallelism.append(f"--parallelism.expert_parallel_degree {layout.ep}")
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     if layout.pp > 1:

@@ -96,8 +96,8 @@ with st.sidebar:
                f"{planning.build_layout(PlanInputs())} (sp on when tp > 1).")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
-                   "virtual_stages": "virtual stages"}
-    for row in (("tp", "pp", "cp"), ("dp", "zero", "sp"), ("schedule", "virtual_stages")):
+                   "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)"}
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "sp"), ("schedule", "virtual_stages", "ep")):
         for column, axis in zip(st.columns(3), row):
             with column:
                 if axis in AXIS_CHOICES:

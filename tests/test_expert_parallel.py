@@ -1,0 +1,236 @@
+"""Expert parallelism: the routed experts split over ep of the dp x cp ranks, tokens moved by all-to-all.
+
+Worked by hand on Mixtral 8x7B (32 blocks, h 4,096, 8 experts of ffn 14,336, top-2,
+46,702,792,704 parameters): one block's routed experts are 8 x 3 x 4,096 x 14,336 =
+1,409,286,144 parameters, 45,097,156,608 over the 32 blocks, and everything else is
+46,702,792,704 - 45,097,156,608 = 1,605,636,096.
+"""
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from core.comm import step_communication
+from core.config import TrainConfig
+from core.errors import ConfigError
+from core.estimate import estimate
+from core.flops import step_flops
+from core.hardware import get_hardware
+from core.interconnect import Cluster, Link
+from core.layout import Layout
+from core.layout_search import candidate_layouts
+from core.planner import PlanRequest, plan
+from core.precision import get_precision
+from core.presets import get_preset, resolve_model
+from core.recompute import RecomputePolicy
+from core.timing import datasheet_profile
+
+MIXTRAL = get_preset("mixtral-8x7b")
+BLOCK_EXPERTS = 8 * 3 * 4_096 * 14_336
+EXPERTS = 32 * BLOCK_EXPERTS
+REST = 46_702_792_704 - EXPERTS
+LINK = Link(key="ideal", name="450 GB/s, no latency", bytes_per_s=450e9, latency_s=0.0, source="test")
+NODE = Cluster(gpus_per_node=8, intra=LINK, inter=LINK)
+
+
+def mixtral(micro_batch: int = 1, recompute: str = "none", precision: str = "amp-bf16", **layout) -> TrainConfig:
+    return TrainConfig(seq_len=4096, micro_batch=micro_batch, precision=precision,
+                       recompute=RecomputePolicy(recompute), layout=Layout(**layout))
+
+
+def test_the_worked_numbers_are_mixtrals():
+    assert EXPERTS == 45_097_156_608 and REST == 1_605_636_096
+    assert MIXTRAL.parameters == 46_702_792_704
+
+
+# ---- what a layout may say ---------------------------------------------------------------------------------
+
+
+def test_ep_borrows_data_and_context_parallel_ranks():
+    assert Layout(dp=4, cp=2, ep=8).world == 8  # ep adds no ranks
+    assert Layout(dp=8, ep=2).expert_data_parallel == 4
+    assert str(Layout(dp=8, zero=3, ep=4)) == "tp 1, pp 1, cp 1, dp 8, zero 3, ep 4"
+    assert str(Layout(dp=8, zero=3)) == "tp 1, pp 1, cp 1, dp 8, zero 3"
+    with pytest.raises(ConfigError, match=r"^ep 8 does not divide dp x cp = 4: expert-parallel ranks are data- or "
+                                          r"context-parallel ranks that split the experts; use --ep among 1, 2, 4$"):
+        Layout(dp=4, ep=8)
+    with pytest.raises(ConfigError, match=r"^ep must be a positive integer, got 0$"):
+        Layout(ep=0)
+
+
+def test_ep_is_refused_for_a_dense_model_and_for_experts_it_does_not_divide():
+    with pytest.raises(ConfigError, match=r"^llama3-8b: ep 2 splits a mixture of experts' routed experts over ranks, "
+                                          r"and this model has none: use ep 1$"):
+        estimate(get_preset("llama3-8b"), TrainConfig(seq_len=4096, layout=Layout(dp=2, ep=2)))
+    with pytest.raises(ConfigError, match=r"^mixtral-8x7b: its 8 routed experts do not split over ep 3; "
+                                          r"use --ep among 1, 2, 4, 8$"):
+        estimate(MIXTRAL, mixtral(dp=3, ep=3))
+
+
+# ---- memory ------------------------------------------------------------------------------------------------
+
+
+def test_each_rank_holds_its_share_of_the_experts_and_all_of_the_rest():
+    amp = get_precision("amp-bf16")
+    replicated = estimate(MIXTRAL, mixtral(dp=8, zero=1)).static
+    split = estimate(MIXTRAL, mixtral(dp=8, zero=1, ep=8)).static
+    assert replicated.parameters == (REST + EXPERTS) * amp.param_bytes
+    assert split.parameters == (REST + EXPERTS // 8) * amp.param_bytes
+    assert split.gradients == (REST + EXPERTS // 8) * amp.grad_bytes
+    # ZeRO-1 shards the rest's optimizer state over all 8 ranks; each expert is on one rank only (ep = dp).
+    assert split.optimizer_states == (REST // 8 + EXPERTS // 8) * 8
+
+
+def test_experts_are_sharded_over_the_ranks_that_hold_the_same_experts():
+    """ep 2 of dp 8: each rank's half of the experts is sharded over the 4 ranks that hold that half."""
+    sharded = estimate(MIXTRAL, mixtral(dp=8, zero=2, ep=2)).static
+    amp = get_precision("amp-bf16")
+    assert sharded.parameters == (REST + EXPERTS // 2) * amp.param_bytes
+    assert sharded.gradients == (REST // 8 + EXPERTS // 2 // 4) * amp.grad_bytes
+    assert sharded.optimizer_states == (REST // 8 + EXPERTS // 2 // 4) * 8
+
+
+def test_fsdp_gathers_only_the_ranks_own_experts():
+    """Under ZeRO-3 a Mixtral block unit is attention 4,096 x (4,096 + 2 x 1,024) + 4,096 x 4,096, two norms,
+    the router (8 x 4,096) and the rank's experts: gathered in bf16, two units at a time in forward."""
+    block = 4_096 * 6_144 + 4_096 * 4_096 + 2 * 4_096 + 8 * 4_096
+    for ep in (1, 8):
+        unit = block + BLOCK_EXPERTS // ep
+        assert estimate(MIXTRAL, mixtral(dp=8, zero=3, ep=ep)).gathered_parameter_bytes[0] == 2 * 2 * unit
+
+
+def test_activations_and_flops_do_not_change_with_ep():
+    """With balanced routing a rank receives as many routed rows as it sends: the same tensors, the same FLOPs."""
+    plain, split = (estimate(MIXTRAL, mixtral(dp=8, zero=1, ep=ep)) for ep in (1, 8))
+    assert step_flops(MIXTRAL, plain.config) == step_flops(MIXTRAL, split.config)
+    assert plain.ledger.saved_bytes == split.ledger.saved_bytes
+    # Autocast's bf16 copies of the weights backward needs: only the rank's own experts'.
+    assert plain.ledger.parameter_copy_bytes - split.ledger.parameter_copy_bytes == 32 * 2 * (BLOCK_EXPERTS * 7 // 8)
+
+
+# ---- communication -----------------------------------------------------------------------------------------
+
+
+def terms(config: TrainConfig, m: int = 1) -> dict[tuple[str, str], list]:
+    out: dict[tuple[str, str], list] = {}
+    for term in step_communication(MIXTRAL, config, m, NODE, efficiency=1.0):
+        out.setdefault((term.axis, term.op), []).append(term)
+    return out
+
+
+def test_tokens_go_to_their_experts_and_back_by_all_to_all():
+    """Per expert block and micro-batch: dispatch and combine forward, their gradients backward; each moves
+    the rank's b x s x k routed rows of h bf16 values: 1 x 4,096 x 2 x 4,096 x 2 = 64 MiB."""
+    (a2a,) = terms(mixtral(dp=8, zero=3, ep=8), m=2)[("ep", "all_to_all")]
+    assert (a2a.message_bytes, a2a.calls, a2a.group_size) == (64 * 2**20, 2 * 32 * 4, 8)
+    assert a2a.seconds == pytest.approx(a2a.calls * 64 * 2**20 * 7 / 8 / 450e9)
+    assert not a2a.overlappable and a2a.link_key == "ideal"
+    (again,) = terms(mixtral(dp=8, zero=3, ep=8, recompute="full"))[("ep", "all_to_all")]
+    assert again.calls == 32 * 6  # block recompute runs dispatch and combine again
+    assert ("ep", "all_to_all") not in terms(mixtral(dp=8, zero=3))
+
+
+def test_expert_weights_are_reduced_over_the_ranks_that_hold_them():
+    """dp 8, ep 2, ZeRO-1: the rest's gradients reduce-scatter over 8 ranks, the rank's half of the experts'
+    over the 4 ranks that hold the same half; each then all-gathers its updated parameters."""
+    found = terms(mixtral(dp=8, zero=1, ep=2))
+    rest, experts = found[("dp", "reduce_scatter")]
+    assert (rest.message_bytes, rest.group_size) == (REST * 4, 8)
+    assert (experts.message_bytes, experts.group_size) == (EXPERTS // 2 * 4, 4)
+    assert "(the experts' weights)" in experts.note and "dp x cp / ep = 4" in experts.note
+    # ep = dp: no two ranks hold the same experts, so their gradients need no reduction at all.
+    (only,) = terms(mixtral(dp=8, zero=1, ep=8))[("dp", "reduce_scatter")]
+    assert (only.message_bytes, only.group_size) == (REST * 4, 8)
+
+
+def test_an_ep_group_that_leaves_the_node_runs_at_the_nic():
+    slow = Link(key="nic", name="50 GB/s", bytes_per_s=50e9, latency_s=0.0, source="test")
+    two_per_node = Cluster(gpus_per_node=2, intra=LINK, inter=slow)
+    inside = step_communication(MIXTRAL, mixtral(dp=8, zero=3, ep=2), 1, two_per_node)
+    across = step_communication(MIXTRAL, mixtral(dp=8, zero=3, ep=4), 1, two_per_node)
+    assert {t.link_key for t in inside if t.axis == "ep"} == {"ideal"}
+    assert {t.link_key for t in across if t.axis == "ep"} == {"nic"}
+
+
+# ---- the search --------------------------------------------------------------------------------------------
+
+
+def test_the_search_tries_every_ep_that_divides_the_experts():
+    request = TrainConfig(seq_len=4096)
+    layouts = candidate_layouts(MIXTRAL, request, 64, 16, 8, frozenset())
+    assert {layout.ep for layout in layouts} == {1, 2, 4, 8}  # 16 divides dp x cp, 8 experts do not split 16 ways
+    assert {layout.ep for layout in candidate_layouts(MIXTRAL, request, 64, 2, 8, frozenset())} == {1, 2}
+    pinned = candidate_layouts(MIXTRAL, TrainConfig(seq_len=4096, layout=Layout(dp=4, ep=4)), 64, 16, 8,
+                               frozenset({"ep"}))
+    assert {layout.ep for layout in pinned} == {4}
+    dense = candidate_layouts(get_preset("llama3-8b"), request, 64, 16, 8, frozenset())
+    assert {layout.ep for layout in dense} == {1}
+
+
+def test_a_mixtral_plan_on_16_gpus_weighs_ep():
+    request = PlanRequest(spec=MIXTRAL, global_batch=64, train=TrainConfig(seq_len=4096), gpus=16)
+    result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
+    assert {o.layout.ep for o in result.layouts} == {1, 2, 4, 8}
+    assert result.recommendation is not None
+    best = result.recommendation
+    ep_terms = [t for t in best.time.communication if t.axis == "ep"]
+    assert bool(ep_terms) == (best.config.layout.ep > 1)
+
+
+def test_a_moe_model_still_refuses_tensor_and_pipeline_parallelism_by_name():
+    spec = get_preset("qwen3-30b-a3b")
+    with pytest.raises(ConfigError, match=r"qwen3-30b-a3b: a mixture of experts \(128 experts, 8 per token\) is "
+                                          r"planned on data, context and expert parallelism with sharding; tp 2 and "
+                                          r"pp 1 are not modelled for it yet: use tp 1 and pp 1"):
+        estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=2, sp=True)))
+
+
+def test_deepseek_v3_fits_80_gb_with_experts_split():
+    """671B parameters, 256 routed experts a block: FSDP alone gathers whole 11B-parameter blocks (22 GB
+    each in bf16); ep 64 gathers 1/64 of their experts."""
+    spec = resolve_model(str(Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.json"))
+    whole = estimate(spec, TrainConfig(seq_len=4096, recompute=RecomputePolicy("full"), layout=Layout(dp=256, zero=3)))
+    split = dataclasses.replace(whole.config, layout=Layout(dp=256, zero=3, ep=64))
+    assert whole.peak_bytes > 80e9
+    assert estimate(spec, split).peak_bytes < 80e9
+
+
+# ---- the command line, the dashboard and the exports ---------------------------------------------------------
+
+
+def test_plan_pins_ep_and_estimate_refuses_it_for_a_dense_model(capsys):
+    import json
+
+    from cli.main import main
+
+    assert main(["plan", "--model", "mixtral-8x7b", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096",
+                 "--ep", "4", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert {entry["layout"]["ep"] for entry in payload["layouts"]} == {4} and payload["request"]["pinned"] == ["ep"]
+    assert main(["estimate", "--model", "llama3-8b", "--dp", "2", "--ep", "2"]) == 2
+    assert "llama3-8b: ep 2 splits a mixture of experts' routed experts over ranks" in capsys.readouterr().err
+
+
+def test_the_dashboard_pins_ep_like_any_axis():
+    from dashboard import planning
+
+    h100 = datasheet_profile(get_hardware("h100-sxm"))
+    request = planning.build_request(planning.PlanInputs(model="mixtral-8x7b", gpus=16, ep="4"), MIXTRAL, h100)
+    assert request.pinned == frozenset({"ep"}) and request.layout.ep == 4
+    assert planning.pins_text(request) == "ep 4"
+    assert planning.PlanInputs.from_query({"ep": " 08"}).ep == "8"
+
+
+def test_exports_name_the_expert_parallel_degree():
+    from core.export import export
+    from tests.test_export import flags
+
+    request = PlanRequest(spec=MIXTRAL, global_batch=64, train=TrainConfig(seq_len=4096, layout=Layout(dp=16, zero=3, ep=4)))
+    best = plan(request, datasheet_profile(get_hardware("h100-sxm"))).recommendation
+    assert best.config.layout.ep == 4
+    assert flags(export("megatron", request, best).text)["--expert-model-parallel-size"] == "4"
+    assert "--parallelism.expert_parallel_degree 4" in export("torchtitan", request, best).text
+    assert any("ep_size=4" in note for note in export("deepspeed", request, best).notes)
+    assert any("cannot express ep 4" in note for note in export("hf", request, best).notes)
+    assert any("ep 4 cannot be expressed" in note for note in export("lightning", request, best).notes)
