@@ -5,6 +5,8 @@ advice. Changes are tried from least to most disruptive, and the first that
 fits is reported with the plan it would give:
 
 1. a higher sharding stage on the same ranks (when there are several);
+   for a mixture of experts, more expert-parallel ranks among them (every
+   larger ep that divides dp x cp and the experts);
 2. more GPUs, doubling up to 64x: at each count every axis that could take
    them (more data-parallel ranks with a sharding stage, since more ranks
    alone do not shrink per-rank state; tensor parallelism within a node with
@@ -24,6 +26,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 from core.calibration import Calibration
+from core.divisors import divisors
 from core.errors import ConfigError
 from core.layout_search import candidate_layouts
 from core.planner import Plan, PlanRequest, evaluate, plan, policies_worth_trying
@@ -98,6 +101,10 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
     if request.gpus is None and request.dp > 1:
         for stage in range(request.zero + 1, 4):
             yield from planned(f"--zero {stage}", lambda stage=stage: request.with_layout(zero=stage))
+    if request.gpus is None and request.spec.is_moe:
+        for ep in divisors(request.dp * request.layout.cp):
+            if ep > request.layout.ep and request.spec.n_experts % ep == 0:
+                yield from planned(f"--ep {ep}", lambda ep=ep: request.with_layout(ep=ep))
     gpus_per_node = request.cluster_for(base.profile).gpus_per_node if request.layout.world > 1 or request.gpus \
         else 8
     multiplier = 2
@@ -143,7 +150,8 @@ def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
         )
         return tuple(lines)
     lines.append(
-        f"no single change tried fits (up to {MAX_GPU_MULTIPLIER}x the GPUs on any parallel axis, "
+        f"no single change tried fits (up to {MAX_GPU_MULTIPLIER}x the GPUs on any parallel axis"
+        + (", expert parallelism" if request.spec.is_moe else "") + ", "
         f"sequences down to {MIN_SEQ_LEN}, offload)"
     )
     return tuple(lines)

@@ -20,6 +20,7 @@ from core.hardware import get_hardware
 from core.interconnect import Cluster, Link
 from core.layout import Layout
 from core.layout_search import candidate_layouts
+from core.advice import plan_and_advise
 from core.planner import PlanRequest, plan
 from core.precision import get_precision
 from core.presets import get_preset, resolve_model
@@ -234,3 +235,13 @@ def test_exports_name_the_expert_parallel_degree():
     assert any("ep_size=4" in note for note in export("deepspeed", request, best).notes)
     assert any("cannot express ep 4" in note for note in export("hf", request, best).notes)
     assert any("ep 4 cannot be expressed" in note for note in export("lightning", request, best).notes)
+
+
+def test_when_a_mixture_does_not_fit_the_advice_tries_more_expert_parallel_ranks_first():
+    spec = resolve_model(str(Path(__file__).parent / "fixtures" / "hf" / "deepseek-v3.json"))
+    h100 = datasheet_profile(get_hardware("h100-sxm"))
+    request = PlanRequest(spec=spec, global_batch=1024, train=TrainConfig(seq_len=4096, layout=Layout(dp=256, zero=3)))
+    result = plan_and_advise(request, h100)
+    assert result.recommendation is None
+    assert result.advice[-1].startswith("smallest change that fits: --ep 8 (then ")
+    assert [plan(request.with_layout(ep=ep), h100).recommendation is not None for ep in (2, 4, 8)] == [False, False, True]
