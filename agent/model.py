@@ -175,14 +175,18 @@ class MLP(nn.Module):
 
 
 class Experts(nn.Module):
-    """A mixture-of-experts MLP, dropless, as transformers' eager Mixtral and Qwen-MoE blocks run it.
+    """A mixture-of-experts MLP, dropless as transformers' eager Mixtral and Qwen-MoE blocks run it, or at a
+    capacity factor as Megatron-LM pads it.
 
     The router's logits give fp32 softmax probabilities; each token takes its top k (their weights
     renormalised to sum to one with ``normalize_expert_weights``). Each expert, a SwiGLU MLP, runs on the
     tokens routed to it, gathered by index, its output scaled by their routing weights and added back at
     their rows. Every expert runs, on no rows if none chose it, so what autograd keeps depends on the
-    t x k routed rows and not on how the router spread them. A shared expert (and its sigmoid gate) runs
-    on every token after the routed ones.
+    t x k routed rows and not on how the router spread them. At a capacity factor (``spec.capacity_factor``)
+    each expert keeps the first ``spec.expert_capacity(t)`` tokens routed to it and drops the rest, and its
+    rows are padded to that many with a spare zero token of weight zero, whose output lands on a spare row:
+    every expert runs on exactly its capacity. A shared expert (and its sigmoid gate) runs on every token
+    after the routed ones.
     """
 
     def __init__(self, spec: ModelSpec) -> None:
@@ -195,6 +199,7 @@ class Experts(nn.Module):
         self.shared_gate = nn.Linear(h, 1, bias=False) if spec.shared_expert_gate else None
         self.top_k, self.normalize = spec.experts_per_token, spec.normalize_expert_weights
         self.sigmoid = spec.expert_scoring == "sigmoid"
+        self.spec = spec
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
@@ -210,11 +215,21 @@ class Experts(nn.Module):
             weights, chosen = F.softmax(logits, dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        out = torch.zeros_like(flat)
+        t, rows = flat.shape[0], flat
+        capacity = self.spec.expert_capacity(t) if self.spec.capacity_factor else None
+        if capacity is not None:  # a spare token t: zeros in, weight zero, its row dropped at the end
+            rows = torch.cat([flat, flat.new_zeros(1, flat.shape[1])])
+            weights = torch.cat([weights, weights.new_zeros(1, self.top_k)])
+        out = torch.zeros_like(rows)
         for e, expert in enumerate(self.experts):
             token, slot = torch.where(chosen == e)
-            y = expert(flat[token]) * weights[token, slot].unsqueeze(-1)
+            if capacity is not None:
+                token, slot = token[:capacity], slot[:capacity]
+                token = F.pad(token, (0, capacity - token.numel()), value=t)
+                slot = F.pad(slot, (0, capacity - slot.numel()))
+            y = expert(rows[token]) * weights[token, slot].unsqueeze(-1)
             out = out.index_add(0, token, y.to(out.dtype))
+        out = out[:t]
         if self.shared is not None:
             shared = self.shared(flat)
             if self.shared_gate is not None:

@@ -6,7 +6,7 @@ import argparse
 import dataclasses
 import sys
 
-from cli.train_flags import add_train_flags, layout_from_args, train_config
+from cli.train_flags import add_train_flags, layout_from_args, model_from_args, train_config
 from core.errors import ConfigError
 from core.layout import Layout
 
@@ -225,7 +225,6 @@ def run_train(args: argparse.Namespace) -> int:
     from agent import bench_train
     from agent.runner import DeviceLost, profile_from_store, run_suite
     from agent.summary import summarize
-    from core.presets import resolve_model
     from db.store import open_store
 
     (device,) = devices(args.device) if args.device != "all" else (None,)
@@ -234,7 +233,7 @@ def run_train(args: argparse.Namespace) -> int:
     if not 0 < args.steps <= MAX_STEPS or not 0 < args.accumulation <= MAX_ACCUMULATION:
         raise ConfigError(f"--steps must be 1 to {MAX_STEPS} and --accumulation 1 to {MAX_ACCUMULATION:,}, got "
                           f"{args.steps:,} and {args.accumulation:,}")
-    spec = resolve_model(args.model)
+    spec = model_from_args(args)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
     layout = train_layout(args, device)
     if layout.world > 1:  # what the agent cannot run is refused first, by name

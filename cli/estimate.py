@@ -6,10 +6,9 @@ import argparse
 import json
 from dataclasses import asdict
 
-from cli.train_flags import add_train_flags, train_config
+from cli.train_flags import add_train_flags, model_from_args, train_config
 from core.estimate import Estimate, estimate
 from core.ledger import Ledger
-from core.presets import resolve_model
 from core.units import GB, GiB
 
 
@@ -30,7 +29,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = resolve_model(args.model)
+    spec = model_from_args(args)
     config = train_config(args)
     result = estimate(spec, config, args.device, args.accumulation)
     if args.json:
@@ -48,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
 def render(result: Estimate) -> str:
     spec, cfg, report = result.spec, result.config, result.to_dict()
     memory, flops = report["memory_bytes"], report["flops"]
+    capacity = f" at capacity factor {spec.capacity_factor:g}" if spec.capacity_factor else ", dropless"
     experts = (f"; {spec.active_parameters:,} active per token, {spec.experts_per_token} of {spec.n_experts} experts "
-               f"in {spec.moe_layers} layers") if spec.is_moe else ""
+               f"in {spec.moe_layers} layers{capacity}") if spec.is_moe else ""
     per_token = spec.active_parameters  # the 6N of a mixture of experts counts the parameters a token uses
     lines = [
         f"{spec.name}: {spec.parameters:,} parameters ({spec.block}, {spec.n_layers} layers, "

@@ -6,13 +6,12 @@ import argparse
 import json
 import sys
 
-from cli.train_flags import add_train_flags, layout_from_args, pinned_axes, train_config
+from cli.train_flags import add_train_flags, layout_from_args, model_from_args, pinned_axes, train_config
 from core.advice import plan_and_advise
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.planner import Plan, PlanRequest, plan_to_dict
-from core.presets import resolve_model
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
@@ -80,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
     layout = layout_from_args(args, **defaults)
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
-        spec=resolve_model(args.model), train=train_config(args, layout=layout), global_batch=global_batch(args),
+        spec=model_from_args(args), train=train_config(args, layout=layout), global_batch=global_batch(args),
         budget_bytes=parse_budget(args.budget), allow_offload=args.offload, gpus=args.gpus,
         pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
         cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,

@@ -7,14 +7,16 @@ Each flag maps to a field of core.config.TrainConfig or core.layout.Layout;
 from __future__ import annotations
 
 import argparse
-from dataclasses import fields
+from dataclasses import fields, replace
 from typing import Literal
 
 from core.config import ATTENTIONS, TrainConfig
 from core.errors import ConfigError
 from core.layout import SCHEDULES, Layout
+from core.model import ModelSpec
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.recompute import POLICY_NAMES, parse_policy
+from core.presets import resolve_model
 from core.stack import STACKS
 
 Many = Literal["one", "list", "none"]
@@ -45,6 +47,10 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
     p.add_argument("--attention", default="flash", choices=ATTENTIONS,
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
     p.add_argument("--dropout", type=float, default=0.0, help="dropout probability, gpt blocks only (default 0)")
+    p.add_argument("--capacity-factor", type=float, default=None,
+                   help="a mixture of experts' expert capacity: each expert takes at most ceil(t k / E x C) of a "
+                        "micro-batch's t tokens, drops the rest and is padded to that many (Megatron-LM's "
+                        "--moe-expert-capacity-factor with padding); 0 is dropless (default: dropless)")
     p.add_argument("--stack", default="torch", choices=list(STACKS),
                    help="training stack whose saving rules apply: torch (plain PyTorch, the agent's decoder), torchtitan "
                         "(its activation checkpointing: none, full, op-selective) or megatron (default torch)")
@@ -68,6 +74,17 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
+
+
+def model_from_args(args: argparse.Namespace) -> ModelSpec:
+    """``--model`` resolved (core.presets.resolve_model), at ``--capacity-factor`` when given."""
+    spec = resolve_model(args.model)
+    factor = getattr(args, "capacity_factor", None)
+    if factor is None:
+        return spec
+    if not spec.is_moe:
+        raise ConfigError(f"--capacity-factor {factor:g}: {spec.name} has no experts to cap; leave the flag out")
+    return replace(spec, capacity_factor=factor)
 
 
 def pinned_axes(args: argparse.Namespace) -> frozenset[str]:

@@ -202,7 +202,7 @@ def step_communication(
     - ep: per mixture-of-experts layer and micro-batch an all-to-all dispatches each
       token's k copies to its experts' ranks and one combines their outputs, forward
       (again under block recompute) and backward: 2 (f + 1) all-to-alls of
-      S = b s k h e, the rank's routed rows (with balanced routing it receives as many as
+      S = b s k h e, the rank's routed rows (at a capacity factor, every expert's padded capacity) (with balanced routing it receives as many as
       it sends; nccl-tests' all-to-all S is the whole send buffer, (ep-1)/ep of it
       leaves the rank). torchtitan's and Megatron's all-to-all token dispatchers
       (``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
@@ -251,7 +251,7 @@ def step_communication(
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
             "activation forward and gradient backward per micro-batch and virtual stage")
     if layout.ep > 1:
-        routed = b * s * spec.experts_per_token * h * e
+        routed = spec.expert_rows(b * s) * h * e
         again = " (+2 recomputed forward)" if forwards == 2 else ""
         add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
             f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")

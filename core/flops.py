@@ -77,12 +77,13 @@ def latent_attention_flops(spec: ModelSpec, micro_batch: int, seq_len: int) -> d
 
 
 def moe_forward_flops(spec: ModelSpec, tokens: int) -> dict[str, int]:
-    """Forward FLOPs of a mixture-of-experts MLP over ``tokens`` tokens, dropless: the router's logits
-    (t x h)(h x E); each token's k experts, every one a gated MLP fe wide, so the experts' GEMMs together
-    multiply t k rows (however the router spreads them); the shared expert and its gate over every token.
+    """Forward FLOPs of a mixture-of-experts MLP over ``tokens`` tokens: the router's logits (t x h)(h x E);
+    each token's k experts, every one a gated MLP fe wide, so the experts' GEMMs together multiply t k rows
+    dropless (however the router spreads them), or at a capacity factor every expert's padded capacity
+    (ModelSpec.expert_rows); the shared expert and its gate over every token.
     Routing itself (softmax, top-k, permutation, the weighted sum) is elementwise."""
     t, h, fe, fs = tokens, spec.hidden, spec.expert_ffn, spec.shared_expert_ffn_hidden
-    routed = t * spec.experts_per_token
+    routed = spec.expert_rows(t)
     flops = {"router": 2 * t * h * spec.n_experts, "experts_gate": 2 * routed * h * fe,
              "experts_up": 2 * routed * h * fe, "experts_down": 2 * routed * fe * h}
     if fs:

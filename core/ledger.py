@@ -562,10 +562,11 @@ def _experts(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str, e
     Under expert parallelism (``ep``) the rank's experts are its n_experts / ep, and they run on the
     rows the all-to-all brings them: t x k on average, as many as the rank sends away, so the tensors
     keep their sizes (balanced routing; a skewed router loads some ranks more) and only the weight
-    copies shrink.
+    copies shrink. At a capacity factor every expert runs on its capacity of rows, dropped tokens
+    gone and the rest padded (agent.model.Experts): E x capacity rows in place of t x k.
     """
     t, h, k = d.b * d.rows, d.h, spec.experts_per_token
-    routed = t * k
+    routed = spec.expert_rows(t)
     flat = _Sym(x.storage, (t, h), x.dtype, x.name, x.kind)  # a view: (b, s, h) as (t, h)
     tr.linear(flat, "moe.router", spec.n_experts, param_dtype)
     tr.save(tr.new("moe.router_probs", (t, spec.n_experts), "fp32"), tr.new("moe.topk_indices", (t, k), "int64"))

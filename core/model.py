@@ -48,6 +48,8 @@ every formula's work or the result meaningless (10**12 layers) is refused before
 MAX_HEAD_SIZE = 2**12
 """Widest attention head accepted (published models use 64-256)."""
 MAX_EXPERTS = 2**14
+MAX_CAPACITY_FACTOR = 64.0
+"""Beyond this an expert's buffer holds more than every token of the batch for any k / E the tools plan."""
 """Most routed experts accepted (published models: up to 384)."""
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,6 +110,10 @@ class ModelSpec:
     expert_scoring: ExpertScoring = "softmax"
     """How the router turns logits into expert weights: ``softmax`` (Mixtral, Qwen) or ``sigmoid`` (DeepSeek-V3,
     which also picks its experts within the best groups)."""
+    capacity_factor: float = 0.0
+    """0: dropless, every expert takes every token routed to it (Mixtral, Qwen, DeepSeek-V3, torchtitan).
+    C > 0: each expert takes at most ``expert_capacity`` rows, drops the rest and is padded to that many
+    (Megatron-LM's ``--moe-expert-capacity-factor`` with ``--moe-pad-expert-input-to-capacity``)."""
     kv_lora_rank: int = 0
     """Multi-head latent attention (DeepSeek-V2 and V3): keys and values are projected up from a latent of this
     rank (normalised), beside one rotary key head shared by every head; 0: ordinary attention."""
@@ -166,7 +172,8 @@ class ModelSpec:
                 raise ConfigError(f"{self.name}: {size} must be an integer from 0 to {limit:,}, got {value!r}")
         if not self.is_moe:
             if self.experts_per_token or self.expert_ffn_hidden or self.shared_expert_ffn_hidden \
-                    or self.shared_expert_gate or self.dense_layers or self.normalize_expert_weights:
+                    or self.shared_expert_gate or self.dense_layers or self.normalize_expert_weights \
+                    or self.capacity_factor:
                 raise ConfigError(f"{self.name}: expert sizes are given but n_experts is 0 (a dense model)")
             return
         if self.block != "llama":
@@ -179,6 +186,10 @@ class ModelSpec:
                               "layers with experts")
         if self.shared_expert_gate and not self.shared_expert_ffn_hidden:
             raise ConfigError(f"{self.name}: a shared expert gate needs a shared expert (shared_expert_ffn_hidden)")
+        c = self.capacity_factor
+        if isinstance(c, bool) or not isinstance(c, (int, float)) or not 0 <= c <= MAX_CAPACITY_FACTOR:
+            raise ConfigError(f"{self.name}: capacity factor must be 0 (dropless) or a number up to "
+                              f"{MAX_CAPACITY_FACTOR:g} (1.0 to 1.5 is usual), got {c!r}")
 
     def _check_latent_attention(self) -> None:
         sizes = {"kv_lora_rank": self.kv_lora_rank, "q_lora_rank": self.q_lora_rank,
@@ -304,6 +315,19 @@ class ModelSpec:
         routed = self.routed_expert_parameters(self.experts_per_token if active else self.n_experts)
         shared = 3 * h * self.shared_expert_ffn_hidden + (h if self.shared_expert_gate else 0)
         return h * self.n_experts + routed + shared
+
+    def expert_capacity(self, tokens: int) -> int:
+        """Rows one expert takes from ``tokens`` tokens at the capacity factor C: ceil(t k / E x C), Megatron-LM's
+        ``get_capacity(num_tokens * topk, num_experts, capacity_factor)`` (megatron/core/transformer/moe/moe_utils.py).
+        Mixtral's 4,096 tokens, k 2, 8 experts, C 1.25: 1,280."""
+        return math.ceil(tokens * self.experts_per_token / self.n_experts * self.capacity_factor)
+
+    def expert_rows(self, tokens: int) -> int:
+        """Rows the routed experts run on together for ``tokens`` tokens: t x k dropless (however the router
+        spreads them), else every expert's capacity, padded."""
+        if not self.capacity_factor:
+            return tokens * self.experts_per_token
+        return self.n_experts * self.expert_capacity(tokens)
 
     def routed_expert_parameters(self, experts: int | None = None) -> int:
         """The gate, up and down projections of ``experts`` routed experts (default all) of one block:

@@ -34,6 +34,9 @@ VARIANTS = {
     "qwen2-moe-like": dataclasses.replace(TINY, shared_expert_ffn_hidden=64, shared_expert_gate=True),
     "deepseek-like": dataclasses.replace(TINY, shared_expert_ffn_hidden=64, dense_layers=1,
                                          normalize_expert_weights=True),
+    # Megatron-style capacity: 2 x 16 tokens x 2 / 4 experts x 0.75 = 12 rows an expert, of 16 routed on average,
+    # so some tokens are dropped and some experts padded.
+    "capacity-0.75": dataclasses.replace(TINY, capacity_factor=0.75),
 }
 POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
 PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
@@ -153,3 +156,49 @@ def test_a_plan_searches_layouts_without_tensor_or_pipeline_parallelism():
     result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
     searched = {(c.layout.tp, c.layout.pp) for c in result.layouts}
     assert searched == {(1, 1)} and result.recommendation is not None
+
+
+def test_capacity_is_megatrons_and_a_capacity_that_drops_nothing_computes_what_dropless_does():
+    """Megatron-LM's get_capacity(t k, E, C) = ceil(t k / E x C): Mixtral's 4,096 tokens at C 1.25 give each of its
+    8 experts 1,280 rows. At C = E / k no expert can be sent more than it takes: the padded experts then compute
+    exactly the dropless output; at 0.75 tokens are dropped and the output changes."""
+    from agent.model import Experts
+
+    assert dataclasses.replace(get_preset("mixtral-8x7b"), capacity_factor=1.25).expert_capacity(4096) == 1280
+    spec = VARIANTS["mixtral-like"]
+    torch.manual_seed(0)
+    dropless = Experts(spec)
+    x = torch.randn(2, 16, spec.hidden)
+    for factor, same in ((2.0, True), (0.75, False)):
+        padded = Experts(dataclasses.replace(spec, capacity_factor=factor))
+        padded.load_state_dict(dropless.state_dict())
+        assert torch.allclose(padded(x), dropless(x), rtol=1e-6, atol=1e-7) == same
+
+
+def test_a_capacity_factor_is_refused_for_a_dense_model_and_out_of_range():
+    from core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"bench-llama-tiny: expert sizes are given but n_experts is 0"):
+        dataclasses.replace(get_preset("bench-llama-tiny"), capacity_factor=1.0)
+    with pytest.raises(ConfigError, match=r"capacity factor must be 0 \(dropless\) or a number up to 64 "
+                                          r"\(1.0 to 1.5 is usual\), got -1"):
+        dataclasses.replace(TINY, capacity_factor=-1)
+
+
+def test_the_command_line_estimates_at_a_capacity_factor(capsys):
+    """Mixtral at 4,096 tokens: C 1.0 gives each of 8 experts 1,024 rows, the dropless t k = 8,192 in all; C 1.25
+    gives 1,280 each, 2,048 rows more, each through gate, up and down (3 x 2 x 4,096 x 14,336 FLOPs a row) in
+    each of 32 blocks."""
+    import json
+
+    from cli.main import main
+
+    forward = {}
+    for factor in (None, "1.0", "1.25"):
+        assert main(["estimate", "--model", "mixtral-8x7b", "--seq-len", "4096", "--json",
+                     *(["--capacity-factor", factor] if factor else [])]) == 0
+        report = json.loads(capsys.readouterr().out)
+        assert report["model"]["capacity_factor"] == float(factor or 0)
+        forward[factor] = report["flops"]["forward"]
+    assert forward["1.0"] == forward[None]
+    assert forward["1.25"] - forward[None] == 32 * 2_048 * 3 * 2 * 4_096 * 14_336
