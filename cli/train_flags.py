@@ -53,7 +53,8 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
                         "--moe-expert-capacity-factor with padding); 0 is dropless (default: dropless)")
     p.add_argument("--stack", default="torch", choices=list(STACKS),
                    help="training stack whose saving rules apply: torch (plain PyTorch, the agent's decoder), torchtitan "
-                        "(its activation checkpointing: none, full, op-selective) or megatron (default torch)")
+                        "(its activation checkpointing: none, full, op-selective) or megatron (its sequence parallelism and "
+                        "checkpointing: none, full, every-K, selective, offload) (default torch)")
     if layout == "none":
         return
     free = layout == "free"

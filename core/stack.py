@@ -19,7 +19,12 @@ is the reference decoder's (core/ledger.py).
   it recomputes. It offers no attention-only, segment or offload policy.
 - ``megatron`` (Megatron-LM): sequence parallelism keeps the sharded input
   and all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2),
-  so every tensor of a block is split by the tensor-parallel ranks.
+  so every tensor of a block is split by the tensor-parallel ranks. Its
+  checkpointing is ``--recompute-granularity full`` (every layer, or every K
+  with ``--recompute-num-layers``), ``selective`` (``--recompute-modules
+  core_attn``: the attention core) and activation offloading
+  (``TransformerConfig.cpu_offloading``); it has no op-level policy
+  (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("torch", True),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           caches_cpu_attention=False),
-    Stack("megatron", False),
+    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload")),
 )}
 
 

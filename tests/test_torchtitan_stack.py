@@ -114,6 +114,15 @@ def test_the_stack_offers_only_its_own_policies():
     assert datasheet_profile(get_hardware("h100-sxm")).compute_overhead == 1.5
 
 
+def test_megatron_offers_its_own_policies_and_no_op_level_one():
+    with pytest.raises(ConfigError, match="^the megatron stack has no op-selective checkpointing; it offers none, "
+                                          "full, every-K, selective, offload$"):
+        TrainConfig(seq_len=512, stack="megatron", recompute=parse_policy("op-selective"))
+    request = PlanRequest(spec=get_preset("llama3-8b"), train=TrainConfig(seq_len=8192, stack="megatron"),
+                          global_batch=16, allow_offload=True)
+    assert {p.kind for p in policies_worth_trying(request)} == {"none", "selective", "full", "every", "offload"}
+
+
 @pytest.mark.parametrize("policy", ["full", "op-selective"])
 def test_torchtitans_policies_give_the_loss_and_gradients_of_none(policy):
     base = TrainConfig(seq_len=24, micro_batch=2)
