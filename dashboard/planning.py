@@ -75,6 +75,8 @@ class PlanInputs:
     experts_per_token: int = 2
     expert_ffn_hidden: int = 0
     """Inner width of each expert; 0: ffn_hidden."""
+    capacity_factor: float = 0.0
+    """Each expert's capacity, ceil(t k / E x C) rows, padded; 0: dropless (core.model.ModelSpec)."""
     seq_len: int = 4096
     global_batch: int = 64
     budget: str = "80GB"
@@ -115,6 +117,8 @@ class PlanInputs:
                     values[f.name] = raw.lower() in ("1", "true", "yes", "on")
                 elif isinstance(default, int):
                     values[f.name] = int(raw)
+                elif isinstance(default, float):
+                    values[f.name] = float(raw)
                 else:
                     values[f.name] = raw
             except (ValueError, ConfigError):
@@ -133,7 +137,8 @@ def dimensions_spec(inputs: PlanInputs) -> ModelSpec:
     mixture of experts in every block; gpt: LayerNorm + GELU, biases)."""
     llama = inputs.block == "llama"
     experts = dict(n_experts=inputs.n_experts, experts_per_token=inputs.experts_per_token,
-                   expert_ffn_hidden=inputs.expert_ffn_hidden, normalize_expert_weights=True) \
+                   expert_ffn_hidden=inputs.expert_ffn_hidden, normalize_expert_weights=True,
+                   capacity_factor=inputs.capacity_factor) \
         if llama and inputs.n_experts else {}
     return ModelSpec(
         name="custom", block=inputs.block, n_layers=inputs.n_layers, hidden=inputs.hidden, n_heads=inputs.n_heads,

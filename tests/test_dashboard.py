@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -221,6 +222,10 @@ def test_a_mixture_of_experts_from_its_dimensions_is_planned_with_its_active_par
                                                          8 * (block + 2 * expert) + outside) == (652_821_504, 237_585_408)
     assert "(0.65B parameters, 0.24B active per token)" in texts(at)
     assert "micro-batch" in recommendation(at)
+    capped = render("plan", str(tmp_path / "none.db"), monkeypatch, {**query, "capacity_factor": "1.25"})
+    assert capped.number_input(key="plan_capacity_factor").value == 1.25
+    assert planning.dimensions_spec(planning.PlanInputs.from_query({**query, "capacity_factor": "1.25"})) == \
+        dataclasses.replace(spec, capacity_factor=1.25)
 
 
 def test_export_snippets_come_with_download_buttons(tmp_path, monkeypatch):

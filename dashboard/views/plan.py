@@ -81,6 +81,9 @@ with st.sidebar:
             if st.session_state.plan_n_experts:
                 st.number_input("experts per token", min_value=1, step=1, key="plan_experts_per_token")
                 st.number_input("expert ffn hidden (0: ffn hidden)", min_value=0, step=1, key="plan_expert_ffn_hidden")
+                st.number_input("capacity factor (0: dropless)", min_value=0.0, max_value=64.0, step=0.25,
+                                key="plan_capacity_factor",
+                                help="each expert takes at most ceil(t k / E x C) rows, drops the rest and is padded")
     st.number_input("sequence length (tokens)", min_value=1, step=256, key="plan_seq_len")
     st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
     st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget")
