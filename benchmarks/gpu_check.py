@@ -30,7 +30,7 @@ It writes to --out (default $OUT when set, else ./gpu-check):
 check predicted, measured, error; the targets); <device>-<date>.checks.json,
 every part's summary and every ledger check in full; <device>-<date>.log,
 the parts' output. It prints a one-screen summary last. On a CPU the same
-code runs at toy sizes in under a minute (tests/test_gpu_check.py).
+code runs at toy sizes in about 75 s on 2 cores (tests/test_gpu_check.py).
 
 Exit status: 0 when every part ran (a missed target is a finding, not a
 failure of the check), 1 when a part failed or was killed at its limit.
