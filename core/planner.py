@@ -372,7 +372,9 @@ def _split(layout: Layout) -> int:
 
 
 def _how_split(layout: Layout) -> str:
-    return f"{_split(layout)} ranks at ZeRO-{layout.zero}" + (f", experts over ep {layout.ep}" if layout.ep > 1 else "")
+    ranks = _split(layout)
+    return (f"{ranks} rank{'s' if ranks > 1 else ''} at ZeRO-{layout.zero}"
+            + (f", experts over ep {layout.ep}" if layout.ep > 1 else ""))
 
 
 def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int, int], float, int]:

@@ -232,9 +232,27 @@ def test_exports_name_the_expert_parallel_degree():
     assert best.config.layout.ep == 4
     assert flags(export("megatron", request, best).text)["--expert-model-parallel-size"] == "4"
     assert "--parallelism.expert_parallel_degree 4" in export("torchtitan", request, best).text
-    assert any("ep_size=4" in note for note in export("deepspeed", request, best).notes)
+    assert flags(export("megatron", request, best).text)["--moe-token-dispatcher-type"] == "alltoall"
+    assert "--moe-expert-capacity-factor" not in flags(export("megatron", request, best).text)
+    assert any("MoE(..., ep_size=4, drop_tokens=False)" in note for note in export("deepspeed", request, best).notes)
     assert any("cannot express ep 4" in note for note in export("hf", request, best).notes)
     assert any("ep 4 cannot be expressed" in note for note in export("lightning", request, best).notes)
+
+
+def test_exports_carry_a_capacity_factor_or_say_the_framework_is_dropless():
+    from core.export import export
+    from tests.test_export import flags
+
+    capped = dataclasses.replace(MIXTRAL, capacity_factor=1.25)
+    request = PlanRequest(spec=capped, global_batch=64, train=TrainConfig(seq_len=4096, layout=Layout(dp=16, zero=3)))
+    best = plan(request, datasheet_profile(get_hardware("h100-sxm"))).recommendation
+    megatron = flags(export("megatron", request, best).text)
+    assert megatron["--moe-expert-capacity-factor"] == "1.25" and "--moe-pad-expert-input-to-capacity" in megatron
+    assert any("MoE(..., capacity_factor=1.25, drop_tokens=True)" in note
+               for note in export("deepspeed", request, best).notes)
+    for fmt in ("torchtitan", "hf", "lightning"):
+        assert any("planned at capacity factor 1.25" in note and "dropless" in note
+                   for note in export(fmt, request, best).notes), fmt
 
 
 def test_when_a_mixture_does_not_fit_the_advice_tries_more_expert_parallel_ranks_first():

@@ -64,9 +64,14 @@ def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
         notes.append(f"DeepSpeed's config cannot express pipeline parallelism (pp {layout.pp}, {layout.schedule}): "
                      "build the model as a deepspeed.pipe.PipelineModule in code, or DeepSpeed counts those ranks "
                      "as data-parallel")
-    if layout.ep > 1:
-        notes.append(f"DeepSpeed sets expert parallelism in the model code, not its config: build the experts as "
-                     f"deepspeed.moe.layer.MoE(..., ep_size={layout.ep})")
+    if run.spec.is_moe:  # DeepSpeed's MoE drops tokens at capacity factor 1.0 unless told not to
+        moe = [f"ep_size={layout.ep}"] if layout.ep > 1 else []
+        factor = run.spec.capacity_factor
+        moe += [f"capacity_factor={factor:g}", "drop_tokens=True"] if factor else ["drop_tokens=False"]
+        notes.append(f"DeepSpeed sets expert parallelism and capacity in the model code, not its config: build the "
+                     f"experts as deepspeed.moe.layer.MoE(..., {', '.join(moe)})"
+                     + ("" if factor else "; without dropping it pads every expert to the busiest one's rows, more "
+                        "than the t x k routed rows planned"))
     if layout.cp > 1:
         notes.append(f"DeepSpeed cannot express context parallelism (cp {layout.cp}, ring attention): its sequence "
                      "parallelism is Ulysses, set up in model code")

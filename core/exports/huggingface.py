@@ -23,7 +23,7 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
 
 from __future__ import annotations
 
-from core.exports.run import Export, Run, commented, offload_note, ranks
+from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks
 
 OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused", "sgd": "sgd", "sgd-momentum": "sgd",
               "adagrad": "adagrad"}
@@ -98,6 +98,8 @@ def _layout(run: Run, notes: list[str]) -> None:
 def huggingface(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
+    if (note := capacity_note(run, "transformers")) is not None:
+        notes.append(note)
     whole_layers, before = _checkpointing(run, notes)
     bf16 = _precision(run, notes)
     fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None

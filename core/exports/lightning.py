@@ -19,7 +19,7 @@ Names checked against Lightning's ``src/lightning/pytorch/strategies``
 from __future__ import annotations
 
 from core.divisors import divisors
-from core.exports.run import Export, Run, commented, offload_note
+from core.exports.run import Export, Run, capacity_note, commented, offload_note
 
 PRECISIONS = {"fp32": "32-true", "amp-bf16": "bf16-mixed", "bf16-pure": "bf16-true", "bf16-master": "bf16-mixed",
               "bf16-fp32grad": "bf16-mixed"}
@@ -83,6 +83,8 @@ def _precision(run: Run, deepspeed: bool, notes: list[str]) -> str:
 def lightning(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
+    if (note := capacity_note(run, "transformers (the model a Lightning module usually wraps)")) is not None:
+        notes.append(note)
     strategy, imports, in_strategy = _strategy(run, notes)
     _checkpointing(run, in_strategy, notes)
     precision = _precision(run, strategy.startswith("DeepSpeedStrategy"), notes)

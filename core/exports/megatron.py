@@ -116,7 +116,10 @@ def megatron(run: Run) -> Export:
         notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
                      "flight: less activation memory than planned, the same bubble")
     if layout.ep > 1:  # expert-parallel ranks come out of the data-parallel ones (megatron/core/parallel_state.py)
-        args += ["--expert-model-parallel-size", str(layout.ep)]
+        # The all-to-all dispatcher is the one core.comm times; Megatron's default gathers every token instead.
+        args += ["--expert-model-parallel-size", str(layout.ep), "--moe-token-dispatcher-type", "alltoall"]
+    if run.spec.capacity_factor:
+        args += ["--moe-expert-capacity-factor", f"{run.spec.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
     args += ["--context-parallel-size", str(layout.cp),
              "--micro-batch-size", str(run.micro_batch),
              "--global-batch-size", str(run.global_batch),

@@ -119,6 +119,17 @@ def offload_note(framework: str, aside: str = "") -> str:
             "or re-plan without --offload")
 
 
+def capacity_note(run: Run, framework: str) -> str | None:
+    """When the plan caps the experts' capacity (ModelSpec.capacity_factor) and the framework's experts are
+    dropless."""
+    factor = run.spec.capacity_factor
+    if not factor:
+        return None
+    return (f"planned at capacity factor {factor:g} (each expert padded to ceil(t k / E x {factor:g}) rows), but "
+            f"{framework}'s experts are dropless: each keeps the rows the router sends it; re-plan without "
+            "--capacity-factor for its activation memory and time")
+
+
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
     """When the plan's sequence-parallel saving rules (core.stack) are another stack's than the framework's."""
     if not run.layout.sp or get_stack(run.stack).sp_keeps_gathered_input == get_stack(stack).sp_keeps_gathered_input:

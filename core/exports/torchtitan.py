@@ -34,7 +34,7 @@ and comes last). Names checked against torchtitan 0.3.0's
 
 from __future__ import annotations
 
-from core.exports.run import Export, Run, commented, offload_note, ranks, stack_note
+from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks, stack_note
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
@@ -138,8 +138,9 @@ def _other_notes(run: Run, notes: list[str]) -> None:
     if layout.cp > 1:
         notes.append(f"torchtitan's FSDP spans the dp x cp ranks: parameters, gradients and optimizer state are "
                      f"sharded over the {layout.cp} context-parallel ranks too, less memory than planned")
-    if (note := stack_note(run, "torchtitan", "torchtitan")) is not None:
-        notes.append(note)
+    for note in (stack_note(run, "torchtitan", "torchtitan"), capacity_note(run, "torchtitan")):
+        if note is not None:
+            notes.append(note)
     if run.attention == "standard" and run.policy.kind != "selective":  # else the checkpointing note says it
         notes.append("torchtitan runs fused SDPA attention, which keeps no s x s tensor: less memory than planned "
                      "with --attention standard")
