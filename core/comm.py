@@ -201,10 +201,11 @@ def step_communication(
       over dp x cp.
     - ep: per mixture-of-experts layer and micro-batch an all-to-all dispatches each
       token's k copies to its experts' ranks and one combines their outputs, forward
-      (again under block recompute) and backward: 2 (f + 1) all-to-alls of
-      S = b s k h e, the rank's routed rows (at a capacity factor, every expert's padded capacity) (with balanced routing it receives as many as
-      it sends; nccl-tests' all-to-all S is the whole send buffer, (ep-1)/ep of it
-      leaves the rank). torchtitan's and Megatron's all-to-all token dispatchers
+      (again under block recompute) and backward: 2 (f + 1) all-to-alls of the
+      rank's routed rows, S = b s k h e dropless (at a capacity factor, E x capacity
+      rows instead: ModelSpec.expert_rows). With balanced routing a rank receives as
+      many rows as it sends; nccl-tests' all-to-all S is the whole send buffer,
+      (ep-1)/ep of which leaves the rank. torchtitan's and Megatron's all-to-all token dispatchers
       (``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
       ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
       Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
