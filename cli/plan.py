@@ -6,11 +6,12 @@ import argparse
 import json
 import sys
 
-from cli.train_flags import add_train_flags, layout_from_args, model_from_args, pinned_axes, train_config
+from cli.train_flags import add_train_flags, layout_from_args, layout_values, model_from_args, pinned_axes, train_config
 from core.advice import plan_and_advise
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
+from core.layout_search import pinned_layout
 from core.planner import Plan, PlanRequest, plan_to_dict
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
@@ -73,10 +74,7 @@ NOTHING_FITS = 3
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
-    defaults = dict(SINGLE_GPU)
-    if args.gpus is not None and args.ep is not None:  # dp is the search's; until then it holds the pinned ep
-        defaults["dp"] = args.ep
-    layout = layout_from_args(args, **defaults)
+    layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **SINGLE_GPU)
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
         spec=model_from_args(args), train=train_config(args, layout=layout), global_batch=global_batch(args),

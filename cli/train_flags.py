@@ -100,6 +100,11 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
 
 def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
     """The layout the flags give; an axis the flags leave free takes ``defaults`` (else the Layout default)."""
+    return Layout(**layout_values(args, **defaults))  # type: ignore[arg-type]
+
+
+def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, object]:
+    """The Layout fields the flags set, and ``defaults`` for those they leave free."""
     values: dict[str, object] = {}
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
@@ -111,7 +116,7 @@ def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
             values[f.name] = defaults[f.name]
     if values.get("virtual_stages") is None and values.get("schedule") == "interleaved":
         values["virtual_stages"] = 2
-    return Layout(**values)  # type: ignore[arg-type]
+    return values
 
 
 def train_config(args: argparse.Namespace, *, precision: str | None = None, micro_batch: int | None = None,

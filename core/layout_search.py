@@ -22,7 +22,7 @@ An axis the user pinned (``--tp 2``) takes only that value.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import fields
 
 from core.config import TrainConfig
@@ -32,6 +32,15 @@ from core.layout import Layout
 from core.model import ModelSpec
 
 PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
+
+
+def pinned_layout(values: Mapping[str, object]) -> Layout:
+    """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
+    the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp."""
+    held = dict(values)
+    if "ep" in held and "dp" not in held:
+        held["dp"] = held["ep"]
+    return Layout(**held)  # type: ignore[arg-type]
 
 
 def candidate_layouts(spec: ModelSpec, train: TrainConfig, global_batch: int, gpus: int, gpus_per_node: int,

@@ -31,7 +31,7 @@ from core.interconnect import (
     Cluster,
 )
 from core.layout import SCHEDULES, Layout
-from core.layout_search import PINNABLE
+from core.layout_search import PINNABLE, pinned_layout
 from core.model import ModelSpec
 from core.planner import Candidate, LayoutOutcome, Plan, PlanRequest
 from core.presets import get_preset
@@ -199,8 +199,6 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values[axis] = text == "on" if axis == "sp" else text if axis == "schedule" else int(text)
     if search and values.get("sp") and "tp" not in values:
         raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
-    if search and "ep" in values and "dp" not in values:  # dp is the search's; until then it holds the pinned ep
-        values["dp"] = values["ep"]
     if values.get("schedule") == "interleaved":
         values.setdefault("virtual_stages", 2)
     elif values.get("virtual_stages", 1) > 1:
@@ -209,7 +207,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
         for axis, value in ONE_LAYOUT.items():
             values.setdefault(axis, value)
         values.setdefault("sp", values["tp"] > 1)
-    return Layout(**values)
+    return pinned_layout(values) if search else Layout(**values)
 
 
 def build_cluster(inputs: PlanInputs, profile: HardwareProfile) -> Cluster:
