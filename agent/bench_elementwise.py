@@ -17,6 +17,7 @@ import functools
 import torch
 
 from agent.cases import Case
+from agent.operands import random_normal
 from agent.timer import cpu_cache_bytes, time_fn
 from db.models import ElementwiseResult
 
@@ -38,8 +39,8 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 def measure(device: torch.device, op: str, dtype: str, elements: int, budget_s: float) -> ElementwiseResult:
     factor, call = OPS[op]
     torch_dtype = DTYPES[dtype]
-    x = torch.randn(elements // 1024, 1024, device=device, dtype=torch_dtype)
-    y = torch.randn_like(x) if op == "add" else None  # the only op with a second input
+    x = random_normal(elements // 1024, 1024, dtype=torch_dtype, device=device)
+    y = random_normal(*x.shape, dtype=torch_dtype, device=device) if op == "add" else None  # the only binary op
     out = torch.empty_like(x)
     timing = time_fn(lambda i: call(x, y, out), device, budget_s=budget_s)
     moved = factor * x.numel() * x.element_size()

@@ -9,7 +9,7 @@ assumes), and the flag is kept in the row's details. Shapes: a square sweep,
 plus the GEMMs of transformer layers (q/o projection, k/v projection, MLP up
 and down, logits) for a few presets and token counts.
 
-Inputs are random normal. Every call reads operands no other call of the
+Inputs are random normal (agent.operands). Every call reads operands no other call of the
 last twice-the-L2 bytes read: one allocation holds as many operand sets as
 that takes (hundreds for a small GEMM), and call i uses set i mod sets.
 """
@@ -23,6 +23,7 @@ import torch
 
 from agent.cases import Case, skipped
 from agent.fingerprint import datasheet_spec
+from agent.operands import random_normal
 from agent.timer import l2_bytes, time_fn
 from core.presets import get_preset
 from db.models import MatmulResult
@@ -68,12 +69,12 @@ def _operands(device: torch.device, dtype: str, m: int, n: int, k: int) -> tuple
     set_bytes = element * (m * k + k * n)
     sets = max(1, math.ceil(2 * l2_bytes(device) / set_bytes))
     if dtype == "fp8":
-        a = torch.randn(sets, m, k, device=device).to(torch.float8_e4m3fn)
+        a = random_normal(sets, m, k, dtype=torch.float32, device=device).to(torch.float8_e4m3fn)
         # B column-major, as _scaled_mm wants: each B[i] is (k, n) with strides (1, k).
-        b = torch.randn(sets, n, k, device=device).to(torch.float8_e4m3fn).transpose(1, 2)
+        b = random_normal(sets, n, k, dtype=torch.float32, device=device).to(torch.float8_e4m3fn).transpose(1, 2)
     else:
-        a = torch.randn(sets, m, k, device=device, dtype=TORCH_DTYPES[dtype])
-        b = torch.randn(sets, k, n, device=device, dtype=TORCH_DTYPES[dtype])
+        a = random_normal(sets, m, k, dtype=TORCH_DTYPES[dtype], device=device)
+        b = random_normal(sets, k, n, dtype=TORCH_DTYPES[dtype], device=device)
     return a, b
 
 

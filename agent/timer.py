@@ -211,7 +211,8 @@ def time_fn(
         per_call = min(per_call, max(blocks.timed(calls) / calls, 1e-9))
         warm_blocks += 1
         calls = max(1, min(MAX_CALLS, math.ceil(block_s / per_call)))
-        if warm_blocks >= 2 and time.perf_counter() - started >= warmup_s:
+        # A second block only when the first was too short to size the samples' blocks by.
+        if (warm_blocks >= 2 or calls == 1) and time.perf_counter() - started >= warmup_s:
             break
     extra: dict[str, Any] = {}
     if graph and blocks.cuda:

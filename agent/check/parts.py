@@ -279,7 +279,7 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     # name: (function, seconds on a GPU, seconds on a CPU); the GPU total stays well under 8 minutes
     "environment": (environment, 20, 10),
     "ledger": (ledger, 60, 20),
-    "suite": (suite, 180, 30),
+    "suite": (suite, 180, 60),
     "offload": (offload, 45, 10),
     "repeat": (repeat, 20, 5),
     "regret": (regret_part, 50, 10),
