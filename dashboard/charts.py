@@ -29,9 +29,12 @@ MARKER = {"filled": True, "size": 110, "opacity": 1}
 """Markers that stand out on a light background: solid, opaque, large enough to tell shapes apart."""
 
 
-def legend(title: str, columns: int) -> alt.Legend:
-    """A legend under the plot, ``columns`` entries a row, every entry and label shown in full."""
-    return alt.Legend(title=title, orient="bottom", direction="horizontal", columns=columns, symbolLimit=0,
+def legend(title: str, columns: int, orient: str = "bottom") -> alt.Legend:
+    """A legend under the plot (or above it: ``orient``), ``columns`` entries a row, every entry and label in full.
+
+    Legends on one side sit in one row, so two of them share the chart's width: a half-page chart gives
+    each its own side."""
+    return alt.Legend(title=title, orient=orient, direction="horizontal", columns=columns, symbolLimit=0,
                       labelLimit=0)
 
 
@@ -256,7 +259,9 @@ def build_calibration_chart(points: pd.DataFrame, unit: str) -> alt.LayerChart:
     dots = alt.Chart(points).mark_point(**MARKER).encode(
         x=alt.X("measured:Q", scale=scale, title=f"measured ({unit})", axis=AXIS),
         y=alt.Y("predicted:Q", scale=scale, title=f"predicted ({unit})", axis=AXIS),
-        color=alt.Color("device:N", legend=legend("device", columns=2), scale=alt.Scale(scheme="tableau10")),
+        # Half a page wide (the Calibration page puts two side by side): devices above, policies below.
+        color=alt.Color("device:N", legend=legend("device", columns=2, orient="top"),
+                        scale=alt.Scale(scheme="tableau10")),
         shape=alt.Shape("policy:N", legend=legend("policy", columns=3)),
         tooltip=["device:N", "label:N", alt.Tooltip("predicted:Q", format=".4g"),
                  alt.Tooltip("measured:Q", format=".4g"), alt.Tooltip("error:Q", format="+.1%")],

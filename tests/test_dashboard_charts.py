@@ -25,9 +25,9 @@ def fields(layer: dict) -> dict[str, str]:
     return {channel: enc.get("field") for channel, enc in layer["encoding"].items() if isinstance(enc, dict)}
 
 
-def legend_of(columns: int, title: str) -> dict:
-    """What every legend is: under the plot, ``columns`` entries a row, every entry and label in full."""
-    return {"title": title, "orient": "bottom", "direction": "horizontal", "columns": columns, "symbolLimit": 0,
+def legend_of(columns: int, title: str, orient: str = "bottom") -> dict:
+    """What every legend is: under the plot (or above it), ``columns`` entries a row, every entry and label in full."""
+    return {"title": title, "orient": orient, "direction": "horizontal", "columns": columns, "symbolLimit": 0,
             "labelLimit": 0}
 
 
@@ -44,7 +44,8 @@ def assert_reads_in_full(chart) -> None:
                 axes[channel].append(encoding["axis"])
             if channel in ("color", "shape", "strokeDash") and "field" in encoding:
                 legend = encoding["legend"]
-                assert legend == legend_of(legend["columns"], legend["title"]), (channel, legend)
+                assert legend == legend_of(legend["columns"], legend["title"], legend["orient"]), (channel, legend)
+                assert legend["orient"] in ("bottom", "top")
     for channel, found in axes.items():
         assert found and all(axis["labelLimit"] == 0 for axis in found), (channel, found)
 
@@ -254,6 +255,7 @@ def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
     assert_reads_in_full(memory_chart)
     diagonal, dots = layers(memory_chart)
     assert dots["encoding"]["shape"]["legend"] == legend_of(3, "policy")
+    assert dots["encoding"]["color"]["legend"] == legend_of(2, "device", "top")  # half a page: a side each
     assert diagonal["mark"]["type"] == "line" and fields(dots)["x"] == "measured" and fields(dots)["y"] == "predicted"
     assert dots["encoding"]["x"]["scale"]["type"] == "log"
 
