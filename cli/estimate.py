@@ -24,6 +24,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
     p.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
+    p.add_argument("--trace", action="store_true",
+                   help="also build the model from its config.json with HuggingFace transformers on the meta device "
+                   "and list what one forward keeps for backward, against the analytic ledger (needs torch and "
+                   "transformers; --precision fp32 or a bf16 recipe, --recompute none or full)")
     p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
     p.set_defaults(handler=run)
 
@@ -32,15 +36,24 @@ def run(args: argparse.Namespace) -> int:
     spec = model_from_args(args)
     config = train_config(args)
     result = estimate(spec, config, args.device, args.accumulation)
+    traced = None
+    if args.trace:
+        from cli.trace import render_trace, traced_report
+
+        traced = traced_report(args.model, config, result)
     if args.json:
         report = result.to_dict()
         if args.ledger:
             report["ledger"] = [asdict(t) | {"bytes": t.bytes} for t in result.ledger.tensors]
+        if traced is not None:
+            report["trace"] = traced
         print(json.dumps(report, indent=2))
     else:
         print(render(result))
         if args.ledger:
             print("\n" + render_ledger(result.ledger))
+        if traced is not None:
+            print("\n" + render_trace(traced))
     return 0
 
 

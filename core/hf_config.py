@@ -85,6 +85,12 @@ POST_NORMS = ("gemma2", "gemma3_text")
 
 def load_hf_config(path: str | Path) -> ModelSpec:
     path = Path(path)
+    return spec_from_config_file(read_hf_config(path), path)
+
+
+def read_hf_config(path: str | Path) -> Any:
+    """The parsed JSON of a ``config.json``; errors name the path."""
+    path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -99,7 +105,7 @@ def load_hf_config(path: str | Path) -> ModelSpec:
         ) from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to be a model config") from None
-    return spec_from_config_file(config, path)
+    return config
 
 
 def spec_from_config_file(config: Any, path: Path) -> ModelSpec:

@@ -96,16 +96,22 @@ def _is_dir(name: str) -> bool:
 def resolve_model(name_or_path: str) -> ModelSpec:
     """A preset name, a path to a HuggingFace-style config.json, or a model directory holding one (as
     downloaded from a model hub)."""
+    path = hf_config_path(name_or_path)
+    if path is None:
+        return get_preset(name_or_path)
+    from core.hf_config import load_hf_config
+
+    return load_hf_config(path)
+
+
+def hf_config_path(name_or_path: str) -> Path | None:
+    """The config.json ``--model`` names (itself, or the one in a model directory); None for a preset."""
     if name_or_path.lower().endswith(".json") or _is_file(name_or_path):
-        from core.hf_config import load_hf_config
-
-        return load_hf_config(name_or_path)
+        return Path(name_or_path)
     if _is_dir(name_or_path):
-        from core.hf_config import load_hf_config
-
         config = Path(name_or_path) / "config.json"
         if not config.is_file():
             raise ConfigError(f"directory {name_or_path!r} holds no config.json; give a model directory as "
                               "downloaded from a model hub, a config.json or a preset")
-        return load_hf_config(config)
-    return get_preset(name_or_path)
+        return config
+    return None

@@ -1,0 +1,134 @@
+"""The traced ledger (agent.hf_trace): transformers' own model, built from its config on the meta device.
+
+Checked two ways: against a real CPU forward of the same model (byte for byte, tensor by tensor), and
+against the analytic ledger of the same config, whose differences are listed exactly.
+"""
+
+import json
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
+from agent.hf_trace import (  # noqa: E402
+    _one_sequence_per_row, build_model, checkpoint_every_layer, differences, ledger_of, trace)
+from agent.probe import probe  # noqa: E402
+from core.config import TrainConfig  # noqa: E402
+from core.errors import ConfigError  # noqa: E402
+from core.hf_config import spec_from_hf_config  # noqa: E402
+from core.ledger import activation_ledger  # noqa: E402
+from core.recompute import parse_policy  # noqa: E402
+
+LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
+         "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 512,
+         "tie_word_embeddings": False}
+"""bench-llama-small's shape as a HuggingFace config: grouped k/v heads, untied head."""
+SMALL = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+         "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256, "pad_token_id": None,
+         "bos_token_id": None, "eos_token_id": None}
+
+
+def kept(ledger) -> Counter:
+    return Counter((t.name, t.shape, t.dtype, t.kind, t.layer, t.bytes) for t in ledger.tensors)
+
+
+def cpu_forward(config: dict, train: TrainConfig):
+    """The probe on a real CPU forward of the same transformers model: SDPA picks its own kernel."""
+    torch.manual_seed(0)
+    model = build_model(config, {"fp32": torch.float32, "bf16-pure": torch.bfloat16}[train.precision], "cpu")
+    if str(train.recompute) == "full":
+        checkpoint_every_layer(model)
+    tokens = torch.randint(0, config["vocab_size"], (train.micro_batch, train.seq_len))
+    with _one_sequence_per_row():
+        probed = probe(model, lambda: model(input_ids=tokens, labels=tokens, use_cache=False).loss)
+    return ledger_of(probed, "tiny", "cpu", model)
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-pure"])
+def test_the_meta_trace_under_cpu_rules_is_a_real_cpu_forward_tensor_for_tensor(precision, policy):
+    train = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(policy))
+    traced = trace(LLAMA, "tiny", train, "cpu")
+    real = cpu_forward(LLAMA, train)
+    assert kept(traced) == kept(real)
+    assert traced.saved_bytes == real.saved_bytes > 0
+
+
+def test_on_the_cpu_the_trace_and_the_analytic_ledger_part_only_where_the_models_do():
+    """transformers computes RoPE's cos and sin once and hands them to every layer; the reference decoder
+    makes them in each layer, so the analytic ledger keeps one pair more per later layer."""
+    train = TrainConfig(seq_len=128, micro_batch=2, precision="fp32")
+    traced, analytic = trace(LLAMA, "tiny", train, "cpu"), activation_ledger(spec_from_hf_config(LLAMA, "t"), train, "cpu")
+    assert differences(traced, analytic) == [
+        "layer 1: the trace keeps -32,768 bytes; only traced: nothing; only analytic: 128x32 fp32 (x2)"]
+    assert traced.saved_bytes == analytic.saved_bytes - 32_768 == 15_524_868
+
+
+def test_under_full_checkpointing_the_trace_keeps_the_shared_tables_the_layers_read():
+    train = TrainConfig(seq_len=128, micro_batch=2, precision="fp32", recompute=parse_policy("full"))
+    traced, analytic = trace(LLAMA, "tiny", train, "cpu"), activation_ledger(spec_from_hf_config(LLAMA, "t"), train, "cpu")
+    assert differences(traced, analytic) == [
+        "embedding, head and loss: the trace keeps +33,792 bytes; only traced: 1x128x32 fp32 (x2), 128 int64; "
+        "only analytic: nothing"]
+
+
+def test_on_cuda_rules_transformers_rmsnorm_keeps_what_the_fused_kernel_does_not():
+    """transformers' LlamaRMSNorm is a composite (an fp32 copy of its input, then the scaled product); the
+    analytic ledger follows torch's fused RMSNorm on CUDA, which keeps the input and rstd only."""
+    train = TrainConfig(seq_len=128, micro_batch=2, precision="fp32")
+    traced, analytic = trace(LLAMA, "tiny", train, "cuda"), activation_ledger(spec_from_hf_config(LLAMA, "t"), train, "cuda")
+    diff = differences(traced, analytic)
+    assert diff[0] == "layer 0: the trace keeps +524,288 bytes; only traced: 2x128x256 fp32 (x2); only analytic: nothing"
+    assert traced.saved_bytes > analytic.saved_bytes
+
+
+def test_fused_attention_keeps_no_score_matrix():
+    """Meta's SDPA falls back to the math path (b a s^2 probabilities); routed to the fused kernel the trace
+    keeps none, as the device would."""
+    train = TrainConfig(seq_len=128, micro_batch=2, precision="bf16-pure")
+    scores = (2, 8, 128, 128)
+    assert not [t for t in trace(LLAMA, "tiny", train, "cuda").tensors if t.shape == scores]
+    assert [t for t in trace(LLAMA, "tiny", train, "meta").tensors if t.shape == scores]  # meta's own rules: math
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [
+    ("qwen3", {"head_dim": 32}), ("gemma2", {"head_dim": 32}), ("phi3", {}), ("mistral", {}),
+    ("gpt2", {"n_layer": 2, "n_embd": 128, "n_head": 4, "n_positions": 256}), ("gpt_neox", {}),
+    ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+])
+def test_architectures_the_analytic_ledger_need_not_know_are_traced_layer_by_layer(model_type, extra):
+    train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure")
+    traced = trace({"model_type": model_type, **SMALL, **extra}, model_type, train, "cuda")
+    per_layer = [traced.layer_bytes(n) for n in range(traced.n_layers)]
+    assert traced.n_layers == 2 and all(per_layer)
+    assert traced.saved_bytes == sum(per_layer) + traced.layer_bytes(None)
+
+
+def test_what_cannot_be_traced_says_why():
+    with pytest.raises(ConfigError, match="--precision amp-bf16 needs autocast"):
+        trace(LLAMA, "tiny", TrainConfig(seq_len=64), "cuda")
+    with pytest.raises(ConfigError, match="--recompute 'selective' cannot be traced; valid: none, full"):
+        trace(LLAMA, "tiny", TrainConfig(seq_len=64, precision="fp32", recompute=parse_policy("selective")), "cuda")
+    with pytest.raises(ConfigError, match="model_type 'no-such-model'"):
+        trace({**LLAMA, "model_type": "no-such-model"}, "x", TrainConfig(seq_len=64, precision="fp32"), "cuda")
+
+
+def test_estimate_trace_from_a_model_directory(headroom, tmp_path):
+    (tmp_path / "tiny-llama").mkdir()
+    (tmp_path / "tiny-llama" / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "acme/tiny-llama"}))
+    flags = ("estimate", "--model", str(tmp_path / "tiny-llama"), "--seq-len", "128", "--micro-batch", "2",
+             "--precision", "fp32", "--device", "cpu", "--trace")
+    result = headroom(*flags, "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)["trace"]
+    assert report["model"] == "acme/tiny-llama" and report["device"] == "cpu"
+    assert report["saved_bytes"] == 15_524_868 == sum(t["bytes"] for t in report["ledger"] if t["kind"] != "parameter_copy")
+    assert report["analytic_saved_bytes"] == 15_557_636
+    assert set(report["ledger"][0]) == {"name", "shape", "dtype", "location", "kind", "layer", "bytes"}
+    text = headroom(*flags)
+    assert "traced with transformers on meta (cpu attention kernels): 15.525 MB kept for backward, analytic " \
+           "15.558 MB (-0.2%; MB = 1e6 bytes)" in text.stdout
+    preset = headroom("estimate", "--model", "llama3-8b", "--seq-len", "128", "--precision", "fp32", "--trace")
+    assert preset.returncode != 0 and "--model 'llama3-8b' is a preset; give a config.json" in preset.stderr
