@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import contextlib
 import re
-from collections.abc import Iterator
-from unittest import mock
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -129,7 +129,7 @@ def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "
         hf_config = transformers.AutoConfig.for_model(model_type, **fields)
     except (ValueError, KeyError) as err:
         raise ConfigError(f"model_type {model_type!r}: transformers {transformers.__version__} cannot build it "
-                          f"({str(err).splitlines()[0]}); the analytic ledger (without --trace) may still") from None
+                          f"({str(err).splitlines()[0]}); the analytic ledger (without --trace) may still account for it") from None
     with torch.device(device):
         try:
             model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
@@ -142,23 +142,20 @@ def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "
     return model.train()
 
 
-def trace(config: dict, name: str, train: TrainConfig, device: str = "cuda", *,
-          run_on: str | torch.device = "meta", seed: int = 0) -> TracedLedger:
-    """What one forward of ``train``'s micro-batch keeps for backward, under ``device``'s attention rules.
-
-    ``run_on``: ``meta`` (no memory, any size) or a real device (tests compare the two)."""
+def trace(config: dict, name: str, train: TrainConfig, device: str = "cuda", *, seed: int = 0) -> TracedLedger:
+    """What one forward of ``train``'s micro-batch keeps for backward on meta, under ``device``'s attention
+    rules (``cpu``, ``cuda``, or ``meta``'s own: the math path)."""
     dtype = _dtype(train)
     if str(train.recompute) not in TRACE_POLICIES:
         raise ConfigError(f"--trace follows transformers' own checkpointing: --recompute {str(train.recompute)!r} "
                           f"cannot be traced; valid: {', '.join(TRACE_POLICIES)}")
     rules = DEVICE_RULES[device]
     torch.manual_seed(seed)
-    model = build_model(config, dtype, run_on)
+    model = build_model(config, dtype)
     if str(train.recompute) == "full":
         checkpoint_every_layer(model)
     vocab = model.get_input_embeddings().num_embeddings
-    with torch.device(run_on):
-        tokens = torch.randint(0, vocab, (train.micro_batch, train.seq_len))
+    tokens = torch.randint(0, vocab, (train.micro_batch, train.seq_len), device="meta")
 
     def forward() -> torch.Tensor:
         with _FusedAttention(rules), _one_sequence_per_row():
