@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
+from agent.ledger_check import DTYPE_NAMES
 from agent.probe import ProbedTensor, ProbeResult, probe
 from core.config import TrainConfig
 from core.devices import DEVICE_RULES, DeviceRules
@@ -44,8 +45,6 @@ from core.precision import get_precision
 TRACE_POLICIES = ("none", "full")
 """What transformers' own checkpointing gives: nothing, or every decoder layer (``full``)."""
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-NAMES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
-"""torch's dtype names as the ledger writes them."""
 _LAYER = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 """A decoder layer's index in a module path: model.layers.3.mlp (Llama and most), transformer.h.3 (GPT-2)."""
 
@@ -214,7 +213,7 @@ def _dtype(train: TrainConfig) -> torch.dtype:
 
 def _traced(t: ProbedTensor) -> TracedTensor:
     match = _LAYER.search("." + t.module)
-    return TracedTensor(name=f"{t.module or 'model'}.{t.op}", shape=t.shape, dtype=NAMES.get(t.dtype, t.dtype),
+    return TracedTensor(name=f"{t.module or 'model'}.{t.op}", shape=t.shape, dtype=DTYPE_NAMES.get(t.dtype, t.dtype),
                         location="device", kind=t.kind, layer=int(match.group(1)) if match else None, bytes=t.nbytes)
 
 
