@@ -62,7 +62,7 @@ class LedgerCase:
     precision: str
     backend: str = "default"
     """SDPA backend forced while probing: ``default`` (SDPA's own choice), flash, efficient, cudnn, math."""
-    stack: str = "torch"
+    stack: str = "reference"
     """Whose checkpointing applies the policy (core.stack)."""
 
     @property
@@ -78,7 +78,7 @@ class LedgerCase:
     @property
     def label(self) -> str:
         backend = f" [{self.backend}]" if self.backend != "default" else ""
-        stack = f" ({self.stack})" if self.stack != "torch" else ""
+        stack = f" ({self.stack})" if self.stack != "reference" else ""
         return (f"{self.model} L{self.n_layers} s{self.seq_len} b{self.micro_batch} {self.attention} "
                 f"p{self.dropout:g} {self.policy} {self.precision}{stack}{backend}")
 

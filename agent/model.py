@@ -275,7 +275,7 @@ class Decoder(nn.Module):
 
     def __init__(
         self, spec: ModelSpec, attention: str = "flash", dropout: float = 0.0,
-        recompute: RecomputePolicy | str = "none", stack: str = "torch",
+        recompute: RecomputePolicy | str = "none", stack: str = "reference",
     ) -> None:
         super().__init__()
         if dropout and spec.block == "llama":

@@ -112,7 +112,7 @@ def _run(blocks: Sequence[nn.Module], x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, policy: RecomputePolicy,
-                 stack: str = "torch") -> torch.Tensor:
+                 stack: str = "reference") -> torch.Tensor:
     """Run the blocks under a checkpoint policy (``selective`` lives in Attention), as ``stack`` applies it."""
     if not torch.is_grad_enabled() or not (policy.recomputes_blocks or policy.caches_matmuls or policy.offloads):
         return _run(blocks, x)

@@ -9,6 +9,7 @@ import sys
 from cli.train_flags import add_train_flags, layout_from_args, model_from_args, train_config
 from core.errors import ConfigError
 from core.layout import Layout
+from core.stack import STACKS, get_stack
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
 KIND_NAMES = ("matmul", "elementwise", "attention", "train", "collectives")
@@ -227,6 +228,11 @@ def run_train(args: argparse.Namespace) -> int:
     from agent.summary import summarize
     from db.store import open_store
 
+    if not get_stack(args.stack).measured:
+        measured = " or ".join(s.name for s in STACKS.values() if s.measured)
+        raise ConfigError(f"--stack {args.stack}: the agent's decoder runs the reference stack's kernels, not "
+                          f"{args.stack}'s, so it measures --stack {measured}; {args.stack} is planned, not measured "
+                          f"(headroom plan --stack {args.stack})")
     (device,) = devices(args.device) if args.device != "all" else (None,)
     if device is None:
         raise ConfigError("--device all is for `agent run`; train one device at a time")

@@ -17,7 +17,7 @@ from core.model import ModelSpec
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.recompute import POLICY_NAMES, parse_policy
 from core.presets import resolve_model
-from core.stack import STACKS
+from core.stack import FORMER_NAMES, STACKS
 
 Many = Literal["one", "list", "none"]
 LAYOUT_AXES = ("tp", "pp", "cp", "dp")
@@ -51,10 +51,9 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
                    help="a mixture of experts' expert capacity: each expert takes at most ceil(t k / E x C) of a "
                         "micro-batch's t tokens, drops the rest and is padded to that many (Megatron-LM's "
                         "--moe-expert-capacity-factor with padding); 0 is dropless (default: dropless)")
-    p.add_argument("--stack", default="torch", choices=list(STACKS),
-                   help="training stack whose saving rules apply: torch (plain PyTorch, the agent's decoder), torchtitan "
-                        "(its activation checkpointing: none, full, op-selective) or megatron (its sequence parallelism and "
-                        "checkpointing: none, full, every-K, selective, offload) (default torch)")
+    p.add_argument("--stack", default="reference", choices=list(STACKS), type=lambda name: FORMER_NAMES.get(name, name),
+                   help="training stack whose kernels and checkpointing apply: "
+                        + "; ".join(f"{s.name} ({s.summary})" for s in STACKS.values()) + " (default reference)")
     if layout == "none":
         return
     free = layout == "free"

@@ -11,13 +11,19 @@ from core.layout import SINGLE, Layout
 from core.model import SIZE_LIMITS, ModelSpec
 from core.precision import PrecisionRecipe, get_precision, optimizer_state_bytes
 from core.recompute import RecomputePolicy
-from core.stack import get_stack
+from core.stack import get_stack, stack_name
 
 MAX_MICRO_BATCH = 2**20
 """Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
 
 Attention = Literal["flash", "standard"]
 ATTENTIONS = ("flash", "standard")
+
+
+def hf_stack_covers(spec: ModelSpec) -> bool:
+    """The hf stack (core.stack) accounts for transformers' Llama modules: dense, RMSNorm before each sublayer,
+    Llama's attention. Its mixtures of experts, latent attention, GPT blocks and Gemma's norms keep other tensors."""
+    return spec.block == "llama" and not (spec.is_moe or spec.is_mla or spec.post_norms)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -36,8 +42,9 @@ class TrainConfig:
     """Dropout probability (``gpt`` blocks only)."""
     recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
     """Activation-checkpoint policy."""
-    stack: str = "torch"
-    """Training stack whose saving rules differ (core.stack): ``torch``, ``torchtitan`` or ``megatron``."""
+    stack: str = "reference"
+    """Training stack whose kernels and checkpointing apply (core.stack): ``reference``, ``torchtitan``, ``megatron``
+    or ``hf``; the former name ``torch`` reads as ``reference``."""
     layout: Layout = SINGLE
     """How the run is spread over GPUs (core.layout): tp, sp, pp, cp, dp and the sharding stage."""
 
@@ -55,6 +62,7 @@ class TrainConfig:
         if not 0.0 <= self.dropout < 1.0:
             raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
         get_precision(self.precision)
+        object.__setattr__(self, "stack", stack_name(self.stack))
         get_stack(self.stack).check_policy(self.recompute)
         if self.layout.cp > 1 and self.attention != "flash":
             raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
@@ -98,6 +106,10 @@ class TrainConfig:
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
                               f"sharding; tp {self.layout.tp} and pp {self.layout.pp} are not modelled for it yet: "
                               "use tp 1 and pp 1")
+        if self.stack == "hf" and not hf_stack_covers(spec):
+            raise ConfigError(f"{spec.name}: the hf stack accounts for transformers' Llama modules (llama, mistral, "
+                              "qwen2, qwen3); for this architecture, trace transformers' own model with "
+                              "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")
         if spec.is_moe and self.recompute.caches_matmuls and get_stack(self.stack).every_other_mm:
             raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
                               "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "

@@ -36,7 +36,7 @@ from core.errors import ConfigError
 from core.model import ModelSpec
 from core.pipeline import RankKind, rank_kinds
 from core.recompute import RecomputePolicy
-from core.stack import get_stack
+from core.stack import STACKS, Stack, get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 Kind = Literal["activation", "input", "parameter_copy"]
@@ -185,14 +185,14 @@ class _Trace:
     layer: int | None = None
     region: Literal["none", "checkpoint", "op-selective"] = "none"
     offloading: bool = False
-    every_other_mm: bool = False
-    """op-selective caches only the odd-numbered ``aten.mm`` outputs of a block (torchtitan, core.stack)."""
-    caches_cpu_attention: bool = True
-    """op-selective caches the CPU's fused attention kernel's outputs (core.stack)."""
+    stack: Stack = STACKS["reference"]
+    """Whose kernels and checkpointing (core.stack)."""
     mm_count: int = 0
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
     weight_copies: dict[str, _Sym] = field(default_factory=dict)
+    shared: dict[str, _Sym] = field(default_factory=dict)
+    """Tensors the model makes once per forward and hands every layer (a stack's RoPE tables)."""
     repeats: list[Repeat] = field(default_factory=list)
     _next: int = 0
 
@@ -226,6 +226,20 @@ class _Trace:
     def _store(self, key: int, saved: SavedTensor) -> None:
         self.kept[key] = saved
 
+    def once(self, name: str, shape: tuple[int, ...], dtype: str) -> _Sym:
+        """A tensor made once per forward outside the blocks, the same storage for every layer that reads it."""
+        if name not in self.shared:
+            layer, self.layer = self.layer, None
+            self.shared[name] = self.new(name, shape, dtype)
+            self.layer = layer
+        return self.shared[name]
+
+    def keep_outside(self, *tensors: _Sym) -> None:
+        """Keep tensors as the model's, not a block's (what a checkpoint wrapper called from the model keeps)."""
+        layer, self.layer = self.layer, None
+        self.keep(*tensors)
+        self.layer = layer
+
     def repeat_segment(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
         """Keep for layers start.. what layers template_start.. kept; return a new segment output."""
         self.repeats.append(Repeat(template_start, start, size))
@@ -239,9 +253,9 @@ class _Trace:
             self.mm_count += 1
         if self.region != "op-selective":
             return t
-        if op == "mm" and self.every_other_mm and self.mm_count % 2 == 0:
+        if op == "mm" and self.stack.every_other_mm and self.mm_count % 2 == 0:
             return t
-        if op == "attention" and self.rules.device == "cpu" and not self.caches_cpu_attention:
+        if op == "attention" and self.rules.device == "cpu" and not self.stack.caches_cpu_attention:
             return t
         self.keep(t)
         return t
@@ -305,19 +319,26 @@ class _Trace:
         return self.new(f"{name}.out", x.shape, x.dtype)
 
     def rms_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
-        """RMSNorm: torch's fused kernel where the device has one, else its composite.
+        """RMSNorm: the stack's kernel (core.stack); under ``torch``'s, the fused one where the device has it.
 
-        Fused (``_fused_rms_norm``, CUDA): backward keeps the input, an fp32
-        rstd per row and the weight (torch's derivatives.yaml). Composite (CPU,
-        meta): upcast, x * rsqrt(mean(x^2) + eps), times weight, cast back; it
-        keeps the fp32 input, the rsqrt and the fp32 normalised tensor.
+        Fused (torch's ``_fused_rms_norm`` on CUDA, Transformer Engine's): backward
+        keeps the input, an fp32 rstd per row and the weight (torch's
+        derivatives.yaml). torch's composite (CPU, meta): upcast, x * rsqrt(mean(x^2)
+        + eps), times weight, cast back; it keeps the fp32 input, the rsqrt and
+        the fp32 normalised tensor. transformers' composite casts back before
+        the weight: it keeps the normalised tensor in the input's dtype.
         """
         rows = x.shape[:-1] + (1,)
         weight = self.param(f"{name}.weight", (x.shape[-1],), param_dtype)
-        if self.rules.fused_rms_norm:
+        kernel = self.stack.rms_norm
+        if kernel == "fused" or (kernel == "torch" and self.rules.fused_rms_norm):
             self.save(x, self.new(f"{name}.rstd", rows, "fp32"), weight)
             return self.new(f"{name}.out", x.shape, x.dtype)
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
+        if kernel == "hf":
+            normed = self.cast(self.new(f"{name}.normalized", x.shape, "fp32"), x.dtype, f"{name}.normalized_cast")
+            self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, weight)
+            return self.new(f"{name}.out", x.shape, x.dtype)
         normed = self.new(f"{name}.normalized", x.shape, "fp32")
         self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, weight)
         return self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
@@ -433,6 +454,25 @@ def _view(x: _Sym, shape: tuple[int, ...]) -> _Sym:
     return _Sym(x.storage, shape, x.dtype, x.name, x.kind, x.storage_shape or x.shape)
 
 
+def _rotary(tr: _Trace, d: _Dims, q: _Sym, k: _Sym, rotary_dim: int, dtype: str) -> tuple[_Sym, _Sym]:
+    """q and k rotated, with what the stack's RoPE keeps (core.stack): the reference's tables made in each
+    layer and cast per call; Megatron's fused kernel one fp32 ``freqs`` table for the whole forward; transformers
+    cos and sin made once in the residual stream's dtype ``dtype``. Nothing else: the tables need no gradient."""
+    if tr.stack.rope == "per-layer":
+        tables = (tr.new("rope.cos", (d.s, rotary_dim), "fp32"), tr.new("rope.sin", (d.s, rotary_dim), "fp32"))
+        return _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
+    if tr.stack.rope == "shared-fp32":
+        tr.save(tr.once("rope.freqs", (d.s, 1, 1, rotary_dim), "fp32"))
+    else:
+        tr.save(*_shared_tables(tr, d, rotary_dim, dtype))
+    return tr.new("attn.q_rope.rotated", q.shape, q.dtype), tr.new("attn.k_rope.rotated", k.shape, k.dtype)
+
+
+def _shared_tables(tr: _Trace, d: _Dims, rotary_dim: int, dtype: str) -> tuple[_Sym, _Sym]:
+    """transformers' cos and sin: (1, s, rotary_dim), one pair per forward."""
+    return tr.once("rope.cos", (1, d.s, rotary_dim), dtype), tr.once("rope.sin", (1, d.s, rotary_dim), dtype)
+
+
 def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
     """x * cos + rotate_half(x) * sin: saves cos and sin, cast to x's dtype per call. Partial rotary
     rotates the first rotary_dim of each head and concatenates the rest back: the tables are that wide."""
@@ -472,9 +512,7 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
             q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
             k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
         if spec.rotary:
-            rd = spec.rotary_dim
-            tables = (tr.new("rope.cos", (d.s, rd), "fp32"), tr.new("rope.sin", (d.s, rd), "fp32"))
-            q, k = _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
+            q, k = _rotary(tr, d, q, k, spec.rotary_dim, x.dtype)
         attention = _attention
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
@@ -538,7 +576,13 @@ def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: s
     """down(silu(gate(x)) * up(x)): what a gated MLP keeps; returns the down projection's output.
 
     ``kept``, ``rows`` and ``bias`` as for ``_Trace.linear``; ``stacked``: x holds the rows of that many
-    experts, each with its own weights."""
+    experts, each with its own weights. A stack's fused SwiGLU (core.stack) reads gate and up as one fc1 output
+    and keeps only that."""
+    if tr.stack.fused_swiglu:
+        fc1 = tr.linear(x, f"{name}.fc1", 2 * width, param_dtype, kept, stacked=stacked, bias=bias)
+        tr.save(fc1)
+        hidden = tr.new(f"{name}.swiglu", (*fc1.shape[:-1], width), fc1.dtype)
+        return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
     gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     tr.save(gate)  # SiLU saves its input
@@ -597,6 +641,9 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
     policy = cfg.recompute
     tr.layer = start
     if policy.recomputes_blocks or policy.caches_matmuls:
+        if tr.stack.rope == "shared" and spec.rotary:
+            # transformers hands each checkpointed layer cos, sin and the positions: kept once, as the model's.
+            tr.keep_outside(*_shared_tables(tr, d, spec.rotary_dim, x.dtype), tr.once("positions", (d.s,), "int64"))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             for layer in range(start, end):
                 tr.layer = layer
@@ -613,9 +660,7 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
     amp = _autocast(cfg)
     param_dtype = _compute_param_dtype(cfg)
-    stack = get_stack(cfg.stack)
-    tr = _Trace(rules=rules, amp=amp, every_other_mm=stack.every_other_mm,
-                caches_cpu_attention=stack.caches_cpu_attention)
+    tr = _Trace(rules=rules, amp=amp, stack=get_stack(cfg.stack))
     d = _Dims.of(spec, cfg)
     b, h = d.b, d.h
 
@@ -741,7 +786,7 @@ def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _D
     """Activation bytes block ``layer`` keeps under ``none`` or ``selective``."""
     cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
     param_dtype = _compute_param_dtype(cfg)
-    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=layer)
+    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=layer, stack=get_stack(cfg.stack))
     x = tr.new("input", (d.b, d.rows, d.h), param_dtype)
     _block(tr, spec, d, cfg, x, param_dtype)
     return sum(t.bytes for t in tr.kept.values() if t.kind == "activation")

@@ -133,7 +133,7 @@ class TrainStepRecord:
     """The fastest and slowest timed step."""
     busy: bool = False
     """The agent flagged the host busy while the steps were timed (agent/host_load.py)."""
-    stack: str = "torch"
+    stack: str = "reference"
     """Whose checkpointing the step ran (core.stack), as its stored prediction records it."""
 
     @property
@@ -157,7 +157,7 @@ class TrainStepRecord:
     @property
     def label(self) -> str:
         ranks = f" rank {self.rank}/{Layout(**self.layout).world}" if self.layout else ""
-        stack = f" ({self.stack})" if self.stack != "torch" else ""
+        stack = f" ({self.stack})" if self.stack != "reference" else ""
         return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{stack}{ranks}"
 
 

@@ -1,14 +1,17 @@
 """Training stacks: where the framework the user trains with saves other tensors than another.
 
 Only what the core models differently is here; the rest of a stack's kernels
-is the reference decoder's (core/ledger.py).
+is the reference decoder's (core/ledger.py). Each fact names its source.
 
-- ``torch``: plain PyTorch, as the agent's reference decoder uses it: DTensor
-  tensor/sequence parallelism, FSDP2, ``torch.utils.checkpoint`` with its
-  defaults (early stop), and an op-selective policy that caches the output of
+- ``reference``: plain PyTorch, as the agent's reference decoder uses it:
+  DTensor tensor/sequence parallelism, FSDP2, ``torch.utils.checkpoint``
+  with its defaults (early stop), torch's own RMSNorm (the fused kernel
+  where the device has one, core.devices), RoPE tables made in each layer,
+  an unfused SwiGLU, and an op-selective policy that caches the output of
   every matmul and fused attention kernel. Under sequence parallelism a
-  column-parallel linear's input is all-gathered by DTensor and autograd keeps
-  the gathered, full-sequence tensor.
+  column-parallel linear's input is all-gathered by DTensor and autograd
+  keeps the gathered, full-sequence tensor. The agent measures this stack;
+  ``torch`` is its former name, still read from older stores.
 - ``torchtitan``: the same kernels and parallelism under torchtitan's own
   activation checkpointing (torchtitan 0.3,
   ``torchtitan/distributed/activation_checkpoint.py``): ``FullAC`` checkpoints
@@ -17,22 +20,50 @@ is the reference decoder's (core/ledger.py).
   caches the outputs of torch's compute-intensive ops (mm, addmm, bmm, the
   CUDA attention kernels), except every second ``aten.mm`` of a block, which
   it recomputes. It offers no attention-only, segment or offload policy.
-- ``megatron`` (Megatron-LM): sequence parallelism keeps the sharded input
-  and all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2),
-  so every tensor of a block is split by the tensor-parallel ranks. Its
-  checkpointing is ``--recompute-granularity full`` (every layer, or every K
-  with ``--recompute-num-layers``), ``selective`` (``--recompute-modules
-  core_attn``: the attention core) and activation offloading
-  (``TransformerConfig.cpu_offloading``); it has no op-level policy
-  (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
+- ``megatron`` (Megatron-LM with Transformer Engine, its default
+  ``--transformer-impl``): sequence parallelism keeps the sharded input and
+  all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2), so
+  every tensor of a block is split by the tensor-parallel ranks. Its kernels
+  are fused: TE's RMSNorm keeps its input and an fp32 rstd per row
+  (``transformer_engine/pytorch/module/layernorm_linear.py`` saves ``inputmat``
+  and ``rsigma``); fc1 projects gate and up as one ``[gate | up]`` matrix and
+  ``bias_swiglu_impl`` keeps only that input, recomputing SiLU in backward
+  (``megatron/core/fusions/fused_bias_swiglu.py``); fused RoPE keeps the fp32
+  ``freqs`` table the rotary module makes once per forward
+  (``megatron/core/models/common/embeddings/rope_utils.py``, TE's
+  ``FusedRoPEFunc``). Its checkpointing is ``--recompute-granularity full``
+  (every layer, or every K with ``--recompute-num-layers``), ``selective``
+  (``--recompute-modules core_attn``: the attention core) and activation
+  offloading (``TransformerConfig.cpu_offloading``); it has no op-level
+  policy (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
+- ``hf``: transformers' modeling code under the HF Trainer (transformers
+  5, ``models/llama/modeling_llama.py``; Mistral, Qwen2/3 and Phi-3 share it).
+  ``LlamaRMSNorm`` is a composite on every device: it upcasts its input to
+  fp32, multiplies by ``rsqrt(mean(x^2) + eps)``, casts back and then scales
+  by the weight, so backward keeps the fp32 input, the rsqrt, the normalised
+  tensor in the input's dtype and the output. ``LlamaRotaryEmbedding`` makes
+  cos and sin once per forward in the compute dtype and every layer reads
+  them. The Trainer's ``gradient_checkpointing`` checkpoints every decoder
+  layer (non-reentrant: each layer keeps its inputs, and the shared cos, sin
+  and positions once); it has no other policy. The traced ledger
+  (``headroom estimate --trace``) is this stack's independent check.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from core.errors import ConfigError
 from core.recompute import RecomputePolicy
+
+RmsNorm = Literal["torch", "fused", "hf"]
+"""``torch``: torch's RMSNorm (fused where the device has the kernel, else its composite); ``fused``: the stack's
+own fused kernel on every device; ``hf``: transformers' composite, in its order."""
+Rope = Literal["per-layer", "shared-fp32", "shared"]
+"""Where RoPE's cos and sin come from and what rotation keeps: tables made in each layer and cast per call
+(``per-layer``), one fp32 table for the whole forward (``shared-fp32``: Megatron's fused kernel), or cos and sin made
+once in the compute dtype (``shared``: transformers)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +81,13 @@ class Stack:
     rest; addmm and bmm outputs are cached whatever their place."""
     caches_cpu_attention: bool = True
     """op-selective caches the CPU's fused attention kernel (torch's list of compute-intensive ops lacks it)."""
+    rms_norm: RmsNorm = "torch"
+    rope: Rope = "per-layer"
+    fused_swiglu: bool = False
+    """One fc1 makes gate and up together and the SwiGLU kernel keeps only that, not SiLU's output or the factors."""
+    measured: bool = False
+    """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
+    summary: str = ""
 
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
@@ -58,15 +96,29 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("torch", True),
+    Stack("reference", True, measured=True,
+          summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_cpu_attention=False),
-    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload")),
+          caches_cpu_attention=False, measured=True,
+          summary="its activation checkpointing: none, full, op-selective"),
+    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
+          rope="shared-fp32", fused_swiglu=True,
+          summary="Transformer Engine's fused kernels, its sequence parallelism and checkpointing: none, full, "
+                  "every-K, selective, offload"),
+    Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared",
+          summary="transformers' modules under the HF Trainer: none, full"),
 )}
+FORMER_NAMES = {"torch": "reference"}
+"""Names a stack had before, as older stores and bundles hold them."""
+
+
+def stack_name(name: str) -> str:
+    """The stack's current name, for one an older store holds too; an unknown name is refused."""
+    name = FORMER_NAMES.get(name, name)
+    if name not in STACKS:
+        raise ConfigError(f"unknown training stack {name!r}; valid: {', '.join(STACKS)}")
+    return name
 
 
 def get_stack(name: str) -> Stack:
-    try:
-        return STACKS[name]
-    except KeyError:
-        raise ConfigError(f"unknown training stack {name!r}; valid: {', '.join(STACKS)}") from None
+    return STACKS[stack_name(name)]

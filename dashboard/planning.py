@@ -35,6 +35,7 @@ from core.layout_search import PINNABLE, pinned_layout
 from core.model import ModelSpec
 from core.planner import Candidate, LayoutOutcome, Plan, PlanRequest
 from core.presets import get_preset
+from core.stack import stack_name
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
@@ -99,6 +100,8 @@ class PlanInputs:
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
+    stack: str = "reference"
+    """The training stack whose kernels and checkpointing the plan follows (core.stack)."""
     offload: bool = False
 
     @classmethod
@@ -113,6 +116,8 @@ class PlanInputs:
             try:
                 if f.name in PINNABLE:
                     values[f.name] = _axis_text(f.name, raw)
+                elif f.name == "stack":
+                    values[f.name] = stack_name(raw)  # a shared link from before a rename reads as today's name
                 elif isinstance(default, bool):
                     values[f.name] = raw.lower() in ("1", "true", "yes", "on")
                 elif isinstance(default, int):
@@ -233,7 +238,7 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile 
                           f"takes minutes at that size); plan it with `headroom plan --gpus {inputs.gpus}`")
     layout = build_layout(inputs)
     train = TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
-                        attention=inputs.attention, layout=layout)
+                        attention=inputs.attention, stack=inputs.stack, layout=layout)
     search = inputs.gpus > 0
     cluster = build_cluster(inputs, profile) if profile is not None and (search or layout.world > 1) else None
     return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,

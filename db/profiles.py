@@ -28,6 +28,7 @@ from sqlalchemy.orm import Session
 from core.calibration import Calibration
 from core.collective_curves import CollectiveRecord
 from core.errors import ConfigError
+from core.stack import stack_name
 from core.measurements import (
     AttentionRecord,
     DeviceRecord,
@@ -170,7 +171,7 @@ def train_step_records(session: Session, device_name: str) -> list[TrainStepReco
         Run.started_at, t.id)
     return [
         TrainStepRecord(**dict(zip(TRAIN_STEP_COLUMNS, values, strict=True)), dropout=float(drop or 0.0),
-                        stack=ran or "torch", communication_s=communication, busy=bool(flagged))
+                        stack=stack_name(ran or "reference"), communication_s=communication, busy=bool(flagged))
         for *values, drop, ran, communication, flagged in session.execute(rows)
     ]
 

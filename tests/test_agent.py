@@ -211,6 +211,19 @@ def test_agent_run_refuses_a_missing_device_or_unknown_kinds_before_any_work(fla
     assert not db.exists()  # refused before the store was opened
 
 
+@pytest.mark.parametrize("stack", ["megatron", "hf"])
+def test_agent_train_refuses_a_stack_whose_kernels_its_decoder_does_not_run(stack, tmp_path, capsys):
+    from cli.main import main
+
+    db = tmp_path / "refused.db"
+    flags = ["agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--device", "cpu", "--stack", stack]
+    assert main([*flags, "--db", f"sqlite:///{db}"]) == 2
+    assert (f"--stack {stack}: the agent's decoder runs the reference stack's kernels, not {stack}'s, so it measures "
+            f"--stack reference or torchtitan; {stack} is planned, not measured (headroom plan --stack {stack})"
+            in capsys.readouterr().err)
+    assert not db.exists()
+
+
 def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):
     from agent import bench_attention
     from agent.runner import run_case

@@ -198,6 +198,15 @@ def test_changing_the_model_changes_the_recommendation(tmp_path, monkeypatch):
     assert recommendation(at) != large
 
 
+def test_the_training_stack_changes_the_plan_and_the_header_names_it(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch, {"stack": "torch"})  # a link from before the rename
+    assert at.selectbox(key="plan_stack").value == "reference" and "reference stack" in texts(at)
+    reference = recommendation(at)
+    at.selectbox(key="plan_stack").set_value("megatron").run()
+    assert not at.exception
+    assert "megatron stack" in texts(at) and recommendation(at) != reference
+
+
 def test_a_shared_url_restores_the_inputs(tmp_path, monkeypatch):
     query = {"model": "llama3.2-1b", "seq_len": "2048", "global_batch": "32", "dp": "4", "budget": "24GB",
              "hardware": "datasheet: rtx-4090"}

@@ -323,7 +323,9 @@ def test_query_string_round_trip():
     # pins are normalised; unreadable ones keep their default (auto), as every other malformed value does
     assert planning.PlanInputs.from_query({"tp": " 04", "sp": "true", "schedule": "Interleaved", "zero": ""}) == \
         planning.PlanInputs(tp="4", sp="on", schedule="interleaved", zero="auto")
-    assert planning.PlanInputs.from_query({"sp": "maybe", "schedule": "zigzag"}) == planning.PlanInputs()
+    assert planning.PlanInputs.from_query({"sp": "maybe", "schedule": "zigzag", "stack": "deepspeed"}) == \
+        planning.PlanInputs()
+    assert planning.PlanInputs.from_query({"stack": "torch"}).stack == "reference"  # the stack's former name
 
 
 def test_a_new_run_or_result_shows_on_the_next_read_without_clearing_a_cache(tmp_path):

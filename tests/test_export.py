@@ -150,10 +150,23 @@ def test_megatron_interleaving_segments_and_zero3():
     ("offload", {}, "offload"),
 ])
 def test_megatron_recompute(policy, expected, note):
-    exported = export("megatron", *candidate(Layout(dp=8), policy, precision="bf16-fp32grad"))  # Megatron's own
+    # Megatron's own precision, and its stack where it offers the policy (op-selective: the reference's).
+    stack = "reference" if policy == "op-selective" else "megatron"
+    exported = export("megatron", *candidate(Layout(dp=8), policy, precision="bf16-fp32grad", stack=stack))
     args = flags(exported.text)
     assert {k: v for k, v in args.items() if k.startswith("--recompute")} == expected
     assert any(note in n for n in exported.notes) if note else len(exported.notes) == 1  # just the launch note
+
+
+@pytest.mark.parametrize(("framework", "stack", "name"), [("megatron", "megatron", "Megatron-LM"),
+                                                          ("hf", "hf", "transformers")])
+def test_a_plan_on_another_stacks_kernels_says_to_replan_with_the_frameworks(framework, stack, name):
+    """Megatron's fused kernels and transformers' modules keep other tensors than the reference decoder's."""
+    notes = export(framework, *candidate(Layout(dp=8), "full", precision="bf16-pure")).notes
+    assert (f"planned with the reference stack's kernels, but {name} follows the {stack} stack's: re-plan with "
+            f"--stack {stack} for its activation memory") in notes
+    assert not [n for n in export(framework, *candidate(Layout(dp=8), "full", precision="bf16-pure",
+                                                        stack=stack)).notes if "re-plan with --stack" in n]
 
 
 def test_megatron_writes_dropout_and_precision_it_cannot_match():

@@ -132,3 +132,48 @@ def test_estimate_trace_from_a_model_directory(headroom, tmp_path):
            "15.558 MB (-0.2%; MB = 1e6 bytes)" in text.stdout
     preset = headroom("estimate", "--model", "llama3-8b", "--seq-len", "128", "--precision", "fp32", "--trace")
     assert preset.returncode != 0 and "--model 'llama3-8b' is a preset; give a config.json" in preset.stderr
+
+
+FLASH_RNG = "the trace keeps +8 bytes; only traced: scalar uint64, 2 uint64; only analytic: scalar int64 (x2)"
+"""The one part the hf stack leaves to the device rules: the trace routes 16-bit CUDA attention to the flash
+kernel, whose meta outputs keep a (2,) uint64 RNG state and an unused uint64 scalar; the analytic ledger keeps
+the two int64 scalars cuDNN and memory-efficient attention keep (measured on an H200, core.devices)."""
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("precision", ["fp32", "bf16-pure"])
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_hf_stack_is_the_trace_of_transformers_llama(device, precision, policy):
+    """The analytic ledger under --stack hf keeps what transformers' own Llama keeps, tensor for tensor and layer
+    by layer: its composite RMSNorm, cos and sin made once per forward, the checkpointed layers' shared inputs."""
+    config = {**LLAMA, "num_hidden_layers": 4}  # later layers replayed from a template (core.ledger.Repeat)
+    train = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(policy), stack="hf")
+    traced = trace(config, "tiny", train, device)
+    analytic = activation_ledger(spec_from_hf_config(config, "t"), train, device)
+    flash = device == "cuda" and precision == "bf16-pure" and policy == "none"
+    assert differences(traced, analytic) == ([f"layers 0-3: {FLASH_RNG}"] if flash else [])
+    assert traced.saved_bytes - analytic.saved_bytes == (4 * 8 if flash else 0)
+
+
+@pytest.mark.parametrize(("model_type", "extra"), [("qwen3", {"head_dim": 64}), ("qwen2", {}), ("mistral", {})])
+def test_the_hf_stack_is_the_trace_of_the_llama_family(model_type, extra):
+    """Qwen3's per-head q/k norms are transformers' Llama RMSNorm too; Qwen2's q/k/v biases keep nothing more."""
+    config = {**SMALL, "model_type": model_type, **extra}
+    for device, precision, policy in (("cuda", "bf16-pure", "none"), ("cpu", "fp32", "full")):
+        train = TrainConfig(seq_len=64, micro_batch=2, precision=precision, recompute=parse_policy(policy),
+                            stack="hf")
+        traced = trace(config, model_type, train, device)
+        analytic = activation_ledger(spec_from_hf_config(config, model_type), train, device)
+        assert differences(traced, analytic) == ([f"layers 0-1: {FLASH_RNG}"] if policy == "none" else [])
+
+
+def test_outside_the_llama_family_the_hf_stack_says_to_trace():
+    """Phi-3 (fused q/k/v and gate/up projections) and Gemma (its RMSNorm keeps fp32) are transformers' own
+    modules: traced, they part from the hf stack, so a mixture of experts or a GPT block under it is refused."""
+    phi3 = {**SMALL, "model_type": "phi3"}
+    train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure", recompute=parse_policy("none"), stack="hf")
+    assert differences(trace(phi3, "phi3", train, "cpu"), activation_ledger(spec_from_hf_config(phi3, "p"), train, "cpu"))
+    mixtral = spec_from_hf_config({**SMALL, "model_type": "mixtral", "num_local_experts": 4,
+                                 "num_experts_per_tok": 2}, "mixtral")
+    with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules .* --trace"):
+        activation_ledger(mixtral, train, "cuda")

@@ -87,18 +87,18 @@ def test_per_op_checkpointing_drops_every_second_matmul_output(name, recomputed)
     b, s, h, kv, f = 2, 256, spec.hidden, spec.kv_dim, spec.ffn_hidden
     per_layer = {stack: activation_ledger(spec, TrainConfig(seq_len=s, micro_batch=b, stack=stack,
                                                             recompute=parse_policy("op-selective")),
-                                          "cuda").per_layer_bytes for stack in ("torch", "torchtitan")}
+                                          "cuda").per_layer_bytes for stack in ("reference", "torchtitan")}
     widths = {"k": kv, "o": h, "up": f, "gate": f, "down": h}
-    assert per_layer["torch"] - per_layer["torchtitan"] == sum(2 * b * s * widths[m] for m in recomputed)
+    assert per_layer["reference"] - per_layer["torchtitan"] == sum(2 * b * s * widths[m] for m in recomputed)
 
 
 def test_full_checkpointing_reruns_the_down_projection_too():
     spec = get_preset("llama2-7b")
     flops = {stack: step_flops(spec, TrainConfig(seq_len=4096, stack=stack, recompute=parse_policy("full")))
-             for stack in ("torch", "torchtitan")}
-    down = flops["torch"].layer_forward["mlp_down"]
-    assert flops["torchtitan"].recompute == flops["torch"].recompute + spec.n_layers * down
-    assert flops["torchtitan"].recompute == flops["torch"].blocks_forward
+             for stack in ("reference", "torchtitan")}
+    down = flops["reference"].layer_forward["mlp_down"]
+    assert flops["torchtitan"].recompute == flops["reference"].recompute + spec.n_layers * down
+    assert flops["torchtitan"].recompute == flops["reference"].blocks_forward
 
 
 def test_the_stack_offers_only_its_own_policies():
@@ -156,6 +156,6 @@ def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path
     # Plain PyTorch's op-selective keeps k, o and up too (fp32), and the CPU's fused attention output and
     # log-sum-exp, which torchtitan's list lacks.
     b, s, a = 2, 32, LLAMA.n_heads
-    torch_stack = activation_ledger(LLAMA, dataclasses.replace(config, stack="torch"), "cpu").saved_bytes
-    assert torch_stack - step.activation_bytes == LLAMA.n_layers * 4 * b * s * (
+    reference = activation_ledger(LLAMA, dataclasses.replace(config, stack="reference"), "cpu").saved_bytes
+    assert reference - step.activation_bytes == LLAMA.n_layers * 4 * b * s * (
         LLAMA.kv_dim + LLAMA.hidden + LLAMA.ffn_hidden + LLAMA.q_dim + a)

@@ -23,7 +23,8 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
 
 from __future__ import annotations
 
-from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks
+from core.config import hf_stack_covers
+from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks, stack_note
 
 OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused", "sgd": "sgd", "sgd-momentum": "sgd",
               "adagrad": "adagrad"}
@@ -99,6 +100,8 @@ def huggingface(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
     if (note := capacity_note(run, "transformers")) is not None:
+        notes.append(note)
+    if hf_stack_covers(run.spec) and (note := stack_note(run, "transformers", "hf")) is not None:
         notes.append(note)
     whole_layers, before = _checkpointing(run, notes)
     bf16 = _precision(run, notes)

@@ -131,8 +131,14 @@ def capacity_note(run: Run, framework: str) -> str | None:
 
 
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
-    """When the plan's sequence-parallel saving rules (core.stack) are another stack's than the framework's."""
-    if not run.layout.sp or get_stack(run.stack).sp_keeps_gathered_input == get_stack(stack).sp_keeps_gathered_input:
+    """When the plan follows another stack's saving rules (core.stack) than the framework runs: its kernels
+    (RMSNorm, RoPE, SwiGLU), or under sequence parallelism what backward keeps of a gathered input."""
+    planned, runs = get_stack(run.stack), get_stack(stack)
+    kernels = (planned.rms_norm, planned.rope, planned.fused_swiglu) != (runs.rms_norm, runs.rope, runs.fused_swiglu)
+    gathered = run.layout.sp and planned.sp_keeps_gathered_input != runs.sp_keeps_gathered_input
+    if not (kernels or gathered):
         return None
-    return (f"planned with the {run.stack} stack's sequence-parallel saving rules, but {framework} follows "
-            f"the {stack} stack's: re-plan with --stack {stack} for its activation memory")
+    what = " and ".join(w for w, differs in (("kernels", kernels), ("sequence-parallel saving rules", gathered))
+                        if differs)
+    return (f"planned with the {run.stack} stack's {what}, but {framework} follows the {stack} stack's: "
+            f"re-plan with --stack {stack} for its activation memory")

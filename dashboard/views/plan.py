@@ -20,6 +20,7 @@ from core.model import ModelSpec
 from core.planner import Plan
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
+from core.stack import STACKS
 from core.timing import HardwareProfile
 from core.units import GB
 from dashboard import charts, columns, data, planning
@@ -110,6 +111,9 @@ with st.sidebar:
     st.selectbox("precision", list(PRECISIONS), key="plan_precision")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
+    st.selectbox("training stack", list(STACKS), key="plan_stack",
+                 help="whose kernels and checkpointing the plan follows: "
+                 + "; ".join(f"{s.name}: {s.summary}" for s in STACKS.values()))
     st.checkbox("consider offloading activations to host", key="plan_offload")
 
 inputs = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in fields(PlanInputs)})
@@ -154,7 +158,8 @@ st.markdown(
     + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
     + f"), sequence {request.seq_len}, global batch "
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
-    f"{request.precision}, {request.train.optimizer} on **{plain(profile.name)}** ({profile.source}), "
+    f"{request.precision}, {request.train.optimizer}, {request.train.stack} stack on **{plain(profile.name)}** "
+    f"({profile.source}), "
     f"budget {budget_gb:.1f} GB per GPU"
 )
 if request.cluster is not None:
