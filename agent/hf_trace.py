@@ -41,9 +41,8 @@ from core.devices import DEVICE_RULES, DeviceRules
 from core.errors import ConfigError
 from core.ledger import Ledger
 from core.precision import get_precision
+from core.trace_limits import trace_refusal
 
-TRACE_POLICIES = ("none", "full")
-"""What transformers' own checkpointing gives: nothing, or every decoder layer (``full``)."""
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _LAYER = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 """A decoder layer's index in a module path: model.layers.3.mlp (Llama and most), transformer.h.3 (GPT-2)."""
@@ -144,10 +143,9 @@ def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "
 def trace(config: dict, name: str, train: TrainConfig, device: str = "cuda", *, seed: int = 0) -> TracedLedger:
     """What one forward of ``train``'s micro-batch keeps for backward on meta, under ``device``'s attention
     rules (``cpu``, ``cuda``, or ``meta``'s own: the math path)."""
-    dtype = _dtype(train)
-    if str(train.recompute) not in TRACE_POLICIES:
-        raise ConfigError(f"--trace follows transformers' own checkpointing: --recompute {str(train.recompute)!r} "
-                          f"cannot be traced; valid: {', '.join(TRACE_POLICIES)}")
+    if (refusal := trace_refusal(train)) is not None:
+        raise ConfigError(refusal)
+    dtype = DTYPES[get_precision(train.precision).compute_dtype]
     rules = DEVICE_RULES[device]
     torch.manual_seed(seed)
     model = build_model(config, dtype)
@@ -201,14 +199,6 @@ def checkpoint_every_layer(model: torch.nn.Module) -> None:
         model.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
     else:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-
-
-def _dtype(train: TrainConfig) -> torch.dtype:
-    recipe = get_precision(train.precision)
-    if recipe.autocast:
-        raise ConfigError(f"--trace runs the model in one dtype: --precision {train.precision} needs autocast, "
-                          f"which the meta device does not have; use fp32 or a bf16 recipe (bf16-pure, bf16-master)")
-    return DTYPES[recipe.compute_dtype]
 
 
 def _traced(t: ProbedTensor) -> TracedTensor:

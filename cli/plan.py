@@ -44,6 +44,11 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help=f"link between nodes, per GPU (default {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
     p.add_argument("--offload", action="store_true", help="also consider offloading activations to host memory")
     p.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
+    p.add_argument("--trace", action="store_true",
+                   help="also trace the recommendation (or the closest candidate) with HuggingFace transformers on "
+                   "the meta device from the model's config.json and say whether it fits with the traced "
+                   "activations (needs torch and transformers; --precision fp32 or a bf16 recipe; the "
+                   "recommendation on one rank's whole model under none or full checkpointing)")
     p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
     p.add_argument("--export", choices=list(EXPORTERS), metavar="FORMAT", help=f"print the recommendation as settings for {', '.join(EXPORTERS)}")
     p.set_defaults(handler=run)
@@ -82,10 +87,21 @@ def run(args: argparse.Namespace) -> int:
         pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
         cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
     )
+    if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
+        from cli.trace import traceable
+
+        traceable(args.model, request.train)
     result = plan_and_advise(request, profile, calibration)
+    traced = None
+    if args.trace:
+        from cli.trace import plan_trace_report, render_plan_trace
+
+        traced = plan_trace_report(args.model, result)
     top = args.top or None
     if args.json:
         payload = plan_to_dict(result, top)
+        if traced is not None:
+            payload["trace"] = traced
         if args.export:
             best = result.recommendation
             payload["export"] = export(args.export, request, best).to_dict() if best else None
@@ -101,6 +117,8 @@ def run(args: argparse.Namespace) -> int:
                 print(f"note: {note}", file=sys.stderr)
     else:
         print(render(result, top))
+        if traced is not None:
+            print("\n" + render_plan_trace(traced))
     return 0 if result.recommendation is not None else NOTHING_FITS
 
 

@@ -177,3 +177,51 @@ def test_outside_the_llama_family_the_hf_stack_says_to_trace():
                                  "num_experts_per_tok": 2}, "mixtral")
     with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules .* --trace"):
         activation_ledger(mixtral, train, "cuda")
+
+
+def planned(tmp_path, budget: int, **train):
+    """A plan for the tiny Llama from its model directory on an H100's datasheet, and --trace's report on it."""
+    from cli.trace import plan_trace_report
+    from core.hardware import get_hardware
+    from core.planner import PlanRequest, plan
+    from core.timing import datasheet_profile
+
+    (tmp_path / "tiny").mkdir(exist_ok=True)
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
+    request = PlanRequest(spec=spec_from_hf_config(LLAMA, "tiny"),
+                          train=TrainConfig(seq_len=2048, precision="bf16-pure", **train),
+                          global_batch=16, budget_bytes=budget)
+    result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
+    return result, plan_trace_report(str(tmp_path / "tiny"), result)
+
+
+def test_plan_trace_checks_the_recommendation_with_the_traced_activations(tmp_path):
+    """transformers' LlamaRMSNorm keeps fp32 copies the reference decoder's fused norm does not: traced, the
+    recommendation needs more than planned, its margin added the planner's way; at a budget of exactly what
+    was planned it no longer fits. Planned on the hf stack, the trace adds only the flash kernel's RNG bytes."""
+    from cli.trace import render_plan_trace
+
+    result, report = planned(tmp_path, 2 * 10**9)
+    best = result.recommendation
+    extra = report["saved_bytes"] - report["analytic_saved_bytes"]
+    assert extra > 0 and report["candidate"] == f"{best.layout}: {best.label}"
+    assert report["traced_required_bytes"] == round((best.estimate.peak_bytes + extra) * 1.10) + 10**9
+    assert report["required_bytes"] == best.required_bytes and report["fits"]
+    tight, report = planned(tmp_path, best.required_bytes)
+    assert tight.recommendation == best and not report["fits"]
+    assert report["traced_required_bytes"] > report["budget_bytes"] == report["required_bytes"]
+    assert render_plan_trace(report).endswith(f"(planned {best.required_bytes / 1e9:,.2f} GB): does not fit")
+    _, report = planned(tmp_path, 2 * 10**9, stack="hf")
+    assert report["candidate"].endswith(", none")
+    assert report["saved_bytes"] - report["analytic_saved_bytes"] == 2 * 8  # two layers' RNG state
+
+
+def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(headroom, tmp_path):
+    (tmp_path / "tiny").mkdir()
+    (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
+    flags = ("plan", "--model", str(tmp_path / "tiny"), "--seq-len", "512", "--global-batch", "16", "--trace")
+    amp = headroom(*flags)
+    assert amp.returncode == 2 and amp.stdout == ""
+    assert "--trace runs the model in one dtype: --precision amp-bf16 needs autocast" in amp.stderr
+    split = headroom(*flags, "--precision", "bf16-pure", "--tp", "2")
+    assert split.returncode == 2 and "--trace runs the whole model in one process: layout tp 2" in split.stderr
