@@ -319,7 +319,7 @@ class _Trace:
         return self.new(f"{name}.out", x.shape, x.dtype)
 
     def rms_norm(self, x: _Sym, name: str, param_dtype: str) -> _Sym:
-        """RMSNorm: the stack's kernel (core.stack); under ``torch``'s, the fused one where the device has it.
+        """RMSNorm: the stack's kernel (core.stack); torch's is the fused one where the device has it.
 
         Fused (torch's ``_fused_rms_norm`` on CUDA, Transformer Engine's): backward
         keeps the input, an fp32 rstd per row and the weight (torch's
@@ -335,13 +335,14 @@ class _Trace:
             self.save(x, self.new(f"{name}.rstd", rows, "fp32"), weight)
             return self.new(f"{name}.out", x.shape, x.dtype)
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
-        if kernel == "hf":
-            normed = self.cast(self.new(f"{name}.normalized", x.shape, "fp32"), x.dtype, f"{name}.normalized_cast")
-            self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, weight)
-            return self.new(f"{name}.out", x.shape, x.dtype)
         normed = self.new(f"{name}.normalized", x.shape, "fp32")
+        if kernel == "hf":  # cast back, then the weight: the product keeps the cast
+            normed = self.cast(normed, x.dtype, f"{name}.normalized_cast")
+            out = self.new(f"{name}.out", x.shape, x.dtype)
+        else:
+            out = self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
         self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, weight)
-        return self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
+        return out
 
     def dropout(self, x: _Sym, name: str) -> _Sym:
         """Saves the mask; the output is a new tensor."""
