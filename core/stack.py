@@ -89,6 +89,11 @@ class Stack:
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
     summary: str = ""
 
+    @property
+    def kernels(self) -> tuple[RmsNorm, Rope, bool]:
+        """What the stack's kernels keep that another's may not: its RMSNorm, RoPE and SwiGLU."""
+        return self.rms_norm, self.rope, self.fused_swiglu
+
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
             offered = ", ".join("every-K" if kind == "every" else kind for kind in self.policies)
