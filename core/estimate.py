@@ -17,7 +17,7 @@ from core.config import TrainConfig
 from core.errors import ConfigError
 from core.flops import StepFlops, step_flops
 from core.layout import Layout
-from core.ledger import Ledger, activation_ledger
+from core.ledger import PROBABILITIES, Ledger, activation_ledger
 from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_memory
 from core.model import ModelSpec
 from core.pipeline import RankKind, check_micro_batches, rank_kinds
@@ -52,8 +52,8 @@ class Estimate:
 
     @property
     def logits_bytes(self) -> int:
-        """The loss's fp32 log-probabilities over the vocabulary, kept for backward (last stage)."""
-        return self._in_flight(sum(t.bytes for t in self.ledger.traced if t.name == "log_softmax"))
+        """The loss's fp32 probabilities over the vocabulary, kept for backward (last stage)."""
+        return self._in_flight(sum(t.bytes for t in self.ledger.traced if t.name in PROBABILITIES))
 
     @property
     def activation_bytes(self) -> int:

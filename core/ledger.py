@@ -39,6 +39,9 @@ from core.recompute import RecomputePolicy
 from core.stack import STACKS, Stack, get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
+PROBABILITIES = ("log_softmax", "loss.softmax")
+"""Names of the loss's fp32 probabilities over the vocabulary kept for backward: the log-probabilities, or the softmax
+of Megatron's cross-entropy."""
 Kind = Literal["activation", "input", "parameter_copy"]
 MatmulOp = Literal["mm", "addmm", "bmm", "attention"]
 """The op whose output a selective checkpoint may cache: a linear without (mm) or with a bias (addmm), a batched
@@ -82,13 +85,15 @@ class Ledger:
     loss_gradient_bytes: int
     """Backward's first moment, on top of everything kept: the gradients of the log-probs (from
     nll_loss) and of the logits (from log_softmax), fp32 over the vocabulary, while the log-probs
-    themselves are still alive (measured on an H200)."""
+    themselves are still alive (measured on an H200); under Megatron's cross-entropy, the 16-bit
+    gradient of the logits (core.stack)."""
     recompute_bytes: int
     """Later in backward: a checkpointed segment (or offloaded block) brought back, less the
     log-probs freed by then; 0 when nothing is brought back."""
     forward_transient_bytes: int
     """Forward's last moment, on top of everything kept: the logits the loss reads (fp32) and, when the
-    head computes in 16 bits, the head's own output (measured on an H200)."""
+    head computes in 16 bits, the head's own output (measured on an H200); under Megatron's
+    cross-entropy, whose fp32 copy is what it keeps, the head's output only."""
     ring_buffer_bytes: int = 0
     """Context parallelism: ring attention's buffers in one layer's backward, on top of what is kept:
     the K and V chunk being used and the next one arriving, with their gradients (2 x 2 x K, V)."""
@@ -698,6 +703,16 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
+    if tr.stack.loss == "vocab-parallel":
+        # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
+        # mask and the targets; its training script's loss_func keeps the fp32 loss mask (core.stack).
+        tr.save(
+            tr.new("loss.softmax", (d.tokens, d.vocab), "fp32"),
+            tr.new("loss.target_mask", (d.tokens,), "bool"),
+            tr.new("loss.masked_target", (d.tokens,), "int64"),
+            tr.new("loss.mask", (d.tokens,), "fp32", "input"),
+        )
+        return tr
     tr.save(
         tr.new("log_softmax", (d.tokens, d.vocab), "fp32"),
         tr.new("targets", (d.tokens,), "int64", "input"),
@@ -752,11 +767,19 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0
     # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
     head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
+    if tr.stack.loss == "vocab-parallel":
+        # The fp32 copy is the softmax kept, and backward writes the gradient into it: beyond what is kept, the
+        # 16-bit logits in forward and their gradient, cast back to 16 bits, in backward.
+        forward_transient, loss_gradient = head_output, head_output
+    else:
+        # The fp32 copy beside the log-probs and the 16-bit logits; backward, the log-probs' gradient (from
+        # nll_loss) and the logits' (from log_softmax), both fp32.
+        forward_transient, loss_gradient = fp32_over_vocab + head_output, 2 * fp32_over_vocab
     kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
     ring = 4 * kv_chunk if config.layout.cp > 1 else 0
-    return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=2 * fp32_over_vocab,
+    return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
                   recompute_bytes=_recompute_bytes(spec, config, rules, d, fp32_over_vocab),
-                  forward_transient_bytes=fp32_over_vocab + head_output, ring_buffer_bytes=ring)
+                  forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
 
 
 def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, log_probs: int) -> int:

@@ -31,7 +31,15 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   (``megatron/core/fusions/fused_bias_swiglu.py``); fused RoPE keeps the fp32
   ``freqs`` table the rotary module makes once per forward
   (``megatron/core/models/common/embeddings/rope_utils.py``, TE's
-  ``FusedRoPEFunc``). Its checkpointing is ``--recompute-granularity full``
+  ``FusedRoPEFunc``). Its loss, ``vocab_parallel_cross_entropy``
+  (``megatron/core/tensor_parallel/cross_entropy.py``, megatron-core 0.16),
+  copies the logits to fp32, turns that copy into the softmax in place and
+  keeps it with a boolean target mask and the int64 targets; backward writes
+  the gradient into the kept softmax, so the loss's moments add only the
+  16-bit logits and their 16-bit gradient where reference adds two fp32
+  tensors over the vocabulary. ``pretrain_gpt.py``'s ``loss_func`` then
+  multiplies the per-token losses by the fp32 loss mask, which it keeps. Its
+  checkpointing is ``--recompute-granularity full``
   (every layer, or every K with ``--recompute-num-layers``), ``selective``
   (``--recompute-modules core_attn``: the attention core) and activation
   offloading (``TransformerConfig.cpu_offloading``); it has no op-level
@@ -64,6 +72,10 @@ Rope = Literal["per-layer", "shared-fp32", "shared"]
 """Where RoPE's cos and sin come from and what rotation keeps: tables made in each layer and cast per call
 (``per-layer``), one fp32 table for the whole forward (``shared-fp32``: Megatron's fused kernel), or cos and sin made
 once in the compute dtype (``shared``: transformers)."""
+Loss = Literal["log-softmax", "vocab-parallel"]
+"""How the cross-entropy over the vocabulary is computed: ``F.cross_entropy`` on an fp32 copy of the logits, which
+keeps the fp32 log-probabilities (``log-softmax``), or Megatron's ``vocab_parallel_cross_entropy``, which turns its
+fp32 copy into the softmax in place, keeps that, and writes the gradient into it in backward (``vocab-parallel``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,14 +97,15 @@ class Stack:
     rope: Rope = "per-layer"
     fused_swiglu: bool = False
     """One fc1 makes gate and up together and the SwiGLU kernel keeps only that, not SiLU's output or the factors."""
+    loss: Loss = "log-softmax"
     measured: bool = False
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
     summary: str = ""
 
     @property
-    def kernels(self) -> tuple[RmsNorm, Rope, bool]:
-        """What the stack's kernels keep that another's may not: its RMSNorm, RoPE and SwiGLU."""
-        return self.rms_norm, self.rope, self.fused_swiglu
+    def kernels(self) -> tuple[RmsNorm, Rope, bool, Loss]:
+        """What the stack's kernels keep that another's may not: its RMSNorm, RoPE, SwiGLU and cross-entropy."""
+        return self.rms_norm, self.rope, self.fused_swiglu, self.loss
 
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
@@ -107,9 +120,9 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           caches_cpu_attention=False, measured=True,
           summary="its activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
-          rope="shared-fp32", fused_swiglu=True,
-          summary="Transformer Engine's fused kernels, its sequence parallelism and checkpointing: none, full, "
-                  "every-K, selective, offload"),
+          rope="shared-fp32", fused_swiglu=True, loss="vocab-parallel",
+          summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
+                  "checkpointing: none, full, every-K, selective, offload"),
     Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared",
           summary="transformers' modules under the HF Trainer: none, full"),
 )}

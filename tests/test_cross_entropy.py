@@ -1,0 +1,188 @@
+"""The loss's memory per stack, against the stacks' own cross-entropy code run on the CPU.
+
+The reference decoder's loss (``F.cross_entropy`` on an fp32 copy of the
+logits, as torchtitan and transformers compute it without tensor parallelism)
+and Megatron's ``vocab_parallel_cross_entropy`` from megatron-core itself, on
+a tensor-parallel group of one (gloo). Two instruments: autograd's
+saved-tensor hooks for what the loss keeps, and a dispatch-mode counter of
+live storages for the two moments the ledger adds on top of what is kept (the
+forward's last and the loss's backward).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_leaves  # noqa: E402
+
+from core.config import TrainConfig  # noqa: E402
+from core.ledger import activation_ledger  # noqa: E402
+from core.presets import get_preset  # noqa: E402
+
+SPEC = get_preset("bench-llama-tiny")  # vocabulary 512, hidden 64
+SEQ, MICRO = 64, 2
+TOKENS = SEQ * MICRO
+DTYPES = {"bf16-pure": torch.bfloat16, "fp32": torch.float32}
+LOSS_NAMES = ("log_softmax", "targets")
+
+
+class LiveBytes(TorchDispatchMode):
+    """Bytes of the storages alive, counted at each op's return (its inputs and outputs both alive), and their peak.
+
+    Storages that existed before are counted only when named (``existing``) or when an op returns them.
+    """
+
+    def __init__(self, *existing: torch.Tensor) -> None:
+        super().__init__()
+        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
+        self.live = self.peak = 0
+        for t in existing:
+            self._add(t)
+
+    def _add(self, t: torch.Tensor) -> None:
+        storage = t.untyped_storage()
+        if storage._cdata not in self.storages:
+            self.storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
+            self.live += storage.nbytes()
+
+    def _sweep(self) -> None:
+        for key, (ref, nbytes) in list(self.storages.items()):
+            if ref.expired():
+                del self.storages[key]
+                self.live -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        self._sweep()
+        for t in tree_leaves(out):
+            if isinstance(t, torch.Tensor):
+                self._add(t)
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def mark(self) -> int:
+        """The bytes alive now; the peak starts again from here."""
+        self._sweep()
+        self.peak = self.live
+        return self.live
+
+
+@pytest.fixture(scope="module")
+def megatron_cross_entropy(tmp_path_factory):
+    """megatron-core's vocab_parallel_cross_entropy on a tensor-parallel group of this one process."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # megatron-core warns that Transformer Engine and Apex are absent
+        parallel_state = pytest.importorskip("megatron.core.parallel_state")
+        from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+    store = tmp_path_factory.mktemp("gloo") / "store"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        parallel_state.initialize_model_parallel(1)
+        yield vocab_parallel_cross_entropy
+    finally:
+        parallel_state.destroy_model_parallel()
+        dist.destroy_process_group()
+
+
+def _loss_function(stack: str, megatron_cross_entropy):
+    """The stack's loss of the head's output ``(tokens, vocab)``, as its training code computes it."""
+    if stack == "reference":
+        return lambda logits, targets, mask: F.cross_entropy(logits.float(), targets)
+
+    def megatron(logits, targets, mask):
+        # megatron/core/models/common/language_module: logits and labels are [s, b, ...] ...
+        losses = megatron_cross_entropy(logits.view(SEQ, MICRO, -1), targets.view(SEQ, MICRO))
+        # ... and pretrain_gpt.py's loss_func sums the losses under the fp32 loss mask.
+        return torch.sum(losses.view(-1).float() * mask.view(-1).float())
+
+    return megatron
+
+
+def _head(dtype):
+    torch.manual_seed(0)
+    hidden = torch.randn(TOKENS, SPEC.hidden, dtype=dtype, requires_grad=True)
+    weight = torch.randn(SPEC.vocab_size, SPEC.hidden, dtype=dtype, requires_grad=True)
+    targets = torch.randint(0, SPEC.vocab_size, (TOKENS,))
+    return hidden, weight, targets, torch.ones(TOKENS)
+
+
+def _ledger(stack: str, precision: str):
+    config = TrainConfig(seq_len=SEQ, micro_batch=MICRO, precision=precision, stack=stack)
+    return activation_ledger(SPEC, config, "cpu")
+
+
+@pytest.fixture(params=["reference", "megatron"])
+def stack(request):
+    return request.param
+
+
+@pytest.mark.parametrize("precision", DTYPES)
+def test_the_loss_keeps_what_the_stacks_cross_entropy_saves(stack, precision, request):
+    ce = request.getfixturevalue("megatron_cross_entropy") if stack == "megatron" else None
+    hidden, weight, targets, mask = _head(DTYPES[precision])
+    logits = F.linear(hidden, weight)
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        saved[t.untyped_storage()._cdata] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        _loss_function(stack, ce)(logits, targets, mask)
+    predicted = [t for t in _ledger(stack, precision).traced if t.name.startswith("loss.") or t.name in LOSS_NAMES]
+    assert sorted(saved.values()) == sorted(t.bytes for t in predicted), [(t.name, t.bytes) for t in predicted]
+    assert max(saved.values()) == TOKENS * SPEC.vocab_size * 4  # fp32 over the vocabulary, in both stacks
+
+
+@pytest.mark.parametrize("precision", DTYPES)
+def test_the_moments_beyond_what_is_kept_are_the_ledgers(stack, precision, request):
+    """The forward's last moment (the head's output and the loss's fp32 copy of it) and the loss's backward.
+
+    Reference: exact. Megatron's fp32 copy is what it keeps and its backward writes the gradient into it: only the
+    16-bit logits and their 16-bit gradient are added. The ledger leaves out its per-token temporaries in forward
+    (the row maximum, the arange that indexes the targets, the predicted logit and its copy: 20 bytes a token), a
+    bound a per-vocabulary term (here 1,024 bytes a token and more) cannot hide under; and in backward the seed
+    gradient of its summed loss, one fp32 scalar, is still alive at the moment.
+    """
+    ce = request.getfixturevalue("megatron_cross_entropy") if stack == "megatron" else None
+    loss_function = _loss_function(stack, ce)
+    hidden, weight, targets, mask = _head(DTYPES[precision])
+    with LiveBytes(hidden, weight, targets, mask) as live:
+        live.mark()
+        loss = loss_function(F.linear(hidden, weight), targets, mask)
+        forward_peak = live.peak
+        kept = live.mark()
+        loss.backward()
+        backward = live.peak - kept
+    forward = forward_peak - kept
+    ledger = _ledger(stack, precision)
+    head_output = TOKENS * SPEC.vocab_size * 2 if precision != "fp32" else 0
+    if stack == "reference":
+        assert forward == ledger.forward_transient_bytes == TOKENS * SPEC.vocab_size * 4 + head_output
+        assert backward == ledger.loss_gradient_bytes == 2 * TOKENS * SPEC.vocab_size * 4
+        return
+    assert ledger.forward_transient_bytes == ledger.loss_gradient_bytes == head_output
+    assert 0 <= forward - ledger.forward_transient_bytes <= 24 * TOKENS, forward
+    if precision != "fp32":  # in fp32 the head's own backward (its input's and weight's gradients) is the moment
+        assert backward == ledger.loss_gradient_bytes + 4
+
+
+def test_megatrons_loss_is_the_reference_less_its_fp32_copies():
+    """At llama3-8b's size (vocabulary 128,256, s = 8192, bf16): the same probabilities kept, but the forward's fp32
+    copy and the backward's two fp32 gradients are gone."""
+    spec = get_preset("llama3-8b")
+    config = TrainConfig(seq_len=8192, precision="bf16-pure")
+    reference = activation_ledger(spec, config, "cuda")
+    megatron = activation_ledger(spec, TrainConfig(seq_len=8192, precision="bf16-pure", stack="megatron"), "cuda")
+    over_vocab = 8192 * 128_256
+    assert reference.forward_transient_bytes - megatron.forward_transient_bytes == 4 * over_vocab
+    assert reference.loss_gradient_bytes - megatron.loss_gradient_bytes == 6 * over_vocab
+    probabilities = [t.bytes for t in megatron.traced if t.name == "loss.softmax"]
+    assert probabilities == [t.bytes for t in reference.traced if t.name == "log_softmax"] == [4 * over_vocab]
