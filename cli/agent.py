@@ -242,6 +242,11 @@ def run_train(args: argparse.Namespace) -> int:
     spec = model_from_args(args)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
     layout = train_layout(args, device)
+    if get_stack(args.stack).loss_at(layout.tp) != "log-softmax":
+        raise ConfigError(f"--stack {args.stack} --tp {layout.tp}: under tensor parallelism {args.stack} computes its "
+                          "loss with its own function, which the agent's decoder does not run (its loss is torch's "
+                          f"loss_parallel, the reference's); measure --stack reference, or plan it (headroom plan "
+                          f"--stack {args.stack})")
     if layout.world > 1:  # what the agent cannot run is refused first, by name
         from agent import train_ranks
 

@@ -36,7 +36,7 @@ from core.errors import ConfigError
 from core.model import ModelSpec
 from core.pipeline import RankKind, rank_kinds
 from core.recompute import RecomputePolicy
-from core.stack import STACKS, Stack, get_stack
+from core.stack import STACKS, Loss, Stack, get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 PROBABILITIES = ("log_softmax", "loss.softmax")
@@ -703,7 +703,8 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
-    if tr.stack.loss == "vocab-parallel":
+    loss = _loss(cfg)
+    if loss == "vocab-parallel":
         # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
         # mask and the targets; its training script's loss_func keeps the fp32 loss mask (core.stack).
         tr.save(
@@ -716,9 +717,14 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     tr.save(
         tr.new("log_softmax", (d.tokens, d.vocab), "fp32"),
         tr.new("targets", (d.tokens,), "int64", "input"),
-        tr.new("loss.total_weight", (), "fp32"),
+        tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
     return tr
+
+
+def _loss(config: TrainConfig) -> Loss:
+    """The cross-entropy the configuration's stack computes (core.stack)."""
+    return get_stack(config.stack).loss_at(config.layout.tp)
 
 
 def _autocast(cfg: TrainConfig) -> bool:
@@ -767,10 +773,15 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0
     # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
     head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
-    if tr.stack.loss == "vocab-parallel":
+    loss = _loss(config)
+    if loss == "vocab-parallel":
         # The fp32 copy is the softmax kept, and backward writes the gradient into it: beyond what is kept, the
         # 16-bit logits in forward and their gradient, cast back to 16 bits, in backward.
         forward_transient, loss_gradient = head_output, head_output
+    elif loss == "loss-parallel":
+        # The fp32 logits and their shifted copy beside the log-probs (and the 16-bit logits); backward, the
+        # targets' -1 scattered into zeros, the exp of the log-probs and their sum, all fp32.
+        forward_transient, loss_gradient = 2 * fp32_over_vocab + head_output, 3 * fp32_over_vocab
     else:
         # The fp32 copy beside the log-probs and the 16-bit logits; backward, the log-probs' gradient (from
         # nll_loss) and the logits' (from log_softmax), both fp32.

@@ -20,6 +20,13 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   caches the outputs of torch's compute-intensive ops (mm, addmm, bmm, the
   CUDA attention kernels), except every second ``aten.mm`` of a block, which
   it recomputes. It offers no attention-only, segment or offload policy.
+  Under tensor parallelism its loss is its own ``_LossParallelCrossEntropy``
+  (``torchtitan/components/loss.py``) over vocabulary-sharded logits: it
+  keeps the fp32 log-probabilities and the targets, as ``F.cross_entropy``
+  does, but its forward holds the fp32 logits, their shifted copy and the
+  log-probabilities at once, and its backward builds three fp32 tensors over
+  the vocabulary (zeros with the targets' -1 scattered in, the exp of the
+  log-probabilities, their sum) before the product it returns.
 - ``megatron`` (Megatron-LM with Transformer Engine, its default
   ``--transformer-impl``): sequence parallelism keeps the sharded input and
   all-gathers it again in backward (Korthikanti et al. 2022, Sec. 4.2.2), so
@@ -72,10 +79,12 @@ Rope = Literal["per-layer", "shared-fp32", "shared"]
 """Where RoPE's cos and sin come from and what rotation keeps: tables made in each layer and cast per call
 (``per-layer``), one fp32 table for the whole forward (``shared-fp32``: Megatron's fused kernel), or cos and sin made
 once in the compute dtype (``shared``: transformers)."""
-Loss = Literal["log-softmax", "vocab-parallel"]
+Loss = Literal["log-softmax", "vocab-parallel", "loss-parallel"]
 """How the cross-entropy over the vocabulary is computed: ``F.cross_entropy`` on an fp32 copy of the logits, which
-keeps the fp32 log-probabilities (``log-softmax``), or Megatron's ``vocab_parallel_cross_entropy``, which turns its
-fp32 copy into the softmax in place, keeps that, and writes the gradient into it in backward (``vocab-parallel``)."""
+keeps the fp32 log-probabilities (``log-softmax``); Megatron's ``vocab_parallel_cross_entropy``, which turns its
+fp32 copy into the softmax in place, keeps that, and writes the gradient into it in backward (``vocab-parallel``);
+or, under tensor parallelism, torchtitan's own ``_LossParallelCrossEntropy`` (``loss-parallel``; without it
+``F.cross_entropy``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,10 +111,13 @@ class Stack:
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
     summary: str = ""
 
-    @property
-    def kernels(self) -> tuple[RmsNorm, Rope, bool, Loss]:
+    def loss_at(self, tp: int) -> Loss:
+        """The cross-entropy the stack computes at this tensor-parallel degree: torchtitan's own only above 1."""
+        return "log-softmax" if self.loss == "loss-parallel" and tp == 1 else self.loss
+
+    def kernels(self, tp: int) -> tuple[RmsNorm, Rope, bool, Loss]:
         """What the stack's kernels keep that another's may not: its RMSNorm, RoPE, SwiGLU and cross-entropy."""
-        return self.rms_norm, self.rope, self.fused_swiglu, self.loss
+        return self.rms_norm, self.rope, self.fused_swiglu, self.loss_at(tp)
 
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
@@ -117,7 +129,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, measured=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_cpu_attention=False, measured=True,
+          caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
           rope="shared-fp32", fused_swiglu=True, loss="vocab-parallel",

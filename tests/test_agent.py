@@ -224,6 +224,19 @@ def test_agent_train_refuses_a_stack_whose_kernels_its_decoder_does_not_run(stac
     assert not db.exists()
 
 
+def test_agent_train_refuses_torchtitans_loss_under_tensor_parallelism(tmp_path, capsys):
+    from cli.main import main
+
+    db = tmp_path / "refused.db"
+    flags = ["agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--device", "cpu", "--nproc", "2",
+             "--tp", "2", "--stack", "torchtitan"]
+    assert main([*flags, "--db", f"sqlite:///{db}"]) == 2
+    assert ("--stack torchtitan --tp 2: under tensor parallelism torchtitan computes its loss with its own function, "
+            "which the agent's decoder does not run (its loss is torch's loss_parallel, the reference's); measure "
+            "--stack reference, or plan it (headroom plan --stack torchtitan)" in capsys.readouterr().err)
+    assert not db.exists()
+
+
 def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):
     from agent import bench_attention
     from agent.runner import run_case

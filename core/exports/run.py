@@ -134,7 +134,7 @@ def stack_note(run: Run, framework: str, stack: str) -> str | None:
     """When the plan follows another stack's saving rules (core.stack) than the framework runs: its kernels
     (RMSNorm, RoPE, SwiGLU, cross-entropy), or under sequence parallelism what backward keeps of a gathered input."""
     planned, runs = get_stack(run.stack), get_stack(stack)
-    kernels = planned.kernels != runs.kernels
+    kernels = planned.kernels(run.layout.tp) != runs.kernels(run.layout.tp)
     gathered = run.layout.sp and planned.sp_keeps_gathered_input != runs.sp_keeps_gathered_input
     if not (kernels or gathered):
         return None
