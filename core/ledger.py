@@ -85,15 +85,17 @@ class Ledger:
     loss_gradient_bytes: int
     """Backward's first moment, on top of everything kept: the gradients of the log-probs (from
     nll_loss) and of the logits (from log_softmax), fp32 over the vocabulary, while the log-probs
-    themselves are still alive (measured on an H200); under Megatron's cross-entropy, the 16-bit
-    gradient of the logits (core.stack)."""
+    themselves are still alive (measured on an H200). Other stacks' cross-entropies (core.stack) add
+    other tensors: Megatron's only the 16-bit gradient of the logits, torchtitan's (under tensor
+    parallelism) three fp32 tensors over the vocabulary."""
     recompute_bytes: int
     """Later in backward: a checkpointed segment (or offloaded block) brought back, less the
     log-probs freed by then; 0 when nothing is brought back."""
     forward_transient_bytes: int
     """Forward's last moment, on top of everything kept: the logits the loss reads (fp32) and, when the
-    head computes in 16 bits, the head's own output (measured on an H200); under Megatron's
-    cross-entropy, whose fp32 copy is what it keeps, the head's output only."""
+    head computes in 16 bits, the head's own output (measured on an H200). Under Megatron's
+    cross-entropy, whose fp32 copy is what it keeps, the head's output only; under torchtitan's, one
+    fp32 tensor over the vocabulary more."""
     ring_buffer_bytes: int = 0
     """Context parallelism: ring attention's buffers in one layer's backward, on top of what is kept:
     the K and V chunk being used and the next one arriving, with their gradients (2 x 2 x K, V)."""
