@@ -25,7 +25,8 @@ from core.pipeline import RankKind, check_micro_batches, rank_kinds
 PEAK_NOTE = (
     "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
     "+ log-probs + the logits the loss reads) and backward's first (static state + weight copies kept + "
-    "activations + log-probs + their two fp32 gradients) or a recomputed segment; without gradient "
+    "activations + log-probs + the loss's gradients: two fp32 over the vocabulary under F.cross_entropy, "
+    "other stacks' per docs/accounting.md) or a recomputed segment; without gradient "
     "accumulation the gradients do not exist yet at those moments"
 )
 
