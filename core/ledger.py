@@ -36,7 +36,7 @@ from core.errors import ConfigError
 from core.model import ModelSpec
 from core.pipeline import RankKind, rank_kinds
 from core.recompute import RecomputePolicy
-from core.stack import STACKS, Loss, Stack, get_stack
+from core.stack import STACKS, Stack, get_stack
 
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 PROBABILITIES = ("log_softmax", "loss.softmax")
@@ -705,7 +705,7 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
-    loss = _loss(cfg)
+    loss = tr.stack.loss_at(cfg.layout.tp)
     if loss == "vocab-parallel":
         # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
         # mask and the targets; its training script's loss_func keeps the fp32 loss mask (core.stack).
@@ -722,11 +722,6 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
     return tr
-
-
-def _loss(config: TrainConfig) -> Loss:
-    """The cross-entropy the configuration's stack computes (core.stack)."""
-    return get_stack(config.stack).loss_at(config.layout.tp)
 
 
 def _autocast(cfg: TrainConfig) -> bool:
@@ -775,7 +770,7 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0
     # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
     head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
-    loss = _loss(config)
+    loss = tr.stack.loss_at(config.layout.tp)
     if loss == "vocab-parallel":
         # The fp32 copy is the softmax kept, and backward writes the gradient into it: beyond what is kept, the
         # 16-bit logits in forward and their gradient, cast back to 16 bits, in backward.
