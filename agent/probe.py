@@ -43,6 +43,8 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from agent.heap import older_objects_frozen
+
 _WRAPPERS: tuple[tuple[str, str, str], ...] = (
     ("torch.distributed.tensor", "DTensor", "_local_tensor"),
     ("torch.distributed._functional_collectives", "AsyncCollectiveTensor", "elem"),
@@ -252,18 +254,12 @@ def _young_garbage_collected() -> Iterator[None]:
 
     Such a storage is garbage the collector has not reached yet, not something backward needs, so whether
     it counts must not depend on when the collector last ran. (A buffer a collective's backend still holds
-    is another matter: agent.rank.settled.) Objects older than the block are frozen first: a full collection walks the whole process's heap,
-    0.26 s in a test process holding half a million objects, and a probe runs hundreds of times there.
+    is another matter: agent.rank.settled.) The collection walks only what the block made (agent.heap):
+    a probe runs hundreds of times in a test process that holds half a million objects.
     """
-    freeze = gc.get_freeze_count() == 0  # a caller's own freeze is left as it is
-    if freeze:
-        gc.freeze()
-    try:
+    with older_objects_frozen():
         yield
         gc.collect()
-    finally:
-        if freeze:
-            gc.unfreeze()
 
 
 def _alive_bytes(ref: StorageWeakRef) -> int:

@@ -28,6 +28,7 @@ from typing import TextIO
 
 import torch
 
+from agent import heap
 from agent.cases import Case
 from agent.fingerprint import BENCHMARK_VERSION, fingerprint
 from agent.progress import Progress
@@ -77,7 +78,7 @@ def device_context(device: torch.device):
 
 def settle(device: torch.device) -> None:
     """Free what the last case left behind and reset the peak statistics; DeviceLost if the context broke."""
-    gc.collect()
+    heap.collect()
     if device.type != "cuda":
         return
     try:
@@ -151,7 +152,9 @@ def run_suite(
     cases = build_cases(suite, device, only, profile_from_store(store, fp.device_name)) if cases is None else cases
     progress = Progress([c.expected_s for c in cases], stream, quiet)
     started = time.perf_counter()
-    with store.recording(fp, suite=suite, benchmark_version=BENCHMARK_VERSION, labels=labels) as run_id:
+    gc.collect()  # nothing garbage is frozen: what cycles hold from before, on the device too, is freed here
+    with heap.older_objects_frozen(), \
+            store.recording(fp, suite=suite, benchmark_version=BENCHMARK_VERSION, labels=labels) as run_id:
         report = RunReport(run_id, fp.device_name, fp.details.get("hardware", "unknown"), fp.device_type)
         for i, case in enumerate(cases):
             progress.update(case.name)
