@@ -28,6 +28,40 @@ def headroom(tmp_path_factory):
     return run
 
 
+@pytest.fixture
+def run_cli(monkeypatch, tmp_path_factory, capsys):
+    """Run the CLI in this process: ``main(args)``, returned like `headroom`'s CompletedProcess.
+
+    For tests where the process is not the point (a start-up costs a second, several with transformers or
+    torch to import): the exit status, stdout and stderr are main's. Warnings go to stderr as a fresh
+    interpreter's default filters would print them, so a test that stderr is one line still sees them.
+    What only a process shows (imports at start-up, signals, peak memory) stays with `headroom`.
+    """
+    import warnings
+
+    from cli.main import main
+
+    monkeypatch.delenv("HEADROOM_DB", raising=False)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        capsys.readouterr()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            for quiet in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+                warnings.filterwarnings("ignore", category=quiet)
+            try:
+                code = main(list(args))
+            except SystemExit as exit:  # argparse: --help, --version, a usage error
+                code = exit.code if isinstance(exit.code, int) else int(exit.code is not None)
+        out, err = capsys.readouterr()
+        err += "".join(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line) for w in caught)
+        return subprocess.CompletedProcess(["headroom", *args], code, out, err)
+
+    return run
+
+
 @pytest.fixture(scope="session")
 def smoke_store(tmp_path_factory):
     """One CPU smoke run (micro-benchmarks and training steps) in a fresh SQLite store, shared by tests.

@@ -164,9 +164,9 @@ def test_suite_kinds_are_validated():
 
 
 @pytest.mark.slow
-def test_agent_json_is_the_bundle_of_what_it_measured(headroom, tmp_path):
+def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
     db, elsewhere = f"sqlite:///{tmp_path / 'box.db'}", f"sqlite:///{tmp_path / 'fleet.db'}"
-    train = headroom("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1",
+    train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1",
                      "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet", "--json")
     assert train.returncode == 0, train.stderr
     bundle = json.loads(train.stdout)
@@ -174,19 +174,19 @@ def test_agent_json_is_the_bundle_of_what_it_measured(headroom, tmp_path):
     assert bundle["format"] == "headroom-bundle" and run["status"] == "completed"
     assert [r["recompute"] for r in run["results"]["train_step"]] == ["none", "full"]
     (tmp_path / "run.json").write_text(train.stdout)
-    imported = headroom("db", "import", str(tmp_path / "run.json"), "--db", elsewhere)
+    imported = run_cli("db", "import", str(tmp_path / "run.json"), "--db", elsewhere)
     assert imported.returncode == 0 and "added 1 runs" in imported.stdout, imported.stdout + imported.stderr
 
 
 @pytest.mark.slow
-def test_agent_commands_from_the_cli(headroom, tmp_path):
+def test_agent_commands_from_the_cli(run_cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
-    train = headroom("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
+    train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
                      "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet")
     assert train.returncode == 0, train.stderr
     assert train.stdout.count("bench-llama-tiny s32 micro") == 4
     # Attention: the cheapest kind on a CPU (the smoke store's run covers every kind).
-    run = headroom("agent", "run", "--suite", "smoke", "--only", "attention", "--device", "cpu", "--db", db,
+    run = run_cli("agent", "run", "--suite", "smoke", "--only", "attention", "--device", "cpu", "--db", db,
                    "--label", "rack=b7", "--quiet")
     assert run.returncode == 0, run.stderr
     assert "2 results" in run.stdout and "  flash     b1 s256 a8 d64: forward" in run.stdout

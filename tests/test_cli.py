@@ -1,4 +1,7 @@
-"""`headroom estimate` as a user runs it: the JSON contract and one-line errors."""
+"""`headroom estimate` and `plan` as a user runs them: the JSON contract and one-line errors.
+
+The JSON contract runs in a process of its own; the rest run main in this one (tests/conftest.py, run_cli).
+"""
 
 import json
 
@@ -46,14 +49,14 @@ def test_estimate_json_contract(headroom):
     assert flops["step"] == flops["forward"] + flops["backward"] + flops["recompute"]
 
 
-def test_estimate_accepts_a_config_json(headroom):
-    result = headroom("estimate", "--model", str(FIXTURES / "hf" / "mistral-7b-v0.1.json"), "--json")
+def test_estimate_accepts_a_config_json(run_cli):
+    result = run_cli("estimate", "--model", str(FIXTURES / "hf" / "mistral-7b-v0.1.json"), "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"]["parameters"] == 7_241_732_096
 
 
-def test_estimate_table_names_its_units(headroom):
-    result = headroom("estimate", "--model", "gpt2-small", "--seq-len", "1024", "--dropout", "0.1",
+def test_estimate_table_names_its_units(run_cli):
+    result = run_cli("estimate", "--model", "gpt2-small", "--seq-len", "1024", "--dropout", "0.1",
                       "--attention", "standard", "--recompute", "every-3", "--dp", "8", "--zero", "2")
     assert result.returncode == 0, result.stderr
     assert "GB" in result.stdout and "GiB" in result.stdout
@@ -94,8 +97,8 @@ def _bad_config(tmp_path, **fields):
         (lambda tmp: ["--model", _nested_json(tmp)], "JSON nested too deeply to be a model config"),
     ],
 )
-def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
-    result = headroom("estimate", *make_args(tmp_path))
+def test_bad_input_is_one_clear_line(run_cli, tmp_path, make_args, message):
+    result = run_cli("estimate", *make_args(tmp_path))
     assert result.returncode == 2
     assert result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
@@ -103,15 +106,15 @@ def test_bad_input_is_one_clear_line(headroom, tmp_path, make_args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(headroom):
+def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(run_cli):
     """Training a RoPE model beyond its context window is context extension: planned, and said."""
     said = "seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the context"
-    estimate = headroom("estimate", "--model", "llama2-7b", "--seq-len", "8192")
+    estimate = run_cli("estimate", "--model", "llama2-7b", "--seq-len", "8192")
     assert estimate.returncode == 0 and f"note: {said}" in estimate.stdout
-    plan = headroom("plan", "--model", "llama2-7b", "--seq-len", "8192", "--global-batch", "8", "--dp", "8",
+    plan = run_cli("plan", "--model", "llama2-7b", "--seq-len", "8192", "--global-batch", "8", "--dp", "8",
                     "--zero", "3")
     assert plan.returncode == 0 and f"note: {said}" in plan.stdout
-    assert "context window" not in headroom("estimate", "--model", "llama2-7b", "--seq-len", "4096").stdout
+    assert "context window" not in run_cli("estimate", "--model", "llama2-7b", "--seq-len", "4096").stdout
 
 
 def _nested_json(tmp_path) -> str:
@@ -120,19 +123,19 @@ def _nested_json(tmp_path) -> str:
     return str(path)
 
 
-def test_unparseable_config_json(headroom, tmp_path):
+def test_unparseable_config_json(run_cli, tmp_path):
     path = tmp_path / "config.json"
     path.write_text("{not json")
-    result = headroom("estimate", "--model", str(path))
+    result = run_cli("estimate", "--model", str(path))
     assert result.returncode == 2
     assert result.stderr.strip() == f"headroom: error: {path}: not valid JSON (Expecting property name enclosed in double quotes at line 1, column 2)"
 
 
-def test_catalog_commands(headroom):
-    models = headroom("models")
+def test_catalog_commands(run_cli):
+    models = run_cli("models")
     assert models.returncode == 0 and "llama3-70b" in models.stdout
-    assert headroom("hardware", "--match", "NVIDIA H200").stdout.startswith("'NVIDIA H200' -> h200")
-    unknown = headroom("hardware", "--match", "NVIDIA H200 NVL")
+    assert run_cli("hardware", "--match", "NVIDIA H200").stdout.startswith("'NVIDIA H200' -> h200")
+    unknown = run_cli("hardware", "--match", "NVIDIA H200 NVL")
     assert unknown.returncode == 1 and "unknown" in unknown.stdout
 
 
@@ -143,19 +146,19 @@ def test_version_is_the_installed_package_version(headroom):
     assert result.returncode == 0 and result.stdout == f"headroom {version('headroom')}\n"
 
 
-def test_models_and_hardware_as_json(headroom):
+def test_models_and_hardware_as_json(run_cli):
     from core.hardware import HARDWARE
     from core.presets import PRESETS
 
-    models = json.loads(headroom("models", "--json").stdout)
+    models = json.loads(run_cli("models", "--json").stdout)
     assert [(m["name"], m["parameters"], m["n_layers"]) for m in models] == [
         (p.name, p.parameters, p.n_layers) for p in PRESETS.values()]
-    rows = json.loads(headroom("hardware", "--json").stdout)
+    rows = json.loads(run_cli("hardware", "--json").stdout)
     assert [(r["key"], r["peak_flop_per_s"], r["hbm_bytes_per_s"], r["memory_bytes"]) for r in rows] == [
         (h.key, h.peak_flop_per_s, h.hbm_bytes_per_s, h.memory_bytes) for h in HARDWARE]
-    match = json.loads(headroom("hardware", "--match", "NVIDIA H200", "--json").stdout)
+    match = json.loads(run_cli("hardware", "--match", "NVIDIA H200", "--json").stdout)
     assert match["key"] == "h200" and match["datasheet"]["memory_bytes"] == 141_000_000_000
-    unknown = headroom("hardware", "--match", "NVIDIA H200 NVL", "--json")
+    unknown = run_cli("hardware", "--match", "NVIDIA H200 NVL", "--json")
     assert unknown.returncode == 1 and json.loads(unknown.stdout)["datasheet"] is None
 
 
@@ -167,8 +170,8 @@ def test_hardware_is_named_by_any_case_or_a_part_of_one_key(name, key):
     assert get_hardware(name).key == key
 
 
-def test_a_part_of_several_keys_lists_them(headroom):
-    result = headroom("plan", "--model", "llama3-8b", "--global-batch", "8", "--hardware", "a100")
+def test_a_part_of_several_keys_lists_them(run_cli):
+    result = run_cli("plan", "--model", "llama3-8b", "--global-batch", "8", "--hardware", "a100")
     assert result.returncode == 2
     assert result.stderr == ("headroom: error: hardware 'a100' could be any of a100-sxm-80gb, a100-pcie-80gb, "
                              "a100-sxm-40gb, a100-pcie-40gb; give one of them\n")
@@ -193,8 +196,8 @@ def test_a_plan_for_a_cpu_speaks_of_devices_not_gpus():
     assert "GPU" not in on_cpu.replace("--gpus", "") and "CUDA" not in on_cpu
 
 
-def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(headroom):
-    result = headroom("estimate", "--model", "bench-llama-small", "--seq-len", "256", "--micro-batch", "2",
+def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(run_cli):
+    result = run_cli("estimate", "--model", "bench-llama-small", "--seq-len", "256", "--micro-batch", "2",
                       "--recompute", "selective", "--device", "cpu", "--json", "--ledger")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
@@ -202,14 +205,14 @@ def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(headroom):
     device_activations = sum(t["bytes"] for t in ledger if t["kind"] != "parameter_copy" and t["location"] == "device")
     assert device_activations == memory["activations"] + memory["logits"]
     assert report["config"]["device"] == "cpu"
-    table = headroom("estimate", "--model", "bench-llama-small", "--ledger")
+    table = run_cli("estimate", "--model", "bench-llama-small", "--ledger")
     assert "block.attn.sdpa_out" in table.stdout and "log_softmax" in table.stdout
 
 
-def test_plan_searches_layouts_and_exports_the_winner(headroom):
+def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     """--gpus searches layouts; the JSON names each layout's fate, and --export carries the chosen one."""
     args = ("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--tp", "2")
-    report = json.loads(headroom(*args, "--json", "--export", "deepspeed").stdout)
+    report = json.loads(run_cli(*args, "--json", "--export", "deepspeed").stdout)
     best = report["recommendation"]
     assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["tp"]
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
@@ -217,7 +220,7 @@ def test_plan_searches_layouts_and_exports_the_winner(headroom):
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
     assert report["export"]["format"] == "deepspeed"
     assert json.loads(report["export"]["text"])["train_batch_size"] == 64
-    megatron = headroom(*args, "--export", "megatron")
+    megatron = run_cli(*args, "--export", "megatron")
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
 
 
@@ -229,19 +232,19 @@ def test_plan_searches_layouts_and_exports_the_winner(headroom):
     (("--global-batch", "8", "--interconnect", "foo"), "argument --interconnect: invalid choice: 'foo'"),
     (("--global-batch", "8", "--tp"), "argument --tp: expected one argument"),
 ])
-def test_plan_bad_input_is_one_line(headroom, args, message):
+def test_plan_bad_input_is_one_line(run_cli, args, message):
     """Every bad value, argparse's included, is one line on stderr and exit status 2."""
     if "--global-batch" not in args and "--global-tokens" not in args:
         args = (*args, "--global-batch", "8")
-    result = headroom("plan", "--model", "llama2-7b", *args)
+    result = run_cli("plan", "--model", "llama2-7b", *args)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
 
 
-def test_a_string_where_config_json_wants_a_boolean_is_refused(headroom, tmp_path):
+def test_a_string_where_config_json_wants_a_boolean_is_refused(run_cli, tmp_path):
     """tie_word_embeddings: "false" is a string, truthy: it must not silently tie the head."""
     path = _bad_config(tmp_path, tie_word_embeddings="false")
-    result = headroom("estimate", "--model", str(path))
+    result = run_cli("estimate", "--model", str(path))
     assert result.returncode == 2
     assert "tie_word_embeddings must be true or false (a JSON boolean), got 'false'" in result.stderr
 
@@ -252,11 +255,30 @@ def test_a_string_where_config_json_wants_a_boolean_is_refused(headroom, tmp_pat
     (("agent", "run", "--suite", "smoke", "--device", "cpu", "--only", ""), "--only '': names no kind"),
     (("dashboard", "--host", "not a host!"), "--host 'not a host!' is not an address or a name this machine resolves"),
 ])
-def test_commands_refuse_empty_or_unusable_values_before_any_work(headroom, tmp_path, args, message):
+def test_commands_refuse_empty_or_unusable_values_before_any_work(run_cli, tmp_path, args, message):
     """A list that names nothing would record an empty 'completed' run; a host Streamlit cannot bind would end
     in its traceback. Both are one line, exit 2, and nothing is written."""
     db = tmp_path / "store.db"
-    result = headroom(*args, "--db", f"sqlite:///{db}")
+    result = run_cli(*args, "--db", f"sqlite:///{db}")
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
     assert not db.exists()
+
+
+def test_the_in_process_cli_reports_what_a_process_would(run_cli, monkeypatch):
+    """run_cli's stderr carries a warning the command raised (as a fresh interpreter prints it) and its
+    exit status is main's, argparse's exits included: a test of one clean line cannot pass by running here."""
+    import warnings
+
+    import cli.catalog
+
+    def warned(args):
+        warnings.warn("a warning a user would see", UserWarning, stacklevel=2)
+        print("listed")
+
+    monkeypatch.setattr(cli.catalog, "run_models", warned)
+    parser_built = run_cli("models")
+    assert parser_built.returncode == 0 and parser_built.stdout == "listed\n"
+    assert parser_built.stderr.count("\n") == 2 and "UserWarning: a warning a user would see" in parser_built.stderr
+    usage = run_cli("plan", "--model", "llama2-7b", "--global-batch", "8", "--tp")
+    assert usage.returncode == 2 and usage.stderr.count("\n") == 1

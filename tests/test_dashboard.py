@@ -273,14 +273,14 @@ def test_every_page_shows_the_reference_gpu(page, reference_store, monkeypatch):
         assert set(stats["policy"]) == {"none", "full", "every-2", "selective", "op-selective", "offload"}
 
 
-def test_a_missing_or_damaged_bundle_is_refused_with_its_name(headroom, tmp_path):
-    missing = headroom("dashboard", "--bundle", str(tmp_path / "nowhere.json.gz"))
+def test_a_missing_or_damaged_bundle_is_refused_with_its_name(run_cli, tmp_path):
+    missing = run_cli("dashboard", "--bundle", str(tmp_path / "nowhere.json.gz"))
     assert missing.returncode == 2 and "cannot read bundle" in missing.stderr and "nowhere.json.gz" in missing.stderr
     truncated = tmp_path / "cut.json.gz"
     truncated.write_bytes(REFERENCE_BUNDLE.read_bytes()[:5000])
-    cut = headroom("dashboard", "--bundle", str(truncated))
+    cut = run_cli("dashboard", "--bundle", str(truncated))
     assert cut.returncode == 2 and "truncated or damaged gzip" in cut.stderr
-    both = headroom("dashboard", "--bundle", str(REFERENCE_BUNDLE), "--db", str(tmp_path / "x.db"))
+    both = run_cli("dashboard", "--bundle", str(REFERENCE_BUNDLE), "--db", str(tmp_path / "x.db"))
     assert both.returncode == 2 and "not allowed with argument" in both.stderr
 
 

@@ -63,31 +63,31 @@ def test_export_import_export_gives_identical_bytes(source, target, request, tmp
     assert [run["status"] for run in bundle["runs"]] == ["completed", "completed", "running"]
 
 
-def test_importing_twice_adds_nothing_the_second_time(source, sqlite_url, tmp_path, headroom):
+def test_importing_twice_adds_nothing_the_second_time(source, sqlite_url, tmp_path, run_cli):
     _export(source, tmp_path / "bundle.json")
-    first = headroom("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
+    first = run_cli("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
     assert first.returncode == 0, first.stderr
     assert "added 3 runs (11 results); skipped 0 runs" in first.stdout
     with open_store(sqlite_url) as store:
         counts = row_counts(store)
-    second = headroom("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
+    second = run_cli("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
     assert second.returncode == 0, second.stderr
     assert "added 0 runs (0 results); skipped 3 runs already present" in second.stdout
     with open_store(sqlite_url) as store:
         assert row_counts(store) == counts
 
 
-def test_merge_copies_only_the_runs_the_destination_lacks(source, tmp_path, headroom):
+def test_merge_copies_only_the_runs_the_destination_lacks(source, tmp_path, run_cli):
     destination = f"sqlite:///{tmp_path / 'fleet.db'}"
     with open_store(destination, mode="write") as store:
         record_run(store, seed=9, hostname="gpu-99")
-    assert headroom("db", "merge", source, "--db", destination).returncode == 0
-    merged = headroom("db", "merge", source, "--db", destination)
+    assert run_cli("db", "merge", source, "--db", destination).returncode == 0
+    merged = run_cli("db", "merge", source, "--db", destination)
     assert merged.returncode == 0 and "added 0 runs" in merged.stdout
     with open_store(destination, mode="write") as fleet, open_store(source) as box:
         assert row_counts(fleet)["runs"] == 4
         assert merge_stores(box, fleet).added == ()
-    same = headroom("db", "merge", source, "--db", source)
+    same = run_cli("db", "merge", source, "--db", source)
     assert same.returncode == 2 and "source and destination are the same store" in same.stderr
 
 
@@ -147,32 +147,32 @@ def fleet(tmp_path) -> str:
     return url
 
 
-def _refused(headroom, bundle: Path, fleet: str, message: str) -> None:
+def _refused(run_cli, bundle: Path, fleet: str, message: str) -> None:
     with open_store(fleet) as store:
         before = row_counts(store)
-    result = headroom("db", "import", str(bundle), "--db", fleet)
+    result = run_cli("db", "import", str(bundle), "--db", fleet)
     assert result.returncode == 2, result.stdout
     assert message in result.stderr and result.stderr.count("\n") == 1, result.stderr
     with open_store(fleet) as store:
         assert row_counts(store) == before
 
 
-def test_a_truncated_gzip_bundle_writes_nothing(source, fleet, tmp_path, headroom):
+def test_a_truncated_gzip_bundle_writes_nothing(source, fleet, tmp_path, run_cli):
     data = _export(source, tmp_path / "bundle.json.gz")
     (tmp_path / "cut.json.gz").write_bytes(data[: len(data) // 2])
-    _refused(headroom, tmp_path / "cut.json.gz", fleet, "truncated or damaged gzip")
+    _refused(run_cli, tmp_path / "cut.json.gz", fleet, "truncated or damaged gzip")
 
 
-def test_a_truncated_json_bundle_writes_nothing(source, fleet, tmp_path, headroom):
+def test_a_truncated_json_bundle_writes_nothing(source, fleet, tmp_path, run_cli):
     data = _export(source, tmp_path / "bundle.json")
     (tmp_path / "cut.json").write_bytes(data[: len(data) * 2 // 3])
-    _refused(headroom, tmp_path / "cut.json", fleet, "not valid JSON at line")
+    _refused(run_cli, tmp_path / "cut.json", fleet, "not valid JSON at line")
 
 
-def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, headroom):
+def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, run_cli):
     data = _export(source, tmp_path / "bundle.json.gz")
     (tmp_path / "cut.json.gz").write_bytes(data[:100])
-    result = headroom("db", "import", str(tmp_path / "cut.json.gz"), "--db", str(tmp_path / "new.db"))
+    result = run_cli("db", "import", str(tmp_path / "cut.json.gz"), "--db", str(tmp_path / "new.db"))
     assert result.returncode == 2 and not (tmp_path / "new.db").exists()
 
 
@@ -210,17 +210,17 @@ def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, hea
     ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "format",
          "negative rate", "finished before started", "NUL", "lone surrogate", "beyond 64 bits", "poisoned model"],
 )
-def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, tmp_path, headroom, damage, message):
+def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, tmp_path, run_cli, damage, message):
     with open_store(source) as store:
         bundle = export_bundle(store)
     uuids = [run["uuid"] for run in bundle["runs"]]
     damage(bundle)
     (tmp_path / "bad.json").write_text(json.dumps(bundle))
     index = 2 if "run 3" in message else 1
-    _refused(headroom, tmp_path / "bad.json", fleet, message.format(uuid=uuids[index], first=uuids[0]))
+    _refused(run_cli, tmp_path / "bad.json", fleet, message.format(uuid=uuids[index], first=uuids[0]))
 
 
-def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path, headroom):
+def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path, run_cli):
     """200 MB of spaces in 0.2 MB of gzip (1000x; exported bundles expand about 6x): refused at 100x, early."""
     import subprocess
     import sys
@@ -234,7 +234,7 @@ def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path,
         f.write(deflate.compress(b"}") + deflate.flush())
     size = (tmp_path / "bomb.json.gz").stat().st_size
     assert size < 300_000
-    _refused(headroom, tmp_path / "bomb.json.gz", fleet, f"expands more than 100x its {size:,} bytes")
+    _refused(run_cli, tmp_path / "bomb.json.gz", fleet, f"expands more than 100x its {size:,} bytes")
     # A fresh interpreter's peak memory (VmHWM: ru_maxrss would carry this process's peak over the exec):
     # decompressing it all would add 200 MB.
     code = ("import sys\nfrom db.bundle import check_file\nfrom db.errors import BundleError\n"
@@ -245,9 +245,9 @@ def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path,
     assert peak_kib < 150 * 1024, f"peak {peak_kib / 1024:.0f} MiB: the bomb was not stopped early"
 
 
-def test_non_finite_numbers_are_refused(fleet, tmp_path, headroom):
+def test_non_finite_numbers_are_refused(fleet, tmp_path, run_cli):
     (tmp_path / "nan.json").write_text('{"format": "headroom-bundle", "version": 1, "runs": [NaN]}')
-    _refused(headroom, tmp_path / "nan.json", fleet, "NaN is not a number a bundle may carry")
+    _refused(run_cli, tmp_path / "nan.json", fleet, "NaN is not a number a bundle may carry")
 
 
 def test_a_write_the_store_refuses_midway_rolls_the_whole_import_back(source, fleet, tmp_path):

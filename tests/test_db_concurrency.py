@@ -60,7 +60,7 @@ def test_eight_processes_write_fifty_runs_each(store_url):
         assert sqlite_integrity(Path(store_url.removeprefix("sqlite:///"))) == ["ok"]
 
 
-def test_a_writer_killed_mid_run_leaves_a_consistent_store(store_url, headroom):
+def test_a_writer_killed_mid_run_leaves_a_consistent_store(store_url, run_cli):
     with open_store(store_url, mode="write") as store:
         finished = record_run(store)
     writer = _writer(store_url, 0, "forever")
@@ -85,11 +85,11 @@ def test_a_writer_killed_mid_run_leaves_a_consistent_store(store_url, headroom):
     if store_url.startswith("sqlite"):
         assert sqlite_integrity(Path(store_url.removeprefix("sqlite:///"))) == ["ok"]
 
-    info = headroom("db", "info", "--db", store_url)
+    info = run_cli("db", "info", "--db", store_url)
     assert info.returncode == 0, info.stderr
     assert "1 incomplete runs" in info.stdout and f"{run_id}  NVIDIA H100 80GB HBM3 on worker-0" in info.stdout
     assert finished not in info.stdout
-    raw = headroom("db", "info", "--db", store_url, "--json")
+    raw = run_cli("db", "info", "--db", store_url, "--json")
     assert raw.returncode == 0, raw.stderr
     as_json = json.loads(raw.stdout)
     assert as_json["runs"] == {"completed": 2, "running": 1}

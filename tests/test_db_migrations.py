@@ -167,21 +167,21 @@ def test_the_upgraded_store_reads_and_writes_on(old_store):
         assert after["fingerprints"] == before["fingerprints"]  # the same box: the digest carried over
 
 
-def test_a_reader_never_migrates_and_names_the_upgrade_command(old_store, headroom):
+def test_a_reader_never_migrates_and_names_the_upgrade_command(old_store, run_cli):
     before = file_state(old_store)
     with pytest.raises(OutdatedStoreError) as refused:
         open_store(str(old_store))
     assert refused.value.upgrade_command == f"headroom db upgrade --db 'sqlite:///{old_store}'"
-    info = headroom("db", "info", "--db", str(old_store))
+    info = run_cli("db", "info", "--db", str(old_store))
     assert info.returncode == 2
     assert f"at schema revision 0001, this headroom reads {head()}" in info.stderr
     assert refused.value.upgrade_command in info.stderr
     assert file_state(old_store) == before
 
-    upgrade = headroom("db", "upgrade", "--db", str(old_store))
+    upgrade = run_cli("db", "upgrade", "--db", str(old_store))
     assert upgrade.returncode == 0, upgrade.stderr
     assert f"from schema revision 0001 to {head()}" in upgrade.stdout
-    info = headroom("db", "info", "--db", str(old_store))
+    info = run_cli("db", "info", "--db", str(old_store))
     assert info.returncode == 0, info.stderr
     assert "1 incomplete runs" in info.stdout and "00000000-0000-4000-8000-000000000003" in info.stdout
 
@@ -221,7 +221,7 @@ def test_postgres_upgrade_from_0001_keeps_every_row(old_store, postgres_url):
 # ---- refused, untouched ----------------------------------------------------------------
 
 
-def _refused_everywhere(path: Path, headroom, message: str) -> None:
+def _refused_everywhere(path: Path, run_cli, message: str) -> None:
     """Reader, writer and CLI actions all refuse ``path``, saying ``message`` on one line; nothing changes."""
     bundle = path.parent / "empty-bundle.json"
     bundle.write_text('{"format": "headroom-bundle", "version": 1, "runs": []}')
@@ -230,46 +230,46 @@ def _refused_everywhere(path: Path, headroom, message: str) -> None:
         with pytest.raises(StoreError, match=re.escape(message)):
             open_store(str(path), mode=mode)
     for args in (("db", "info"), ("db", "upgrade"), ("db", "import", str(bundle))):
-        result = headroom(*args, "--db", str(path))
+        result = run_cli(*args, "--db", str(path))
         assert result.returncode == 2, (args, result.stdout, result.stderr)
         assert message in result.stderr
         assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
     assert file_state(path) == before
 
 
-def test_a_store_newer_than_the_code_is_refused(sqlite_url, headroom):
+def test_a_store_newer_than_the_code_is_refused(sqlite_url, run_cli):
     path = Path(sqlite_url.removeprefix("sqlite:///"))
     with open_store(sqlite_url, mode="write") as store:
         record_run(store)
     with sqlite3.connect(path) as connection:
         connection.execute(f"UPDATE {VERSION_TABLE} SET version_num = '0099'")
     connection.close()
-    _refused_everywhere(path, headroom, "is at schema revision '0099', newer than this headroom knows")
+    _refused_everywhere(path, run_cli, "is at schema revision '0099', newer than this headroom knows")
 
 
-def test_a_file_that_is_not_sqlite_is_refused(tmp_path, headroom):
+def test_a_file_that_is_not_sqlite_is_refused(tmp_path, run_cli):
     path = tmp_path / "results.db"
     path.write_bytes(b"PK\x03\x04 this is a zip archive, not a database" * 20)
-    _refused_everywhere(path, headroom, "is not a SQLite database (it starts with b'PK\\x03\\x04")
+    _refused_everywhere(path, run_cli, "is not a SQLite database (it starts with b'PK\\x03\\x04")
 
 
 @pytest.mark.parametrize("damage", ["garbage after the header", "truncated"])
-def test_a_damaged_sqlite_file_is_refused(tmp_path, headroom, damage):
+def test_a_damaged_sqlite_file_is_refused(tmp_path, run_cli, damage):
     path = tmp_path / "results.db"
     data = FIXTURE.read_bytes()
     path.write_bytes(data[:16] + bytes(range(256)) * 64 if damage == "garbage after the header" else data[:8192])
     reason = "file is not a database" if damage == "garbage after the header" else "database disk image is malformed"
-    _refused_everywhere(path, headroom, f"{reason}; it is not a readable Headroom store")
+    _refused_everywhere(path, run_cli, f"{reason}; it is not a readable Headroom store")
 
 
-def test_another_applications_sqlite_database_is_refused(tmp_path, headroom):
+def test_another_applications_sqlite_database_is_refused(tmp_path, run_cli):
     path = tmp_path / "results.db"
     with sqlite3.connect(path) as connection:
         connection.execute("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT)")
         connection.execute("CREATE TABLE alembic_version (version_num TEXT)")  # that app's own Alembic
         connection.execute("INSERT INTO users (name) VALUES ('ada')")
     connection.close()
-    _refused_everywhere(path, headroom, "is not a Headroom result store: it holds other tables (alembic_version, users)")
+    _refused_everywhere(path, run_cli, "is not a Headroom result store: it holds other tables (alembic_version, users)")
 
 
 def test_another_applications_postgres_database_is_refused(postgres_url):

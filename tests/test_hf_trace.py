@@ -115,22 +115,22 @@ def test_what_cannot_be_traced_says_why():
         trace({**LLAMA, "model_type": "no-such-model"}, "x", TrainConfig(seq_len=64, precision="fp32"), "cuda")
 
 
-def test_estimate_trace_from_a_model_directory(headroom, tmp_path):
+def test_estimate_trace_from_a_model_directory(run_cli, tmp_path):
     (tmp_path / "tiny-llama").mkdir()
     (tmp_path / "tiny-llama" / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "acme/tiny-llama"}))
     flags = ("estimate", "--model", str(tmp_path / "tiny-llama"), "--seq-len", "128", "--micro-batch", "2",
              "--precision", "fp32", "--device", "cpu", "--trace")
-    result = headroom(*flags, "--json")
+    result = run_cli(*flags, "--json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)["trace"]
     assert report["model"] == "acme/tiny-llama" and report["device"] == "cpu"
     assert report["saved_bytes"] == 15_524_868 == sum(t["bytes"] for t in report["ledger"] if t["kind"] != "parameter_copy")
     assert report["analytic_saved_bytes"] == 15_557_636
     assert set(report["ledger"][0]) == {"name", "shape", "dtype", "location", "kind", "layer", "bytes"}
-    text = headroom(*flags)
+    text = run_cli(*flags)
     assert "traced with transformers on meta (cpu attention kernels): 15.525 MB kept for backward, analytic " \
            "15.558 MB (-0.2%; MB = 1e6 bytes)" in text.stdout
-    preset = headroom("estimate", "--model", "llama3-8b", "--seq-len", "128", "--precision", "fp32", "--trace")
+    preset = run_cli("estimate", "--model", "llama3-8b", "--seq-len", "128", "--precision", "fp32", "--trace")
     assert preset.returncode != 0 and "--model 'llama3-8b' is a preset; give a config.json" in preset.stderr
 
 
@@ -216,12 +216,12 @@ def test_plan_trace_checks_the_recommendation_with_the_traced_activations(tmp_pa
     assert report["saved_bytes"] - report["analytic_saved_bytes"] == 2 * 8  # two layers' RNG state
 
 
-def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(headroom, tmp_path):
+def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(run_cli, tmp_path):
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
     flags = ("plan", "--model", str(tmp_path / "tiny"), "--seq-len", "512", "--global-batch", "16", "--trace")
-    amp = headroom(*flags)
+    amp = run_cli(*flags)
     assert amp.returncode == 2 and amp.stdout == ""
     assert "--trace runs the model in one dtype: --precision amp-bf16 needs autocast" in amp.stderr
-    split = headroom(*flags, "--precision", "bf16-pure", "--tp", "2")
+    split = run_cli(*flags, "--precision", "bf16-pure", "--tp", "2")
     assert split.returncode == 2 and "--trace runs the whole model in one process: layout tp 2" in split.stderr

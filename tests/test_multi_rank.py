@@ -268,8 +268,8 @@ def test_agent_train_prints_each_rank_and_its_communication(fleet):
     assert out.count("exposed communication") == 2
 
 
-def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(headroom, tmp_path):
-    result = headroom("agent", "train", "--model", "llama3-8b", "--device", "cpu", "--db",
+def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path):
+    result = run_cli("agent", "train", "--model", "llama3-8b", "--device", "cpu", "--db",
                       f"sqlite:///{tmp_path / 'big.db'}", "--quiet")
     assert result.returncode == 1
     assert "skipped: llama3-8b" in result.stdout and "the core predicts a peak of 123.9 GB" in result.stdout

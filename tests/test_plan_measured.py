@@ -14,9 +14,9 @@ def measured_cpu(smoke_store):
     return url, report.device_name
 
 
-def test_plan_uses_the_cpus_measurements_and_reports_calibration(headroom, measured_cpu):
+def test_plan_uses_the_cpus_measurements_and_reports_calibration(run_cli, measured_cpu):
     url, cpu = measured_cpu
-    result = headroom("plan", "--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8",
+    result = run_cli("plan", "--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8",
                       "--hardware", cpu, "--db", url, "--budget", "4GB", "--precision", "fp32", "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -33,9 +33,9 @@ def test_plan_uses_the_cpus_measurements_and_reports_calibration(headroom, measu
     assert best["micro_batch"] * best["accumulation_steps"] == 8
 
 
-def test_plan_falls_back_to_the_datasheet_and_says_so(headroom, measured_cpu):
+def test_plan_falls_back_to_the_datasheet_and_says_so(run_cli, measured_cpu):
     url, _ = measured_cpu
-    result = headroom("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--dp", "8",
+    result = run_cli("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--dp", "8",
                       "--zero", "3", "--hardware", "h100-sxm", "--db", url, "--json")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
@@ -44,24 +44,24 @@ def test_plan_falls_back_to_the_datasheet_and_says_so(headroom, measured_cpu):
     assert plan["calibration"]["confidence"].startswith("uncalibrated")
 
 
-def test_impossible_plan_explains_itself(headroom):
+def test_impossible_plan_explains_itself(run_cli):
     args = ("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "32", "--hardware", "h100-sxm")
-    result = headroom(*args)
+    result = run_cli(*args)
     assert result.returncode == 3, result.stderr  # nothing fits: its own exit status
     assert "nothing fits" in result.stdout and "smallest change that fits: --dp" in result.stdout
-    as_json = headroom(*args, "--json")
+    as_json = run_cli(*args, "--json")
     assert as_json.returncode == 3 and json.loads(as_json.stdout)["recommendation"] is None
-    export = headroom(*args, "--export", "deepspeed")
+    export = run_cli(*args, "--export", "deepspeed")
     assert export.returncode == 3 and export.stdout == ""
     assert export.stderr.startswith("headroom: nothing fits, so there is nothing to export; smallest change")
 
 
-def test_plan_export_and_bad_input(headroom):
-    out = headroom("plan", "--model", "llama2-7b", "--global-tokens", "262144", "--seq-len", "4096", "--dp", "8",
+def test_plan_export_and_bad_input(run_cli):
+    out = run_cli("plan", "--model", "llama2-7b", "--global-tokens", "262144", "--seq-len", "4096", "--dp", "8",
                    "--zero", "3", "--export", "deepspeed")
     assert out.returncode == 0, out.stderr
     assert '"train_batch_size": 64' in out.stdout
-    bad = headroom("plan", "--model", "llama2-7b", "--global-tokens", "1000", "--seq-len", "4096")
+    bad = run_cli("plan", "--model", "llama2-7b", "--global-tokens", "1000", "--seq-len", "4096")
     assert bad.returncode == 2 and "is not a multiple of --seq-len 4096" in bad.stderr
-    budget = headroom("plan", "--model", "llama2-7b", "--global-batch", "8", "--budget", "80XB")
+    budget = run_cli("plan", "--model", "llama2-7b", "--global-batch", "8", "--budget", "80XB")
     assert budget.returncode == 2 and "unknown unit 'XB'" in budget.stderr
