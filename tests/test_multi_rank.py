@@ -1,9 +1,9 @@
 """The agent on several ranks: collectives and training steps under real torch.distributed (gloo, CPU).
 
-One store is built once per session (about 50 s on 2 cores): the session's
+One store is built once per session (about 40 s on 2 cores): the session's
 smoke run for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
-collectives --nproc 2`), then 2-rank training steps of the agent's decoder
-under FSDP2 (`headroom agent train --nproc 2 --zero 3`), under tensor +
+collectives --nproc 2`, the command run in this process, its ranks launched), then 2-rank training
+steps of the agent's decoder under FSDP2 (`headroom agent train --nproc 2 --zero 3`), under tensor +
 sequence parallelism and as a 2-stage 1F1B pipeline of 4 micro-batches
 (`--pp 2 --accumulation 4`), every rank its own row. Each launch runs under a
 deadline and every collective under the process group's timeout. Tests that start
@@ -12,11 +12,12 @@ processes are marked ``slow``: ``pytest -m "not slow"`` leaves them out for loca
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sqlite3
 import time
-from contextlib import closing
+from contextlib import closing, redirect_stderr, redirect_stdout
 
 import pytest
 
@@ -48,7 +49,7 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="session")
-def fleet(tmp_path_factory, headroom_session, smoke_store):
+def fleet(tmp_path_factory, smoke_store):
     path = tmp_path_factory.mktemp("fleet") / "results.db"
     url = f"sqlite:///{path}"
     # A CPU profile: the session's smoke run (matmul, elementwise, attention rates and one-device
@@ -56,36 +57,26 @@ def fleet(tmp_path_factory, headroom_session, smoke_store):
     with closing(sqlite3.connect(smoke_store[0].removeprefix("sqlite:///"))) as source, \
             closing(sqlite3.connect(path)) as copy:
         source.backup(copy)
-    collectives = headroom_session("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu",
-                                   "--db", url, "--quiet")
-    assert collectives.returncode == 0, collectives.stderr
-    fsdp = headroom_session("agent", "train", *TRAIN_FLAGS, "--nproc", "2", "--zero", "3", "--db", url, "--quiet")
-    assert fsdp.returncode == 0, fsdp.stderr
-    pipeline = headroom_session("agent", "train", *TRAIN_FLAGS, "--pp", "2", "--accumulation", "4", "--db", url,
-                                "--quiet")
-    assert pipeline.returncode == 0, pipeline.stderr
+    collectives = _headroom("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu", "--db", url,
+                            "--quiet")
+    fsdp = _headroom("agent", "train", *TRAIN_FLAGS, "--nproc", "2", "--zero", "3", "--db", url, "--quiet")
+    _headroom("agent", "train", *TRAIN_FLAGS, "--pp", "2", "--accumulation", "4", "--db", url, "--quiet")
     setup = TrainSetup(spec=get_preset(MODEL), steps=3, config=TrainConfig(
         seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True)))
     with open_store(url, mode="write") as store:
         with store.session() as session:
             profile, _ = measured_in(session, "latest")
         run_suite(store, CPU, "train", cases=train_ranks.cases(setup, "cpu", profile), quiet=True)
-    return url, collectives.stdout, fsdp.stdout
+    return url, collectives, fsdp
 
 
-@pytest.fixture(scope="session")
-def headroom_session(tmp_path_factory):
-    import subprocess
-    import sys
-
-    env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"}
-    env["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg"))
-
-    def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True,
-                              timeout=300, env=env)
-
-    return run
+def _headroom(*args: str) -> str:
+    """The command's stdout, run in this process: the ranks it launches are processes of their own."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        code = main(list(args))
+    assert code == 0, err.getvalue()
+    return out.getvalue()
 
 
 def _rows(url: str, model):
