@@ -163,7 +163,6 @@ def test_suite_kinds_are_validated():
         build_cases("smoke", CPU, ("bogus",))
 
 
-@pytest.mark.slow
 def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
     db, elsewhere = f"sqlite:///{tmp_path / 'box.db'}", f"sqlite:///{tmp_path / 'fleet.db'}"
     train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1",
@@ -178,7 +177,6 @@ def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
     assert imported.returncode == 0 and "added 1 runs" in imported.stdout, imported.stdout + imported.stderr
 
 
-@pytest.mark.slow
 def test_agent_commands_from_the_cli(run_cli, tmp_path):
     db = f"sqlite:///{tmp_path / 'cli.db'}"
     train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
