@@ -8,9 +8,10 @@ stdout::
     HEADROOM-RESULT {"key": "...", "rank": 0, "row": {...}}
 
 and the parent picks them up as they come (`Launch.result`), so a benchmark
-case's row is stored the moment it exists. The launch is bounded: past its
-deadline the whole process group (launcher and ranks) is killed, so a rank
-stuck in a collective never leaves the parent waiting. When a rank dies the
+case's row is stored the moment it exists. The launch is bounded: when no
+result has come for its timeout, the whole process group (launcher and
+ranks) is killed, so a rank stuck in a collective never leaves the parent
+waiting. When a rank dies the
 launcher stops the others (``--max-restarts 0``) and `Launch.result` raises
 `LaunchFailed` naming the exit, for the results that never came.
 """
@@ -46,7 +47,8 @@ def emit(key: str, rank: int, row: dict) -> None:
 class Launch:
     """``module`` on ``nproc`` local ranks, started on the first `result` call.
 
-    ``timeout_s`` bounds the whole launch, from start to exit.
+    ``timeout_s`` bounds each wait: from the start to the first result, from each result to the next,
+    and from the last to the exit.
     """
 
     def __init__(self, module: str, nproc: int, args: Sequence[str] = (), *, timeout_s: float,
@@ -99,15 +101,20 @@ class Launch:
             if line.startswith(MARKER):
                 found = json.loads(line[len(MARKER):])
                 self.results[(found["key"], found["rank"])] = found["row"]
+                self.deadline = time.monotonic() + self.timeout_s
             else:
                 self.tail.append(line.rstrip("\n"))
         return self.results.pop((key, rank))
+
+    def reported(self, key: str) -> bool:
+        """Whether any rank has reported ``key``, among the results read so far and not yet taken."""
+        return any(found == key for found, _ in self.results)
 
     def _failure(self) -> str:
         """Why results stopped coming: the deadline (after killing the ranks) or the launcher's exit."""
         code = self.close()
         if self.killed:
-            return f"the ranks ran past {self.timeout_s:g} s and were killed"
+            return f"the ranks reported nothing for {self.timeout_s:g} s and were killed"
         lines = [line for line in self.tail if "rror" in line or "exitcode" in line or "Signal" in line]
         detail = "; ".join(lines[-3:]) if lines else (self.tail[-1] if self.tail else "no output")
         return f"the launch exited with code {code} ({detail[-600:]})"

@@ -28,6 +28,12 @@ counting a DTensor by its local shard), and its parameter, gradient and
 optimizer-state bytes as stored. The parent adds the core's prediction for
 that rank, made at measurement time, and stores one row per rank.
 
+A sweep's setups of one world size run in one launch, one after another
+(`Launches`): on a GPU box each launch costs seconds of process start,
+imports and NCCL initialisation, on a CPU most of a small step's time. A
+rank that fails a setup ends its launch; the setups after it get a new one.
+Each row says where in its launch it ran (``details.setup_in_launch``).
+
 Rank side: ``python -m agent.train_ranks`` under torch's launcher; parent
 side: `cases`.
 """
@@ -39,16 +45,18 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import itertools
 import json
 import statistics
 import sys
 import traceback
+from collections.abc import Sequence
 
 import torch
 
 from agent import bench_train
 from agent.cases import Case, skipped
-from agent.launch import Launch, emit
+from agent.launch import Launch, LaunchFailed, emit
 from agent.rank import RankInfo, add_rank_flags, join, leave, settled
 from core.config import TrainConfig
 from core.errors import ConfigError
@@ -88,17 +96,16 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
 # ---- the setup, across the process boundary -----------------------------------------------------
 
 
-def setup_document(setup: bench_train.TrainSetup) -> str:
+def setup_document(setup: bench_train.TrainSetup) -> dict:
+    """``setup`` as JSON-ready data."""
     cfg = setup.config
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     config |= {"recompute": str(cfg.recompute), "layout": dataclasses.asdict(cfg.layout)}
-    return json.dumps({"spec": dataclasses.asdict(setup.spec), "config": config,
-                       "accumulation_steps": setup.accumulation_steps, "warmup_steps": setup.warmup_steps,
-                       "steps": setup.steps})
+    return {"spec": dataclasses.asdict(setup.spec), "config": config,
+            "accumulation_steps": setup.accumulation_steps, "warmup_steps": setup.warmup_steps, "steps": setup.steps}
 
 
-def setup_from_document(text: str) -> bench_train.TrainSetup:
-    doc = json.loads(text)
+def setup_from_document(doc: dict) -> bench_train.TrainSetup:
     config = doc["config"] | {"recompute": parse_policy(doc["config"]["recompute"]),
                               "layout": Layout(**doc["config"]["layout"])}
     return bench_train.TrainSetup(spec=ModelSpec(**doc["spec"]), config=TrainConfig(**config),
@@ -305,30 +312,55 @@ def _pipeline_waits(pipelined: bool):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="One rank of a multi-rank training step (run under torchrun).")
+    parser = argparse.ArgumentParser(description="The ranks of multi-rank training steps (run under torchrun).")
     add_rank_flags(parser)
-    parser.add_argument("--setup", required=True, help="the setup as JSON (setup_document)")
+    parser.add_argument("--setups", required=True,
+                        help="the setups as a JSON object of index to setup (setup_document), run in order")
     args = parser.parse_args(argv)
-    setup = setup_from_document(args.setup)
+    setups = {int(index): setup_from_document(doc) for index, doc in json.loads(args.setups).items()}
     info = join(args.device_type, args.timeout_s)
-    key = "step"
+    for position, (index, setup) in enumerate(setups.items(), start=1):
+        emit(begin_key(index), info.rank, {})
+        row = _measured(setup, info)
+        if row.get("status", "ok") == "ok":
+            row["details"]["setup_in_launch"] = position  # the setups these processes ran before, plus one
+        emit(step_key(index), info.rank, row)
+        if row.get("status", "ok") != "ok":
+            return 1  # the launcher stops the other ranks, which may be waiting on this one
+        _release(info)
+    leave()
+    return 0
+
+
+def begin_key(index: int) -> str:
+    return f"begin {index}"
+
+
+def step_key(index: int) -> str:
+    return f"step {index}"
+
+
+def _measured(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
+    """This rank's row for ``setup``, or an ``oom`` or ``error`` row saying why there is none."""
     try:
-        row = measure(setup, info)
+        return measure(setup, info)
     except torch.OutOfMemoryError as err:
         row = {"status": "oom", "message": str(err).splitlines()[0][:500]}
         if info.device.type == "cuda":
             row["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(info.device)
-        emit(key, info.rank, row)
-        return 1  # the launcher stops the other ranks, which may be waiting on this one
+        return row
     except Exception as err:
         traceback.print_exc(file=sys.stdout)
-        emit(key, info.rank, {"status": "error", "message": f"{type(err).__name__}: {str(err).strip()[:400]}"})
-        return 1
+        return {"status": "error", "message": f"{type(err).__name__}: {str(err).strip()[:400]}"}
     finally:
         gc.collect()
-    emit(key, info.rank, row)
-    leave()
-    return 0
+
+
+def _release(info: RankInfo) -> None:
+    """Between two setups: the last one's memory handed back, and every rank done with it."""
+    if info.device.type == "cuda":
+        torch.cuda.empty_cache()
+    settled(torch.zeros(()))
 
 
 # ---- parent side --------------------------------------------------------------------------------------
@@ -344,24 +376,36 @@ def base_row(setup: bench_train.TrainSetup, rank: int, world: int) -> TrainStepR
     )
 
 
-def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout_s: float = 600.0,
+def cases(setups: Sequence[bench_train.TrainSetup], device_type: str, profile=None, timeout_s: float = 600.0,
           expected_s: float = 5.0) -> list[Case]:
-    """One case per rank of ``setup``, all measured by one launch started with the first.
+    """One case per rank of each setup, in order; a setup whose predicted memory cannot fit is skipped.
 
-    ``profile`` (a HardwareProfile, or a function giving it) predicts the step time and its
-    communication, over the profile's cluster (its measured collectives where it has them); without a
-    profile only memory is predicted.
+    Consecutive setups of one world size are measured by one launch, started with the first of its
+    cases: its ranks run them one after another, so a sweep pays for starting processes, importing
+    torch and joining a process group once (`Launches`). ``profile`` (a HardwareProfile, or a function
+    giving it) predicts the step time and its communication, over the profile's cluster (its measured
+    collectives where it has them); without a profile only memory is predicted. ``timeout_s`` bounds
+    each setup: a launch with no result for that long is killed.
     """
     from agent.safety import refusal
 
+    device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
+    planned = []
+    for setup in setups:
+        check_layout(setup.config.layout, setup.spec, setup.accumulation_steps)
+        prediction = estimate(setup.spec, setup.config, device_type, setup.accumulation_steps)
+        planned.append((setup, prediction, refusal(prediction, device, setup.config.layout.world)))
+    launches = Launches({i: setup for i, (setup, _, reason) in enumerate(planned) if not reason}, device_type,
+                        timeout_s)
+    return [case for index, (setup, prediction, reason) in enumerate(planned)
+            for case in _setup_cases(index, setup, prediction, reason, launches, profile, expected_s)]
+
+
+def _setup_cases(index: int, setup: bench_train.TrainSetup, prediction, reason: str | None, launches: Launches,
+                 profile, expected_s: float) -> list[Case]:
     cfg = setup.config
     layout = cfg.layout
-    check_layout(layout, setup.spec, setup.accumulation_steps)
     world = layout.world
-    prediction = estimate(setup.spec, cfg, device_type, setup.accumulation_steps)
-    reason = refusal(prediction, torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu"), world)
-    launch = Launch("agent.train_ranks", world, ["--device-type", device_type, "--setup", setup_document(setup)],
-                    timeout_s=timeout_s, env={"OMP_NUM_THREADS": "1"} if device_type == "cpu" else None)
 
     def predicted(rank: int) -> TrainStepResult:
         row = base_row(setup, rank, world)
@@ -379,11 +423,7 @@ def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout
         row = predicted(rank)
         if reason:
             return skipped(row, reason)
-        try:
-            found = launch.result("step", rank)
-        finally:
-            if rank == world - 1:
-                launch.close()
+        found = launches.result(index, rank)
         status = found.pop("status", "ok")
         for name, value in found.items():
             setattr(row, name, value)
@@ -400,6 +440,58 @@ def cases(setup: bench_train.TrainSetup, device_type: str, profile=None, timeout
              failed=lambda status, message, rank=rank: _failed(setup, rank, world, status, message))
         for rank in range(world)
     ]
+
+
+class Launches:
+    """The launches that measure a sweep's setups, one at a time.
+
+    A launch runs the setups from the one asked for through the last of the same world size after it.
+    A rank that fails a setup (out of memory, an error) reports it and exits, and the launcher stops
+    the others; the setups that launch never began get a launch of their own, so a failure costs only
+    the setup it happened in. A launch that fails before beginning any setup is not retried: what
+    broke it (the environment, the process group) would break the next.
+    """
+
+    def __init__(self, setups: dict[int, bench_train.TrainSetup], device_type: str, timeout_s: float,
+                 module: str = "agent.train_ranks") -> None:
+        self.setups, self.device_type, self.timeout_s, self.module = setups, device_type, timeout_s, module
+        self.launch: Launch | None = None
+        self.indices: list[int] = []
+        """The setups the current launch runs, in order."""
+
+    def result(self, index: int, rank: int) -> dict:
+        """Rank ``rank``'s row for setup ``index``; LaunchFailed when it cannot come."""
+        if index not in self.indices:
+            self._start(index)
+        assert self.launch is not None
+        try:
+            try:
+                return self.launch.result(step_key(index), rank)
+            except LaunchFailed:
+                if self.launch.reported(begin_key(index)) or not any(
+                        self.launch.reported(begin_key(i)) for i in self.indices):
+                    raise
+            self._start(index)  # the launch ended in an earlier setup, before this one began
+            return self.launch.result(step_key(index), rank)
+        finally:
+            if index == self.indices[-1] and rank == self.setups[index].config.layout.world - 1:
+                self.launch.close()
+
+    def run_of(self, index: int) -> list[int]:
+        """The setups a launch started at setup ``index`` runs: it and those after it of its world size."""
+        world = self.setups[index].config.layout.world
+        return list(itertools.takewhile(lambda i: self.setups[i].config.layout.world == world,
+                                        (i for i in self.setups if i >= index)))
+
+    def _start(self, index: int) -> None:
+        if self.launch is not None:
+            self.launch.close()
+        self.indices = self.run_of(index)
+        documents = json.dumps({i: setup_document(self.setups[i]) for i in self.indices})
+        world = self.setups[index].config.layout.world
+        self.launch = Launch(self.module, world, ["--device-type", self.device_type, "--setups", documents],
+                             timeout_s=self.timeout_s,
+                             env={"OMP_NUM_THREADS": "1"} if self.device_type == "cpu" else None)
 
 
 def _failed(setup: bench_train.TrainSetup, rank: int, world: int, status: str, message: str) -> TrainStepResult:

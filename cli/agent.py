@@ -271,7 +271,7 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             from agent import train_ranks
 
-            cases = [case for setup in setups for case in train_ranks.cases(setup, device.type, provider)]
+            cases = train_ranks.cases(setups, device.type, provider)  # one launch for them all
         try:
             report = run_suite(store, device, "train", labels=parse_labels(args.label), quiet=args.quiet, cases=cases)
         except KeyboardInterrupt:

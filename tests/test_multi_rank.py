@@ -59,15 +59,24 @@ def fleet(tmp_path_factory, smoke_store):
         source.backup(copy)
     collectives = _headroom("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu", "--db", url,
                             "--quiet")
-    fsdp = _headroom("agent", "train", *TRAIN_FLAGS, "--nproc", "2", "--zero", "3", "--db", url, "--quiet")
-    _headroom("agent", "train", *TRAIN_FLAGS, "--pp", "2", "--accumulation", "4", "--db", url, "--quiet")
-    setup = TrainSetup(spec=get_preset(MODEL), steps=3, config=TrainConfig(
-        seq_len=64, micro_batch=2, precision="fp32", layout=Layout(tp=2, sp=True)))
+    # Two micro-batch sizes under FSDP2: one command, one launch.
+    fsdp = _headroom("agent", "train", *FSDP_FLAGS, "--db", url, "--quiet")
     with open_store(url, mode="write") as store:
         with store.session() as session:
             profile, _ = measured_in(session, "latest")
-        run_suite(store, CPU, "train", cases=train_ranks.cases(setup, "cpu", profile), quiet=True)
+        run_suite(store, CPU, "train", cases=train_ranks.cases(SWEEP, "cpu", profile), quiet=True)
     return url, collectives, fsdp
+
+
+FSDP_FLAGS = ("--model", MODEL, "--device", "cpu", "--seq-len", "64", "--micro-batch", "1,2", "--steps", "3",
+              "--nproc", "2", "--zero", "3")
+SWEEP = [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=accumulation, config=TrainConfig(
+    seq_len=64, micro_batch=2, precision="fp32", layout=layout)) for accumulation, layout in (
+    (1, Layout(tp=2, sp=True)),
+    (4, Layout(pp=2)),  # 1F1B, 4 micro-batches
+    (3, Layout(pp=2, schedule="gpipe")),
+)]
+"""Three setups of two ranks, measured by one launch (agent.train_ranks.Launches)."""
 
 
 def _headroom(*args: str) -> str:
@@ -156,13 +165,14 @@ def test_four_ranks_measure_every_collective():
 # ---- multi-rank training steps ------------------------------------------------------------------------------
 
 
-def _steps(url: str, layout: dict) -> list[TrainStepResult]:
-    return [r for r in _rows(url, TrainStepResult) if r.layout and all(r.layout[k] == v for k, v in layout.items())]
+def _steps(url: str, layout: dict, micro_batch: int = 2) -> list[TrainStepResult]:
+    return [r for r in _rows(url, TrainStepResult) if r.layout and r.micro_batch == micro_batch
+            and all(r.layout[k] == v for k, v in layout.items())]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}, {"pp": 2}],
-                         ids=["fsdp2", "tp2-sp", "pp2-1f1b"])
+@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}, {"pp": 2, "schedule": "1f1b"},
+                                    {"pp": 2, "schedule": "gpipe"}], ids=["fsdp2", "tp2-sp", "pp2-1f1b", "pp2-gpipe"])
 def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
     rows = _steps(fleet[0], layout)
     assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
@@ -185,7 +195,7 @@ def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
 def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight(fleet):
     """Stage 0 of a 2-stage 1F1B pipeline keeps pp - 0 = 2 micro-batches' activations at once, stage 1
     one (core.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
-    rows = _steps(fleet[0], {"pp": 2})
+    rows = _steps(fleet[0], {"pp": 2, "schedule": "1f1b"})
     assert [r.prediction["rank"] for r in rows] == ["first stage", "last stage"]
     for r, in_flight in zip(rows, (2, 1), strict=True):
         assert r.accumulation_steps == 4 and r.layout["schedule"] == "1f1b"
@@ -204,16 +214,24 @@ def _predicted_in_flight(row: TrainStepResult) -> float:
 
 
 @pytest.mark.slow
-def test_a_gpipe_stage_holds_every_micro_batch(tmp_path):
+def test_a_gpipe_stage_holds_every_micro_batch(fleet):
     """GPipe runs all m forwards before any backward: both stages hold m = 3 micro-batches."""
-    setup = TrainSetup(spec=get_preset(MODEL), steps=2, accumulation_steps=3, config=TrainConfig(
-        seq_len=64, micro_batch=2, precision="fp32", layout=Layout(pp=2, schedule="gpipe")))
-    rows = [case.measure(CPU) for case in train_ranks.cases(setup, "cpu")]
+    rows = _steps(fleet[0], {"pp": 2, "schedule": "gpipe"})
+    assert [(r.rank, r.accumulation_steps) for r in rows] == [(0, 3), (1, 3)]
     for r in rows:
-        assert r.status == "ok", r.message
-        assert r.activation_bytes == r.predicted_activation_bytes
         assert r.details["in_flight"]["micro_batches_in_flight"] == 3
         assert _predicted_in_flight(r) == 3
+
+
+@pytest.mark.slow
+def test_a_sweep_of_one_world_size_runs_in_one_launch(fleet):
+    """Each rank's row says where in its launch it ran: the command's two micro-batch sizes share one
+    launch, the three setups given to run_suite another."""
+    rows = [r for r in _rows(fleet[0], TrainStepResult) if r.world_size == 2]
+    assert [(r.micro_batch, r.rank, r.details["setup_in_launch"]) for r in rows[:4]] == [
+        (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
+    assert [(r.layout["tp"], r.layout["pp"], r.rank, r.details["setup_in_launch"]) for r in rows[4:]] == [
+        (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3)]
 
 
 @pytest.mark.slow
@@ -221,7 +239,7 @@ def test_four_stages_hold_what_1f1b_predicts(tmp_path):
     """A 4-layer model over 4 stages, 1F1B with 4 micro-batches: stage i holds 4 - i micro-batches."""
     setup = TrainSetup(spec=get_preset("bench-llama-small"), steps=2, accumulation_steps=4, config=TrainConfig(
         seq_len=32, micro_batch=1, precision="fp32", layout=Layout(pp=4)))
-    rows = [case.measure(CPU) for case in train_ranks.cases(setup, "cpu")]
+    rows = [case.measure(CPU) for case in train_ranks.cases([setup], "cpu")]
     assert [r.prediction["rank"] for r in rows] == ["first stage", "middle stage", "middle stage", "last stage"]
     for r in rows:
         assert r.status == "ok", r.message
@@ -255,8 +273,10 @@ def test_tensor_parallel_steps_predict_time_and_communication_from_measured_coll
 @pytest.mark.slow
 def test_agent_train_prints_each_rank_and_its_communication(fleet):
     out = fleet[2]
-    assert "dp2 zero3 rank 0" in out and "dp2 zero3 rank 1" in out
-    assert out.count("exposed communication") == 2
+    for micro in (1, 2):
+        assert f"micro {micro} x1 none flash fp32 dp2 zero3 rank 0" in out
+        assert f"micro {micro} x1 none flash fp32 dp2 zero3 rank 1" in out
+    assert out.count("exposed communication") == 4
 
 
 def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path):

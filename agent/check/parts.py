@@ -263,7 +263,7 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
 
     def cases(store: Store) -> list:
         profile = profile_from_store(store, device_name(ctx.device))
-        found = [case for s in setups for case in train_ranks.cases(s, ctx.device.type, profile)]
+        found = train_ranks.cases(setups, ctx.device.type, profile)  # one launch: both have 2 ranks
         return found + (bench_collectives.cases(ctx.device.type, ranks) if ranks > 1 else [])
 
     ran = [f"training step, {train_ranks.layout_label(s.config.layout)}" for s in setups]
