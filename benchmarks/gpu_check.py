@@ -5,7 +5,9 @@
 Whoever works on a machine with a GPU runs this first and commits what it
 wrote (README, "Contributing"). Parts, each in a process of its own with a
 time budget, so one that overruns or breaks the CUDA context costs only
-itself (agent/check/parts.py):
+itself (agent/check/parts.py). The processes are forked from a server that
+imported torch and the agent once (multiprocessing's forkserver, which
+never touches CUDA), so a part starts in milliseconds, not seconds:
 
   environment  torch, CUDA, cuDNN, driver, clocks; the attention kernel SDPA
                picks by itself for a bf16 GQA causal input and an fp32 one
@@ -30,7 +32,7 @@ It writes to --out (default $OUT when set, else ./gpu-check):
 check predicted, measured, error; the targets); <device>-<date>.checks.json,
 every part's summary and every ledger check in full; <device>-<date>.log,
 the parts' output. It prints a one-screen summary last. On a CPU the same
-code runs at toy sizes in about 75 s on 2 cores (tests/test_gpu_check.py).
+code runs at toy sizes in about 45 s on 2 cores (tests/test_gpu_check.py).
 
 Exit status: 0 when every part ran (a missed target is a finding, not a
 failure of the check), 1 when a part failed or was killed at its limit.
@@ -40,9 +42,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import re
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,24 +66,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="directory for the bundle, report and logs (default $OUT, else ./gpu-check)")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda:0 if present, else cpu)")
     parser.add_argument("--parts", help="comma-separated parts to run (default all, in order)")
-    parser.add_argument("--part", help=argparse.SUPPRESS)  # a child process runs one part
-    parser.add_argument("--store", help=argparse.SUPPRESS)
-    parser.add_argument("--budget-s", type=float, help=argparse.SUPPRESS)
-    parser.add_argument("--result", help=argparse.SUPPRESS)
     return parser.parse_args(argv)
 
 
-def run_child(args: argparse.Namespace) -> int:
-    """One part, in this process: its summary goes to --result as JSON."""
+PRELOAD = ["agent.check.parts", "agent.suites", "agent.train_ranks", "agent.bench_collectives", "db.bundle"]
+"""What the part processes' server imports once (none of it initialises CUDA)."""
+
+
+def part_process(name: str, device: str, store: str, budget_s: float, result: str, log: str) -> None:
+    """One part, in a process of its own: its output to ``log``, its summary to ``result`` as JSON."""
+    with open(log, "w") as out:
+        os.dup2(out.fileno(), 1)  # the part's output and its subprocesses' go to its log
+        os.dup2(out.fileno(), 2)
+    sys.stdout.reconfigure(line_buffering=True)
+    sys.stderr.reconfigure(line_buffering=True)
     import torch
 
     from agent.check.parts import PARTS, Context
 
-    function = PARTS[args.part][0]
-    context = Context(torch.device(args.device), args.store, time.perf_counter() + args.budget_s)
-    result = function(context)
-    Path(args.result).write_text(json.dumps(result, default=str))
-    return 0
+    context = Context(torch.device(device), store, time.perf_counter() + budget_s)
+    summary = PARTS[name][0](context)
+    Path(result).write_text(json.dumps(summary, default=str))
 
 
 def last_line(path: Path) -> str:
@@ -89,22 +94,21 @@ def last_line(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def run_part(name: str, budget_s: float, device: str, store: str, work: Path, log) -> dict[str, Any]:
-    """Run one part in a child process under its time budget; its summary, or why there is none."""
+def run_part(processes, name: str, budget_s: float, device: str, store: str, work: Path, log) -> dict[str, Any]:
+    """Run one part in a process of its own under its time budget; its summary, or why there is none."""
     result_path, part_log = work / f"{name}.json", work / f"{name}.log"
-    command = [sys.executable, str(Path(__file__).resolve()), "--part", name, "--device", device, "--store", store,
-               "--budget-s", str(budget_s), "--result", str(result_path)]
-    env = os.environ | {"PYTHONUNBUFFERED": "1"}
     started = time.perf_counter()
     status, message = "ok", ""
-    with part_log.open("w") as out:
-        try:
-            code = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, timeout=budget_s + GRACE_S,
-                                  env=env, cwd=ROOT).returncode
-            if code != 0:
-                status, message = "failed", f"exit status {code}: {last_line(part_log)}"
-        except subprocess.TimeoutExpired:
-            status, message = "killed", f"still running {budget_s + GRACE_S:.0f} s after it started"
+    process = processes.Process(target=part_process, name=f"gpu-check {name}",
+                                args=(name, device, store, budget_s, str(result_path), str(part_log)))
+    process.start()
+    process.join(budget_s + GRACE_S)
+    if process.exitcode is None:
+        process.kill()
+        process.join()
+        status, message = "killed", f"still running {budget_s + GRACE_S:.0f} s after it started"
+    elif process.exitcode != 0:
+        status, message = "failed", f"exit status {process.exitcode}: {last_line(part_log)}"
     seconds = time.perf_counter() - started
     log.write(f"==== {name} ({status}, {seconds:.1f} s) ====\n{part_log.read_text(errors='replace')}\n")
     log.flush()
@@ -126,8 +130,6 @@ def slug(device_name: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.part:
-        return run_child(args)
     import torch
 
     from agent.check.parts import PARTS
@@ -151,10 +153,12 @@ def main(argv: list[str] | None = None) -> int:
         parts = {}
         # Written after every part, so a check stopped from outside still leaves its findings.
         progress = out / "gpu-check.partial.json"
+        processes = multiprocessing.get_context("forkserver")
+        processes.set_forkserver_preload(PRELOAD)
         with (out / "gpu-check.log").open("w") as log:
             for name in wanted:
                 _, gpu_s, cpu_s = PARTS[name]
-                parts[name] = run_part(name, gpu_s if gpu else cpu_s, device, store, work, log)
+                parts[name] = run_part(processes, name, gpu_s if gpu else cpu_s, device, store, work, log)
                 progress.write_text(json.dumps(parts, indent=1, default=str))
         fingerprint = parts.get("environment", {}).get("result", {}).get("fingerprint", {})
         stem = f"{slug(fingerprint.get('device_name', ''))}-{date.today().isoformat()}"

@@ -60,3 +60,24 @@ def test_regret_is_judged_at_80_gb_and_at_a_budget_that_forces_checkpointing(che
     assert "none" not in plans[1]["recommended"]  # the tight budget leaves no plain configuration
     summary = proc.stdout
     assert "targets:" in summary and "regret at 80 GB" in summary and "n/a   peak allocated vs predicted" in summary
+
+
+def test_a_part_that_fails_or_overruns_costs_only_itself(tmp_path):
+    """A part's process that raises is reported with its last line, one past its budget is killed, and
+    the check goes on to the next part."""
+    import io
+    import multiprocessing
+
+    from benchmarks import gpu_check
+
+    processes = multiprocessing.get_context("forkserver")
+    log = io.StringIO()
+    foreign = tmp_path / "notes.db"
+    foreign.write_text("not a database\n")
+    failed = gpu_check.run_part(processes, "offload", 60, "cpu", f"sqlite:///{foreign}", tmp_path, log)
+    assert failed["status"] == "failed" and failed["result"] == {}
+    assert failed["message"].startswith("exit status 1: ") and "notes.db" in failed["message"], failed["message"]
+    store = f"sqlite:///{tmp_path / 'results.db'}"
+    killed = gpu_check.run_part(processes, "suite", 0.5 - gpu_check.GRACE_S, "cpu", store, tmp_path, log)
+    assert killed["status"] == "killed" and killed["seconds"] < 10
+    assert "==== offload (failed" in log.getvalue() and "==== suite (killed" in log.getvalue()
