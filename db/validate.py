@@ -16,9 +16,10 @@ carry a time zone.
 
 from __future__ import annotations
 
+import functools
 import math
-from collections.abc import Mapping
-from dataclasses import MISSING, fields
+from collections.abc import Callable, Mapping
+from dataclasses import MISSING, dataclass, fields
 from datetime import datetime
 from typing import Any
 
@@ -33,12 +34,49 @@ INTERNAL = frozenset({"id", "run_id", "fingerprint_id", "digest"})
 
 def data_columns(model: type[Base]) -> list[Column]:
     """The columns a record of ``model`` carries, in table order."""
-    return [c for c in model.__table__.columns if c.key not in INTERNAL]
+    return list(_schema(model).columns)
 
 
 def record_values(record: Base) -> dict[str, Any]:
     """An ORM object's data fields as a plain dict."""
-    return {c.key: getattr(record, c.key) for c in data_columns(type(record))}
+    return {c.key: getattr(record, c.key) for c in record.__table__.columns if c.key not in INTERNAL}
+
+
+@dataclass(frozen=True)
+class _Schema:
+    """What checking a record of one table needs, worked out once per table."""
+
+    columns: tuple[Column, ...]
+    keys: tuple[str, ...]
+    required: tuple[str, ...]
+    defaults: dict[str, Any]
+    """Immutable defaults of the optional fields."""
+    factories: dict[str, Callable[[], Any]]
+    """Default factories of the optional fields (a fresh list, dict or time for each record)."""
+
+
+@functools.cache
+def _schema(model: type[Base]) -> _Schema:
+    columns = tuple(c for c in model.__table__.columns if c.key not in INTERNAL)
+    keys = tuple(c.key for c in columns)
+    by_name = {f.name: f for f in fields(model) if f.name in keys}
+    required = tuple(f.name for f in fields(model) if f.init and f.default is MISSING and f.default_factory is MISSING)
+    # The ORM holds a column's default itself (the dataclass field's is a marker): read it off a record.
+    template = record_values(model(**dict.fromkeys(required)))
+    return _Schema(
+        columns=columns, keys=keys, required=required,
+        defaults={n: template[n] for n, f in by_name.items() if f.default is not MISSING},
+        factories={n: f.default_factory for n, f in by_name.items() if f.default_factory is not MISSING},
+    )
+
+
+def complete(model: type[Base], values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` with every field of ``model`` the record leaves out at its default, in table order: the
+    fields ``model(**values)`` would hold, without building the ORM object."""
+    schema = _schema(model)
+    return {key: values[key] if key in values else
+            schema.defaults[key] if key in schema.defaults else schema.factories[key]()
+            for key in schema.keys}
 
 
 def check_record(model: type[Base], values: Mapping[str, Any], where: str, error: type[StoreError] = StoreError) -> dict[str, Any]:
@@ -49,16 +87,15 @@ def check_record(model: type[Base], values: Mapping[str, Any], where: str, error
     """
     if not isinstance(values, Mapping):
         raise error(f"{where}: expected an object of fields, got {type(values).__name__}")
-    columns = data_columns(model)
-    unknown = sorted(set(values) - {c.key for c in columns})
+    schema = _schema(model)
+    unknown = sorted(set(values).difference(schema.keys))
     if unknown:
-        raise error(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(c.key for c in columns)}")
-    required = [f.name for f in fields(model) if f.init and f.default is MISSING and f.default_factory is MISSING]
-    missing = [name for name in required if name not in values]
+        raise error(f"{where}: unknown field {unknown[0]!r}; valid fields: {', '.join(schema.keys)}")
+    missing = [name for name in schema.required if name not in values]
     if missing:
-        raise error(f"{where}: missing field {missing[0]!r} (required: {', '.join(required)})")
-    row = record_values(model(**values))  # the dataclass constructor fills in the defaults
-    for column in columns:
+        raise error(f"{where}: missing field {missing[0]!r} (required: {', '.join(schema.required)})")
+    row = complete(model, values)
+    for column in schema.columns:
         value = row[column.key]
         if value is None:
             if not column.nullable:
@@ -85,6 +122,8 @@ MAX_INTEGER = 2**63 - 1
 def _text_problem(value: str) -> str | None:
     if "\x00" in value:
         return "must not contain a NUL character"
+    if value.isascii():  # no surrogate, lone or paired
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -153,9 +192,7 @@ def _time_problem(value: Any) -> str | None:
 
 def _json_problem(column: Column, value: Any) -> str | None:
     if column.key.endswith("samples_s"):
-        if not isinstance(value, list) or not all(
-            isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0 for x in value
-        ):
+        if not isinstance(value, list) or not _seconds(value):
             return "must be a list of non-negative finite numbers (seconds)"
         return None
     if not isinstance(value, dict):
@@ -165,9 +202,29 @@ def _json_problem(column: Column, value: Any) -> str | None:
     return _document_problem(value)
 
 
+def _seconds(values: list) -> bool:
+    """Whether every item is a non-negative finite number (not a bool) a float can hold."""
+    try:
+        if set(map(type, values)) <= {float, int}:  # the usual case, checked at C speed
+            return all(map(math.isfinite, values)) and (not values or min(values) >= 0)
+        return all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x >= 0
+                   for x in values)
+    except OverflowError:  # an integer beyond any float
+        return False
+
+
 def _document_problem(value: Any) -> str | None:
     """Why a JSON document cannot be stored: NaN or infinity (strict JSON cannot carry them), integers beyond
     64 bits, text with a NUL or a lone surrogate; None when it can."""
+    kind = type(value)  # JSON's own types first (a bundle's documents hold nothing else), then subclasses
+    if kind is float:
+        return None if math.isfinite(value) else "must hold only finite numbers"
+    if kind is str:
+        return _text_problem(value)
+    if kind is int:
+        return None if -MAX_INTEGER - 1 <= value <= MAX_INTEGER else "must hold only 64-bit integers"
+    if value is None or kind is bool:
+        return None
     if isinstance(value, float):
         return None if math.isfinite(value) else "must hold only finite numbers"
     if isinstance(value, int) and not isinstance(value, bool):
