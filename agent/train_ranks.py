@@ -442,6 +442,11 @@ def _setup_cases(index: int, setup: bench_train.TrainSetup, prediction, reason: 
     ]
 
 
+SETUPS_PER_LAUNCH = 32
+"""Setups one launch runs at most: they travel on its command line, about 1 KiB each, and Linux takes
+at most 128 KiB in one argument."""
+
+
 class Launches:
     """The launches that measure a sweep's setups, one at a time.
 
@@ -478,10 +483,12 @@ class Launches:
                 self.launch.close()
 
     def run_of(self, index: int) -> list[int]:
-        """The setups a launch started at setup ``index`` runs: it and those after it of its world size."""
+        """The setups a launch started at setup ``index`` runs: it and those after it of its world size, at
+        most `SETUPS_PER_LAUNCH`."""
         world = self.setups[index].config.layout.world
-        return list(itertools.takewhile(lambda i: self.setups[i].config.layout.world == world,
-                                        (i for i in self.setups if i >= index)))
+        same_world = itertools.takewhile(lambda i: self.setups[i].config.layout.world == world,
+                                         (i for i in self.setups if i >= index))
+        return list(itertools.islice(same_world, SETUPS_PER_LAUNCH))
 
     def _start(self, index: int) -> None:
         if self.launch is not None:

@@ -55,6 +55,8 @@ def test_a_launch_runs_the_setups_after_its_first_up_to_a_change_of_world_size()
     assert [launches.run_of(i) for i in range(5)] == [[0, 1], [1], [2], [3], [4]]
     skipping = Launches({0: _setup(1, Layout(dp=2)), 2: _setup(1, Layout(tp=2))}, "cpu", timeout_s=60)
     assert skipping.run_of(0) == [0, 2]  # a setup skipped before measuring (1) is not in the way
+    many = Launches(dict(enumerate(_setup(1, Layout(dp=2)) for _ in range(70))), "cpu", timeout_s=60)
+    assert [len(many.run_of(i)) for i in (0, 32, 64)] == [32, 32, 6]
     assert (fake_ranks.begin_key(7), fake_ranks.step_key(7)) == (train_ranks.begin_key(7), train_ranks.step_key(7))
 
 
