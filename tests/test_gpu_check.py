@@ -62,6 +62,7 @@ def test_regret_is_judged_at_80_gb_and_at_a_budget_that_forces_checkpointing(che
     assert "targets:" in summary and "regret at 80 GB" in summary and "n/a   peak allocated vs predicted" in summary
 
 
+@pytest.mark.slow
 def test_a_part_that_fails_or_overruns_costs_only_itself(tmp_path):
     """A part's process that raises is reported with its last line, one past its budget is killed, and
     the check goes on to the next part."""
