@@ -1,13 +1,13 @@
 """The agent on several ranks: collectives and training steps under real torch.distributed (gloo, CPU).
 
-One store is built once per session (about 40 s on 2 cores): the session's
-smoke run for a CPU profile, the collectives over 2 ranks (`headroom agent run --only
-collectives --nproc 2`, the command run in this process, its ranks launched), then 2-rank training
-steps of the agent's decoder under FSDP2 (`headroom agent train --nproc 2 --zero 3`), under tensor +
-sequence parallelism and as a 2-stage 1F1B pipeline of 4 micro-batches
-(`--pp 2 --accumulation 4`), every rank its own row. Each launch runs under a
-deadline and every collective under the process group's timeout. Tests that start
-processes are marked ``slow``: ``pytest -m "not slow"`` leaves them out for local work.
+One store is built once per session (about 35 s on 2 cores): the session's smoke run for a CPU
+profile, the collectives over 2 ranks (`headroom agent run --only collectives --nproc 2`, the command
+run in this process, its ranks launched), FSDP2 steps at two micro-batch sizes in one launch (`headroom
+agent train --nproc 2 --zero 3 --micro-batch 1,2`), then tensor + sequence parallelism, a 2-stage
+1F1B pipeline of 4 micro-batches and a GPipe one of 3, one launch for the three (agent.train_ranks.cases);
+every rank its own row. Each launch is killed when its ranks go quiet for its timeout, and every
+collective runs under the process group's timeout. Tests that start processes are marked ``slow``:
+``pytest -m "not slow"`` leaves them out for local work.
 """
 
 from __future__ import annotations
