@@ -91,6 +91,15 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
                           "or zero 3 (FSDP2)")
     if layout.tp > 1 and layout.dp > 1 and layout.zero != 3:
         raise ConfigError(f"tp {layout.tp} with dp {layout.dp} runs as torchtitan does, FSDP2 over dp: use zero 3")
+    if layout.tp > 1 and spec is not None:
+        if spec.tied_embeddings or not spec.rotary:
+            has = "tied embeddings" if spec.tied_embeddings else "learned positions"
+            raise ConfigError(f"tp {layout.tp}: {spec.name} has {has}; the agent shards the vocabulary of untied "
+                              "rotary (Llama-style) decoders only, as torchtitan does: measure it at tp 1, or plan it "
+                              "(headroom plan)")
+        if spec.n_heads % layout.tp or spec.n_kv_heads % layout.tp:
+            raise ConfigError(f"tp {layout.tp}: {spec.name}'s {spec.n_heads} query and {spec.n_kv_heads} key/value "
+                              "heads do not split over it; use a tp that divides both")
 
 
 # ---- the setup, across the process boundary -----------------------------------------------------

@@ -315,6 +315,16 @@ def test_a_pipeline_of_a_tied_model_is_refused_by_name(capsys):
     assert "tied embeddings" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("model", "tp", "message"), [
+    ("bench-gpt-tiny", "2", "tp 2: bench-gpt-tiny has tied embeddings; the agent shards the vocabulary of untied"),
+    ("bench-llama-tiny", "3", "tp 3: bench-llama-tiny's 4 query and 2 key/value heads do not split over it"),
+])
+def test_tensor_parallelism_the_decoder_cannot_take_is_refused_before_launching(capsys, model, tp, message):
+    flags = ["--model", model, *TRAIN_FLAGS[2:], "--tp", tp]
+    assert main(["agent", "train", *flags]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_collectives_need_ranks(capsys):
     assert main(["agent", "run", "--only", "collectives", "--device", "cpu"]) == 2
     assert "--only collectives needs 2 or more processes" in capsys.readouterr().err
