@@ -39,7 +39,7 @@ def data_columns(model: type[Base]) -> list[Column]:
 
 def record_values(record: Base) -> dict[str, Any]:
     """An ORM object's data fields as a plain dict."""
-    return {c.key: getattr(record, c.key) for c in record.__table__.columns if c.key not in INTERNAL}
+    return {key: getattr(record, key) for key in _schema(type(record)).keys}
 
 
 @dataclass(frozen=True)
@@ -62,10 +62,10 @@ def _schema(model: type[Base]) -> _Schema:
     by_name = {f.name: f for f in fields(model) if f.name in keys}
     required = tuple(f.name for f in fields(model) if f.init and f.default is MISSING and f.default_factory is MISSING)
     # The ORM holds a column's default itself (the dataclass field's is a marker): read it off a record.
-    template = record_values(model(**dict.fromkeys(required)))
+    template = model(**dict.fromkeys(required))
     return _Schema(
         columns=columns, keys=keys, required=required,
-        defaults={n: template[n] for n, f in by_name.items() if f.default is not MISSING},
+        defaults={n: getattr(template, n) for n, f in by_name.items() if f.default is not MISSING},
         factories={n: f.default_factory for n, f in by_name.items() if f.default_factory is not MISSING},
     )
 
