@@ -475,21 +475,23 @@ class Launches:
 
     def result(self, index: int, rank: int) -> dict:
         """Rank ``rank``'s row for setup ``index``; LaunchFailed when it cannot come."""
-        if index not in self.indices:
-            self._start(index)
-        assert self.launch is not None
         try:
-            try:
-                return self.launch.result(step_key(index), rank)
-            except LaunchFailed:
-                if self.launch.reported(begin_key(index)) or not any(
-                        self.launch.reported(begin_key(i)) for i in self.indices):
-                    raise
-            self._start(index)  # the launch ended in an earlier setup, before this one began
-            return self.launch.result(step_key(index), rank)
+            return self._result(index, rank)
         finally:
             if index == self.indices[-1] and rank == self.setups[index].config.layout.world - 1:
                 self.launch.close()
+
+    def _result(self, index: int, rank: int) -> dict:
+        if index not in self.indices:
+            self._start(index)
+        try:
+            return self.launch.result(step_key(index), rank)
+        except LaunchFailed:
+            began = [i for i in self.indices if self.launch.reported(begin_key(i))]
+            if index in began or not began:
+                raise
+        self._start(index)  # the launch ended in an earlier setup, before this one began
+        return self.launch.result(step_key(index), rank)
 
     def run_of(self, index: int) -> list[int]:
         """The setups a launch started at setup ``index`` runs: it and those after it of its world size, at
