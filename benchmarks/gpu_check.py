@@ -78,6 +78,7 @@ def part_process(name: str, device: str, store: str, budget_s: float, result: st
     with open(log, "w") as out:
         os.dup2(out.fileno(), 1)  # the part's output and its subprocesses' go to its log
         os.dup2(out.fileno(), 2)
+    os.chdir(ROOT)
     sys.stdout.reconfigure(line_buffering=True)
     sys.stderr.reconfigure(line_buffering=True)
     import torch
