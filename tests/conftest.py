@@ -4,10 +4,25 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
+from tests.xdist_support import WORKER, once_per_run
+
 FIXTURES = Path(__file__).parent / "fixtures"
+
+if WORKER:
+    # One thread per worker: torch's OpenMP pool spins while it waits, and two workers' pools on two cores
+    # took 6-13x as long over the in-process autograd tests. Set before any test module imports torch.
+    os.environ["OMP_NUM_THREADS"] = "1"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under workers, slow tests first: each starts a process or a launch, and begun early they run beside the
+    quick ones instead of leaving one worker busy at the end. Alone, the files' order stands."""
+    if WORKER:
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)
 
 
 @pytest.fixture
@@ -62,20 +77,27 @@ def run_cli(monkeypatch, tmp_path_factory, capsys):
     return run
 
 
+class SmokeStore(NamedTuple):
+    url: str
+    device_name: str
+    """The name the run stored for this CPU."""
+
+
 @pytest.fixture(scope="session")
-def smoke_store(tmp_path_factory):
-    """One CPU smoke run (micro-benchmarks and training steps) in a fresh SQLite store, shared by tests.
-
-    Returns (url, RunReport).
-    """
+def smoke_store(tmp_path_factory) -> SmokeStore:
+    """One CPU smoke run (micro-benchmarks and training steps) in a fresh SQLite store, shared by tests."""
     torch = pytest.importorskip("torch")
-    from agent.runner import run_suite
-    from db.store import open_store
 
-    url = f"sqlite:///{tmp_path_factory.mktemp('smoke') / 'results.db'}"
-    with open_store(url, mode="write") as store:
-        report = run_suite(store, torch.device("cpu"), "smoke", quiet=True)
-    return url, report
+    def build(folder: Path) -> list[str]:
+        from agent.runner import run_suite
+        from db.store import open_store
+
+        url = f"sqlite:///{folder / 'results.db'}"
+        with open_store(url, mode="write") as store:
+            report = run_suite(store, torch.device("cpu"), "smoke", quiet=True)
+        return [url, report.device_name]
+
+    return SmokeStore(*once_per_run(tmp_path_factory, "smoke", build))
 
 
 MARKUP_NAME = "[click here](https://evil.example) ![x](https://evil.example/p.png) *GPU*"

@@ -28,7 +28,7 @@ CPU = torch.device("cpu")
 
 
 def test_smoke_suite_records_a_completed_run_with_plausible_cpu_figures(smoke_store):
-    url, report = smoke_store
+    url = smoke_store.url
     with open_store(url) as store, store.session() as s:
         run = s.scalars(select(Run)).one()
         assert run.status == "completed" and run.finished_at is not None
@@ -54,7 +54,7 @@ def test_smoke_suite_records_a_completed_run_with_plausible_cpu_figures(smoke_st
 
 
 def test_smoke_training_steps_match_the_ledger(smoke_store):
-    url, report = smoke_store
+    url = smoke_store.url
     with open_store(url) as store, store.session() as s:
         steps = s.scalars(select(TrainStepResult)).all()
     assert len(steps) == 10  # 2 micro-batches x 5 policies

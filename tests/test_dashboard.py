@@ -84,7 +84,7 @@ def test_an_outdated_store_shows_the_upgrade_command(page, tmp_path, monkeypatch
 
 @pytest.mark.parametrize("page", PAGES)
 def test_every_page_runs_on_the_smoke_store(page, smoke_store, monkeypatch):
-    url, _ = smoke_store
+    url = smoke_store.url
     at = render(page, url, monkeypatch)
     shown = texts(at)
     assert "headroom agent run" not in shown
@@ -113,7 +113,7 @@ def test_every_page_runs_on_the_smoke_store(page, smoke_store, monkeypatch):
 
 
 def test_planning_on_a_measured_device_is_calibrated(smoke_store, monkeypatch):
-    url, _ = smoke_store
+    url = smoke_store.url
     at = render("plan", url, monkeypatch)
     measured = [o for o in at.selectbox(key="plan_hardware").options if o.startswith("measured: ")]
     assert measured, "the store's device is offered as hardware"

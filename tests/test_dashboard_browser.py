@@ -124,7 +124,7 @@ def _chromium(tmp_path: Path):
 
 @pytest.fixture
 def dashboard(smoke_store, tmp_path):
-    with _serving(smoke_store[0], tmp_path) as address:
+    with _serving(smoke_store.url, tmp_path) as address:
         yield address
 
 

@@ -215,7 +215,7 @@ def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():
 
 
 def test_hardware_charts_from_the_smoke_store(smoke_store):
-    url, _ = smoke_store
+    url = smoke_store.url
     (device,) = data.devices(url)
     matmul, elementwise, attention = data.matmul(url, device), data.elementwise(url, device), data.attention(url, device)
     points = roofs.roofline_points(matmul, attention, elementwise)
@@ -242,7 +242,7 @@ def test_hardware_charts_from_the_smoke_store(smoke_store):
 
 
 def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
-    url, _ = smoke_store
+    url = smoke_store.url
     train = data.train_steps(url)
     memory, time = calibration.memory_points(train), calibration.time_points(train)
     assert len(memory) == len(train) and set(memory["basis"]) == {"saved activations"}  # CPU: no allocator stats
@@ -290,7 +290,7 @@ def test_a_timeline_of_one_run_reads_as_a_date_not_milliseconds():
 
 
 def test_key_figures_of_the_smoke_run(smoke_store):
-    url, report = smoke_store
+    url = smoke_store.url
     figures = history.key_figures(data.runs(url), data.matmul(url), data.elementwise(url), data.train_steps(url))
     assert len(figures) == 1
     row = figures.iloc[0]

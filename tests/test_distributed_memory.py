@@ -33,6 +33,7 @@ from core.presets import get_preset  # noqa: E402
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
 from tests.distributed.tensor_parallel import cases  # noqa: E402
+from tests.xdist_support import once_per_run  # noqa: E402
 
 TP = 2
 TP_CASES = {case.name: case for case in cases(TP)}
@@ -42,9 +43,9 @@ DTYPES = {"float32": "fp32", "bfloat16": "bf16", "bool": "bool", "int64": "int64
 
 
 @pytest.fixture(scope="session")
-def two_ranks() -> list[dict]:
+def two_ranks(tmp_path_factory) -> list[dict]:
     """Tensor parallelism, FSDP2 and DDP on two ranks: each rank's record (about 15-25 s on 2 cores)."""
-    return launch(2, ["tp", "fsdp", "ddp"])
+    return once_per_run(tmp_path_factory, "two-ranks", lambda folder: launch(2, ["tp", "fsdp", "ddp"]))
 
 
 @pytest.fixture(scope="session")

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.xdist_support import once_per_run
+
 pytest.importorskip("torch")
 from db.bundle import check_runs, read_runs  # noqa: E402
 
@@ -14,11 +16,16 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def check_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu-check")
-    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out)],
-                          capture_output=True, text=True, timeout=600, cwd=ROOT)
-    return proc, out
+def check_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+    """The kit run once on the CPU: its process and the folder it wrote."""
+    def build(out: Path) -> dict:
+        proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out)],
+                              capture_output=True, text=True, timeout=600, cwd=ROOT)
+        return {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+                "out": str(out)}
+
+    run = once_per_run(tmp_path_factory, "gpu-check", build)
+    return subprocess.CompletedProcess(run["args"], run["returncode"], run["stdout"], run["stderr"]), Path(run["out"])
 
 
 @pytest.mark.slow

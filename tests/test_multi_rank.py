@@ -42,6 +42,7 @@ from db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
 from core.measurements import step_observations  # noqa: E402
 from db.profiles import find_device, measured_in, train_step_records  # noqa: E402
 from db.store import open_store  # noqa: E402
+from tests.xdist_support import once_per_run  # noqa: E402
 
 MODEL = "bench-llama-tiny"
 TRAIN_FLAGS = ("--model", MODEL, "--device", "cpu", "--seq-len", "64", "--micro-batch", "2", "--steps", "3")
@@ -50,22 +51,26 @@ CPU = torch.device("cpu")
 
 @pytest.fixture(scope="session")
 def fleet(tmp_path_factory, smoke_store):
-    path = tmp_path_factory.mktemp("fleet") / "results.db"
-    url = f"sqlite:///{path}"
-    # A CPU profile: the session's smoke run (matmul, elementwise, attention rates and one-device
-    # steps), copied with SQLite's backup API rather than measured again.
-    with closing(sqlite3.connect(smoke_store[0].removeprefix("sqlite:///"))) as source, \
-            closing(sqlite3.connect(path)) as copy:
-        source.backup(copy)
-    collectives = _headroom("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu", "--db", url,
-                            "--quiet")
-    # Two micro-batch sizes under FSDP2: one command, one launch.
-    fsdp = _headroom("agent", "train", *FSDP_FLAGS, "--db", url, "--quiet")
-    with open_store(url, mode="write") as store:
-        with store.session() as session:
-            profile, _ = measured_in(session, "latest")
-        run_suite(store, CPU, "train", cases=train_ranks.cases(SWEEP, "cpu", profile), quiet=True)
-    return url, collectives, fsdp
+    """(url, the collectives command's output, the FSDP2 command's output): one store, built once per run."""
+    def build(folder):
+        path = folder / "results.db"
+        url = f"sqlite:///{path}"
+        # A CPU profile: the session's smoke run (matmul, elementwise, attention rates and one-device
+        # steps), copied with SQLite's backup API rather than measured again.
+        with closing(sqlite3.connect(smoke_store.url.removeprefix("sqlite:///"))) as source, \
+                closing(sqlite3.connect(path)) as copy:
+            source.backup(copy)
+        collectives = _headroom("agent", "run", "--only", "collectives", "--nproc", "2", "--device", "cpu",
+                                "--db", url, "--quiet")
+        # Two micro-batch sizes under FSDP2: one command, one launch.
+        fsdp = _headroom("agent", "train", *FSDP_FLAGS, "--db", url, "--quiet")
+        with open_store(url, mode="write") as store:
+            with store.session() as session:
+                profile, _ = measured_in(session, "latest")
+            run_suite(store, CPU, "train", cases=train_ranks.cases(SWEEP, "cpu", profile), quiet=True)
+        return [url, collectives, fsdp]
+
+    return once_per_run(tmp_path_factory, "fleet", build)
 
 
 FSDP_FLAGS = ("--model", MODEL, "--device", "cpu", "--seq-len", "64", "--micro-batch", "1,2", "--steps", "3",

@@ -10,8 +10,7 @@ torch = pytest.importorskip("torch")
 
 @pytest.fixture(scope="module")
 def measured_cpu(smoke_store):
-    url, report = smoke_store
-    return url, report.device_name
+    return smoke_store.url, smoke_store.device_name
 
 
 def test_plan_uses_the_cpus_measurements_and_reports_calibration(run_cli, measured_cpu):
