@@ -47,6 +47,8 @@ class Estimate:
     """The rank this estimate is for (core.pipeline): its stage, layers and micro-batches in flight."""
     ranks: tuple[Estimate, ...] = ()
     """Every rank kind of the layout, this one included (set by ``estimate``)."""
+    _moments_once: dict[str, dict[str, int]] | None = field(default=None, init=False, repr=False, compare=False)
+    """``_moments``, worked out on first use: the peak, its moment and its parts all read them."""
 
     def _in_flight(self, nbytes: int) -> int:
         return nbytes * self.rank.in_flight.numerator // self.rank.in_flight.denominator
@@ -108,6 +110,11 @@ class Estimate:
 
     @property
     def _moments(self) -> dict[str, dict[str, int]]:
+        if self._moments_once is None:
+            object.__setattr__(self, "_moments_once", self._allocated_at_moments())
+        return self._moments_once
+
+    def _allocated_at_moments(self) -> dict[str, dict[str, int]]:
         """What is allocated at each candidate for the peak, by component.
 
         ``forward``: the loss reads fp32 logits while autocast still caches every weight copy.

@@ -8,6 +8,7 @@ ledger is compared with.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 
@@ -124,7 +125,7 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ..
     """Parameters of each unit FSDP gathers on one rank, in forward order: the embedding (first
     stage), each block, the final norm and head (last stage), as torchtitan wraps a Llama."""
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    units = [_rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items() for _ in range(n)]
+    units = [block for moe, n in _rank_blocks(spec, rank).items() for block in [_rank_block(spec, layout, moe)] * n]
     if rank.first:
         units.insert(0, words + spec.embedding_parameters() - spec.vocab_size * spec.hidden)
     if rank.last:
@@ -133,6 +134,7 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ..
     return tuple(units)
 
 
+@functools.lru_cache(maxsize=64)  # a plan asks once per candidate; the answer is the model's and the ranks'
 def fsdp_first_shard_parameters(spec: ModelSpec, ranks: int) -> int:
     """Elements of the first rank's shards under FSDP2 over ``ranks`` ranks: sum of ceil(d0 / W) x rest.
 
