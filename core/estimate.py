@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, replace
 from fractions import Fraction
+from itertools import pairwise
 from typing import Any
 
 from core.config import TrainConfig
@@ -88,7 +89,7 @@ class Estimate:
         if self.config.zero < 3 or self.config.dp * self.config.layout.cp == 1:
             return 0, 0
         units = fsdp_units(self.spec, self.config.layout, self.rank)
-        pairs = [a + b for a, b in zip(units, units[1:])] or list(units)
+        pairs = [a + b for a, b in pairwise(units)] or list(units)
         compute = self.config.recipe.activation_bytes
         reduce = self.config.recipe.grad_bytes
         gathered = max(pairs) * compute

@@ -148,7 +148,7 @@ def _record(ctx: Context, suite: str, cases=None) -> dict[str, Any]:
         cases = cases(store) if callable(cases) else cases
         report = run_suite(store, ctx.device, suite, cases=cases, deadline=ctx.deadline, quiet=False)
     by_kind: dict[str, float] = {}
-    for (case, _), seconds in zip(report.rows, report.case_seconds):
+    for (case, _), seconds in zip(report.rows, report.case_seconds, strict=True):
         by_kind[case.kind] = by_kind.get(case.kind, 0.0) + seconds
     return {"run_id": report.run_id, "seconds": report.seconds, "seconds_by_kind": by_kind,
             "statuses": {s: report.count(s) for s in ("ok", "oom", "error", "skipped") if report.count(s)}}
