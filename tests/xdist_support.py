@@ -1,7 +1,8 @@
 """Tests under pytest-xdist (``python -m pytest -n auto``): which worker this is, and fixtures built once a run.
 
 Each worker is a pytest session of its own, so a session fixture is built once per worker that asks for it.
-The few that cost processes (the smoke run, the multi-rank fleet, the GPU check kit) go through
+The few that cost processes (the smoke run, the multi-rank fleet, the two-rank TP/FSDP/DDP launch, the GPU
+check kit) go through
 ``once_per_run`` instead.
 """
 
