@@ -5,7 +5,8 @@ SQLite is set up for many writer processes on one file:
 - WAL journal (``PRAGMA journal_mode=WAL``, persistent in the file): readers
   never block the writer and the writer never blocks readers. Set by writers
   only, and only on a file already known to be a Headroom store or empty,
-  because it rewrites the file header.
+  because it rewrites the file header. The switch is retried while other
+  writers hold the file (SQLite does not wait for it; see `enable_wal`).
 - ``busy_timeout``: a writer waits up to 30 s for the write lock instead of
   failing with "database is locked".
 - ``foreign_keys=ON``: SQLite ignores foreign keys unless asked, per connection.
@@ -28,6 +29,8 @@ PostgreSQL sessions start with ``default_transaction_read_only = on``.
 
 from __future__ import annotations
 
+import sqlite3
+import time
 from pathlib import Path
 
 from sqlalchemy import create_engine, event
@@ -143,14 +146,44 @@ def _sqlite_engine(url: URL, *, write: bool) -> Engine:
 
 
 def enable_wal(engine: Engine) -> None:
-    """Switch a SQLite store to WAL journaling; a no-op once it is (the mode persists in the file)."""
+    """Switch a SQLite store to WAL journaling; a no-op once it is (the mode persists in the file).
+
+    The switch needs the file to itself, and SQLite does not wait for it: the
+    ``PRAGMA`` reads the file first, and a connection that holds a read lock
+    and wants to write returns "database is locked" at once rather than call
+    the busy handler (waiting could deadlock against the writer it waits
+    for). Writers racing to create a store meet this, so the switch is retried
+    for up to the busy timeout, as the other writes wait.
+    """
+    deadline = time.monotonic() + SQLITE_BUSY_TIMEOUT_MS / 1000
+    pause = 0.005
+    while True:
+        try:
+            mode = _switch_to_wal(engine)
+            break
+        except sqlite3.OperationalError as err:
+            if "locked" not in str(err) and "busy" not in str(err):
+                raise StoreError(f"cannot open {display_url(engine.url)}: {err}") from None
+            if time.monotonic() >= deadline:
+                raise StoreError(
+                    f"{display_url(engine.url)}: could not switch to WAL journaling within "
+                    f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s: other connections kept the file locked ({err})"
+                ) from None
+            time.sleep(pause)
+            pause = min(2 * pause, 0.1)
+    if mode != "wal":
+        raise StoreError(f"{display_url(engine.url)}: SQLite refused WAL journaling (mode is {mode!r})")
+
+
+def _switch_to_wal(engine: Engine) -> str:
+    """One try at ``PRAGMA journal_mode = WAL``; the journal mode the file has after it."""
     raw = engine.raw_connection()
     try:
         cursor = raw.cursor()
-        if cursor.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-            mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0]
-            if mode.lower() != "wal":
-                raise StoreError(f"{display_url(engine.url)}: SQLite refused WAL journaling (mode is {mode!r})")
+        mode = cursor.execute("PRAGMA journal_mode").fetchone()[0].lower()
+        if mode != "wal":
+            mode = cursor.execute("PRAGMA journal_mode = WAL").fetchone()[0].lower()
         cursor.close()
+        return mode
     finally:
         raw.close()

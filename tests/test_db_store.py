@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import sqlite3
+import threading
+from contextlib import closing
 from datetime import datetime, timedelta, timezone
 
 import pytest
 from sqlalchemy import select, text
 
 from db import queries
+from db.engine import _switch_to_wal, enable_wal, make_engine, parse_url
 from db.errors import StoreError
 from db.location import default_url, resolve_url
 from db.models import Fingerprint, MatmulResult, Run, TrainStepResult
@@ -69,6 +73,48 @@ def test_sqlite_writer_runs_wal_with_busy_timeout_and_foreign_keys(sqlite_url):
         assert connection.execute(text("PRAGMA busy_timeout")).scalar() == 30_000
         assert connection.execute(text("PRAGMA foreign_keys")).scalar() == 1
 
+
+
+def _locked_rollback_file(path):
+    """A SQLite file in rollback-journal mode and a connection holding its write lock."""
+    holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    holder.execute("CREATE TABLE t (x INTEGER)")
+    holder.execute("BEGIN IMMEDIATE")
+    holder.execute("INSERT INTO t VALUES (1)")
+    return holder
+
+
+def test_the_switch_to_wal_waits_for_a_writer_sqlite_would_not_wait_for(tmp_path):
+    path = tmp_path / "racing.db"
+    holder = _locked_rollback_file(path)
+    engine = make_engine(parse_url(f"sqlite:///{path}"), write=True)
+    with pytest.raises(sqlite3.OperationalError, match="database is locked"):
+        _switch_to_wal(engine)  # the premise: one try fails at once, busy timeout or not
+    releasing = threading.Timer(0.3, holder.execute, ("COMMIT",))
+    releasing.start()
+    enable_wal(engine)
+    releasing.join()
+    holder.close()
+    with closing(sqlite3.connect(path)) as reader:
+        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        assert reader.execute("SELECT x FROM t").fetchall() == [(1,)]  # the writer's row kept
+    engine.dispose()
+
+
+def test_a_file_locked_past_the_busy_timeout_is_named(tmp_path, monkeypatch):
+    monkeypatch.setattr("db.engine.SQLITE_BUSY_TIMEOUT_MS", 200)
+    path = tmp_path / "held.db"
+    holder = _locked_rollback_file(path)
+    engine = make_engine(parse_url(f"sqlite:///{path}"), write=True)
+    with pytest.raises(StoreError) as caught:
+        enable_wal(engine)
+    assert str(caught.value) == (f"sqlite:///{path}: could not switch to WAL journaling within 0.2 s: "
+                                 "other connections kept the file locked (database is locked)")
+    holder.execute("COMMIT")
+    holder.close()
+    with closing(sqlite3.connect(path)) as reader:
+        assert reader.execute("PRAGMA journal_mode").fetchone()[0] == "delete"
+    engine.dispose()
 
 def test_reader_never_creates_a_store(tmp_path):
     with pytest.raises(StoreError, match="no result store at"):
