@@ -43,8 +43,8 @@ class TrainConfig:
     recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
     """Activation-checkpoint policy."""
     stack: str = "reference"
-    """Training stack whose kernels and checkpointing apply (core.stack): ``reference``, ``torchtitan``, ``megatron``
-    or ``hf``; the former name ``torch`` reads as ``reference``."""
+    """Training stack whose kernels and checkpointing apply (core.stack): ``reference``, ``torchtitan``, ``megatron``,
+    ``hf`` or ``hf-liger``; the former name ``torch`` reads as ``reference``."""
     layout: Layout = SINGLE
     """How the run is spread over GPUs (core.layout): tp, sp, pp, cp, dp and the sharding stage."""
 
@@ -106,11 +106,16 @@ class TrainConfig:
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
                               f"sharding; tp {self.layout.tp} and pp {self.layout.pp} are not modelled for it yet: "
                               "use tp 1 and pp 1")
-        if self.stack == "hf" and not hf_stack_covers(spec):
-            raise ConfigError(f"{spec.name}: the hf stack accounts for transformers' Llama modules (llama, mistral, "
-                              "qwen2, qwen3); for this architecture, trace transformers' own model with "
+        stack = get_stack(self.stack)
+        if stack.transformers_modules and not hf_stack_covers(spec):
+            raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules (llama, "
+                              "mistral, qwen2, qwen3); for this architecture, trace transformers' own model with "
                               "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")
-        if spec.is_moe and self.recompute.caches_matmuls and get_stack(self.stack).every_other_mm:
+        if not stack.tensor_parallel and self.layout.tp > 1:
+            raise ConfigError(f"--stack {stack.name} --tp {self.layout.tp}: Liger's fused linear cross-entropy needs the "
+                              "head's whole vocabulary on each rank; use tp 1 (data parallelism and sharding), or "
+                              "--stack hf")
+        if spec.is_moe and self.recompute.caches_matmuls and stack.every_other_mm:
             raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
                               "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "
                               "use full or none")

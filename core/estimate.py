@@ -216,8 +216,9 @@ class Estimate:
                 "logits": self.flops.logits_forward,
             },
         }
+        kernels = "" if self.config.stack == "reference" else f", with the {self.config.stack} stack's kernels"
         notes = [
-            f"activations: per-tensor ledger of the agent's decoder on {self.device} "
+            f"activations: per-tensor ledger of the agent's decoder{kernels} on {self.device} "
             "(checked against autograd's saved tensors on cpu and meta)",
             PEAK_NOTE,
         ]

@@ -16,6 +16,7 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
   trades all-to-all traffic for experts' weights held on fewer ranks, so
   neither end dominates. Latent attention is tried on data and context
   parallelism. Their tensor and pipeline parallelism are not modelled yet.
+- a stack without tensor parallelism (``hf-liger``, core.stack) is tried at tp 1.
 
 An axis the user pinned (``--tp 2``) takes only that value.
 """
@@ -30,6 +31,7 @@ from core.divisors import divisors
 from core.errors import ConfigError
 from core.layout import Layout
 from core.model import ModelSpec
+from core.stack import get_stack
 
 PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
@@ -78,7 +80,8 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
         return [getattr(fixed, axis)] if axis in pinned else options
 
     dense = not (spec.is_moe or spec.is_mla)
-    for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (dense or t == 1)
+    splits_layers = dense and get_stack(train.stack).tensor_parallel
+    for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (splits_layers or t == 1)
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
         if gpus % tp:
             continue

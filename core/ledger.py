@@ -584,18 +584,22 @@ def _swiglu(tr: _Trace, x: _Sym, name: str, width: int, out: int, param_dtype: s
     """down(silu(gate(x)) * up(x)): what a gated MLP keeps; returns the down projection's output.
 
     ``kept``, ``rows`` and ``bias`` as for ``_Trace.linear``; ``stacked``: x holds the rows of that many
-    experts, each with its own weights. A stack's fused SwiGLU (core.stack) reads gate and up as one fc1 output
-    and keeps only that."""
-    if tr.stack.fused_swiglu:
+    experts, each with its own weights. What the product keeps is the stack's (core.stack.Swiglu): Megatron's
+    fused kernel reads gate and up as one fc1 output and keeps only that, Liger's keeps gate and up, and both
+    recompute SiLU in backward."""
+    if tr.stack.swiglu == "fc1":
         fc1 = tr.linear(x, f"{name}.fc1", 2 * width, param_dtype, kept, stacked=stacked, bias=bias)
         tr.save(fc1)
         hidden = tr.new(f"{name}.swiglu", (*fc1.shape[:-1], width), fc1.dtype)
         return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
     gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
-    tr.save(gate)  # SiLU saves its input
-    silu = tr.new(f"{name}.silu", gate.shape, gate.dtype)
-    tr.save(silu, up)  # the product saves both factors
+    if tr.stack.swiglu == "silu-mul":
+        tr.save(gate, up)
+    else:
+        tr.save(gate)  # SiLU saves its input
+        silu = tr.new(f"{name}.silu", gate.shape, gate.dtype)
+        tr.save(silu, up)  # the product saves both factors
     hidden = tr.new(f"{name}.swiglu", gate.shape, gate.dtype)
     return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
 
@@ -702,10 +706,15 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         return tr
 
     final = (tr.layer_norm if spec.block == "gpt" else tr.rms_norm)(x, "final_norm", param_dtype)
+    loss = tr.stack.loss_at(cfg.layout.tp)
+    if loss == "fused-linear":
+        # Liger's fused head and loss computes both gradients in forward and keeps them, not the logits (core.stack).
+        tr.save(tr.new("loss.grad_input", (d.tokens, h), final.dtype),
+                tr.new("loss.grad_weight", (d.vocab, h), param_dtype))
+        return tr
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
-    loss = tr.stack.loss_at(cfg.layout.tp)
     if loss == "vocab-parallel":
         # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
         # mask and the targets; its training script's loss_func keeps the fp32 loss mask (core.stack).
@@ -771,7 +780,14 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
     head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
     loss = tr.stack.loss_at(config.layout.tp)
-    if loss == "vocab-parallel":
+    freed_by_blocks = fp32_over_vocab  # what the loss kept, gone when the blocks' backward runs
+    if loss == "fused-linear" and rank.last:
+        # Liger's: one chunk of logits at a time (_fused_linear_chunk_bytes); backward scales its gradients in place.
+        grad_input, grad_weight = (t for t in tr.kept.values() if t.name in ("loss.grad_input", "loss.grad_weight"))
+        input_bytes = grad_input.bytes // (d.tokens * d.h)
+        forward_transient, loss_gradient = _fused_linear_chunk_bytes(d, tr.amp, input_bytes, rules.device), 0
+        freed_by_blocks = grad_input.bytes + grad_weight.bytes
+    elif loss == "vocab-parallel":
         # The fp32 copy is the softmax kept, and backward writes the gradient into it: beyond what is kept, the
         # 16-bit logits in forward and their gradient, cast back to 16 bits, in backward.
         forward_transient, loss_gradient = head_output, head_output
@@ -786,16 +802,38 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
     ring = 4 * kv_chunk if config.layout.cp > 1 else 0
     return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
-                  recompute_bytes=_recompute_bytes(spec, config, rules, d, fp32_over_vocab),
+                  recompute_bytes=_recompute_bytes(spec, config, rules, d, freed_by_blocks),
                   forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
 
 
+def _fused_linear_chunk_bytes(d: _Dims, amp: bool, input_bytes: int, device: str) -> int:
+    """Liger's fused linear cross-entropy at its forward's peak, beyond what it keeps
+    (``ops/fused_linear_cross_entropy.py``, liger-kernel 0.8).
+
+    Its loop over chunks of ``next_pow2(ceil(tokens / ceil(V / h)))`` rows (at most every token) makes one chunk
+    of logits in the matmul's dtype (16-bit under autocast, else the input's) and, while it lives, the chunk of the
+    input's gradient, then the weight's gradient: accumulated in place on a CUDA device for 16-bit logits
+    (``addmm``), else through a whole ``V x h`` product (and its fp32 copy for 16-bit logits). Beside them, the
+    per-token fp32 losses. Under autocast the head weight's 16-bit copy is in autocast's cache with every other
+    weight's (core.estimate), not here.
+    """
+    tokens, h, vocab = d.tokens, d.h, d.vocab
+    rows = min(tokens, 1 << (-(-tokens // -(-vocab // h)) - 1).bit_length())
+    matmul = 2 if amp else input_bytes
+    if device == "cuda" and matmul == 2:
+        weight_gradient = 0
+    else:
+        weight_gradient = vocab * h * (matmul + (4 if matmul != 4 else 0))
+    return rows * vocab * matmul + max(rows * h * matmul, weight_gradient) + 4 * tokens
+
+
 def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, log_probs: int) -> int:
-    """What backward brings back at once, on top of what forward kept, once the log-probs are freed.
+    """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
     recompute (full, every-K, op-selective, offload), or one attention core
-    (selective). The loss's log-probs are freed by the time a block's backward runs.
+    (selective). What the loss kept (``log_probs``: its probabilities over the vocabulary, or Liger's two
+    gradients) is freed by the time a block's backward runs.
     """
     policy = config.recompute
     if not policy.recomputes and not (policy.offloads and rules.offload_moves):

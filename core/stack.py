@@ -62,6 +62,24 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   layer (non-reentrant: each layer keeps its inputs, and the shared cos, sin
   and positions once); it has no other policy. The traced ledger
   (``headroom estimate --trace``) is this stack's independent check.
+- ``hf-liger``: the same under the HF Trainer's ``use_liger_kernel=True``,
+  which patches the model with Liger's Triton kernels (liger-kernel 0.8,
+  ``liger_kernel/transformers/monkey_patch.py``: ``apply_liger_kernel_to_llama``
+  and its Mistral and Qwen2/3 twins, RoPE, RMSNorm, SwiGLU and the fused
+  linear cross-entropy on). ``LigerRMSNormFunction`` keeps its input, the
+  weight and an fp32 rstd per row (``ops/rms_norm.py``, casting mode llama),
+  as a fused RMSNorm does; ``LigerSiLUMulFunction`` keeps the gate and up
+  projections' outputs and recomputes SiLU in backward (``ops/swiglu.py``);
+  ``LigerRopeFunction`` keeps cos and sin only, as transformers' rotation does
+  (``ops/rope.py``). ``LigerFusedLinearCrossEntropyFunction``
+  (``ops/fused_linear_cross_entropy.py``) takes the final norm's output and
+  the head's weight, makes the logits a chunk of rows at a time and computes
+  the gradients in forward: it keeps the input's gradient (tokens x h, the
+  input's dtype) and the head weight's (V x h, the weight's dtype) and no
+  logits. A chunk is ``next_pow2(ceil(tokens / ceil(V / h)))`` rows (at most
+  the tokens): about the bytes of the head's input, in the matmul's dtype.
+  Its backward only scales the two gradients in place. The loss needs the
+  whole vocabulary on a rank, so the stack has no tensor parallelism.
 """
 
 from __future__ import annotations
@@ -79,12 +97,17 @@ Rope = Literal["per-layer", "shared-fp32", "shared"]
 """Where RoPE's cos and sin come from and what rotation keeps: tables made in each layer and cast per call
 (``per-layer``), one fp32 table for the whole forward (``shared-fp32``: Megatron's fused kernel), or cos and sin made
 once in the compute dtype (``shared``: transformers)."""
-Loss = Literal["log-softmax", "vocab-parallel", "loss-parallel"]
+Swiglu = Literal["unfused", "fc1", "silu-mul"]
+"""What a gated MLP keeps (core.ledger._swiglu): the gate, SiLU's output, up and their product (``unfused``);
+one fc1 output ``[gate | up]`` and the product, SiLU recomputed (``fc1``: Megatron's fused kernel); or the
+separate gate and up outputs and the product, SiLU recomputed (``silu-mul``: Liger's)."""
+Loss = Literal["log-softmax", "vocab-parallel", "loss-parallel", "fused-linear"]
 """How the cross-entropy over the vocabulary is computed: ``F.cross_entropy`` on an fp32 copy of the logits, which
 keeps the fp32 log-probabilities (``log-softmax``); Megatron's ``vocab_parallel_cross_entropy``, which turns its
 fp32 copy into the softmax in place, keeps that, and writes the gradient into it in backward (``vocab-parallel``);
-or, under tensor parallelism, torchtitan's own ``_LossParallelCrossEntropy`` (``loss-parallel``; without it
-``F.cross_entropy``)."""
+under tensor parallelism, torchtitan's own ``_LossParallelCrossEntropy`` (``loss-parallel``; without it
+``F.cross_entropy``); or Liger's fused linear cross-entropy, which makes the head's logits a chunk at a time and
+keeps the gradients of its input and weight instead (``fused-linear``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,9 +127,12 @@ class Stack:
     """op-selective caches the CPU's fused attention kernel (torch's list of compute-intensive ops lacks it)."""
     rms_norm: RmsNorm = "torch"
     rope: Rope = "per-layer"
-    fused_swiglu: bool = False
-    """One fc1 makes gate and up together and the SwiGLU kernel keeps only that, not SiLU's output or the factors."""
+    swiglu: Swiglu = "unfused"
     loss: Loss = "log-softmax"
+    tensor_parallel: bool = True
+    """The stack can split a layer over tensor-parallel ranks."""
+    transformers_modules: bool = False
+    """The stack runs transformers' own modeling code: it accounts for the Llama family only (hf_stack_covers)."""
     measured: bool = False
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
     summary: str = ""
@@ -115,9 +141,9 @@ class Stack:
         """The cross-entropy the stack computes at this tensor-parallel degree: torchtitan's own only above 1."""
         return "log-softmax" if self.loss == "loss-parallel" and tp == 1 else self.loss
 
-    def kernels(self, tp: int) -> tuple[RmsNorm, Rope, bool, Loss]:
+    def kernels(self, tp: int) -> tuple[RmsNorm, Rope, Swiglu, Loss]:
         """What the stack's kernels keep that another's may not: its RMSNorm, RoPE, SwiGLU and cross-entropy."""
-        return self.rms_norm, self.rope, self.fused_swiglu, self.loss_at(tp)
+        return self.rms_norm, self.rope, self.swiglu, self.loss_at(tp)
 
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
@@ -132,11 +158,15 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
-          rope="shared-fp32", fused_swiglu=True, loss="vocab-parallel",
+          rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),
-    Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared",
+    Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared", transformers_modules=True,
           summary="transformers' modules under the HF Trainer: none, full"),
+    Stack("hf-liger", True, policies=("none", "full"), rms_norm="fused", rope="shared", swiglu="silu-mul",
+          loss="fused-linear", tensor_parallel=False, transformers_modules=True,
+          summary="the same with use_liger_kernel (Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, "
+                  "no logits kept): none, full, no tensor parallelism"),
 )}
 FORMER_NAMES = {"torch": "reference"}
 """Names a stack had before, as older stores and bundles hold them."""

@@ -209,7 +209,7 @@ def test_agent_run_refuses_a_missing_device_or_unknown_kinds_before_any_work(fla
     assert not db.exists()  # refused before the store was opened
 
 
-@pytest.mark.parametrize("stack", ["megatron", "hf"])
+@pytest.mark.parametrize("stack", ["megatron", "hf", "hf-liger"])
 def test_agent_train_refuses_a_stack_whose_kernels_its_decoder_does_not_run(stack, tmp_path, capsys):
     from cli.main import main
 

@@ -19,61 +19,18 @@ import pytest
 torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torch.multiprocessing.reductions import StorageWeakRef  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
-from torch.utils._pytree import tree_leaves  # noqa: E402
 
 from core.config import TrainConfig  # noqa: E402
 from core.layout import Layout  # noqa: E402
 from core.ledger import activation_ledger  # noqa: E402
 from core.presets import get_preset  # noqa: E402
+from tests.live_bytes import LiveBytes  # noqa: E402
 
 SPEC = get_preset("bench-llama-tiny")  # vocabulary 512, hidden 64
 SEQ, MICRO = 64, 2
 TOKENS = SEQ * MICRO
 DTYPES = {"bf16-pure": torch.bfloat16, "fp32": torch.float32}
 LOSS_NAMES = ("log_softmax", "targets")
-
-
-class LiveBytes(TorchDispatchMode):
-    """Bytes of the storages alive, counted at each op's return (its inputs and outputs both alive), and their peak.
-
-    Storages that existed before are counted only when named (``existing``) or when an op returns them.
-    """
-
-    def __init__(self, *existing: torch.Tensor) -> None:
-        super().__init__()
-        self.storages: dict[int, tuple[StorageWeakRef, int]] = {}
-        self.live = self.peak = 0
-        for t in existing:
-            self._add(t)
-
-    def _add(self, t: torch.Tensor) -> None:
-        storage = t.untyped_storage()
-        if storage._cdata not in self.storages:
-            self.storages[storage._cdata] = (StorageWeakRef(storage), storage.nbytes())
-            self.live += storage.nbytes()
-
-    def _sweep(self) -> None:
-        for key, (ref, nbytes) in list(self.storages.items()):
-            if ref.expired():
-                del self.storages[key]
-                self.live -= nbytes
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        self._sweep()
-        for t in tree_leaves(out):
-            if isinstance(t, torch.Tensor):
-                self._add(t)
-        self.peak = max(self.peak, self.live)
-        return out
-
-    def mark(self) -> int:
-        """The bytes alive now; the peak starts again from here."""
-        self._sweep()
-        self.peak = self.live
-        return self.live
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,21 @@ def test_training_arguments_load(case, monkeypatch, tmp_path):
         model(torch.randint(0, 128, (2, 8)), labels=torch.randint(0, 128, (2, 8))).loss.backward()
 
 
+def test_a_liger_plan_turns_liger_on(monkeypatch):
+    """The hf-liger stack's plan sets the switch whose kernels it accounts for (tests/test_liger_stack.py)."""
+    pytest.importorskip("transformers", reason=MISSING)
+    import transformers.training_args
+
+    monkeypatch.setattr(transformers.training_args, "is_torch_bf16_gpu_available", lambda: True)
+    exported = export("hf", *candidate(Layout(dp=8, zero=3), "full", stack="hf-liger"))
+    namespace: dict = {}
+    exec(compile(exported.text, "training_args.py", "exec"), namespace)
+    assert namespace["args"].use_liger_kernel is True
+    assert not [n for n in exported.notes if "re-plan with --stack" in n]
+    plain = export("hf", *candidate(Layout(dp=8, zero=3), "full", stack="hf"))
+    assert "use_liger_kernel" not in plain.text
+
+
 GPU_ONLY = "requires a GPU accelerator"
 """Lightning's refusal to build an FSDP Trainer on a machine without a GPU."""
 

@@ -103,7 +103,7 @@ def test_hf_stack_keeps_transformers_norm_copies_and_tables_once():
 def test_a_stacks_former_name_still_reads():
     """Stores and shared links written before the rename hold ``torch``: it is the reference stack."""
     assert TrainConfig(seq_len=64, stack="torch").stack == "reference" == stack_name("torch")
-    assert set(STACKS) == {"reference", "torchtitan", "megatron", "hf"}
+    assert set(STACKS) == {"reference", "torchtitan", "megatron", "hf", "hf-liger"}
     with pytest.raises(ConfigError, match="^unknown training stack 'deepspeed'; valid: reference, torchtitan, "
-                                          "megatron, hf$"):
+                                          "megatron, hf, hf-liger$"):
         TrainConfig(seq_len=64, stack="deepspeed")

@@ -16,6 +16,8 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
   ZeRO-2; ZeRO-1 goes through ``deepspeed="ds_config.json"``.
 - ``optim="sgd"`` is ``torch.optim.SGD`` without momentum; ``adamw_torch_fused``
   with the default ``weight_decay=0`` is Adam.
+- ``use_liger_kernel=True`` (the ``hf-liger`` stack) has the Trainer patch the
+  model with Liger's kernels (``_apply_liger_kernel_to_instance``).
 - Tensor and context parallelism need accelerate's ``ParallelismConfig``
   (``TrainingArguments(parallelism_config=...)``, accelerate >= 1.10.1), not
   written here; the Trainer has no pipeline parallelism.
@@ -101,8 +103,12 @@ def huggingface(run: Run) -> Export:
     notes: list[str] = []
     if (note := capacity_note(run, "transformers")) is not None:
         notes.append(note)
-    if hf_stack_covers(run.spec) and (note := stack_note(run, "transformers", "hf")) is not None:
+    liger = run.stack == "hf-liger"
+    if hf_stack_covers(run.spec) and (note := stack_note(run, "transformers", run.stack if liger else "hf")):
         notes.append(note)
+    if liger:
+        notes.append("use_liger_kernel=True patches the model with Liger's Triton kernels when the Trainer is built: "
+                     "pip install liger-kernel, on a CUDA GPU")
     whole_layers, before = _checkpointing(run, notes)
     bf16 = _precision(run, notes)
     fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
@@ -115,6 +121,8 @@ def huggingface(run: Run) -> Export:
         f"    bf16={bf16},",
         f'    optim="{OPTIMIZERS[run.optimizer]}",',
     ]
+    if liger:
+        args.append("    use_liger_kernel=True,")
     if fsdp is not None:
         args.append(f'    fsdp="{fsdp}",')
         if whole_layers:
