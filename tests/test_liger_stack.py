@@ -145,3 +145,19 @@ def test_the_layout_search_keeps_liger_on_one_tensor_parallel_rank():
     assert layouts and {layout.tp for layout in layouts} == {1}
     assert {layout.tp for layout in candidate_layouts(spec, TrainConfig(seq_len=4096, stack="hf"), 64, 8, 8, frozenset())} \
         == {1, 2, 4, 8}
+
+
+def test_a_trace_under_liger_is_refused_by_name(tmp_path, capsys):
+    """The trace runs transformers' own modules on meta; Liger's kernels are Triton's and cannot run there."""
+    from cli.main import main
+
+    (tmp_path / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512, "max_position_embeddings": 256}))
+    flags = ["--model", str(tmp_path), "--seq-len", "64", "--precision", "fp32", "--stack", "hf-liger", "--trace"]
+    assert main(["estimate", *flags]) == 2
+    assert ("--trace runs transformers' own modules on the meta device, where Liger's Triton kernels cannot run: "
+            "--stack hf-liger's ledger is checked against those kernels run on a CPU instead (docs/accounting.md); "
+            "trace with --stack hf") in capsys.readouterr().err
+    assert main(["plan", *flags, "--global-batch", "8"]) == 2
+    assert "where Liger's Triton kernels cannot run" in capsys.readouterr().err
