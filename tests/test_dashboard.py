@@ -207,6 +207,17 @@ def test_the_training_stack_changes_the_plan_and_the_header_names_it(tmp_path, m
     assert "megatron stack" in texts(at) and recommendation(at) != reference
 
 
+
+def test_liger_plans_without_logits_and_refuses_tensor_parallelism_by_name(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch, {"stack": "hf"})
+    hf = recommendation(at)
+    at.selectbox(key="plan_stack").set_value("hf-liger").run()
+    assert not at.exception
+    assert "hf-liger stack" in texts(at) and recommendation(at) != hf
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch, {"stack": "hf-liger", "tp": "2"})
+    assert not at.exception
+    assert "Liger's fused linear cross-entropy needs the head's whole vocabulary on each rank" in texts(at)
+
 def test_a_shared_url_restores_the_inputs(tmp_path, monkeypatch):
     query = {"model": "llama3.2-1b", "seq_len": "2048", "global_batch": "32", "dp": "4", "budget": "24GB",
              "hardware": "datasheet: rtx-4090"}
