@@ -2,7 +2,7 @@
 
 Each worker is a pytest session of its own, so a session fixture is built once per worker that asks for it.
 The few that cost processes (the smoke run, the multi-rank fleet, the two-rank TP/FSDP/DDP launch, the GPU
-check kit) go through ``once_per_run`` instead.
+check kit, Liger's interpreted kernels) go through ``once_per_run`` instead.
 """
 
 from __future__ import annotations
