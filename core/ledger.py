@@ -827,12 +827,12 @@ def _fused_linear_chunk_bytes(d: _Dims, amp: bool, input_bytes: int, device: str
     return rows * vocab * matmul + max(rows * h * matmul, weight_gradient) + 4 * tokens
 
 
-def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, log_probs: int) -> int:
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, loss_kept: int) -> int:
     """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
     recompute (full, every-K, op-selective, offload), or one attention core
-    (selective). What the loss kept (``log_probs``: its probabilities over the vocabulary, or Liger's two
+    (selective). What the loss kept (``loss_kept``: its probabilities over the vocabulary, or Liger's two
     gradients) is freed by the time a block's backward runs.
     """
     policy = config.recompute
@@ -849,7 +849,7 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d
         segment = block - _block_bytes(spec, config, rules, d, "selective", layer)
     else:  # op-selective recomputes, offload brings back, one block at a time
         segment = block
-    return max(0, segment - log_probs)
+    return max(0, segment - loss_kept)
 
 
 def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, policy: str, layer: int) -> int:
