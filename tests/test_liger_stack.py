@@ -44,11 +44,12 @@ def liger(tmp_path_factory) -> dict:
     return once_per_run(tmp_path_factory, "liger-run", build)
 
 
-def _traced(entry: dict):
+def _traced(entry: dict, n_layers: int):
+    """A traced ledger back from its JSON (agent.hf_trace.TracedLedger.to_dict)."""
     from agent.hf_trace import TracedLedger, TracedTensor
 
     tensors = tuple(TracedTensor(**{**t, "shape": tuple(t["shape"])}) for t in entry["ledger"])
-    return TracedLedger(model=entry["model"], device=entry["device"], tensors=tensors, n_layers=0)
+    return TracedLedger(model=entry["model"], device=entry["device"], tensors=tensors, n_layers=n_layers)
 
 
 @pytest.mark.slow
@@ -62,9 +63,7 @@ def test_the_hf_liger_stack_is_what_liger_patched_llama_keeps(liger, precision, 
 
     config = liger["llama"]
     entry = liger["models"][f"{precision} {policy}"]
-    traced = _traced(entry)
-    traced = type(traced)(model=traced.model, device=traced.device, tensors=traced.tensors,
-                          n_layers=config["num_hidden_layers"])
+    traced = _traced(entry, config["num_hidden_layers"])
     train = TrainConfig(seq_len=liger["seq_len"], micro_batch=liger["micro_batch"], precision=precision,
                         recompute=parse_policy(policy), stack="hf-liger")
     analytic = activation_ledger(spec_from_hf_config(config, "liger-llama"), train, "cpu")
