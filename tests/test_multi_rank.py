@@ -128,7 +128,13 @@ def test_the_run_summary_names_each_collective(fleet):
 
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_launch_with_errors_not_a_hang(tmp_path):
-    """SIGKILL one rank after the first result: every later case is recorded as an error, promptly."""
+    """SIGKILL one rank after the first result: the launch ends promptly, and from the first case the dead
+    rank could not finish on, every case is recorded as an error.
+
+    The ranks run ahead of the parent (they print each result as it is measured), so a case or two after the
+    first may already be measured when the kill lands: those are stored as measured. Which cases that is
+    depends on the scheduler; that no case after the first error is ``ok`` does not.
+    """
     cases = bench_collectives.cases("cpu", 2, message_sizes=(1024, 2**20), timeout_s=120)
     first = cases[0].measure(CPU)
     assert first.status == "ok"
@@ -141,7 +147,9 @@ def test_a_killed_rank_ends_the_launch_with_errors_not_a_hang(tmp_path):
     with open_store(url, mode="write") as store:
         report = run_suite(store, CPU, "quick", cases=cases[1:], quiet=True)
     assert time.monotonic() - started < 60
-    assert [row.status for _, row in report.rows] == ["error"] * (len(cases) - 1)
+    statuses = [row.status for _, row in report.rows]
+    measured = statuses.count("ok")
+    assert measured < len(statuses) and statuses == ["ok"] * measured + ["error"] * (len(statuses) - measured)
     assert "the launch exited with code 1" in report.rows[-1][1].message
     assert {r.status for r in _rows(url, Run)} == {"completed"}
 
