@@ -15,6 +15,8 @@ FlopCounterMode counts are what the core's accounting must match:
   key/value heads passed as they are); ``standard``: an explicit
   softmax(QK^T / sqrt(d)) V that materialises the s x s scores, key/value heads
   repeated to the query heads first.
+- q, k and v from three linears, or under the torchtitan stack from one
+  (``FusedQKV``, torchtitan's ``wqkv``), initialised to the same weights.
 - loss: cross-entropy over the vocabulary on fp32 logits.
 """
 
@@ -29,6 +31,7 @@ from torch import nn
 from agent.recompute import apply_blocks, checkpointed
 from core.model import ModelSpec
 from core.recompute import RecomputePolicy, parse_policy
+from core.stack import get_stack
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -51,16 +54,45 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+class FusedQKV(nn.Linear):
+    """torchtitan's ``wqkv`` (``FusedQKVLinear``, torchtitan/models/common/attention.py): q, k and v as one
+    linear whose rows run kv group by kv group (the group's query heads, then its key head and its value head),
+    so a column-parallel shard holds whole groups; its output is split and each part copied contiguous."""
+
+    def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool) -> None:
+        super().__init__(hidden, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
+        self.per_group, self.head_dim = n_heads // n_kv_heads, head_dim
+
+    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k and v of ``x`` (b, s, h), each (b, s, heads, head_dim) and contiguous."""
+        b, s, _ = x.shape
+        groups = self(x).view(b, s, -1, self.per_group + 2, self.head_dim)
+        q, k, v = (t.reshape(b, s, -1, self.head_dim).contiguous()
+                   for t in groups.split([self.per_group, 1, 1], dim=-2))
+        return q, k, v
+
+    @torch.no_grad()
+    def load(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, part: str = "weight") -> None:
+        """Take the ``part`` (weight or bias) of three separate q, k and v projections, rows in head order."""
+        groups = k.shape[0] // self.head_dim
+        getattr(self, part).copy_(torch.cat([t.reshape(groups, -1, *t.shape[1:]) for t in (q, k, v)], dim=1)
+                                  .reshape(-1, *q.shape[1:]))
+
+
 class Attention(nn.Module):
-    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False) -> None:
+    def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False,
+                 fused_qkv: bool = False) -> None:
         super().__init__()
         if attention not in ATTENTION_KINDS:
             raise ValueError(f"attention {attention!r} is not one of {ATTENTION_KINDS}")
         h, q, kv = spec.hidden, spec.q_dim, spec.kv_dim
         qkv_bias = spec.bias in ("qkv", "all")
-        self.q_proj = nn.Linear(h, q, bias=qkv_bias)
-        self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
-        self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
+        if fused_qkv:
+            self.qkv_proj = FusedQKV(h, spec.n_heads, spec.n_kv_heads, spec.head_dim, qkv_bias)
+        else:
+            self.q_proj = nn.Linear(h, q, bias=qkv_bias)
+            self.k_proj = nn.Linear(h, kv, bias=qkv_bias)
+            self.v_proj = nn.Linear(h, kv, bias=qkv_bias)
         self.o_proj = nn.Linear(q, h, bias=spec.bias == "all")
         # Qwen3 and Gemma 3 normalise each head of q and k (HF's Qwen3Attention: q_norm, k_norm).
         self.q_norm = nn.RMSNorm(spec.head_dim, eps=1e-6) if spec.qk_norm else None
@@ -73,12 +105,15 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj.split(x)
+        else:
+            q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
+            k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
+            v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = q.transpose(1, 2), k.transpose(1, 2)
-        v = self.v_proj(x).view(b, s, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if self.rotary_dim:
             cos, sin = rotary_tables(s, self.rotary_dim, x.device)
             q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
@@ -251,10 +286,11 @@ class Block(nn.Module):
     """
 
     def __init__(self, spec: ModelSpec, attention: str, dropout: float, checkpoint_core: bool = False,
-                 experts: bool = False) -> None:
+                 experts: bool = False, fused_qkv: bool = False) -> None:
         super().__init__()
         self.attn_norm = _norm(spec)
-        self.attn = (LatentAttention if spec.is_mla else Attention)(spec, attention, dropout, checkpoint_core)
+        self.attn = LatentAttention(spec, attention, dropout, checkpoint_core) if spec.is_mla else \
+            Attention(spec, attention, dropout, checkpoint_core, fused_qkv)
         self.attn_post_norm = _norm(spec) if spec.post_norms else nn.Identity()
         self.mlp_norm = _norm(spec)
         self.mlp = Experts(spec) if experts else MLP(spec)
@@ -286,7 +322,8 @@ class Decoder(nn.Module):
         selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = None if spec.rotary else nn.Embedding(spec.max_seq_len, spec.hidden)
-        self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective, spec.is_moe_layer(i))
+        fused_qkv = get_stack(stack).fused_qkv
+        self.blocks = nn.ModuleList(Block(spec, attention, dropout, selective, spec.is_moe_layer(i), fused_qkv)
                                     for i in range(spec.n_layers))
         self.final_norm = _norm(spec)
         self.lm_head = nn.Linear(spec.hidden, spec.vocab_size, bias=False)
@@ -297,7 +334,11 @@ class Decoder(nn.Module):
 
     @staticmethod
     def _init(module: nn.Module) -> None:
-        if isinstance(module, (nn.Linear, nn.Embedding)):
+        if isinstance(module, FusedQKV):  # q, k and v drawn as three projections draw them: the same model
+            kv = module.out_features // (module.per_group + 2)
+            sizes = (kv * module.per_group, kv, kv)
+            module.load(*(torch.empty(n, module.in_features).normal_(std=0.02) for n in sizes))
+        elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
             nn.init.zeros_(module.bias)

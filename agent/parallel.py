@@ -4,7 +4,8 @@ Tensor parallelism (Megatron, Shoeybi et al. 2019) with DTensor
 (``torch.distributed.tensor.parallel``), following torchtitan's
 ``apply_tp`` for Llama:
 
-- q, k, v, and the MLP's gate and up projections are ``ColwiseParallel``:
+- q, k, v (or the fused projection of all three, whose rows run kv group by
+  kv group), and the MLP's gate and up projections are ``ColwiseParallel``:
   each rank holds 1/tp of their output features (whole heads);
 - the output and down projections are ``RowwiseParallel``: each rank holds
   1/tp of their input features and the partial sums are all-reduced;
@@ -53,10 +54,9 @@ UNITS: tuple[str, ...] = ("blocks", "torchtitan")
 def block_plan(block: Block, sequence_parallel: bool) -> dict[str, object]:
     """torchtitan's tensor-parallel plan for one block (``apply_tp`` for Llama)."""
     row_output = Shard(1) if sequence_parallel else Replicate()
+    projections = ("qkv_proj",) if hasattr(block.attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")
     plan: dict[str, object] = {
-        "attn.q_proj": ColwiseParallel(),
-        "attn.k_proj": ColwiseParallel(),
-        "attn.v_proj": ColwiseParallel(),
+        **{f"attn.{name}": ColwiseParallel() for name in projections},
         "attn.o_proj": RowwiseParallel(output_layouts=row_output),
         "mlp.up_proj": ColwiseParallel(),
         "mlp.down_proj": RowwiseParallel(output_layouts=row_output),
@@ -75,7 +75,7 @@ def _shard_blocks(blocks: list[Block], mesh: DeviceMesh, sequence_parallel: bool
     tp = mesh.size()
     for block in blocks:
         attn = block.attn
-        if isinstance(attn.q_proj.weight, DTensor):
+        if isinstance(attn.o_proj.weight, DTensor):
             raise ValueError("this model is already parallelised: its head counts are per rank already")
         if attn.n_heads % tp or attn.n_kv_heads % tp:
             raise ValueError(f"{attn.n_heads} query and {attn.n_kv_heads} key/value heads do not split over "

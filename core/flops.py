@@ -184,21 +184,25 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     if policy.caches_matmuls and stack.every_other_mm:
         attention = layer["attn_scores"] + layer["attn_values"] \
             if fused and rules.device == "cpu" and not stack.caches_cpu_attention else 0
-        return spec.n_layers * (_sac_recomputed(spec, layer) + attention)
+        return spec.n_layers * (_sac_recomputed(spec, layer, stack.fused_qkv) + attention)
     return 0
 
 
-def _sac_recomputed(spec: ModelSpec, layer: dict[str, int]) -> int:
+def _sac_recomputed(spec: ModelSpec, layer: dict[str, int], fused_qkv: bool) -> int:
     """FLOPs of the matmuls of one block that torchtitan's per-op checkpointing recomputes: every second
     ``aten.mm``, counting in forward order the linears without a bias (with one, torch runs an ``aten.addmm``,
-    which it caches)."""
+    which it caches); ``fused_qkv``: q, k and v are one matmul."""
     qkv_bias, other_bias = spec.bias in ("qkv", "all"), spec.bias == "all"
     mlp = ("mlp_gate", "mlp_up", "mlp_down") if spec.block == "llama" else ("mlp_up", "mlp_down")
-    attention = [(name, False) for name in layer if name.endswith("_proj")] if spec.is_mla else [
-        ("q_proj", qkv_bias), ("k_proj", qkv_bias), ("v_proj", qkv_bias), ("o_proj", other_bias)]
-    order = [*attention, *((name, other_bias) for name in mlp)]
-    mms = [name for name, bias in order if not bias]
-    return sum(layer[name] for name in mms[1::2])
+    if spec.is_mla:
+        attention = [((name,), False) for name in layer if name.endswith("_proj")]
+    else:
+        qkv = [(("q_proj", "k_proj", "v_proj"), qkv_bias)] if fused_qkv else [
+            ((name,), qkv_bias) for name in ("q_proj", "k_proj", "v_proj")]
+        attention = [*qkv, (("o_proj",), other_bias)]
+    order = [*attention, *(((name,), other_bias) for name in mlp)]
+    mms = [names for names, bias in order if not bias]
+    return sum(layer[name] for names in mms[1::2] for name in names)
 
 
 def _unsaved_last_matmul(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool) -> int:

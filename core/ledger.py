@@ -513,9 +513,7 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
         q, k, v = _latent_qkv(tr, spec, d, a, param_dtype)
         attention = functools.partial(_attention, v_head_dim=spec.v_head_size, qk_contiguous=True)
     else:
-        q = tr.linear(a, "attn.q_proj", d.q, param_dtype, kept, bias=qkv_bias)
-        k = tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept, bias=qkv_bias)
-        v = tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept, bias=qkv_bias)
+        q, k, v = _qkv(tr, d, a, param_dtype, kept, qkv_bias)
         if spec.qk_norm:  # over each head: the projection's output seen as (b, s, heads, head_dim)
             q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
             k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
@@ -550,6 +548,18 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
     return tr.new("residual_mlp", (b, rows, h), x.dtype)
+
+
+def _qkv(tr: _Trace, d: _Dims, a: _Sym, param_dtype: str, kept: _Sym | None, bias: bool) -> tuple[_Sym, _Sym, _Sym]:
+    """q, k and v from three linears, or (torchtitan's ``wqkv``) from one whose output is copied out as three
+    contiguous tensors: one matmul, one input cast under autocast, and no copy kept."""
+    if not tr.stack.fused_qkv:
+        return (tr.linear(a, "attn.q_proj", d.q, param_dtype, kept, bias=bias),
+                tr.linear(a, "attn.k_proj", d.kv, param_dtype, kept, bias=bias),
+                tr.linear(a, "attn.v_proj", d.kv, param_dtype, kept, bias=bias))
+    qkv = tr.linear(a, "attn.qkv_proj", d.q + 2 * d.kv, param_dtype, kept, bias=bias)
+    return tuple(tr.new(f"attn.{name}", (*qkv.shape[:-1], width), qkv.dtype)
+                 for name, width in (("q", d.q), ("k", d.kv), ("v", d.kv)))
 
 
 def _latent_qkv(tr: _Trace, spec: ModelSpec, d: _Dims, x: _Sym, param_dtype: str) -> tuple[_Sym, _Sym, _Sym]:

@@ -12,9 +12,16 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   column-parallel linear's input is all-gathered by DTensor and autograd
   keeps the gathered, full-sequence tensor. The agent measures this stack;
   ``torch`` is its former name, still read from older stores.
-- ``torchtitan``: the same kernels and parallelism under torchtitan's own
-  activation checkpointing (torchtitan 0.3,
-  ``torchtitan/distributed/activation_checkpoint.py``): ``FullAC`` checkpoints
+- ``torchtitan``: the same kernels and parallelism with torchtitan's fused
+  attention input projection and under its own activation checkpointing
+  (torchtitan 0.3). Its Llama 3 and Qwen3 configurations build q, k and v as
+  one linear, ``wqkv`` (``fuse_qkv=True``, ``torchtitan/models/llama3/__init__.py``;
+  ``FusedQKVLinear`` in ``torchtitan/models/common/attention.py``), whose rows
+  run kv group by kv group (each group's query heads, then its key and value
+  head) and whose output is split into contiguous q, k and v: one ``aten.mm``
+  instead of three, and under autocast one 16-bit copy of its input instead
+  of three. Its checkpointing
+  (``torchtitan/distributed/activation_checkpoint.py``): ``FullAC`` checkpoints
   each block with ``early_stop=False``, so backward reruns a block's forward
   whole, its last matmul included; ``SelectiveAC`` (per-op, its default)
   caches the outputs of torch's compute-intensive ops (mm, addmm, bmm, the
@@ -123,6 +130,8 @@ class Stack:
     every_other_mm: bool = False
     """op-selective caches only the odd-numbered ``aten.mm`` of each block (1st, 3rd, ...) and recomputes the
     rest; addmm and bmm outputs are cached whatever their place."""
+    fused_qkv: bool = False
+    """q, k and v come from one linear (``[q | k | v]`` per kv group) and are copied out of its output."""
     caches_cpu_attention: bool = True
     """op-selective caches the CPU's fused attention kernel (torch's list of compute-intensive ops lacks it)."""
     rms_norm: RmsNorm = "torch"
@@ -155,8 +164,8 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, measured=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_cpu_attention=False, loss="loss-parallel", measured=True,
-          summary="its activation checkpointing: none, full, op-selective"),
+          fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
+          summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "

@@ -1,11 +1,15 @@
-"""The torchtitan stack: torchtitan's activation checkpointing applied to the reference decoder's ops.
+"""The torchtitan stack: torchtitan's fused q/k/v projection and activation checkpointing on the reference
+decoder's ops.
 
 torchtitan 0.3 (``torchtitan/distributed/activation_checkpoint.py``): ``SelectiveAC`` caches the outputs of
 torch's compute-intensive ops but every second ``aten.mm`` of a block; ``FullAC`` checkpoints each block with
-``early_stop=False``. The agent runs both policies (agent.recompute); here the ledger is held to what autograd
-saves under them, byte for byte, the FLOPs to FlopCounterMode, and the per-layer bytes to the policy's rule.
+``early_stop=False``; its Llama 3 projects q, k and v with one linear (``wqkv``). The agent runs both policies
+(agent.recompute) on its decoder with that projection; here the ledger is held to what autograd saves under
+them, byte for byte, the FLOPs to FlopCounterMode, the per-layer bytes to the policy's rule, and the whole to
+torchtitan's own Llama 3 probed under its own checkpointing.
 """
 
+import copy
 import dataclasses
 import itertools
 
@@ -14,6 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
+from agent.model import Decoder  # noqa: E402
 from agent.recompute import torchtitan_saved  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.errors import ConfigError  # noqa: E402
@@ -62,6 +67,63 @@ def test_ledger_equals_what_autograd_saves(name, attention, policy, precision):
                                                                  measured.parameter_copy_bytes)
 
 
+def _torchtitans_llama3(spec, seq_len):
+    """torchtitan 0.3's own Llama 3 for ``spec``: its fused wqkv, complex RoPE with a per-layer buffer resized to
+    the training sequence (as its trainer does), SwiGLU, RMSNorm; torch's SDPA inside in place of its language
+    models' FlexAttention, which on a CPU would need torch.compile."""
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+    from torchtitan.models.common.attention import ScaledDotProductAttention
+    from torchtitan.models.common.rope import ComplexRoPE
+    from torchtitan.models.llama3 import Llama3Model, _build_llama3_layers
+
+    layers = _build_llama3_layers(
+        n_layers=spec.n_layers, dim=spec.hidden, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads,
+        hidden_dim=spec.ffn_hidden, attn_backend="flex",
+        rope=ComplexRoPE.Config(dim=spec.head_dim, max_seq_len=seq_len, theta=500000, scaling="none"))
+    layers = [dataclasses.replace(layer, attention=dataclasses.replace(
+        layer.attention, inner_attention=ScaledDotProductAttention.Config())) for layer in layers]
+    return Llama3Model.Config(
+        dim=spec.hidden, vocab_size=spec.vocab_size, layers=layers,
+        tok_embeddings=Embedding.Config(num_embeddings=spec.vocab_size, embedding_dim=spec.hidden),
+        norm=RMSNorm.Config(normalized_shape=spec.hidden),
+        lm_head=Linear.Config(in_features=spec.hidden, out_features=spec.vocab_size)).build()
+
+
+@pytest.mark.parametrize("precision", ["fp32", "amp-bf16"])
+@pytest.mark.parametrize("policy", POLICIES)
+def test_torchtitans_own_llama3_keeps_what_the_ledger_says(policy, precision):
+    """torchtitan's model under its own FullAC and SelectiveAC, probed on the CPU: the ledger's bytes exactly.
+    Without checkpointing its rotation keeps its layer's RoPE buffer (s x head_dim/2 complex64) where the
+    ledger counts the reference decoder's cos and sin tables (s x head_dim fp32 each): 4 s head_dim bytes less a
+    layer, and that buffer is the model's, there in every step (static memory the planner leaves out)."""
+    pytest.importorskip("torchtitan", reason="torchtitan (the frameworks extra) is not installed")
+    from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
+
+    from agent.probe import probe
+
+    b, s = 2, 16
+    torch.manual_seed(0)
+    model = _torchtitans_llama3(LLAMA, s)
+    if policy == "full":
+        FullAC(FullAC.Config()).apply(model)
+    elif policy == "op-selective":
+        SelectiveAC(SelectiveAC.Config()).apply(model)
+    tokens, targets = (torch.randint(0, LLAMA.vocab_size, (b, s)) for _ in range(2))
+
+    def forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=precision == "amp-bf16"):
+            logits = model(tokens)
+        return torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), targets.flatten())
+
+    measured = probe(model, forward)
+    config = TrainConfig(seq_len=s, micro_batch=b, attention="flash", precision=precision,
+                         recompute=parse_policy(policy), stack="torchtitan")
+    ledger = activation_ledger(LLAMA, config, "cpu")
+    rope_tables = LLAMA.n_layers * 4 * s * LLAMA.head_dim if policy == "none" else 0
+    assert (ledger.saved_bytes - rope_tables, ledger.parameter_copy_bytes) == (measured.activation_bytes,
+                                                                               measured.parameter_copy_bytes)
+
+
 @pytest.mark.parametrize("policy", ["full", "op-selective"])
 @pytest.mark.parametrize("name", SPECS)
 @pytest.mark.parametrize(("attention", "device"), [("standard", "cpu"), ("flash", "meta")])
@@ -76,8 +138,8 @@ def test_flops_with_recompute_equal_flop_counter(name, policy, attention, device
 
 
 @pytest.mark.parametrize(("name", "recomputed"), [
-    ("llama", ("k", "o", "up")),  # mm 1 to 7: q, k, v, o, gate, up, down; the even ones rerun
-    ("qkv-bias", ("gate", "down")),  # q, k, v are addmm: o, gate, up, down are mm 1 to 4
+    ("llama", ("o", "up")),  # mm 1 to 5: the fused qkv, o, gate, up, down; the even ones rerun
+    ("qkv-bias", ("gate", "down")),  # the fused qkv is an addmm: o, gate, up, down are mm 1 to 4
     ("gpt", ()),  # every linear an addmm: every output cached
 ])
 def test_per_op_checkpointing_drops_every_second_matmul_output(name, recomputed):
@@ -125,14 +187,41 @@ def test_megatron_offers_its_own_policies_and_no_op_level_one():
 
 @pytest.mark.parametrize("policy", ["full", "op-selective"])
 def test_torchtitans_policies_give_the_loss_and_gradients_of_none(policy):
-    base = TrainConfig(seq_len=24, micro_batch=2)
-    assert_same_training(SPECS["llama"], base,
-                         dataclasses.replace(base, recompute=parse_policy(policy), stack="torchtitan"))
+    base = TrainConfig(seq_len=24, micro_batch=2, stack="torchtitan")
+    assert_same_training(SPECS["llama"], base, dataclasses.replace(base, recompute=parse_policy(policy)))
+
+
+@pytest.mark.parametrize("name", ["llama", "qkv-bias", "gemma3-like"])
+def test_the_fused_projection_is_the_reference_decoders_model(name):
+    """torchtitan's decoder draws its fused q/k/v weights as the reference decoder draws its three: in float64
+    the two give one loss, and the fused gradient is the three gradients laid out kv group by kv group."""
+    spec = SPECS[name]
+    tokens, targets = (torch.randint(0, spec.vocab_size, (2, 24), generator=torch.Generator().manual_seed(seed))
+                       for seed in (1, 2))
+    losses, models = {}, {}
+    for stack in ("reference", "torchtitan"):
+        torch.manual_seed(0)
+        models[stack] = Decoder(spec, stack=stack).double()
+        losses[stack] = models[stack](tokens, targets)
+        losses[stack].backward()
+    torch.testing.assert_close(losses["torchtitan"], losses["reference"], rtol=1e-12, atol=0)
+    separate, fused = (dict(models[stack].named_parameters()) for stack in ("reference", "torchtitan"))
+    for layer in range(spec.n_layers):
+        prefix = f"blocks.{layer}.attn."
+        regrouped = copy.deepcopy(models["torchtitan"].blocks[layer].attn.qkv_proj)
+        parts = ("weight", "bias") if spec.bias in ("qkv", "all") else ("weight",)
+        for part in parts:
+            regrouped.load(*(separate[f"{prefix}{p}_proj.{part}"].grad for p in "qkv"), part=part)
+            torch.testing.assert_close(fused[f"{prefix}qkv_proj.{part}"].grad, getattr(regrouped, part),
+                                       rtol=1e-10, atol=1e-14)
+    for name_, param in fused.items():
+        if "qkv_proj" not in name_:
+            torch.testing.assert_close(param.grad, separate[name_].grad, rtol=1e-10, atol=1e-14, msg=name_)
 
 
 def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path):
     """Calibration reads which stack a step ran from its stored prediction and predicts it with that stack: a
-    torchtitan per-op step's saved bytes match (the torch stack's op-selective would keep 2bs(kv + h + f) more)."""
+    torchtitan per-op step's saved bytes match (the reference stack's op-selective would keep 2bs(h + f) more)."""
     from agent import bench_train
     from agent.fingerprint import device_name
     from agent.runner import run_suite
@@ -153,9 +242,9 @@ def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path
     cpu_rules = dataclasses.replace(datasheet_profile(get_hardware("h100-sxm")), device="cpu")
     (observed,) = step_observations([step], cpu_rules)
     assert observed.predicted_activation_bytes == observed.measured_activation_bytes == step.activation_bytes
-    # Plain PyTorch's op-selective keeps k, o and up too (fp32), and the CPU's fused attention output and
+    # Plain PyTorch's op-selective keeps o and up too (fp32), and the CPU's fused attention output and
     # log-sum-exp, which torchtitan's list lacks.
     b, s, a = 2, 32, LLAMA.n_heads
     reference = activation_ledger(LLAMA, dataclasses.replace(config, stack="reference"), "cpu").saved_bytes
     assert reference - step.activation_bytes == LLAMA.n_layers * 4 * b * s * (
-        LLAMA.kv_dim + LLAMA.hidden + LLAMA.ffn_hidden + LLAMA.q_dim + a)
+        LLAMA.hidden + LLAMA.ffn_hidden + LLAMA.q_dim + a)
