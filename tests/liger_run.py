@@ -55,11 +55,11 @@ from agent.hf_trace import _one_sequence_per_row, build_model, checkpoint_every_
 from agent.probe import probe  # noqa: E402
 from tests.live_bytes import LiveBytes  # noqa: E402
 
-LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 3,
+LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 2000, "max_position_embeddings": 512,
          "tie_word_embeddings": False}
 """A small Llama: grouped k/v heads, an untied head, a vocabulary that is no multiple of the hidden size."""
-SEQ, MICRO = 64, 2
+SEQ, MICRO = 32, 2
 DTYPES = {"fp32": torch.float32, "bf16-pure": torch.bfloat16}
 LOSS_SHAPE = {"tokens": 200, "hidden": 64, "vocab": 512}
 """The loss alone, at bench-llama-tiny's width and vocabulary: 200 tokens in chunks of next_pow2(ceil(200 /
