@@ -71,6 +71,11 @@ class FusedQKV(nn.Linear):
                    for t in groups.split([self.per_group, 1, 1], dim=-2))
         return q, k, v
 
+    def normal_as_three(self, std: float) -> None:
+        """Draw q's, k's and v's weights one after the other, as three separate projections draw theirs."""
+        kv = self.out_features // (self.per_group + 2)
+        self.load(*(torch.empty(n, self.in_features).normal_(std=std) for n in (kv * self.per_group, kv, kv)))
+
     @torch.no_grad()
     def load(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, part: str = "weight") -> None:
         """Take the ``part`` (weight or bias) of three separate q, k and v projections, rows in head order."""
@@ -334,10 +339,8 @@ class Decoder(nn.Module):
 
     @staticmethod
     def _init(module: nn.Module) -> None:
-        if isinstance(module, FusedQKV):  # q, k and v drawn as three projections draw them: the same model
-            kv = module.out_features // (module.per_group + 2)
-            sizes = (kv * module.per_group, kv, kv)
-            module.load(*(torch.empty(n, module.in_features).normal_(std=0.02) for n in sizes))
+        if isinstance(module, FusedQKV):  # the reference decoder's q, k and v weights: the same model
+            module.normal_as_three(std=0.02)
         elif isinstance(module, (nn.Linear, nn.Embedding)):
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear) and module.bias is not None:
