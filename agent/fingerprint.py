@@ -23,12 +23,14 @@ from agent.topology import read_topology
 from core.hardware import HardwareSpec, match_device
 from db.models import Fingerprint
 
-BENCHMARK_VERSION = "2"
+BENCHMARK_VERSION = "3"
 """Changes whenever a measurement method changes, so old and new numbers are never compared blindly.
 
 2: timed blocks of back-to-back calls (CUDA graphs for matmuls), LayerNorm bytes counted for the
 functional op, operand rotation uncapped, fp8 with and without fast accumulation, the allocator
-emptied between cases."""
+emptied between cases.
+3: training steps under ``--stack torchtitan`` run torchtitan's fused q/k/v projection (one ``wqkv``
+matmul, as torchtitan 0.3's Llama 3 builds it) instead of three separate projections."""
 
 _SMI_FIELDS = (
     "driver_version", "clocks.max.sm", "clocks.max.memory", "power.limit", "ecc.mode.current", "pcie.link.gen.max",
