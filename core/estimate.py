@@ -211,10 +211,7 @@ class Estimate:
             "step": self.flops.hardware,
             "model": self.flops.model,
             "per_token": self.flops.model // self.flops.tokens,
-            "forward_by_component": {
-                **{name: self.spec.n_layers * f for name, f in self.flops.layer_forward.items()},
-                "logits": self.flops.logits_forward,
-            },
+            "forward_by_component": self.flops.blocks_forward_by_matmul | {"logits": self.flops.logits_forward},
         }
         kernels = "" if self.config.stack == "reference" else f", with the {self.config.stack} stack's kernels"
         notes = [

@@ -115,10 +115,23 @@ class StepFlops:
     """Blocks of the n_layers that are mixture-of-experts blocks."""
 
     @property
+    def blocks_forward_by_matmul(self) -> dict[str, int]:
+        """Every block's forward FLOPs by matmul: the dense blocks' and the mixture-of-experts blocks' summed
+        by name (their attention shares names; the experts' and the dense MLP's do not)."""
+        by_matmul: dict[str, int] = {}
+        blocks = [(self.n_layers - self.moe_layers, self.layer_forward)]
+        if self.moe_layer_forward:
+            blocks.append((self.moe_layers, self.moe_layer_forward))
+        for count, layer in blocks:
+            for name, flops in layer.items():
+                if count:
+                    by_matmul[name] = by_matmul.get(name, 0) + count * flops
+        return by_matmul
+
+    @property
     def blocks_forward(self) -> int:
         """Every block's forward FLOPs."""
-        moe = self.moe_layers * sum(self.moe_layer_forward.values()) if self.moe_layer_forward else 0
-        return (self.n_layers - self.moe_layers) * sum(self.layer_forward.values()) + moe
+        return sum(self.blocks_forward_by_matmul.values())
 
     @property
     def forward(self) -> int:

@@ -71,6 +71,16 @@ def test_flops_equal_flop_counter(name, policy):
     routed = sum(sum(by_module[f"{last}.experts.{e}"].values()) for e in range(spec.n_experts))
     assert routed == moe["experts_gate"] + moe["experts_up"] + moe["experts_down"]
     assert predicted.moe_layers == spec.n_layers - spec.dense_layers
+    # Every block's forward by matmul (estimate --json's forward_by_component): the MLPs' matmuls (dense
+    # blocks' and routed ones') and the attentions' add up to what the counter saw in those modules.
+    by_matmul = predicted.blocks_forward_by_matmul
+    mlp = sum(f for name, f in by_matmul.items() if name.startswith(("mlp_", "router", "experts_", "shared_")))
+    attention = sum(f for name, f in by_matmul.items() if name.endswith("_proj") or name.startswith("attn_"))
+    assert (mlp, attention) == (
+        sum(sum(by_module[f"Decoder.blocks.{i}.mlp"].values()) for i in range(spec.n_layers)),
+        sum(sum(by_module[f"Decoder.blocks.{i}.attn"].values()) for i in range(spec.n_layers)))
+    components = estimate(spec, config, "cpu").to_dict()["flops"]["forward_by_component"]
+    assert sum(components.values()) == forward
 
 
 @pytest.mark.parametrize(("name", "policy", "precision"), list(itertools.product(VARIANTS, POLICIES, PRECISIONS)))
