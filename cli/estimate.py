@@ -78,9 +78,10 @@ def render(result: Estimate) -> str:
     rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets",
             "gathered_parameters_forward", "gathered_parameters_backward", "weight_copies",
             "activations", "activations_per_layer", "activations_host", "logits", "autocast_cache",
-            "forward_transient", "backward_transient", "forward_peak", "backward_peak", "peak")
+            "forward_transient", "backward_transient", "optimizer_transient", "forward_peak", "backward_peak",
+            "optimizer_peak", "peak")
     optional = ("master_weights", "gradient_buckets", "gathered_parameters_forward", "gathered_parameters_backward",
-                "weight_copies", "activations_host", "autocast_cache")
+                "weight_copies", "activations_host", "autocast_cache", "optimizer_transient")
     for key in rows:
         if memory[key] == 0 and key in optional:
             continue

@@ -22,13 +22,15 @@ from core.ledger import PROBABILITIES, Ledger, activation_ledger
 from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_memory
 from core.model import ModelSpec
 from core.pipeline import RankKind, check_micro_batches, rank_kinds
+from core.precision import optimizer_step_transient_bytes
 
 PEAK_NOTE = (
     "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
     "+ log-probs + the logits the loss reads) and backward's first (static state + weight copies kept + "
     "activations + log-probs + the loss's gradients: two fp32 over the vocabulary under F.cross_entropy, "
-    "other stacks' per docs/accounting.md) or a recomputed segment; without gradient "
-    "accumulation the gradients do not exist yet at those moments"
+    "other stacks' per docs/accounting.md) or a recomputed segment, and the optimizer's step (the whole static "
+    "state, every gradient included, and the step's temporaries); without gradient accumulation the gradients "
+    "do not exist yet at forward's and backward's moments"
 )
 
 
@@ -121,9 +123,12 @@ class Estimate:
         ``forward``: the loss reads fp32 logits while autocast still caches every weight copy.
         ``loss backward``: the log-probs' and the logits' fp32 gradients. ``recompute`` (when a
         checkpointed segment or offloaded block is brought back): the log-probs gone, every
-        gradient and every kept activation counted, an upper bound. Without gradient accumulation
-        no gradient exists at the first two moments. Both measured moments agree with an H200 to
-        0.3% (tests/test_reference_data.py); the recompute bound never formed a measured peak.
+        gradient and every kept activation counted, an upper bound. ``optimizer step``: every
+        gradient with the rest of the static state and the step's temporaries, nothing else (it is
+        the peak when the static state outweighs what a micro-batch adds, as for large sharded models
+        under full recompute). Without gradient accumulation no gradient exists at the first two
+        moments. The forward, backward and optimizer moments agree with an H200 to 0.3%
+        (tests/test_reference_data.py); the recompute bound never formed a measured peak.
         """
         gradients = self.static.gradients if self.accumulation_steps > 1 else 0
         kept = self.weight_copy_bytes
@@ -140,7 +145,15 @@ class Estimate:
         if ledger.recompute_bytes:
             moments["recompute"] = self._moment(self.static.gradients, kept, backward_units,
                                                 ("backward_transient", ledger.recompute_bytes))
+        # Every gradient exists and every activation, weight copy and gathered unit is gone.
+        moments["optimizer step"] = self._moment(self.static.gradients, 0, 0, (
+            "optimizer_transient", self.optimizer_transient_bytes)) | {"activations": 0, "logits": 0}
         return moments
+
+    @property
+    def optimizer_transient_bytes(self) -> int:
+        """What the optimizer's step allocates beyond its state (core.precision.optimizer_step_transient_bytes)."""
+        return optimizer_step_transient_bytes(self.config.optimizer, self.device, self.static.optimizer_states)
 
     @property
     def forward_peak_bytes(self) -> int:
@@ -148,11 +161,17 @@ class Estimate:
 
     @property
     def backward_peak_bytes(self) -> int:
-        return max(sum(parts.values()) for moment, parts in self._moments.items() if moment != "forward")
+        return max(sum(parts.values()) for moment, parts in self._moments.items()
+                   if moment not in ("forward", "optimizer step"))
+
+    @property
+    def optimizer_peak_bytes(self) -> int:
+        """The optimizer's step: the whole static state, every gradient included, and the step's temporaries."""
+        return sum(self._moments["optimizer step"].values())
 
     @property
     def peak_moment(self) -> str:
-        """When the peak happens: ``forward``, ``loss backward`` or ``recompute``."""
+        """When the peak happens: ``forward``, ``loss backward``, ``recompute`` or ``optimizer step``."""
         moments = self._moments
         return max(moments, key=lambda name: sum(moments[name].values()))
 
@@ -202,6 +221,8 @@ class Estimate:
             "forward_transient": self.ledger.forward_transient_bytes,
             "forward_peak": self.forward_peak_bytes,
             "backward_peak": self.backward_peak_bytes,
+            "optimizer_transient": self.optimizer_transient_bytes,
+            "optimizer_peak": self.optimizer_peak_bytes,
             "peak": self.peak_bytes,
         }
         flops = {

@@ -74,6 +74,22 @@ OPTIMIZER_STATE_BYTES: dict[str, int] = {
 }
 
 
+def optimizer_step_transient_bytes(name: str, device: str, state_bytes: int) -> int:
+    """Bytes one optimizer step allocates beyond the parameters, gradients and its state (``state_bytes``,
+    this rank's), as torch runs the agent's optimizers (agent.bench_train.make_optimizer).
+
+    On CUDA Adam and AdamW are fused (``fused=True``, as torchtitan, Megatron-LM and the HF Trainer run
+    them): they update in place, and an H200 measured the optimizer's peak at the static state plus the
+    cuBLAS workspaces (tests/test_reference_data.py). On a CPU they run ``foreach``: ``_foreach_sqrt``
+    of the second moments is a copy of half the state. SGD, with or without momentum, works in place;
+    AdaGrad keeps ``sqrt`` of its sums beside them (at most one copy of its state: torch's ``foreach``
+    path makes one for every tensor, the CPU's per-tensor path one tensor at a time).
+    """
+    if name in ("adam", "adamw"):
+        return 0 if device == "cuda" else state_bytes // 2
+    return state_bytes if name == "adagrad" else 0
+
+
 def get_precision(name: str) -> PrecisionRecipe:
     try:
         return PRECISIONS[name]

@@ -46,7 +46,8 @@ def test_the_accounting_pages_worked_example_is_what_the_core_computes():
     assert per_block == memory["activations_per_layer"]
     figures = [spec.parameters, spec.layer_parameters(), memory["parameters"], memory["optimizer_states"],
                memory["weight_copies"], per_block, memory["activations"], memory["logits"],
-               memory["backward_transient"], memory["peak"], memory["forward_peak"], flops["forward"],
+               memory["backward_transient"], memory["peak"], memory["forward_peak"], memory["optimizer_peak"],
+               flops["forward"],
                flops["per_token"], flops["forward_by_component"]["logits"], flops["forward_by_component"]["q_proj"] // 16]
     page = (DOCS / "accounting.md").read_text()
     for figure in figures:

@@ -56,15 +56,21 @@ def test_on_the_cpu_every_ledger_check_matches_the_probe(check_run):
 
 
 @pytest.mark.slow
-def test_regret_is_judged_at_80_gb_and_at_a_budget_that_forces_checkpointing(check_run):
+def test_regret_is_judged_at_80_gb_and_a_tight_budget_is_sought(check_run):
+    """At the CPU's smoke sizes every configuration peaks at the optimizer's step (the static state and
+    foreach AdamW's copy of the second moments outweigh any micro-batch's activations), so checkpointing
+    lowers no peak and no budget rules out the plain configurations alone: the check says so. On a GPU the
+    1B sweep's activations decide its peaks and the tight budget is judged (tests/test_regret.py holds
+    tight_budget to its rule)."""
     proc, out = check_run
     plans = json.loads(next(out.glob("*.checks.json")).read_text())["regret"]["result"]["plans"]
-    assert [p["budget"] for p in plans][0] == "80 GB" and plans[1]["budget"].endswith("(tight)")
-    for entry in plans:
-        assert entry["outcome"] == "ok" and entry["fit_by"] == "predicted"  # no allocator on a CPU
-        assert entry["best_tokens_per_s"] >= entry["recommended_tokens_per_s"] > 0
-        assert entry["regret"] == pytest.approx(1 - entry["recommended_tokens_per_s"] / entry["best_tokens_per_s"])
-    assert "none" not in plans[1]["recommended"]  # the tight budget leaves no plain configuration
+    roomy, tight = plans
+    assert roomy["budget"] == "80 GB"
+    assert roomy["outcome"] == "ok" and roomy["fit_by"] == "predicted"  # no allocator on a CPU
+    assert roomy["best_tokens_per_s"] >= roomy["recommended_tokens_per_s"] > 0
+    assert roomy["regret"] == pytest.approx(1 - roomy["recommended_tokens_per_s"] / roomy["best_tokens_per_s"])
+    assert tight == {"budget": "tight", "outcome": "no budget here rules out every configuration without "
+                                                   "checkpointing while another fits"}
     summary = proc.stdout
     assert "targets:" in summary and "regret at 80 GB" in summary and "n/a   peak allocated vs predicted" in summary
 
