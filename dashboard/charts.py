@@ -53,7 +53,7 @@ COMPONENT_COLORS = {
     "parameters": "#1f4e79", "gradients": "#4c78a8", "master weights": "#9ecae9", "optimizer states": "#6a51a3",
     "gradient buckets": "#b79fd8", "gathered parameters": "#8c564b", "weight copies": "#17becf",
     "activations": "#f58518", "logits": "#54a24b", "forward transient": "#e45756", "backward transient": "#ff9d98",
-    "margin": "#bab0ac",
+    "optimizer transient": "#d6616b", "margin": "#bab0ac",
 }
 """One colour per memory component (core.estimate's peak components, underscores read as spaces, and the margin),
 in stacking order: static state first, then what a step adds, the margin last; fixed so every memory chart reads
