@@ -35,6 +35,9 @@ from core.units import GB
 
 MAX_GPU_MULTIPLIER = 64
 MIN_SEQ_LEN = 256
+MOMENTS = {"forward": "the forward's end", "loss backward": "the loss's backward",
+           "recompute": "a recomputed segment's backward", "optimizer step": "the optimizer's step"}
+"""core.estimate's peak moments, as a sentence says them."""
 
 
 def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
@@ -83,6 +86,14 @@ def _could_fit(request: PlanRequest, base: Plan) -> bool:
         return False
 
 
+def _least_disruptive_then_fastest(option: tuple[str, Plan]) -> tuple[bool, float]:
+    """Among changes to as many GPUs: one that keeps the global batch (a training hyperparameter) before
+    one that grows it, then the fastest."""
+    label, result = option
+    assert result.recommendation is not None
+    return "--global-batch" not in label, result.recommendation.tokens_per_s
+
+
 def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
     """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily)."""
     request = base.request
@@ -113,10 +124,12 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
             gpus = request.gpus * multiplier
             yield from planned(f"--gpus {gpus}", lambda gpus=gpus: replace(request, gpus=gpus))
         else:
-            options = [found for label, make in _more_gpus(request, multiplier, gpus_per_node)
-                       for found in planned(label, make)]
+            variants = [*_more_gpus(request, multiplier, gpus_per_node),
+                        (f"--gpus {request.layout.world * multiplier}",  # every layout: axes together
+                         lambda gpus=request.layout.world * multiplier: replace(request, gpus=gpus))]
+            options = [found for label, make in variants for found in planned(label, make)]
             if options:
-                yield max(options, key=lambda o: o[1].recommendation.tokens_per_s)  # type: ignore[union-attr]
+                yield max(options, key=_least_disruptive_then_fastest)
         multiplier *= 2
     seq_len = request.seq_len // 2
     while seq_len >= MIN_SEQ_LEN:
@@ -131,14 +144,13 @@ def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
     request = base.request
     closest = min(base.rejected, key=lambda c: c.required_bytes)
     est = closest.estimate
-    static = est.static
     where = f" on {closest.layout}" if request.gpus is not None else ""
+    held = ", ".join(f"{name.replace('_', ' ')} {size / GB:.1f}" for name, size in est.peak_components.items() if size)
     lines = [
         f"nothing fits in {request.budget_bytes / GB:.1f} GB: the closest candidate ({closest.label}{where}) "
         f"needs {closest.required_bytes / GB:.1f} GB",
-        f"it holds {static.total / GB:.1f} GB of static state (parameters {static.parameters / GB:.1f}, "
-        f"gradients {static.gradients / GB:.1f}, master weights {static.master_weights / GB:.1f}, "
-        f"optimizer state {static.optimizer_states / GB:.1f}) and {est.activation_bytes / GB:.1f} GB of activations",
+        f"its peak, at {MOMENTS[est.peak_moment]}, is {est.peak_bytes / GB:.1f} GB before calibration and margin: "
+        f"{held} GB",
     ]
     for label, result in _fitting_plans(base):
         best = result.recommendation

@@ -47,7 +47,7 @@ def test_impossible_plan_explains_itself(run_cli):
     args = ("plan", "--model", "llama2-70b", "--seq-len", "4096", "--global-batch", "32", "--hardware", "h100-sxm")
     result = run_cli(*args)
     assert result.returncode == 3, result.stderr  # nothing fits: its own exit status
-    assert "nothing fits" in result.stdout and "smallest change that fits: --dp" in result.stdout
+    assert "nothing fits" in result.stdout and "smallest change that fits: --gpus 16 (" in result.stdout
     as_json = run_cli(*args, "--json")
     assert as_json.returncode == 3 and json.loads(as_json.stdout)["recommendation"] is None
     export = run_cli(*args, "--export", "deepspeed")

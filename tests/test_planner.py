@@ -70,8 +70,20 @@ def test_impossible_request_explains_and_finds_the_smallest_change():
     assert result.recommendation is None and result.rejected
     assert any("static state alone" in c.rejection for c in result.rejected)
     advice = "\n".join(result.advice)
-    assert "1103.6 GB of static state" in advice
-    assert "smallest change that fits: --dp" in advice and "--zero 3" in advice
+    # With 32 micro-batches accumulated every gradient exists at forward's end: 16 bytes a parameter, 1103.6 GB.
+    assert ("its peak, at the forward's end, is 1245.2 GB before calibration and margin: parameters 275.9, "
+            "gradients 275.9, optimizer states 551.8, weight copies 137.4, activations 2.9") in advice
+    assert "smallest change that fits: --gpus 16 (" in advice and "zero 3" in advice
+
+
+def test_the_smallest_change_keeps_the_global_batch_when_one_that_does_fits():
+    """llama3-70b at 8,192 tokens, 8 sequences: 32 data-parallel ranks would need the batch grown to 32, while
+    16 GPUs split as tp 2 with sequence parallelism over dp 8 at ZeRO-3 keep it."""
+    request = PlanRequest(spec=get_preset("llama3-70b"), train=TrainConfig(seq_len=8192), global_batch=8)
+    result = plan_and_advise(request, H100)
+    change = next(line for line in result.advice if line.startswith("smallest change that fits:"))
+    assert change.startswith("smallest change that fits: --gpus 16 (") and "--global-batch" not in change
+    assert "on tp 2 +sp, pp 1, cp 1, dp 8, zero 3" in change
 
 
 def test_bad_requests_name_the_value():
