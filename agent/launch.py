@@ -9,9 +9,9 @@ stdout::
 
 and the parent picks them up as they come (`Launch.result`), so a benchmark
 case's row is stored the moment it exists. The launch is bounded: when no
-result has come for its timeout, the whole process group (launcher and
-ranks) is killed, so a rank stuck in a collective never leaves the parent
-waiting. When a rank dies the
+result has come for its timeout, the launch is stopped (the launcher stops
+its ranks), so a rank stuck in a collective never leaves the parent
+waiting, nor runs on. When a rank dies the
 launcher stops the others (``--max-restarts 0``) and `Launch.result` raises
 `LaunchFailed` naming the exit, for the results that never came.
 """
@@ -31,6 +31,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MARKER = "HEADROOM-RESULT "
+STOP_GRACE_S = 45.0
+"""How long the launcher may take to stop its ranks: it gives each 30 s after SIGTERM before SIGKILL."""
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -85,8 +87,16 @@ class Launch:
         self.lines.put(None)
 
     def result(self, key: str, rank: int = 0) -> dict:
-        """The row rank ``rank`` reported under ``key``; waits for it. LaunchFailed if it cannot come."""
+        """The row rank ``rank`` reported under ``key``; waits for it. LaunchFailed if it cannot come.
+        Interrupted (Ctrl-C, or a stop signal the CLI raises as one), it stops the ranks first."""
         self.start()
+        try:
+            return self._wait_for(key, rank)
+        except KeyboardInterrupt:
+            self.kill()
+            raise
+
+    def _wait_for(self, key: str, rank: int) -> dict:
         while (key, rank) not in self.results:
             if self.failure is not None:
                 raise LaunchFailed(f"no result for {key!r} from rank {rank}: {self.failure}")
@@ -130,10 +140,17 @@ class Launch:
         return self.process.returncode
 
     def kill(self) -> None:
+        """Stop the launch: SIGTERM to the launcher, which stops its ranks (torch starts each in a session of
+        its own, out of reach of a signal to the launcher's group) and exits; SIGKILL to the group if it has
+        not within `STOP_GRACE_S`."""
         if self.process is not None and self.process.poll() is None:
             self.killed = True
+            self.process.terminate()
             try:
-                os.killpg(self.process.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            self.process.wait()
+                self.process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(self.process.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.process.wait()

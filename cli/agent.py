@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import functools
+import signal
 import sys
+import threading
 
 from cli.train_flags import add_train_flags, layout_from_args, model_from_args, train_config
 from core.errors import ConfigError
@@ -21,6 +25,11 @@ MAX_STEPS = 1000
 MAX_ACCUMULATION = 4096
 """Micro-batches per optimizer step: 4,096 micro-batches of one sequence each is 4,096 sequences per rank per
 step, more than training runs accumulate."""
+
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+"""What stops an agent besides Ctrl-C: ``kill``, Slurm's scancel, a deleted pod, ``docker stop`` and ``timeout``
+send SIGTERM; a closed terminal sends SIGHUP."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -140,6 +149,77 @@ def collective_ranks(nproc: int | None, targets: list, explicit: bool) -> int:
     return ranks
 
 
+class Stopped(KeyboardInterrupt):
+    """A stop signal, raised where Ctrl-C raises KeyboardInterrupt, so that what handles Ctrl-C handles it
+    too: the store's `recording` marks the run aborted, keeping its finished results."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+    @property
+    def status(self) -> int:
+        """The exit status of a process the signal ended, as shells report it: 128 + the signal."""
+        return 128 + self.signum
+
+
+@contextlib.contextmanager
+def stop_signals():
+    """Raise `Stopped` on a `STOP_SIGNALS` signal while the block runs; the previous handlers are restored after.
+
+    Without it SIGTERM ends the process where it stands and its run stays ``running`` in the store for good.
+    A signal ignored already stays ignored (``nohup`` keeps a hangup from stopping the agent), a handler
+    installed outside Python (which could not be restored) is left alone, and only the main thread may
+    install handlers: anywhere else nothing changes. The first signal stops the command; repeats are ignored
+    until the block ends, so that one cannot cut short the marking of the run as aborted.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    previous = {sig: handler for sig in STOP_SIGNALS
+                if (handler := signal.getsignal(sig)) not in (signal.SIG_IGN, None)}
+
+    def stop(signum: int, _frame) -> None:
+        for sig in previous:
+            signal.signal(sig, signal.SIG_IGN)
+        raise Stopped(signum)
+
+    for sig in previous:
+        signal.signal(sig, stop)
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def stoppable(command):
+    """An agent command that a stop signal ends as Ctrl-C does (`stop_signals`), with exit status 128 + the
+    signal. Stopped during a run, the command names the run it aborted (`interrupted`); before or after one,
+    this says what stopped it."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace) -> int:
+        try:
+            with stop_signals():
+                return command(args)
+        except Stopped as stop:
+            print(f"headroom: stopped by {stop}", file=sys.stderr)
+            return stop.status
+
+    return run
+
+
+def interrupted(stop: KeyboardInterrupt, run: str, url: str) -> int:
+    """Ctrl-C or a stop signal ended ``run``, which the store marked aborted: say so; 130 for Ctrl-C, else
+    128 + the signal."""
+    how = f" by {stop}" if isinstance(stop, Stopped) else ""
+    print(f"\ninterrupted{how}: {run} is marked aborted; its finished results are kept in {url}", file=sys.stderr)
+    return stop.status if isinstance(stop, Stopped) else 130
+
+
+@stoppable
 def run_agent(args: argparse.Namespace) -> int:
     from agent import bench_collectives
     from agent.runner import DeviceLost, run_suite
@@ -162,10 +242,8 @@ def run_agent(args: argparse.Namespace) -> int:
             try:
                 report = run_suite(store, device, args.suite, only=per_device, labels=labels, quiet=args.quiet,
                                    cases=cases)
-            except KeyboardInterrupt:
-                print(f"\ninterrupted: the run on {device} is marked aborted; its finished results are kept in {store.url}",
-                      file=sys.stderr)
-                return 130
+            except KeyboardInterrupt as stop:
+                return interrupted(stop, f"the run on {device}", store.url)
             except DeviceLost as lost:
                 return device_lost(lost, device, store.url)
             reports.append(report)
@@ -222,6 +300,7 @@ def _policies(text: str) -> list[str]:
     return policies
 
 
+@stoppable
 def run_train(args: argparse.Namespace) -> int:
     from agent import bench_train
     from agent.runner import DeviceLost, profile_from_store, run_suite
@@ -274,9 +353,8 @@ def run_train(args: argparse.Namespace) -> int:
             cases = train_ranks.cases(setups, device.type, provider)  # one launch for them all
         try:
             report = run_suite(store, device, "train", labels=parse_labels(args.label), quiet=args.quiet, cases=cases)
-        except KeyboardInterrupt:
-            print(f"\ninterrupted: the run is marked aborted; its finished results are kept in {store.url}", file=sys.stderr)
-            return 130
+        except KeyboardInterrupt as stop:
+            return interrupted(stop, "the run", store.url)
         except DeviceLost as lost:
             return device_lost(lost, device, store.url)
         if args.json:

@@ -8,6 +8,7 @@ and the launcher's handling of a rank that exits.
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 
@@ -42,6 +43,50 @@ def test_each_result_restarts_the_clock_and_silence_ends_the_launch():
         launch.result("6")
     assert launch.killed and launch.process.poll() is not None
     assert time.monotonic() - started < 30
+
+
+def _gone(pid: int) -> bool:
+    """The process has exited (reaped, or a zombie waiting to be)."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return any(line.startswith("State:\tZ") for line in status)
+    except FileNotFoundError:
+        return True
+
+
+def _rank_pids(launch: Launch) -> list[int]:
+    return [launch.result("pid", rank)["pid"] for rank in (0, 1)]
+
+
+def test_a_silent_launch_is_stopped_ranks_and_all():
+    """Ranks waiting as in a collective: past the timeout the launcher is stopped, and so are the ranks,
+    each in a session of its own that a signal to the launcher's group would miss."""
+    launch = Launch("tests.sleepy_ranks", 2, timeout_s=3.0)
+    pids = _rank_pids(launch)
+    with pytest.raises(LaunchFailed, match="reported nothing for 3 s and were killed"):
+        launch.result("never")
+    assert all(_gone(pid) for pid in pids)
+
+
+def test_an_interrupted_wait_stops_the_ranks_and_goes_on_interrupting():
+    """Ctrl-C (or a stop signal the CLI raises as one) while waiting for a result."""
+    launch = Launch("tests.sleepy_ranks", 2, timeout_s=60.0)
+    pids = _rank_pids(launch)
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        started = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            launch.result("never")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert time.monotonic() - started < 30 and launch.process.poll() is not None
+    assert all(_gone(pid) for pid in pids)
 
 
 def _setup(steps: int, layout: Layout) -> TrainSetup:
