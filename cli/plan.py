@@ -12,7 +12,7 @@ from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.layout_search import pinned_layout
-from core.planner import Plan, PlanRequest, plan_to_dict
+from core.planner import Plan, PlanRequest, budget_note, default_budget, plan_to_dict
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
@@ -35,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")
     batch.add_argument("--global-tokens", type=int, help="tokens per optimizer step, all ranks together (a multiple of --seq-len)")
-    p.add_argument("--budget", default="80GB", help="memory per GPU with its unit, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; a bare number is refused; default 80GB)")
+    p.add_argument("--budget", help="memory per GPU with its unit, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; a bare "
+                                    "number is refused; default 80GB, or the device's memory where it has less)")
     p.add_argument("--hardware", default="h100-sxm", help="a device measured in the store (its name) or a datasheet key from `headroom hardware` (default h100-sxm)")
     p.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
     p.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
@@ -83,7 +84,8 @@ def run(args: argparse.Namespace) -> int:
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
         spec=model_from_args(args), train=train_config(args, layout=layout), global_batch=global_batch(args),
-        budget_bytes=parse_budget(args.budget), allow_offload=args.offload, gpus=args.gpus,
+        budget_bytes=default_budget(profile) if args.budget is None else parse_budget(args.budget),
+        allow_offload=args.offload, gpus=args.gpus,
         pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
         cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
     )
@@ -141,10 +143,11 @@ def render(result: Plan, top: int | None) -> str:
         lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
                      + (f"; {c.assumed})" if c.assumed else ")"))
     lines += [
-        f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes); margin: peak x "
+        f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"
+        + (f"; all the {profile.name} holds" if req.budget_bytes == profile.memory_bytes else "") + "); margin: peak x "
         f"{profile.fragmentation:.2f} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
-        *([f"note: {context}"] if (context := req.train.context_note(spec)) else []),
+        *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), req.train.context_note(spec)) if note),
         "",
     ]
     if best is None:

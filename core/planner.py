@@ -56,6 +56,19 @@ DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""
 
 
+def default_budget(profile: HardwareProfile) -> int:
+    """80 GB per device, or the device's memory where it has less: a 24 GB card is planned at 24 GB."""
+    return min(DEFAULT_BUDGET_BYTES, profile.memory_bytes)
+
+
+def budget_note(budget_bytes: int, profile: HardwareProfile) -> str | None:
+    """Said when the budget is more than the device holds: such a plan is for a device that does not exist."""
+    if budget_bytes <= profile.memory_bytes:
+        return None
+    return (f"the {budget_bytes / GB:.1f} GB budget is more than the {profile.memory_bytes / GB:.1f} GB the "
+            f"{profile.name} holds; a budget of at most {profile.memory_bytes / GB:.1f}GB plans for it")
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class PlanRequest:
     spec: ModelSpec
@@ -452,6 +465,8 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             if result.request.gpus or result.request.layout.world > 1 else None,
         },
         "calibration": result.calibration.to_dict(),
+        "notes": [note for note in (budget_note(budget, profile), result.request.train.context_note(result.request.spec))
+                  if note],
         "recommendation": best.to_dict(budget) if best else None,
         "candidates": [c.to_dict(budget) for c in result.candidates[:top]],
         "rejected": [c.to_dict(budget) for c in result.rejected],

@@ -197,6 +197,25 @@ def test_a_plan_for_a_cpu_speaks_of_devices_not_gpus():
     assert "GPU" not in on_cpu.replace("--gpus", "") and "CUDA" not in on_cpu
 
 
+def test_the_default_budget_is_what_the_device_holds_up_to_80_gb_and_a_larger_one_is_flagged(run_cli):
+    """A 24 GB RTX 4090 is planned at 24 GB, a 141 GB H200 at the default 80 GB; a budget beyond the
+    device's memory plans for a device that does not exist, and the plan says so."""
+    args = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--global-batch", "8", "--json")
+
+    def planned(*more: str) -> dict:
+        return json.loads(run_cli(*args, *more).stdout)
+
+    card, h200 = planned("--hardware", "rtx-4090"), planned("--hardware", "h200")
+    assert (card["request"]["budget_bytes"], card["notes"]) == (24 * 10**9, [])
+    assert (h200["request"]["budget_bytes"], h200["notes"]) == (80 * 10**9, [])
+    over = planned("--hardware", "rtx-4090", "--budget", "80GB")
+    assert over["request"]["budget_bytes"] == 80 * 10**9
+    assert over["notes"] == ["the 80.0 GB budget is more than the 24.0 GB the rtx-4090 holds; a budget of at most "
+                             "24.0GB plans for it"]
+    text = run_cli(*args[:-1], "--hardware", "rtx-4090").stdout
+    assert "budget: 24.0 GB per GPU (GB = 1e9 bytes; all the rtx-4090 holds)" in text
+
+
 def test_estimate_ledger_lists_tensors_and_sums_to_the_activations(run_cli):
     result = run_cli("estimate", "--model", "bench-llama-small", "--seq-len", "256", "--micro-batch", "2",
                       "--recompute", "selective", "--device", "cpu", "--json", "--ledger")

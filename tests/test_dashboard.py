@@ -190,6 +190,16 @@ def test_changing_the_budget_changes_the_recommendation(tmp_path, monkeypatch):
     assert at.query_params["budget"] == ["40GB"] or at.query_params["budget"] == "40GB"
 
 
+def test_a_budget_beyond_the_devices_memory_is_flagged(tmp_path, monkeypatch):
+    at = render("plan", str(tmp_path / "none.db"), monkeypatch)
+    at.selectbox(key="plan_hardware").set_value("datasheet: rtx-4090").run()
+    assert not at.exception
+    assert [str(w.value) for w in at.warning] == [
+        "The 80.0 GB budget is more than the 24.0 GB the rtx-4090 holds; a budget of at most 24.0GB plans for it."]
+    at.text_input(key="plan_budget").set_value("24GB").run()
+    assert not at.exception and not at.warning
+
+
 def test_changing_the_model_changes_the_recommendation(tmp_path, monkeypatch):
     at = render("plan", str(tmp_path / "none.db"), monkeypatch)
     large = recommendation(at)

@@ -17,7 +17,7 @@ from core.export import EXPORTERS, export
 from core.hf_config import SUPPORTED, spec_from_config_file
 from core.interconnect import LINKS_BY_KEY
 from core.model import ModelSpec
-from core.planner import Plan
+from core.planner import Plan, budget_note
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
 from core.stack import STACKS
@@ -170,6 +170,8 @@ if request.cluster is not None:
                + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
                   "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
                   "collectives measured on this device."))
+if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
+    st.warning(plain(over_budget[0].upper() + over_budget[1:]) + ".")
 if result.unsearched:
     st.warning(f"The search stopped at this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s: "
                f"{planning.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
