@@ -100,12 +100,16 @@ class TrainConfig:
                     "training there extends the context (RoPE scaling); memory and time are accounted the same")
         return None
 
+    def _splits(self) -> str:
+        """The tensor and pipeline splits asked for, as a sentence names them: "tp 2 is", "tp 2 and pp 4 are"."""
+        asked = [f"{axis} {n}" for axis, n in (("tp", self.layout.tp), ("pp", self.layout.pp)) if n > 1]
+        return " and ".join(asked) + (" are" if len(asked) > 1 else " is")
+
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
-                              f"sharding; tp {self.layout.tp} and pp {self.layout.pp} are not modelled for it yet: "
-                              "use tp 1 and pp 1")
+                              f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")
         stack = get_stack(self.stack)
         if stack.transformers_modules and not hf_stack_covers(spec):
             raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules (llama, "
@@ -122,8 +126,8 @@ class TrainConfig:
         if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
                 f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "
-                f"planned on data, context and expert parallelism with sharding; tp {self.layout.tp} and pp "
-                f"{self.layout.pp} are not modelled for it yet: use tp 1 and pp 1")
+                f"planned on data, context and expert parallelism with sharding; {self._splits()} not modelled for "
+                "it yet: use tp 1 and pp 1")
         if self.layout.ep > 1 and not spec.is_moe:
             raise ConfigError(f"{spec.name}: ep {self.layout.ep} splits a mixture of experts' routed experts over "
                               "ranks, and this model has none: use ep 1")

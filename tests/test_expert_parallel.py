@@ -182,8 +182,8 @@ def test_a_mixtral_plan_on_16_gpus_weighs_ep():
 def test_a_moe_model_still_refuses_tensor_and_pipeline_parallelism_by_name():
     spec = get_preset("qwen3-30b-a3b")
     with pytest.raises(ConfigError, match=r"qwen3-30b-a3b: a mixture of experts \(128 experts, 8 per token\) is "
-                                          r"planned on data, context and expert parallelism with sharding; tp 2 and "
-                                          r"pp 1 are not modelled for it yet: use tp 1 and pp 1"):
+                                          r"planned on data, context and expert parallelism with sharding; tp 2 is not "
+                                          r"modelled for it yet: use tp 1 and pp 1"):
         estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=2, sp=True)))
 
 

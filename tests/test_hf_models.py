@@ -115,7 +115,9 @@ def test_deepseek_v3_is_estimated_on_data_parallelism_and_refuses_tensor_paralle
         estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=8, sp=True)))
     assert str(caught.value) == (
         "deepseek-ai/DeepSeek-V3: latent attention is planned on data and context parallelism with sharding; tp 8 "
-        "and pp 1 are not modelled for it yet: use tp 1 and pp 1")
+        "is not modelled for it yet: use tp 1 and pp 1")
+    with pytest.raises(ConfigError, match="with sharding; tp 2 and pp 2 are not modelled for it yet"):
+        estimate(spec, TrainConfig(seq_len=4096, layout=Layout(tp=2, pp=2)))
 
 
 def test_mixture_presets_are_their_published_configs():
