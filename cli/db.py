@@ -44,7 +44,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     info.add_argument("--json", action="store_true", help="the same as one JSON object (times in UTC, ISO 8601)")
     action("upgrade", "bring a store to this headroom's schema revision (creates a missing SQLite store)", run_upgrade)
     export = action("export", "write every run of a store to a JSON bundle", run_export)
-    export.add_argument("path", metavar="PATH", type=Path, help="bundle to write; gzip when it ends in .gz")
+    export.add_argument("path", metavar="PATH", type=Path,
+                        help="bundle file to write: a new name or a regular file, not the store (a symlink: the file "
+                        "it points to is replaced, the link kept); gzip when it ends in .gz")
     export.add_argument("--gzip", action="store_true", help="gzip the bundle whatever its name")
     imported = action("import", "add the runs of a bundle that the store lacks (all or nothing)", run_import)
     imported.add_argument("path", metavar="PATH", type=Path, help="bundle to read, plain or gzip JSON")
@@ -65,6 +67,7 @@ def run_upgrade(args: argparse.Namespace) -> int:
     from db.store import open_store
 
     with open_store(args.db, mode="write") as store:
+        store.verify()  # "nothing to do" would otherwise pass a damaged store whose damage no upgrade step read
         if store.upgraded_from is None:
             print(f"{store.url} is at schema revision {store.revision}: nothing to do")
         elif store.upgraded_from == "empty":
@@ -93,16 +96,27 @@ def run_import(args: argparse.Namespace) -> int:
 
 
 def run_merge(args: argparse.Namespace) -> int:
+    """The source is checked whole before the destination is opened (a damaged source creates no store), and
+    a damaged store is named as the merge's source or destination."""
     from db.bundle import merge_stores
-    from db.errors import StoreError
+    from db.engine import display_url
+    from db.errors import DamagedStoreError, StoreError
     from db.location import resolve_url
-    from db.store import open_store
+    from db.store import open_destination, open_store
 
     if resolve_url(args.source) == resolve_url(args.db):
         raise StoreError(f"source and destination are the same store ({resolve_url(args.db)}); give --db another one")
-    with open_store(args.source, mode="read") as source, open_store(args.db, mode="write") as destination:
-        report = merge_stores(source, destination)
-        print(f"{source.url} -> {destination.url}: {report}")
+    try:
+        with open_store(args.source, mode="read") as source:
+            source.verify()
+            with open_destination(args.db) as destination:
+                destination.verify()
+                report = merge_stores(source, destination)
+                print(f"{source.url} -> {destination.url}: {report}")
+    except DamagedStoreError as err:
+        if err.url == display_url(resolve_url(args.source)):
+            raise err.naming("merge source", "SRC_URL") from None
+        raise err.naming("merge destination", "--db") from None
     return 0
 
 
@@ -118,14 +132,26 @@ def store_info(store: Store) -> dict:
         devices = queries.counts_by_device(session)
         incomplete = queries.incomplete_runs(session)
         if store.backend == "sqlite":
-            engine = f"sqlite {session.scalar(text('SELECT sqlite_version()'))}, " \
-                     f"{session.scalar(text('PRAGMA journal_mode')).upper()} journal"
+            engine = f"sqlite {session.scalar(text('SELECT sqlite_version()'))}, " + _journal(store, session)
         else:
             engine = f"postgresql {session.scalar(text('SHOW server_version'))}"
     return {
         "store": store.url, "engine": engine, "schema_revision": store.revision, "runs": statuses, "results": kinds,
         "devices": [_document(d) for d in devices], "incomplete_runs": [_document(r) for r in incomplete],
     }
+
+
+def _journal(store: Store, session) -> str:
+    """How SQLite journals the store, or that it reads it immutable (db/engine.py: a read-only file system),
+    where ``PRAGMA journal_mode`` would say DELETE of a WAL store."""
+    from sqlalchemy import text
+
+    from db.engine import read_only_file_system, sqlite_file
+
+    path = sqlite_file(store.engine.url)
+    if store.mode == "read" and path is not None and read_only_file_system(path):
+        return "read-only file system, read as immutable"
+    return f"{session.scalar(text('PRAGMA journal_mode')).upper()} journal"
 
 
 def _document(row) -> dict:

@@ -37,6 +37,7 @@ bundle adds nothing and the error names the run, record and field.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -53,16 +54,17 @@ from db.bundle_file import (
     BUNDLE_VERSION,
     HEADER_KEYS,
     BundleCounts,
+    bundle_target,
     check_header,
     dump_bundle,
     read_runs,
     write_bundle,
 )
-from db.engine import driver_message
-from db.errors import BundleError
+from db.engine import SIDECARS, driver_message, sqlite_file
+from db.errors import BundleError, StoreError
 from db.migrate import head
 from db.models import RESULT_MODELS, Fingerprint, Run
-from db.store import Store, fingerprint_id, insert_run, open_store
+from db.store import Store, fingerprint_id, insert_run, open_destination
 from db.validate import check_record, data_columns, record_values
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleCounts", "CheckedRun", "ImportReport", "check_bundle",
@@ -158,8 +160,34 @@ def export_bundle(store: Store, uuids: Collection[str] | None = None) -> dict[st
 
 
 def export_file(store: Store, path: Path, *, compress: bool | None = None) -> BundleCounts:
-    """Write every run of ``store`` to the bundle file ``path`` (db.bundle_file.write_bundle), streamed."""
+    """Write every run of ``store`` to the bundle file ``path`` (db.bundle_file.write_bundle), streamed.
+
+    ``path`` may not be the store's own file, nor one SQLite keeps beside it
+    (``-wal``, ``-shm``, ``-journal``): the bundle would replace the store.
+    """
+    _refuse_store_files(store, path)
     return write_bundle(export_runs(store), path, head(), compress=compress)
+
+
+def _refuse_store_files(store: Store, path: Path) -> None:
+    """Refuse a bundle path that is, or leads to, the SQLite store being exported or a file SQLite keeps with it."""
+    own = sqlite_file(store.engine.url)
+    if own is None:  # PostgreSQL
+        return
+    target = str(bundle_target(path))  # refuses first a name no file can have
+    for suffix in ("", *SIDECARS):
+        kept = f"{own}{suffix}"
+        if target == os.path.realpath(kept) or _same_file(target, kept):
+            what = f"SQLite's {suffix[1:]} file of the store being exported" if suffix else "the store being exported"
+            raise BundleError(f"cannot export to {path}: it is {what} ({kept}) and the bundle would replace it; "
+                              f"give PATH a new file name, such as {Path(own).with_name('results.json.gz')}")
+
+
+def _same_file(a: str | Path, b: str | Path) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:  # either does not exist
+        return False
 
 
 def print_runs(store: Store, uuids: Collection[str], out: TextIO) -> BundleCounts:
@@ -210,7 +238,8 @@ def import_file(path: Path, url: str | None) -> tuple[ImportReport, str]:
     it in one transaction. Memory holds a run, whatever the bundle's size.
     """
     check_file(path)
-    with open_store(url, mode="write") as store:
+    with open_destination(url) as store:  # a new store is removed again if the import fails
+        store.verify()
         return write_runs(store, check_runs(read_runs(path), str(path)), str(path)), store.url
 
 
@@ -282,6 +311,8 @@ def write_runs(store: Store, runs: Iterable[CheckedRun], source: str) -> ImportR
                         results += len(rows)
     except DBAPIError as err:
         raise BundleError(f"{source}: the store refused the import ({driver_message(err)}); nothing imported") from None
+    except OSError as err:  # the store's disk failed (db.engine.sqlite_failure): the transaction was rolled back
+        raise OSError(err.errno, f"{err.strerror or err}; nothing imported") from err
     return ImportReport(added=tuple(added), replaced=tuple(replaced), skipped=tuple(skipped), results=results)
 
 
@@ -319,6 +350,15 @@ def merge_stores(source: Store, destination: Store) -> ImportReport:
     """Copy the runs of ``source`` that ``destination`` lacks, streamed from one to the other a run at a time.
 
     Every run is checked as a bundle's would be, and the writes go in one
-    transaction: a run the destination refuses leaves it as it was.
+    transaction: a run the destination refuses leaves it as it was. An error
+    reading the source is the source's, not a refusal of the destination.
     """
-    return write_runs(destination, check_runs(export_runs(source), source.url), source.url)
+    return write_runs(destination, check_runs(_read_source(source), source.url), source.url)
+
+
+def _read_source(source: Store) -> Iterator[dict[str, Any]]:
+    """`export_runs` of a merge's source, its database errors said to be the source's."""
+    try:
+        yield from export_runs(source)
+    except DBAPIError as err:
+        raise StoreError(f"cannot read the merge source {source.url}: {driver_message(err)}; nothing merged") from None

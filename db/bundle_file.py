@@ -24,6 +24,7 @@ import io
 import json
 import os
 import re
+import stat
 import tempfile
 import zlib
 from collections.abc import Iterable, Iterator, Mapping
@@ -81,14 +82,15 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
 
     Gzip when ``compress`` is true, or when it is None and the name ends in
     ``.gz``; the gzip header carries no time or name, so the same runs give
-    the same bytes.
+    the same bytes. `bundle_target` says which paths are refused; a file
+    replaced keeps its permissions.
     """
     compress = path.name.endswith(".gz") if compress is None else compress
-    if "\x00" in str(path):
-        raise BundleError(f"cannot write bundle {str(path)!r}: a file name cannot hold a NUL")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    target = bundle_target(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
+        _keep_mode(fd, target)
         with os.fdopen(fd, "wb") as raw:
             packed: IO[bytes] = (gzip.GzipFile(filename="", fileobj=raw, mode="wb", compresslevel=GZIP_LEVEL, mtime=0)
                                  if compress else raw)
@@ -100,11 +102,56 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
                 packed.close()  # writes the gzip trailer; ``raw`` stays open
             raw.flush()
             os.fsync(raw.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         os.unlink(tmp)
         raise
     return counts
+
+
+def _keep_mode(fd: int, target: Path) -> None:
+    """Give the temporary file the permissions of the file it will replace (mkstemp makes it 0600)."""
+    try:
+        os.fchmod(fd, stat.S_IMODE(target.stat().st_mode))
+    except FileNotFoundError:
+        pass
+
+
+def bundle_target(path: Path) -> Path:
+    """The file a bundle written to ``path`` replaces: ``path``, or the file it leads to when it is a symlink.
+
+    The bundle goes to a temporary file renamed over the target, which would
+    replace whatever node is there. So an existing path must be a regular
+    file: a directory, a device (``/dev/full``), a FIFO or a socket is refused
+    with `BundleError` (exit status 2) and left as it is. A symlink is
+    followed, as a shell's ``>`` does: the file it points to is replaced and
+    the link kept (the same rules apply to that file).
+    """
+    if "\x00" in str(path):
+        raise BundleError(f"cannot write bundle {str(path)!r}: a file name cannot hold a NUL")
+    try:
+        target = Path(os.path.realpath(path))
+        mode = target.stat().st_mode
+    except FileNotFoundError:
+        return target
+    except UnicodeEncodeError:
+        raise BundleError(f"cannot write bundle {str(path)[:200]!r}: a file name cannot hold a lone surrogate; "
+                          "give PATH as text, such as results.json.gz") from None
+    except OSError as err:  # too long, no permission, a parent that is a file
+        raise BundleError(f"cannot write bundle {str(path)[:200]!r}: {err.strerror or err}; PATH must be a "
+                          "file name this file system can hold and this user may write, such as results.json.gz"
+                          ) from None
+    if stat.S_ISREG(mode):
+        return target
+    kind = "a directory" if stat.S_ISDIR(mode) else _NODE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    shown = f"{path} (a symlink to {target})" if os.path.islink(path) else str(path)
+    example = target / "results.json.gz" if stat.S_ISDIR(mode) else "results.json.gz"
+    raise BundleError(f"cannot write bundle {shown}: it is {kind}, which the bundle would replace; PATH must be "
+                      f"a regular file or a new file name, such as {example}")
+
+
+_NODE_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket"}
 
 
 # ---- reading ---------------------------------------------------------------------

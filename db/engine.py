@@ -25,22 +25,43 @@ cannot write even by mistake: SQLite connections run with
 write a readonly database"; reading a WAL file still works, which a
 ``mode=ro`` URI would refuse when the ``-shm`` file is missing), and
 PostgreSQL sessions start with ``default_transaction_read_only = on``.
+
+A reader of a store on a read-only file system (a read-only mount, a backup
+snapshot) opens it with ``immutable=1``: SQLite reads a WAL store only if it
+can create the ``-shm`` file beside it or the store is declared immutable,
+and on a read-only file system nothing can change the file, so declaring it is
+safe. Only then: a directory that is merely not writable by this user may
+still be written by its owner, and an immutable reader takes no locks and
+would read pages a checkpoint is rewriting. Nor when a ``-wal`` or
+``-journal`` file lies beside the store: their content is part of it, which an
+immutable reader ignores.
+
+`sqlite_failure` turns what SQLite reports into what the user can act on:
+a damaged file (`DamagedStoreError`, exit status 2), a directory SQLite
+cannot create its files in (`StoreError`, 2), a full disk or an I/O error
+(`OSError`, 1). Every SQLite engine raises those in place of SQLAlchemy's
+error, whichever query meets them (a ``handle_error`` hook).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import sqlite3
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from db.errors import StoreError
+from db.errors import DamagedStoreError, StoreError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MAGIC = b"SQLite format 3\x00"
+SIDECARS = ("-wal", "-shm", "-journal")
+"""The files SQLite keeps beside a store file (``results.db-wal``...), part of the store while they exist."""
 SUPPORTED = "sqlite:///PATH (or a plain file path) or postgresql+psycopg://USER@HOST/DATABASE"
 
 
@@ -127,6 +148,19 @@ def make_engine(url: URL, *, write: bool) -> Engine:
 def _sqlite_engine(url: URL, *, write: bool) -> Engine:
     engine = create_engine(url)
     begin = "BEGIN IMMEDIATE" if write else "BEGIN"
+    path = sqlite_file(url)
+    if not write and path is not None and read_only_file_system(path):
+
+        @event.listens_for(engine, "do_connect")
+        def _open_immutable(_dialect, _record, cargs, cparams) -> None:
+            cargs[0] = f"file:{quote(os.path.abspath(path))}?mode=ro&immutable=1"
+            cparams["uri"] = True
+
+    @event.listens_for(engine, "handle_error")
+    def _on_error(context) -> None:
+        failure = sqlite_failure(context.original_exception, url, write=write)
+        if failure is not None:
+            raise failure from context.original_exception
 
     @event.listens_for(engine, "connect")
     def _on_connect(dbapi_connection, _record) -> None:
@@ -161,9 +195,10 @@ def enable_wal(engine: Engine) -> None:
         try:
             mode = _switch_to_wal(engine)
             break
-        except sqlite3.OperationalError as err:
+        except sqlite3.DatabaseError as err:  # OperationalError ("locked"), or a damaged file, a full disk...
             if "locked" not in str(err) and "busy" not in str(err):
-                raise StoreError(f"cannot open {display_url(engine.url)}: {err}") from None
+                raise sqlite_failure(err, engine.url, write=True) or StoreError(
+                    f"cannot open {display_url(engine.url)}: {err}") from None
             if time.monotonic() >= deadline:
                 raise StoreError(
                     f"{display_url(engine.url)}: could not switch to WAL journaling within "
@@ -187,3 +222,97 @@ def _switch_to_wal(engine: Engine) -> str:
         return mode
     finally:
         raw.close()
+
+
+def read_only_file_system(path: Path) -> bool:
+    """True when ``path`` lies on a read-only file system and nothing beside it (``-wal``, ``-journal``) holds
+    part of the store: then nothing can change the file, and a reader may open it immutable (see the module)."""
+    return _on_read_only_mount(path.parent) and not any(os.path.lexists(f"{path}{suffix}")
+                                                        for suffix in ("-wal", "-journal"))
+
+
+# SQLite's primary result codes (https://sqlite.org/rescode.html) and the messages that carry them where
+# Python (before 3.11) does not give the code.
+_PERM, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 3, 8, 10, 11, 13, 14, 26
+_CODES = {"access permission denied": _PERM, "attempt to write a readonly database": _READONLY,
+          "disk I/O error": _IOERR, "database disk image is malformed": _CORRUPT, "database or disk is full": _FULL,
+          "unable to open database file": _CANTOPEN, "file is not a database": _NOTADB}
+_LOW_SPACE = 1 << 20
+"""Free bytes below which an I/O error is taken for a full disk: SQLite fails to grow its 32 KiB ``-shm``
+file, or the store, with an I/O error rather than "disk is full" on some file systems (tmpfs)."""
+
+
+def sqlite_failure(err: BaseException, url: URL, *, write: bool) -> Exception | None:
+    """The exception that says what a SQLite error means for a store, to raise in its place; None for any other.
+
+    - a damaged file (corrupt pages, not a database): `DamagedStoreError`, exit status 2;
+    - a directory that SQLite cannot create its ``-wal``, ``-shm`` or
+      ``-journal`` file in (a read-only mount, no permission), or a file of
+      the store this user may not write: `StoreError`, 2, naming the
+      directory or file: nothing says the store is damaged, and restoring it
+      from a backup would not help;
+    - a full disk, another I/O error: `OSError`, exit status 1 (the machine
+      failed, not the input).
+    """
+    error = getattr(err, "orig", None) or err
+    path = sqlite_file(url)
+    code = _primary_code(error)
+    if path is None or code is None:
+        return None
+    reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    shown = display_url(url)
+    if code in (_CORRUPT, _NOTADB):
+        return DamagedStoreError(shown, reason)
+    if code == _FULL or (code == _IOERR and _free_bytes(path.parent) < _LOW_SPACE):
+        return OSError(errno.ENOSPC, f"{shown}: the disk holding {path.parent} is full ({reason}); free space there "
+                       "and rerun, or point --db at a store on another disk")
+    if code in (_CANTOPEN, _READONLY, _PERM):
+        return _unwritable(path, shown, reason, write=write)
+    if code == _IOERR:
+        return OSError(errno.EIO, f"{shown}: {reason} on {path} (see the system log for the device's errors)")
+    return None
+
+
+def _primary_code(error: BaseException) -> int | None:
+    if not isinstance(error, sqlite3.Error):
+        return None
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    if code is not None:
+        return code & 0xFF
+    text = str(error)
+    return next((found for message, found in _CODES.items() if text.startswith(message)), None)
+
+
+def _free_bytes(directory: Path) -> int:
+    try:
+        found = os.statvfs(directory)
+    except (OSError, AttributeError):
+        return _LOW_SPACE
+    return found.f_bavail * found.f_frsize
+
+
+def _unwritable(path: Path, shown: str, reason: str, *, write: bool) -> StoreError | None:
+    """Why SQLite could not create or write a store's files, when the file system says so; else None."""
+    directory = path.parent
+    if not os.access(directory, os.W_OK | os.X_OK) or _on_read_only_mount(directory):
+        how = "on a read-only file system" if _on_read_only_mount(directory) else "not writable by this user"
+        if write:
+            return StoreError(f"cannot write {shown}: its directory {directory} is {how}, and SQLite creates "
+                              f"{path.name}-wal and {path.name}-shm there to write ({reason}); make the directory "
+                              "writable, or point --db at a store in a writable directory")
+        return StoreError(f"cannot read {shown}: its directory {directory} is {how}, and SQLite must create "
+                          f"{path.name}-shm there to read a WAL store ({reason}); the store itself may well be "
+                          "intact: make the directory writable, or copy the store (with any -wal file) to a "
+                          "writable directory and point --db at the copy")
+    for name in ((path,) if write else ()) + tuple(Path(f"{path}{suffix}") for suffix in SIDECARS):
+        if name.exists() and not os.access(name, os.R_OK | os.W_OK):  # a reader needs the -shm file writable too
+            return StoreError(f"cannot {'write' if write else 'read'} {shown}: the file {name} is not writable by "
+                              f"this user ({reason}); give this user write permission on it, or run as its owner")
+    return None
+
+
+def _on_read_only_mount(directory: Path) -> bool:
+    try:  # AttributeError: no statvfs (Windows)
+        return bool(os.statvfs(directory).f_flag & os.ST_RDONLY)
+    except (OSError, AttributeError):
+        return False

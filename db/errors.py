@@ -26,5 +26,24 @@ class OutdatedStoreError(StoreError):
         self.upgrade_command = upgrade_command
 
 
+class DamagedStoreError(StoreError):
+    """SQLite found a store's file damaged: a page that is not what it should be, or no database at all.
+
+    Nothing a command can repair: the user restores the file or uses another
+    store. ``url`` names the store, so a command that holds two (``db
+    merge``) can say which one it is (`naming`).
+    """
+
+    def __init__(self, url: str, reason: str, *, role: str = "", option: str = "--db") -> None:
+        self.url, self.reason = url, reason
+        named = f"the {role} {url}" if role else url
+        super().__init__(f"cannot read {named}: {reason}; it is not a readable Headroom store "
+                         f"(restore it from a backup or a bundle, or point {option} at another store)")
+
+    def naming(self, role: str, option: str) -> DamagedStoreError:
+        """The same error, saying which store of a command it is (``merge source``) and which option names it."""
+        return DamagedStoreError(self.url, self.reason, role=role, option=option)
+
+
 class BundleError(StoreError):
     """A bundle cannot be read or imported; nothing from it was written."""

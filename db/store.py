@@ -18,17 +18,25 @@ exception) or ``aborted`` (Ctrl-C).
 
 The dashboard's side: ``open_store(url)`` (read mode, never migrates) and
 queries through `Store.session`.
+
+``headroom db`` commands that write a whole store's worth (import, merge,
+upgrade) first `Store.verify` it, and open a destination with
+`open_destination`, which removes a store file it created when the command
+then fails with no run written.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import sqlite3
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
+from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import quote
 from uuid import uuid4
 
 from sqlalchemy import Engine, select, update
@@ -37,15 +45,17 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 from db.engine import (
+    SIDECARS,
     check_sqlite_file,
     display_url,
     driver_message,
     enable_wal,
     make_engine,
     parse_url,
+    sqlite_failure,
     sqlite_file,
 )
-from db.errors import StoreError
+from db.errors import DamagedStoreError, StoreError
 from db.location import resolve_url
 from db.migrate import ensure_schema, head
 from db.models import Fingerprint, Result, Run, utcnow
@@ -86,6 +96,45 @@ def open_store(url: str | None = None, mode: Mode = "read") -> Store:
     return Store(engine, mode=mode, upgraded_from=upgraded_from)
 
 
+@contextmanager
+def open_destination(url: str | None = None) -> Iterator[Store]:
+    """``open_store(url, mode="write")`` for a command that copies runs in (``db import``, ``db merge``).
+
+    When the command fails, a SQLite file this open created is removed again
+    if it holds no run: a refused import or merge leaves no new empty store
+    behind, which a reader would show as a store with nothing recorded. A file
+    that existed before is never removed, nor one that another writer has
+    recorded a run into meanwhile.
+    """
+    path = sqlite_file(parse_url(resolve_url(url)))
+    created = path is not None and not os.path.lexists(path)
+    try:
+        with open_store(url, mode="write") as store:
+            yield store
+    except BaseException:
+        if created:
+            _remove_if_unused(path)
+        raise
+
+
+def _remove_if_unused(path: Path) -> None:
+    """Delete the store file ``path`` and SQLite's files beside it, unless it holds a run or cannot be read."""
+    try:
+        connection = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
+        try:
+            tables = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'runs'")
+            if tables.fetchone() and connection.execute("SELECT 1 FROM runs LIMIT 1").fetchone():
+                return
+        finally:
+            connection.close()
+    except sqlite3.Error:  # unreadable (a failed first write on a full disk): ours only while still empty
+        if not os.path.exists(path) or os.path.getsize(path):
+            return
+    for name in (f"{path}{suffix}" for suffix in SIDECARS):  # a stale -wal would be replayed into the next store
+        Path(name).unlink(missing_ok=True)
+    path.unlink(missing_ok=True)
+
+
 class Store:
     """An open result store: a writer records runs, a reader queries through `session`."""
 
@@ -111,6 +160,29 @@ class Store:
         """The schema revision: always the code's head once open."""
         return head()
 
+    def verify(self) -> None:
+        """Raise `DamagedStoreError` if SQLite finds the store's file damaged; nothing to do on PostgreSQL.
+
+        ``PRAGMA quick_check`` reads every page and checks its structure (not
+        whether each index matches its table, which ``integrity_check`` adds):
+        0.1 s for a 57 MB store of 20,000 results, read from the page cache.
+        A command meets damage only in the pages it reads, so ``db upgrade``
+        would otherwise report a damaged store as up to date, and ``db merge``
+        would find a damaged source halfway, after creating its destination.
+        """
+        if self.backend != "sqlite":
+            return
+        raw = self.engine.raw_connection()  # no BEGIN: a writer's would hold the write lock all along
+        try:
+            found = raw.cursor().execute("PRAGMA quick_check(1)").fetchone()[0]
+        except sqlite3.DatabaseError as err:
+            raise sqlite_failure(err, self.engine.url, write=self.mode == "write") or err
+        finally:
+            raw.close()
+        if found != "ok":
+            detail = " ".join(str(found).replace("*** in database main ***", "").split())
+            raise DamagedStoreError(self.url, f"database disk image is malformed ({detail})")
+
     def session(self) -> Session:
         """A session for queries (``with store.session() as s: ...``)."""
         return self._sessions()
@@ -122,23 +194,25 @@ class Store:
         with self._sessions.begin() as session:
             yield session
 
-    def close(self) -> None:
+    def close(self, *, analyze: bool = True) -> None:
         """Release the connections; a SQLite writer first refreshes the query planner's statistics.
 
         Without statistics SQLite's planner may scan a whole result table where
         an index would serve (benchmarks/bench_store.py shows it).
         ``analysis_limit`` bounds ANALYZE to a sample: a few ms at any size.
-        PostgreSQL's autovacuum keeps its own statistics.
+        PostgreSQL's autovacuum keeps its own statistics. ``analyze=False``
+        skips them: a store left by a failed command (``with`` ends in an
+        exception) keeps its bytes, as a refused import leaves them.
         """
-        if self.mode == "write" and self.backend == "sqlite":
+        if analyze and self.mode == "write" and self.backend == "sqlite":
             raw = self.engine.raw_connection()
             try:
                 cursor = raw.cursor()
                 cursor.execute("PRAGMA analysis_limit = 400")
                 cursor.execute("ANALYZE")
                 cursor.close()
-            except sqlite3.OperationalError:
-                pass  # statistics only speed queries up; never fail a close for them
+            except sqlite3.DatabaseError:
+                pass  # statistics only speed queries up; never fail a close for them (a damaged or full store)
             finally:
                 raw.close()
         self.engine.dispose()
@@ -146,8 +220,8 @@ class Store:
     def __enter__(self) -> Store:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        self.close(analyze=exc_type is None)
 
     # ---- the agent's writer API ---------------------------------------------
 
