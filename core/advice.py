@@ -86,14 +86,6 @@ def _could_fit(request: PlanRequest, base: Plan) -> bool:
         return False
 
 
-def _least_disruptive_then_fastest(option: tuple[str, Plan]) -> tuple[bool, float]:
-    """Among changes to as many GPUs: one that keeps the global batch (a training hyperparameter) before
-    one that grows it, then the fastest."""
-    label, result = option
-    assert result.recommendation is not None
-    return "--global-batch" not in label, result.recommendation.tokens_per_s
-
-
 def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
     """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily)."""
     request = base.request
@@ -128,8 +120,9 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
                         (f"--gpus {request.layout.world * multiplier}",  # every layout: axes together
                          lambda gpus=request.layout.world * multiplier: replace(request, gpus=gpus))]
             options = [found for label, make in variants for found in planned(label, make)]
-            if options:
-                yield max(options, key=_least_disruptive_then_fastest)
+            if options:  # keep the global batch (a training hyperparameter) where one can, then the fastest
+                yield max(options, key=lambda o: (o[1].request.global_batch == request.global_batch,
+                                                  o[1].recommendation.tokens_per_s))  # type: ignore[union-attr]
         multiplier *= 2
     seq_len = request.seq_len // 2
     while seq_len >= MIN_SEQ_LEN:

@@ -228,7 +228,7 @@ def read_only_file_system(path: Path) -> bool:
     """True when ``path`` lies on a read-only file system and nothing beside it (``-wal``, ``-journal``) holds
     part of the store: then nothing can change the file, and a reader may open it immutable (see the module)."""
     return _on_read_only_mount(path.parent) and not any(os.path.lexists(f"{path}{suffix}")
-                                                        for suffix in ("-wal", "-journal"))
+                                                        for suffix in SIDECARS if suffix != "-shm")
 
 
 # SQLite's primary result codes (https://sqlite.org/rescode.html) and the messages that carry them where
