@@ -10,7 +10,8 @@ Supported ``model_type`` values and the field names each uses:
 - ``llama``, ``mistral``, ``qwen2``, ``phi3``: num_hidden_layers, hidden_size,
   num_attention_heads, num_key_value_heads (defaults to the head count),
   head_dim (defaults to hidden_size / num_attention_heads), intermediate_size,
-  vocab_size, max_position_embeddings, tie_word_embeddings (default false). Qwen2 has biases on q, k and v. Phi-3 fuses q, k, v into
+  vocab_size, max_position_embeddings (optional, see below), tie_word_embeddings (default false). Qwen2 has
+  biases on q, k and v. Phi-3 fuses q, k, v into
   one projection and gate and up into another: the same weights as Llama's
   separate ones (transformers' Phi3Attention and Phi3MLP).
 - ``qwen3``: Llama's fields, and head_dim (default hidden_size /
@@ -41,15 +42,25 @@ Supported ``model_type`` values and the field names each uses:
   sharding; its group-limited expert choice and routed_scaling_factor keep
   nothing for backward and are not modelled.
 - ``gpt2``: n_layer, n_embd, n_head, n_inner (null means 4 x n_embd),
-  vocab_size, n_positions, tie_word_embeddings (default true).
+  vocab_size, n_positions (required: the learned position table, n_positions x n_embd parameters),
+  tie_word_embeddings (default true).
 - ``gpt_neox`` (Pythia, GPT-NeoX-20B): GPT-2's block (LayerNorm, GELU,
   biases) with q, k, v fused into one projection (the same weights), rotary
   positions on ``rotary_pct`` of each head (``partial_rotary_factor``, also
   under ``rope_parameters``; default 0.25) and, with use_parallel_residual
   (default true), attention and MLP side by side; num_hidden_layers,
   hidden_size, num_attention_heads, intermediate_size, vocab_size,
-  max_position_embeddings, tie_word_embeddings (default false)
+  max_position_embeddings (optional, see below), tie_word_embeddings (default false)
   (transformers' GPTNeoXLayer).
+
+``max_position_embeddings`` of a model with rotary positions (every type but
+``gpt2``) sizes no weight: the sequence length is the user's ``--seq-len``,
+and the context window only decides whether a note says that training there
+extends the context (core.config.TrainConfig.context_note). A config without
+it is read with no window (`NO_CONTEXT_WINDOW`: the model's ``max_seq_len``
+is the longest sequence Headroom plans, so no note). ``gpt2``'s
+``n_positions`` rows are parameters, and a longer sequence has no position to
+read, so it stays required.
 
 Gemma's embedding scale, logit soft-capping and sliding-window layers change
 no weight and, in the accounting's reference decoder, no saved tensor worth a
@@ -65,7 +76,7 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import ConfigError
-from core.model import ModelSpec
+from core.model import SIZE_LIMITS, ModelSpec
 
 LLAMA_LIKE = ("llama", "mistral", "qwen2", "phi3", "qwen3", "gemma", "gemma2", "gemma3_text", "mixtral", "qwen2_moe",
               "qwen3_moe")
@@ -79,6 +90,9 @@ GEMMA3_TEXT_DEFAULTS = {
 """transformers' Gemma3TextConfig defaults: a gemma3 checkpoint's ``text_config`` names only what differs
 from them (google/gemma-3-4b-it gives no vocabulary size or head count). tests/test_hf_models.py checks
 them against transformers' own."""
+NO_CONTEXT_WINDOW = SIZE_LIMITS["max_seq_len"]
+"""``max_seq_len`` of a rotary model whose config gives no max_position_embeddings: the longest sequence
+Headroom plans (2**24 tokens), so no sequence is beyond the window and no context-extension note is made."""
 QK_NORM = ("qwen3", "gemma3_text", "qwen3_moe")
 POST_NORMS = ("gemma2", "gemma3_text")
 
@@ -137,6 +151,11 @@ def hf_model_name(config: dict[str, Any], path: Path) -> str:
 
 def spec_from_hf_config(config: dict[str, Any], name: str) -> ModelSpec:
     model_type = config.get("model_type")
+    if model_type is None:
+        raise ConfigError(
+            f"{name}: no 'model_type' field; a config.json names its architecture there, one of "
+            f"{', '.join(SUPPORTED)} (e.g. \"model_type\": \"llama\")"
+        )
     if model_type == "gemma3":  # image and text: its language model
         text = config.get("text_config")
         if not isinstance(text, dict):
@@ -196,7 +215,7 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         n_kv_heads=_field(config, "num_key_value_heads", name, heads),
         ffn_hidden=_field(config, "intermediate_size", name),
         vocab_size=_field(config, "vocab_size", name),
-        max_seq_len=_field(config, "max_position_embeddings", name),
+        max_seq_len=_field(config, "max_position_embeddings", name, NO_CONTEXT_WINDOW),  # rotary: a note's limit
         tied_embeddings=_flag(config, "tie_word_embeddings", name, model_type in GEMMAS),
         bias="qkv" if model_type in ("qwen2", "qwen2_moe") else "none",
         head_size=None if natural else head_dim,
@@ -285,10 +304,18 @@ def _gpt2(config: dict[str, Any], name: str) -> ModelSpec:
         n_kv_heads=heads,
         ffn_hidden=_field(config, "n_inner", name, 4 * hidden if isinstance(hidden, int) else hidden),
         vocab_size=_field(config, "vocab_size", name),
-        max_seq_len=_field(config, "n_positions", name),
+        max_seq_len=_positions(config, name),
         tied_embeddings=_flag(config, "tie_word_embeddings", name, True),
         bias="all",
     )
+
+
+def _positions(config: dict[str, Any], name: str) -> int:
+    """GPT-2's ``n_positions``: the rows of its learned position table, which are parameters."""
+    if config.get("n_positions") is None:
+        raise ConfigError(f"{name}: required field 'n_positions' is missing: a gpt2 model learns a position "
+                          "table of n_positions x n_embd parameters (GPT-2's is 1024)")
+    return config["n_positions"]
 
 
 def _gpt_neox(config: dict[str, Any], name: str) -> ModelSpec:
@@ -307,7 +334,7 @@ def _gpt_neox(config: dict[str, Any], name: str) -> ModelSpec:
         n_kv_heads=heads,
         ffn_hidden=_field(config, "intermediate_size", name),
         vocab_size=_field(config, "vocab_size", name),
-        max_seq_len=_field(config, "max_position_embeddings", name),
+        max_seq_len=_field(config, "max_position_embeddings", name, NO_CONTEXT_WINDOW),  # rotary: a note's limit
         tied_embeddings=_flag(config, "tie_word_embeddings", name, False),
         bias="all",
         positions="rotary",

@@ -73,7 +73,10 @@ class ModelSpec:
     vocab_size: int
     """Vocabulary size V (rows of the embedding, columns of the logits)."""
     max_seq_len: int
-    """Context length: the size of the learned position table for ``gpt``."""
+    """Context length: the size of the learned position table for learned positions; for rotary positions
+    only the window a longer sequence is said to extend (core.config.TrainConfig.context_note), and for a
+    HuggingFace config without ``max_position_embeddings`` the largest size accepted (no window;
+    core.hf_config.NO_CONTEXT_WINDOW)."""
     tied_embeddings: bool
     """The language-model head reuses the token embedding matrix."""
     bias: BiasMode = field(default="none")

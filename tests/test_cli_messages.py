@@ -1,0 +1,69 @@
+"""What `headroom estimate` and `plan` say about bad input and how their tables hold huge figures.
+
+Bad input is one line naming the value and what would be valid, exit status 2, no traceback
+(README, "Exit status"); a table keeps its columns under their units whatever the figures' size.
+"""
+
+import json
+
+import pytest
+
+from core.hf_config import SUPPORTED
+from core.model import SIZE_LIMITS
+
+TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}
+TINY_GPT2 = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 100, "n_positions": 64}
+
+
+def _config(tmp_path, fields: dict, drop: tuple[str, ...] = ()) -> str:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({k: v for k, v in fields.items() if k not in drop}))
+    return str(path)
+
+
+def _refused(result, message: str) -> None:
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert result.stdout == ""
+    assert result.stderr == f"headroom: error: {message}\n"
+
+
+# ---- config.json ------------------------------------------------------------------------------
+
+
+def test_a_config_without_model_type_names_the_field_and_the_supported_types(run_cli, tmp_path):
+    path = _config(tmp_path, TINY_LLAMA, drop=("model_type",))
+    _refused(run_cli("estimate", "--model", path),
+             f"{path}: no 'model_type' field; a config.json names its architecture there, one of "
+             f"{', '.join(SUPPORTED)} (e.g. \"model_type\": \"llama\")")
+
+
+@pytest.mark.parametrize("fields", [TINY_LLAMA, TINY_LLAMA | {"model_type": "qwen3"},
+                                    {**{k: v for k, v in TINY_LLAMA.items() if k != "num_key_value_heads"},
+                                     "model_type": "gpt_neox"}])
+def test_a_rotary_model_needs_no_max_position_embeddings(run_cli, tmp_path, fields):
+    """The sequence length is --seq-len; a rotary model's window only decides a context-extension note, and
+    none is made without one. The parameters are the same either way (rotary positions have none)."""
+    with_window = json.loads(run_cli("estimate", "--model", _config(tmp_path, fields), "--seq-len", "256",
+                                     "--json").stdout)
+    path = _config(tmp_path, fields, drop=("max_position_embeddings",))
+    result = run_cli("estimate", "--model", path, "--seq-len", "256")
+    assert result.returncode == 0, result.stderr
+    assert "context window" not in result.stdout
+    report = json.loads(run_cli("estimate", "--model", path, "--seq-len", "256", "--json").stdout)
+    assert report["model"]["max_seq_len"] == SIZE_LIMITS["max_seq_len"]
+    assert report["model"]["parameters"] == with_window["model"]["parameters"]
+    assert report["memory_bytes"] == with_window["memory_bytes"]
+    assert not any("context window" in note for note in report["notes"])
+
+
+def test_the_window_still_makes_its_note_when_given(run_cli, tmp_path):
+    result = run_cli("estimate", "--model", _config(tmp_path, TINY_LLAMA | {"_name_or_path": "tiny"}), "--seq-len", "256")
+    assert result.returncode == 0 and "note: seq-len 256 is beyond tiny's 64-token context window" in result.stdout
+
+
+def test_gpt2_without_n_positions_says_why_it_is_required(run_cli, tmp_path):
+    path = _config(tmp_path, TINY_GPT2, drop=("n_positions",))
+    _refused(run_cli("estimate", "--model", path),
+             f"{path}: required field 'n_positions' is missing: a gpt2 model learns a position table of "
+             "n_positions x n_embd parameters (GPT-2's is 1024)")
