@@ -7,6 +7,7 @@ Each flag maps to a field of core.config.TrainConfig or core.layout.Layout;
 from __future__ import annotations
 
 import argparse
+import re
 from dataclasses import fields, replace
 from typing import Literal
 
@@ -21,6 +22,11 @@ from core.stack import FORMER_NAMES, STACKS
 
 Many = Literal["one", "list", "none"]
 LAYOUT_AXES = ("tp", "pp", "cp", "dp")
+NEGATIVE_VALUE = re.compile(r"^-\.?[0-9]")
+"""What argparse should read as a flag's value, not as an option: a minus sign and a number, with or without
+a unit (``--budget -5GB``, ``--dropout -1e-3``). Python 3.11's argparse reads only bare integers and decimals
+so (``-5GB`` became "expected one argument", which names no valid value); 3.13's reads what this does. No
+option of these commands starts with a digit."""
 
 
 def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
@@ -29,8 +35,10 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
 
     ``micro_batch`` / ``recompute``: one value, a comma-separated list (the agent's sweep), or no flag
     (the planner chooses). ``layout``: ``fixed`` (every axis defaults to 1), ``free`` (an axis left
-    out is the planner's to choose; ``--tp 2`` pins it) or ``none`` (single device).
+    out is the planner's to choose; ``--tp 2`` pins it) or ``none`` (single device). A value that starts
+    with a minus sign and a digit reaches its flag's own check (`NEGATIVE_VALUE`).
     """
+    p._negative_number_matcher = NEGATIVE_VALUE  # argparse's own attribute; an unknown one on other versions is inert
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
     if micro_batch == "one":
         p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")

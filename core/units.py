@@ -57,15 +57,25 @@ MIN_BUDGET_BYTES = 2**20
 MAX_BUDGET_BYTES = 10**15
 """1 PB: a thousand times the largest accelerator memory sold."""
 
+_BUDGET_EXAMPLE = "give a number with its unit, such as 80GB or 79.6GiB (GB = 1e9 bytes, GiB = 2**30 bytes)"
+
 
 def parse_budget(text: str) -> int:
     """A memory budget per device: a size with a unit ("80GB", "80GiB"), between 1 MiB and 1 PB.
 
-    A bare number is refused rather than read as bytes: ``--budget 80`` means 80 GB to a person.
+    A bare number is refused rather than read as bytes: ``--budget 80`` means 80 GB to a person. A negative
+    or zero size and text that is not a number with a unit are refused naming the value and an example.
     """
-    if _SIZE.match(str(text)) and not _SIZE.match(str(text))["unit"]:
-        raise ConfigError(f"budget {text!r} has no unit; did you mean '{text}GB'? (GB = 1e9 bytes, GiB = 2**30)")
-    size = parse_bytes(text)
+    shown = str(text).strip()
+    negative, body = shown.startswith("-"), shown[1:] if shown.startswith(("-", "+")) else shown
+    match = _SIZE.match(body)
+    if match is None:
+        raise ConfigError(f"budget {text!r} is not a size; {_BUDGET_EXAMPLE}")
+    if negative or float(match["number"]) == 0:
+        raise ConfigError(f"budget {text!r} is not a positive size; {_BUDGET_EXAMPLE}")
+    if not match["unit"]:
+        raise ConfigError(f"budget {text!r} has no unit; did you mean '{body}GB'? (GB = 1e9 bytes, GiB = 2**30)")
+    size = parse_bytes(body)
     if not MIN_BUDGET_BYTES <= size <= MAX_BUDGET_BYTES:
         raise ConfigError(f"budget {text!r} is outside 1 MiB to 1 PB: a device's memory is in that range")
     return size

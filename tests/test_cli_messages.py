@@ -67,3 +67,40 @@ def test_gpt2_without_n_positions_says_why_it_is_required(run_cli, tmp_path):
     _refused(run_cli("estimate", "--model", path),
              f"{path}: required field 'n_positions' is missing: a gpt2 model learns a position table of "
              "n_positions x n_embd parameters (GPT-2's is 1024)")
+
+
+# ---- --budget ---------------------------------------------------------------------------------
+
+EXAMPLE = "give a number with its unit, such as 80GB or 79.6GiB (GB = 1e9 bytes, GiB = 2**30 bytes)"
+
+
+@pytest.mark.parametrize(("budget", "message"), [
+    ("-5GB", f"budget '-5GB' is not a positive size; {EXAMPLE}"),  # argparse took it for an option
+    ("-5", f"budget '-5' is not a positive size; {EXAMPLE}"),
+    ("-0.5GiB", f"budget '-0.5GiB' is not a positive size; {EXAMPLE}"),
+    ("0", f"budget '0' is not a positive size; {EXAMPLE}"),  # was "has no unit; did you mean '0GB'?"
+    ("0GB", f"budget '0GB' is not a positive size; {EXAMPLE}"),
+    ("eightyGB", f"budget 'eightyGB' is not a size; {EXAMPLE}"),
+    ("", f"budget '' is not a size; {EXAMPLE}"),
+    ("80", "budget '80' has no unit; did you mean '80GB'? (GB = 1e9 bytes, GiB = 2**30)"),
+    ("80XB", "unknown unit 'XB' in '80XB': use B, KB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB "
+             "(powers of 1024)"),
+])
+@pytest.mark.parametrize("form", ["separate", "equals"])
+def test_a_bad_budget_names_the_value_and_a_valid_size(run_cli, budget, message, form):
+    flag = ("--budget", budget) if form == "separate" else (f"--budget={budget}",)
+    _refused(run_cli("plan", "--model", "llama2-7b", "--global-batch", "8", *flag), message)
+
+
+def test_a_signed_budget_reads_as_a_size(run_cli):
+    result = run_cli("plan", "--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8", "--budget",
+                     "+80GB", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["request"]["budget_bytes"] == 80 * 10**9
+
+
+def test_other_negative_values_reach_their_own_checks(run_cli):
+    """A negative number with an exponent or a unit is a value to every training flag, not an unknown option."""
+    _refused(run_cli("estimate", "--model", "llama2-7b", "--dropout", "-1e-3"), "dropout must be in [0, 1), got -0.001")
+    result = run_cli("estimate", "--model", "llama2-7b", "--seq-len", "-5GB")
+    assert result.returncode == 2 and "argument --seq-len: invalid int value: '-5GB'" in result.stderr
