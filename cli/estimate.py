@@ -73,7 +73,6 @@ def render(result: Estimate) -> str:
         f"layout: {cfg.layout} ({cfg.layout.world} GPUs); memory of the {result.rank.name} rank"
         + (f", the most loaded ({float(result.rank.in_flight):g} micro-batches in flight)" if len(result.ranks) > 1 else ""),
         "",
-        f"{'memory per rank':<24}{'GB':>12}{'GiB':>12}",
     ]
     rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets",
             "gathered_parameters_forward", "gathered_parameters_backward", "weight_copies",
@@ -82,38 +81,63 @@ def render(result: Estimate) -> str:
             "optimizer_peak", "peak")
     optional = ("master_weights", "gradient_buckets", "gathered_parameters_forward", "gathered_parameters_backward",
                 "weight_copies", "activations_host", "autocast_cache", "optimizer_transient")
+    memory_rows: list[tuple[str, tuple[str, ...]] | None] = []
     for key in rows:
         if memory[key] == 0 and key in optional:
             continue
-        label = key.replace("_", " ")
         if key in ("forward_peak", "peak"):
-            lines.append("  " + "-" * 46)
-        lines.append(f"  {label:<22}{memory[key] / GB:>12,.2f}{memory[key] / GiB:>12,.2f}")
+            memory_rows.append(None)
+        memory_rows.append((key.replace("_", " "), (f"{memory[key] / GB:,.2f}", f"{memory[key] / GiB:,.2f}")))
+    lines += table("memory per rank", ("GB", "GiB"), memory_rows)
     lines += [
         "",
-        f"{'FLOPs per micro-batch':<24}{'TFLOP':>12}",
-        f"  {'forward':<22}{flops['forward'] / 1e12:>12,.2f}",
-        f"  {'backward':<22}{flops['backward'] / 1e12:>12,.2f}",
-        f"  {'recompute':<22}{flops['recompute'] / 1e12:>12,.2f}",
-        f"  {'step (hardware)':<22}{flops['step'] / 1e12:>12,.2f}",
+        *table("FLOPs per micro-batch", ("TFLOP",), [
+            (label, (f"{flops[key] / 1e12:,.2f}",))
+            for label, key in (("forward", "forward"), ("backward", "backward"), ("recompute", "recompute"),
+                               ("step (hardware)", "step"))]),
         f"  model FLOPs per token {flops['per_token']:,} ({flops['per_token'] / per_token:.2f} x "
         f"{'active ' if spec.is_moe else ''}parameters)",
         "",
-        *([f"{'peak per rank kind':<24}{'GB':>12}", *(f"  {r['rank']:<22}{r['peak'] / GB:>12,.2f}" for r in report["ranks"]), ""]
-          if len(report["ranks"]) > 1 else []),
+        *([*table("peak per rank kind", ("GB",), [(r["rank"], (f"{r['peak'] / GB:,.2f}",)) for r in report["ranks"]]),
+           ""] if len(report["ranks"]) > 1 else []),
         *(f"note: {note}" for note in report["notes"]),
     ]
     return "\n".join(lines)
 
 
+def table(title: str, units: tuple[str, ...], rows: list[tuple[str, tuple[str, ...]] | None]) -> list[str]:
+    """Lines of a table: a title over the labels, a unit over each column of figures, a row per label (None: a
+    rule). Labels are left-aligned in at least 22 characters, figures right-aligned in at least 12, and every
+    column widens to its longest entry (a space after a label, two before a figure), so a trillion-parameter
+    model's figures stay under their units."""
+    body = [row for row in rows if row is not None]
+    label_width = max(22, *(len(label) + 1 for label, _ in body))
+    widths = [max(12, len(unit) + 2, *(len(values[i]) + 2 for _, values in body)) for i, unit in enumerate(units)]
+    lines = [f"{title:<{label_width + 2}}" + "".join(f"{unit:>{w}}" for unit, w in zip(units, widths, strict=True))]
+    for row in rows:
+        if row is None:
+            lines.append("  " + "-" * (label_width + sum(widths)))
+            continue
+        label, values = row
+        lines.append(f"  {label:<{label_width}}" + "".join(f"{v:>{w}}" for v, w in zip(values, widths, strict=True)))
+    return lines
+
+
 def render_ledger(ledger: Ledger) -> str:
     """Block 0's tensors, the other blocks by total, then the embedding, head and loss."""
-    lines = [f"{'tensor kept for backward':<40}{'shape':<24}{'dtype':<7}{'MB':>10}  where"]
+    def shape_of(t) -> str:
+        return "x".join(str(d) for d in t.shape) or "scalar"
+
+    # Columns widen to their longest entry (a sequence of 10**6 tokens has shapes and MB past the defaults).
+    name_width = max(38, *(len(t.name) + 1 for t in ledger.tensors), 0)
+    shape_width = max(24, *(len(shape_of(t)) + 1 for t in ledger.tensors), 0)
+    mb_width = max(10, *(len(f"{t.bytes / 1e6:.3f}") + 1 for t in ledger.tensors), 0)
+    lines = [f"{'tensor kept for backward':<{name_width + 2}}{'shape':<{shape_width}}{'dtype':<7}{'MB':>{mb_width}}"
+             "  where"]
 
     def row(t) -> str:
-        shape = "x".join(str(d) for d in t.shape) or "scalar"
         where = t.location + ("" if t.kind == "activation" else f", {t.kind.replace('_', ' ')}")
-        return f"  {t.name:<38}{shape:<24}{t.dtype:<7}{t.bytes / 1e6:>10.3f}  {where}"
+        return f"  {t.name:<{name_width}}{shape_of(t):<{shape_width}}{t.dtype:<7}{t.bytes / 1e6:>{mb_width}.3f}  {where}"
 
     by_layer: dict[int | None, list] = {}
     for t in ledger.tensors:

@@ -5,6 +5,7 @@ Bad input is one line naming the value and what would be valid, exit status 2, n
 """
 
 import json
+import re
 
 import pytest
 
@@ -104,3 +105,45 @@ def test_other_negative_values_reach_their_own_checks(run_cli):
     _refused(run_cli("estimate", "--model", "llama2-7b", "--dropout", "-1e-3"), "dropout must be in [0, 1), got -0.001")
     result = run_cli("estimate", "--model", "llama2-7b", "--seq-len", "-5GB")
     assert result.returncode == 2 and "argument --seq-len: invalid int value: '-5GB'" in result.stderr
+
+
+# ---- the estimate table -----------------------------------------------------------------------
+
+HUGE = {"model_type": "llama", "num_hidden_layers": 128, "hidden_size": 25600, "num_attention_heads": 200,
+        "num_key_value_heads": 8, "intermediate_size": 102400, "vocab_size": 256000,
+        "max_position_embeddings": 1 << 20}
+"""1.19e12 parameters, planned at a sequence of 2**20 tokens: figures of up to 13 characters (1,355,097.23 GB)."""
+
+
+def _right_edges(line: str, n: int) -> list[int]:
+    """Where the line's last ``n`` words end: a table's units in its header, its figures in a row."""
+    return [m.end() for m in re.finditer(r"\S+", line)][-n:]
+
+
+def _table(lines: list[str], title: str) -> list[str]:
+    start = next(i for i, line in enumerate(lines) if line.startswith(title))
+    end = next((i for i in range(start + 1, len(lines)) if not lines[i].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+@pytest.mark.parametrize("args", [
+    ("--model", "HUGE", "--seq-len", str(1 << 20), "--recompute", "full", "--attention", "standard"),
+    ("--model", "llama2-7b", "--zero", "3", "--dp", "8"),  # "gathered parameters backward" is 28 characters
+    ("--model", "llama2-7b", "--pp", "4"),
+])
+def test_the_estimate_table_keeps_its_columns_under_their_units(run_cli, tmp_path, args):
+    if "HUGE" in args:
+        args = tuple(_config(tmp_path, HUGE) if a == "HUGE" else a for a in args)
+    result = run_cli("estimate", *args)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    for title, units in (("memory per rank", ("GB", "GiB")), ("FLOPs per micro-batch", ("TFLOP",)),
+                         ("peak per rank kind", ("GB",))):
+        if title == "peak per rank kind" and "--pp" not in args:
+            continue
+        table = _table(lines, title)
+        header = _right_edges(table[0], len(units))
+        rows = [line for line in table[1:] if not set(line.strip()) <= {"-"} and "model FLOPs" not in line]
+        assert rows
+        for row in rows:  # a figure run into its neighbour or pushed aside by its label ends elsewhere
+            assert _right_edges(row, len(units)) == header, f"{row!r} is not under {table[0]!r}"
