@@ -10,6 +10,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from dashboard.notices import store_failed
+from db.errors import StoreError
+
 PAGES = Path(__file__).with_name("views")
 
 st.set_page_config(page_title="Headroom", layout="wide")
@@ -19,4 +22,7 @@ navigation = st.navigation([
     st.Page(PAGES / "history.py", title="History", url_path="history"),
     st.Page(PAGES / "calibration.py", title="Calibration", url_path="calibration"),
 ])
-navigation.run()
+try:
+    navigation.run()
+except StoreError as err:  # a query met damage after the store opened clean: say so, not a traceback
+    store_failed(err)

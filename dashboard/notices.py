@@ -5,6 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from dashboard.data import StoreState
+from db.errors import StoreError
 
 AGENT_COMMAND = "headroom agent run --suite quick"
 
@@ -37,3 +38,17 @@ def readable_store() -> str:
         store_notice(state)
         st.stop()
     return url
+
+
+def store_failed(err: StoreError) -> None:
+    """A page stopped by a store error that a query met (damage that appeared after the store was opened and
+    checked): its message, which names the store and what is wrong. The store is closed, so the next visit
+    opens it again and checks it whole (dashboard.data.store)."""
+    from dashboard.data import store, store_url
+
+    try:
+        store(store_url()).close()  # the cached one: its connections go now, not when it is collected
+    except StoreError:
+        pass  # not cached, and refused again on opening
+    store.clear()
+    st.error(str(err))
