@@ -83,7 +83,7 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
     Gzip when ``compress`` is true, or when it is None and the name ends in
     ``.gz``; the gzip header carries no time or name, so the same runs give
     the same bytes. `bundle_target` says which paths are refused; a file
-    replaced keeps its permissions.
+    replaced keeps its permissions, a new one gets the umask's (`_keep_mode`).
     """
     compress = path.name.endswith(".gz") if compress is None else compress
     target = bundle_target(path)
@@ -110,11 +110,30 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
 
 
 def _keep_mode(fd: int, target: Path) -> None:
-    """Give the temporary file the permissions of the file it will replace (mkstemp makes it 0600)."""
+    """Give the temporary file the permissions of the file it will replace, or for a new file those any other
+    program's new file gets, 0666 less the umask (0644 under umask 022): mkstemp makes it 0600, which kept a
+    new bundle from the group and others the user's umask grants. A bundle holds benchmark results and box
+    fingerprints, as the store it came from does, which the umask covers alike."""
     try:
-        os.fchmod(fd, stat.S_IMODE(target.stat().st_mode))
+        mode = stat.S_IMODE(target.stat().st_mode)
     except FileNotFoundError:
+        mode = 0o666 & ~_umask()
+    os.fchmod(fd, mode)
+
+
+def _umask() -> int:
+    """This process's umask: read from /proc on Linux, else set and put back at once (os.umask alone cannot
+    read it without changing it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
         pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def bundle_target(path: Path) -> Path:
