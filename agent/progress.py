@@ -6,10 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-
-def _duration(seconds: float) -> str:
-    seconds = max(0, round(seconds))
-    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"
+from core.units import format_duration
 
 
 class Progress:
@@ -38,7 +35,7 @@ class Progress:
         if self.tty:
             width = 24
             filled = width * self.done // max(1, total)
-            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total} {name[:48]:<48} ETA {_duration(self.eta_s())}"
+            line = f"[{'#' * filled}{'.' * (width - filled)}] {self.done}/{total} {name[:48]:<48} ETA {format_duration(self.eta_s())}"
             self.stream.write("\r" + line + ("\n" if self.done == total and outcome else ""))
         elif outcome:
             self.stream.write(f"[{self.done}/{total}] {name}: {outcome}\n")

@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from cli.search_status import SearchStatus
 from cli.train_flags import add_train_flags, layout_from_args, layout_values, model_from_args, pinned_axes, train_config
 from core.advice import plan_and_advise
 from core.errors import ConfigError
@@ -93,7 +94,11 @@ def run(args: argparse.Namespace) -> int:
         from cli.trace import traceable
 
         traceable(args.model, request.train)
-    result = plan_and_advise(request, profile, calibration)
+    status = SearchStatus()
+    try:
+        result = plan_and_advise(request, profile, calibration, progress=status)
+    finally:
+        status.close()
     traced = None
     if args.trace:
         from cli.trace import plan_trace_report, render_plan_trace

@@ -29,7 +29,7 @@ from core.calibration import Calibration
 from core.divisors import divisors
 from core.errors import ConfigError
 from core.layout_search import candidate_layouts
-from core.planner import Plan, PlanRequest, evaluate, plan, policies_worth_trying
+from core.planner import Plan, PlanRequest, SearchProgress, evaluate, plan, policies_worth_trying
 from core.timing import HardwareProfile
 from core.units import GB
 
@@ -41,12 +41,13 @@ MOMENTS = {"forward": "the forward's end", "loss backward": "the loss's backward
 
 
 def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
-                    time_limit_s: float | None = None) -> Plan:
-    """The plan, with advice when nothing fits (``time_limit_s``: see core.planner.plan). A search cut short
-    gets no advice: what the untried layouts would do is unknown, so the plan says how many are left."""
-    result = plan(request, profile, calibration, time_limit_s=time_limit_s)
+                    time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
+    """The plan, with advice when nothing fits (``time_limit_s``, ``progress``: see core.planner.plan). A
+    search cut short gets no advice: what the untried layouts would do is unknown, so the plan says how many
+    are left. ``progress`` also hears of the searches the advice makes, each named by the change it tries."""
+    result = plan(request, profile, calibration, time_limit_s=time_limit_s, progress=progress)
     if result.recommendation is None and not result.unsearched:
-        result = replace(result, advice=advise_nothing_fits(result))
+        result = replace(result, advice=advise_nothing_fits(result, progress))
     return result
 
 
@@ -86,7 +87,7 @@ def _could_fit(request: PlanRequest, base: Plan) -> bool:
         return False
 
 
-def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
+def _fitting_plans(base: Plan, progress: SearchProgress | None = None) -> Iterator[tuple[str, Plan]]:
     """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily)."""
     request = base.request
 
@@ -95,7 +96,9 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
             variant = make()
             if not _could_fit(variant, base):
                 return
-            result = plan(variant, base.profile, base.calibration)
+            told = None if progress is None else (
+                lambda done, total, what: progress(done, total, f"{what}, for advice: {label}"))
+            result = plan(variant, base.profile, base.calibration, progress=told)
         except ConfigError:
             return
         if result.recommendation is not None:
@@ -133,7 +136,7 @@ def _fitting_plans(base: Plan) -> Iterator[tuple[str, Plan]]:
         yield from planned("--offload", lambda: replace(request, allow_offload=True))
 
 
-def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
+def advise_nothing_fits(base: Plan, progress: SearchProgress | None = None) -> tuple[str, ...]:
     request = base.request
     closest = min(base.rejected, key=lambda c: c.required_bytes)
     est = closest.estimate
@@ -145,7 +148,7 @@ def advise_nothing_fits(base: Plan) -> tuple[str, ...]:
         f"its peak, at {MOMENTS[est.peak_moment]}, is {est.peak_bytes / GB:.1f} GB before calibration and margin: "
         f"{held} GB",
     ]
-    for label, result in _fitting_plans(base):
+    for label, result in _fitting_plans(base, progress):
         best = result.recommendation
         assert best is not None
         layout = f" on {best.layout}" if best.layout.world > 1 else ""

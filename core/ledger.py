@@ -812,7 +812,7 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
     ring = 4 * kv_chunk if config.layout.cp > 1 else 0
     return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
-                  recompute_bytes=_recompute_bytes(spec, config, rules, d, freed_by_blocks),
+                  recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks),
                   forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
 
 
@@ -837,7 +837,7 @@ def _fused_linear_chunk_bytes(d: _Dims, amp: bool, input_bytes: int, device: str
     return rows * vocab * matmul + max(rows * h * matmul, weight_gradient) + 4 * tokens
 
 
-def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, loss_kept: int) -> int:
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, loss_kept: int) -> int:
     """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
@@ -850,22 +850,28 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d
         return 0
     # The largest block: a mixture of experts' last (a routed one), or any.
     layer = spec.n_layers - 1
-    block = _block_bytes(spec, config, rules, d, "none", layer)
+    block = _block_bytes(spec, config, rules, "none", layer)
     if spec.dense_layers:
-        block = max(block, _block_bytes(spec, config, rules, d, "none", 0))
+        block = max(block, _block_bytes(spec, config, rules, "none", 0))
     if policy.recomputes_blocks:
         segment = policy.segment_layers(spec.n_layers // config.layout.pp) * block
     elif policy.recomputes_attention:
-        segment = block - _block_bytes(spec, config, rules, d, "selective", layer)
+        segment = block - _block_bytes(spec, config, rules, "selective", layer)
     else:  # op-selective recomputes, offload brings back, one block at a time
         segment = block
     return max(0, segment - loss_kept)
 
 
-def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, d: _Dims, policy: str, layer: int) -> int:
-    """Activation bytes block ``layer`` keeps under ``none`` or ``selective``."""
-    cfg = replace(config, recompute=RecomputePolicy(policy))  # type: ignore[arg-type]
+def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, policy: str, layer: int) -> int:
+    """Activation bytes block ``layer`` keeps under ``none`` or ``selective``, whatever ``config``'s own policy
+    (every policy of one layout asks the same question)."""
+    return _policy_block_bytes(spec, replace(config, recompute=RecomputePolicy(policy)), rules, layer)  # type: ignore[arg-type]
+
+
+@functools.lru_cache(maxsize=1024)
+def _policy_block_bytes(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int) -> int:
     param_dtype = _compute_param_dtype(cfg)
+    d = _Dims.of(spec, cfg)
     tr = _Trace(rules=rules, amp=_autocast(cfg), layer=layer, stack=get_stack(cfg.stack))
     x = tr.new("input", (d.b, d.rows, d.h), param_dtype)
     _block(tr, spec, d, cfg, x, param_dtype)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -54,6 +55,10 @@ MAX_GPUS = 2**20
 DEFAULT_BUDGET_BYTES = 80 * GB
 DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""
+
+SearchProgress = Callable[[int, int, str], None]
+"""Told ``(layouts done, layouts in all, what is searched)`` after each layout of a search: a search over
+thousands of GPUs tries a thousand layouts and takes a minute on one core."""
 
 
 def default_budget(profile: HardwareProfile) -> int:
@@ -331,14 +336,14 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
 
 
 def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
-         time_limit_s: float | None = None) -> Plan:
+         time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
     """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
 
     ``time_limit_s`` bounds a layout search (a dashboard page's work): once it is spent no further layout
     is tried, and the plan counts the ones left (`Plan.unsearched`). Layouts are tried simplest first
     (fewest ranks one model is split over, then the lowest sharding stage), so a search cut short has
-    tried the ones a near tie would recommend. No advice: when nothing fits,
-    ``core.advice.plan_and_advise`` says what would.
+    tried the ones a near tie would recommend. ``progress`` hears of each layout tried. No advice: when
+    nothing fits, ``core.advice.plan_and_advise`` says what would.
     """
     calibration = calibration or uncalibrated(profile.name)
     unsearched = 0
@@ -359,12 +364,13 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
                 unsearched = len(layouts) - tried
                 break
             sub = replace(request.on_layout(layout), cluster=cluster)
-            if not micro_batches(sub):  # interleaving needs micro-batches in groups of pp
-                continue
-            outcome, evaluated = _plan_layout(sub, profile, calibration, screen=True)
-            outcomes.append(outcome)
-            fitting += [c for c in evaluated if c.rejection is None]
-            rejected += [c for c in evaluated if c.rejection is not None]
+            if micro_batches(sub):  # interleaving needs micro-batches in groups of pp
+                outcome, evaluated = _plan_layout(sub, profile, calibration, screen=True)
+                outcomes.append(outcome)
+                fitting += [c for c in evaluated if c.rejection is None]
+                rejected += [c for c in evaluated if c.rejection is not None]
+            if progress is not None:
+                progress(tried + 1, len(layouts), f"layouts of {request.gpus:,} GPUs")
     fastest = max((c.tokens_per_s for c in fitting), default=0.0)
     fitting.sort(key=lambda c: _rank(c, fastest))
     outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))

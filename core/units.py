@@ -85,3 +85,9 @@ def format_bytes(n: int, unit: str = "GB", digits: int = 2) -> str:
     """Format bytes in one named unit, e.g. format_bytes(3_623_878_656) == '3.62 GB'."""
     scale = _UNITS[unit.upper()]
     return f"{n / scale:,.{digits}f} {unit}"
+
+
+def format_duration(seconds: float) -> str:
+    """Whole seconds, with minutes from a minute up: ``format_duration(95) == '1m35s'``."""
+    seconds = max(0, round(seconds))
+    return f"{seconds // 60}m{seconds % 60:02d}s" if seconds >= 60 else f"{seconds}s"

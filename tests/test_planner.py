@@ -126,3 +126,18 @@ def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(
     assert cut.layouts[0].layout == simplest == Layout(dp=8, zero=0)
     # Nothing fits among the layouts tried says nothing about the rest: no advice from a search cut short.
     assert (whole.recommendation is None, bool(whole.advice), cut.advice) == (budget_gb < 2, budget_gb < 2, ())
+
+
+def test_a_search_tells_each_layout_it_tried_and_the_advice_names_the_change_it_searches():
+    """bench-llama-small on 8 GPUs in 1.01 GB: nothing fits, and the advice searches 16 GPUs."""
+    from core.interconnect import default_cluster
+    from core.layout_search import candidate_layouts
+
+    request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
+                          gpus=8, budget_bytes=int(1.01 * GB), cluster=default_cluster("h100-sxm"))
+    heard = []
+    result = plan_and_advise(request, H100, progress=lambda *told: heard.append(told))
+    every = {gpus: len(candidate_layouts(request.spec, request.train, 8, gpus, 8, frozenset())) for gpus in (8, 16)}
+    assert result.advice[-1].startswith("smallest change that fits: --gpus 16 (")
+    assert heard == ([(k, every[8], "layouts of 8 GPUs") for k in range(1, every[8] + 1)]
+                     + [(k, every[16], "layouts of 16 GPUs, for advice: --gpus 16") for k in range(1, every[16] + 1)])
