@@ -102,10 +102,11 @@ def run_merge(args: argparse.Namespace) -> int:
     from db.engine import display_url
     from db.errors import DamagedStoreError, StoreError
     from db.location import resolve_url
-    from db.store import open_destination, open_store
+    from db.store import open_destination, open_store, same_store
 
-    if resolve_url(args.source) == resolve_url(args.db):
-        raise StoreError(f"source and destination are the same store ({resolve_url(args.db)}); give --db another one")
+    if (both := same_store(args.source, args.db)) is not None:
+        raise StoreError(f"source and destination are the same store: SRC_URL {display_url(resolve_url(args.source))} "
+                         f"and --db {display_url(resolve_url(args.db))} both name {both}; give --db another store")
     try:
         with open_store(args.source, mode="read") as source:
             source.verify()

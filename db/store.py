@@ -135,6 +135,56 @@ def _remove_if_unused(path: Path) -> None:
     path.unlink(missing_ok=True)
 
 
+def same_store(a: str | None, b: str | None) -> str | None:
+    """What two store locations both name, when they name one store (``db merge`` refuses to merge a store
+    into itself), else None. ``a`` and ``b`` as ``--db`` takes them (None: ``HEADROOM_DB`` or the default).
+
+    SQLite: one file however spelt, a plain path or a ``sqlite:///`` URL, relative or absolute, through a
+    symlink or a hard link (the file's real path, and for existing files their device and inode).
+    PostgreSQL: one database on one server, by host (case aside; no host, a socket directory, ``localhost``,
+    ``127.0.0.1`` and ``::1`` are this machine), port (default 5432) and database name (default: the user's name, as libpq
+    has it); users, passwords and options aside. Two host names of one server (DNS aliases) are not
+    recognised: that needs name resolution, and the merge then copies nothing in, as a merge of a store
+    with itself adds no run."""
+    first, second = parse_url(resolve_url(a)), parse_url(resolve_url(b))
+    if first.get_backend_name() != second.get_backend_name():
+        return None
+    if first.get_backend_name() == "sqlite":
+        paths = [sqlite_file(first), sqlite_file(second)]
+        if paths[0] is None or paths[1] is None:  # in memory: a database of its own each time
+            return None
+        real = [os.path.realpath(os.path.expanduser(path)) for path in paths]
+        if real[0] == real[1] or _same_file(*real):
+            return f"the file {real[1]}"
+        return None
+    where = [_postgres_database(url) for url in (first, second)]
+    if where[0] != where[1]:
+        return None
+    host, port, database = where[0]
+    return f"database {database} on {host}:{port}"
+
+
+_LOOPBACK = ("", "localhost", "127.0.0.1", "::1", "[::1]")
+
+
+def _postgres_database(url: Any) -> tuple[str, int, str]:
+    """(host, port, database) of a PostgreSQL URL, as libpq would fill in what the URL leaves out."""
+    host = str(url.host or url.query.get("host") or "").lower()
+    try:
+        port = int(url.port or url.query.get("port") or 5432)
+    except (TypeError, ValueError):
+        port = 5432
+    database = url.database or url.query.get("dbname") or url.username or ""
+    return ("localhost" if host in _LOOPBACK or host.startswith("/") else host), port, str(database)
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except (OSError, ValueError):  # either missing: the real paths already said
+        return False
+
+
 class Store:
     """An open result store: a writer records runs, a reader queries through `session`."""
 
