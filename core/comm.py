@@ -114,12 +114,14 @@ def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
     return size > 1 and cluster.gpus_per_node % (stride * size) != 0
 
 
-def group_link(axis: str, layout: Layout, cluster: Cluster) -> Link:
-    """The link a group along ``axis`` runs at: the node's link, or across nodes the slower of
-    the node's link and the per-GPU NIC (a ring through a NIC also uses the node's link)."""
+def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduce") -> Link:
+    """The link a group along ``axis`` runs ``op`` at: the node's link, or across nodes the slower of
+    the node's link and the per-GPU NIC (a ring through a NIC also uses the node's link). On a mesh
+    (MI300X's Infinity Fabric) the node's link is the share the group's size reaches (Link.for_group)."""
+    intra = cluster.intra.for_group(op, _group(axis, layout)[1])
     if not crosses_nodes(axis, layout, cluster):
-        return cluster.intra
-    return min((cluster.inter, cluster.intra), key=lambda link: link.bytes_per_s)
+        return intra
+    return min((cluster.inter, intra), key=lambda link: link.bytes_per_s)
 
 
 # ---- parameters held by one rank ----------------------------------------------------
@@ -221,7 +223,7 @@ def step_communication(
     def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str,
             group: str | None = None) -> None:
         group = group or ("dp-cp" if axis == "dp" else axis)
-        link = group_link(group, layout, cluster)
+        link = group_link(group, layout, cluster, op)
         measured = None
         if cluster.measured is not None and not crosses_nodes(group, layout, cluster):
             measured = cluster.measured.seconds(op, message, size)

@@ -22,7 +22,7 @@ describe say "assumed".
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.collective_curves import CollectiveCurves
 from core.errors import ConfigError
@@ -44,6 +44,21 @@ class Link:
     """Seconds per ring step (one hop)."""
     source: str
     """Where the bandwidth and latency come from."""
+    mesh_links: int = 0
+    """A full mesh without a switch: the direct links each GPU has, ``bytes_per_s`` their sum. 0: a switch,
+    which gives any group all of ``bytes_per_s``."""
+
+    def for_group(self, op: str, group_size: int) -> Link:
+        """The link as one collective sees it. On a mesh a GPU reaches each peer over a link of its own:
+        a collective of n ranks drives n - 1 of them at once (its rings, or all-to-all's pairs, run one per
+        link), a send to one neighbour one of them."""
+        if not self.mesh_links:
+            return self
+        used = 1 if op == "send_recv" else min(max(group_size - 1, 1), self.mesh_links)
+        if used == self.mesh_links:
+            return self
+        return replace(self, name=f"{self.name}: {used} of its {self.mesh_links} links",
+                       bytes_per_s=self.bytes_per_s * used / self.mesh_links)
 
 
 LINKS: tuple[Link, ...] = (
@@ -74,11 +89,12 @@ LINKS: tuple[Link, ...] = (
     ),
     Link(
         # A full mesh, not a switch: 448 GB/s only when a GPU talks to all 7 peers
-        # at once (as ring/all-to-all collectives over 8 GPUs do); one pair gets 64.
+        # at once (as ring/all-to-all collectives over 8 GPUs do); a pair gets 64 (Link.for_group).
         key="infinity-fabric", name="AMD Infinity Fabric mesh, 7 links (MI300X)", bytes_per_s=448 * _GB,
-        latency_s=3.4e-6,
+        latency_s=3.4e-6, mesh_links=7,
         source="AMD Instinct MI300X data sheet (2023): 7 Infinity Fabric links x 128 GB/s peak (both directions) "
-               "= 896 GB/s aggregate, halved; latency assumed equal to NCCL's NVLink hop (RCCL not checked)",
+               "= 896 GB/s aggregate, halved, 64 GB/s a link each way, each link to one of the 7 peers of an "
+               "8-GPU platform; latency assumed equal to NCCL's NVLink hop (RCCL not checked)",
     ),
     Link(
         key="ib-hdr", name="InfiniBand HDR 200 Gb/s, one NIC per GPU", bytes_per_s=25 * _GB, latency_s=14.0e-6,

@@ -260,3 +260,34 @@ def test_default_efficiency_is_the_nccl_ring_figure():
 def test_accumulation_steps_must_be_positive():
     with pytest.raises(ConfigError, match="accumulation-steps"):
         step_communication(SPEC, config(dp=2), 0, FLAT)
+
+
+# ---- a mesh without a switch (MI300X) -----------------------------------------------------------
+
+
+def test_on_infinity_fabric_a_group_reaches_one_64_gb_link_per_peer():
+    """MI300X: 7 links of 128 GB/s both ways (64 each way), one to each peer; a group of n uses n - 1."""
+    fabric = default_cluster("mi300x")
+    assert fabric.intra.key == "infinity-fabric" and fabric.intra.bytes_per_s == 448e9
+    per_link = 128e9 / 2
+    seen = {size: group_link("tp", Layout(tp=size), fabric, "all_gather").bytes_per_s for size in (2, 4, 8)}
+    assert seen == {2: per_link, 4: 3 * per_link, 8: 7 * per_link}
+    assert group_link("tp", Layout(tp=2), fabric, "all_gather").name.endswith(": 1 of its 7 links")
+    assert group_link("pp", Layout(pp=8), fabric, "send_recv").bytes_per_s == per_link  # one neighbour
+    assert group_link("cp", Layout(cp=4), fabric, "all_to_all").bytes_per_s == 3 * per_link
+    # Across nodes the NIC (50 GB/s) is slower than the 7 links a 16-rank ring drives inside each node.
+    assert group_link("dp", Layout(dp=16), fabric).key == "ib-ndr"
+    # NVSwitch gives any group all of NVLink.
+    switch = default_cluster("h100-sxm")
+    assert group_link("tp", Layout(tp=2), switch, "all_gather") is switch.intra
+
+
+def test_a_pairs_all_gather_on_infinity_fabric_takes_four_times_an_eight_gpu_groups():
+    """Bus time S x (n-1)/n / B: tp 2 on one 64 GB/s link (S/128 GB/s) against tp 8 on all seven (S/512 GB/s)."""
+    fabric = default_cluster("mi300x")
+    pair = collective_seconds("all_gather", 2**30, 2, group_link("tp", Layout(tp=2), fabric, "all_gather"))
+    eight = collective_seconds("all_gather", 2**30, 8, group_link("tp", Layout(tp=8), fabric, "all_gather"))
+    latency = fabric.intra.latency_s
+    assert pair - latency == pytest.approx(2**30 * (1 / 2) / (64e9 * 0.8), rel=1e-12)
+    assert eight - 7 * latency == pytest.approx(2**30 * (7 / 8) / (448e9 * 0.8), rel=1e-12)
+    assert (pair - latency) / (eight - 7 * latency) == pytest.approx(4, rel=1e-12)
