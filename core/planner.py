@@ -103,12 +103,26 @@ class PlanRequest:
         if self.gpus is not None and self.gpus > MAX_GPUS:
             raise ConfigError(f"--gpus {self.gpus:,} is beyond any cluster (at most {MAX_GPUS:,})")
         self.train.layout.check_batch(self.global_batch)
+        self._check_whole_nodes()
         if self.budget_bytes <= self.context_reserve_bytes:
             raise ConfigError(
                 f"budget {self.budget_bytes / GB:.2f} GB leaves nothing after the "
                 f"{self.context_reserve_bytes / GB:.2f} GB CUDA context reserve"
             )
         self.train.check_model(self.spec)
+
+    def _check_whole_nodes(self) -> None:
+        """More GPUs than a node are whole nodes: the placement (core.comm) numbers ranks node by node, and a
+        partial last node is not modelled. Fewer than a node is one node, partly used."""
+        if self.cluster is None:
+            return
+        world, per_node = self.gpus or self.layout.world, self.cluster.gpus_per_node
+        if world > per_node and world % per_node:
+            fewer, more = world // per_node * per_node, (world // per_node + 1) * per_node
+            node_sizes = [d for d in divisors(world) if 1 < d <= per_node]
+            raise ConfigError(
+                f"{world} GPUs are not whole nodes of {per_node} (--gpus-per-node): use {fewer} or {more} GPUs"
+                + (f", or --gpus-per-node among {', '.join(map(str, node_sizes))}" if node_sizes else ""))
 
     @property
     def seq_len(self) -> int:

@@ -251,6 +251,12 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     (("--global-tokens", "4096", "--seq-len", "0"), "seq-len must be a positive integer, got 0"),
     (("--global-batch", "8", "--interconnect", "foo"), "argument --interconnect: invalid choice: 'foo'"),
     (("--global-batch", "8", "--tp"), "argument --tp: expected one argument"),
+    (("--global-batch", "24", "--gpus", "12"),
+     "12 GPUs are not whole nodes of 8 (--gpus-per-node): use 8 or 16 GPUs, or --gpus-per-node among 2, 3, 4, 6"),
+    (("--global-batch", "20", "--dp", "10", "--zero", "3", "--gpus-per-node", "4"),
+     "10 GPUs are not whole nodes of 4 (--gpus-per-node): use 8 or 12 GPUs, or --gpus-per-node among 2"),
+    (("--global-batch", "14", "--gpus", "7", "--gpus-per-node", "4"),
+     "7 GPUs are not whole nodes of 4 (--gpus-per-node): use 4 or 8 GPUs\n"),
 ])
 def test_plan_bad_input_is_one_line(run_cli, args, message):
     """Every bad value, argparse's included, is one line on stderr and exit status 2."""

@@ -141,3 +141,16 @@ def test_a_search_tells_each_layout_it_tried_and_the_advice_names_the_change_it_
     assert result.advice[-1].startswith("smallest change that fits: --gpus 16 (")
     assert heard == ([(k, every[8], "layouts of 8 GPUs") for k in range(1, every[8] + 1)]
                      + [(k, every[16], "layouts of 16 GPUs, for advice: --gpus 16") for k in range(1, every[16] + 1)])
+
+
+def test_a_request_under_one_node_is_one_node_partly_used_and_over_one_must_be_whole_nodes():
+    from core.interconnect import default_cluster
+
+    spec, train = get_preset("bench-llama-small"), TrainConfig(seq_len=128)
+    node = default_cluster("h100-sxm")  # 8 GPUs a node
+    for gpus in (1, 6, 8, 16):
+        assert PlanRequest(spec=spec, train=train, global_batch=48, gpus=gpus, cluster=node).gpus == gpus
+    with pytest.raises(ConfigError, match=r"^12 GPUs are not whole nodes of 8 \(--gpus-per-node\): use 8 or 16 GPUs"):
+        PlanRequest(spec=spec, train=train, global_batch=48, gpus=12, cluster=node)
+    with pytest.raises(ConfigError, match=r"^12 GPUs are not whole nodes of 8 "):  # a fixed layout's world
+        PlanRequest(spec=spec, train=TrainConfig(seq_len=128, layout=Layout(dp=12)), global_batch=48, cluster=node)
