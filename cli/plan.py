@@ -152,7 +152,7 @@ def render(result: Plan, top: int | None) -> str:
         + (f"; all the {profile.name} holds" if req.budget_bytes == profile.memory_bytes else "") + "); margin: peak x "
         f"{profile.fragmentation:.2f} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
-        *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), req.train.context_note(spec)) if note),
+        *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),
         "",
     ]
     if best is None:

@@ -100,6 +100,12 @@ class TrainConfig:
                     "training there extends the context (RoPE scaling); memory and time are accounted the same")
         return None
 
+    def model_notes(self, spec: ModelSpec) -> tuple[str, ...]:
+        """What every estimate and plan of ``spec`` says beside its figures: a context extended, and what the
+        model's config asks that the accounting does not count (ModelSpec.caveats)."""
+        context = self.context_note(spec)
+        return ((context,) if context else ()) + tuple(f"{spec.name}: {caveat}" for caveat in spec.caveats)
+
     def _splits(self) -> str:
         """The tensor and pipeline splits asked for, as a sentence names them: "tp 2 is", "tp 2 and pp 4 are"."""
         asked = [f"{axis} {n}" for axis, n in (("tp", self.layout.tp), ("pp", self.layout.pp)) if n > 1]

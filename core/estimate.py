@@ -240,8 +240,7 @@ class Estimate:
             "(checked against autograd's saved tensors on cpu and meta)",
             PEAK_NOTE,
         ]
-        if (context := self.config.context_note(self.spec)) is not None:
-            notes.insert(0, context)
+        notes[:0] = self.config.model_notes(self.spec)
         peak = {"moment": self.peak_moment, "components": self.peak_components}
         ranks = [
             {"rank": r.rank.name, "stage": r.rank.stage, "layers": r.rank.layers,

@@ -62,9 +62,15 @@ is the longest sequence Headroom plans, so no note). ``gpt2``'s
 ``n_positions`` rows are parameters, and a longer sequence has no position to
 read, so it stays required.
 
-Gemma's embedding scale, logit soft-capping and sliding-window layers change
-no weight and, in the accounting's reference decoder, no saved tensor worth a
-byte per token; they are not modelled.
+Gemma's embedding scale and sliding-window layers change no weight and no
+saved tensor worth a byte per token; they are not modelled. Gemma 2's
+soft-capping is not modelled either, and is said (``ModelSpec.caveats``, a note
+of every estimate and plan; transformers' Gemma2Config caps by default, at 50
+and 30): PyTorch's SDPA cannot soft-cap attention scores, so transformers
+trains Gemma 2 with eager attention, which keeps the s x s scores (``--attention
+standard``), or with FlashAttention 2 (``flash_attention_2``), which caps; and
+the final logits' cap keeps its tanh, one more 16-bit tensor over the
+vocabulary. ``--trace`` traces transformers' own model, caps included.
 """
 
 from __future__ import annotations
@@ -95,6 +101,8 @@ NO_CONTEXT_WINDOW = SIZE_LIMITS["max_seq_len"]
 Headroom plans (2**24 tokens), so no sequence is beyond the window and no context-extension note is made."""
 QK_NORM = ("qwen3", "gemma3_text", "qwen3_moe")
 POST_NORMS = ("gemma2", "gemma3_text")
+SOFTCAP_DEFAULTS = {"gemma2": {"attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0}}
+"""transformers' defaults for a config that names no cap (Gemma2Config); other types cap only when told to."""
 
 
 def load_hf_config(path: str | Path) -> ModelSpec:
@@ -221,8 +229,34 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         head_size=None if natural else head_dim,
         qk_norm=model_type in QK_NORM,
         post_norms=model_type in POST_NORMS,
+        caveats=_softcap_caveats(config, name, model_type),
         **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
     )
+
+
+def _softcap_caveats(config: dict[str, Any], name: str, model_type: str) -> tuple[str, ...]:
+    """Soft-capping (``cap x tanh(x / cap)``) of the attention scores and of the final logits, which the
+    accounting does not count: said as caveats."""
+    defaults = SOFTCAP_DEFAULTS.get(model_type, {})
+    caps = {}
+    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+        cap = config[key] if key in config else defaults.get(key)  # null: no cap, as transformers reads it
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
+            raise ConfigError(f"{name}: {key} must be a positive number or null, got {cap!r}")
+        caps[key] = cap
+    caveats = []
+    if caps["attn_logit_softcapping"] is not None:
+        caveats.append(
+            f"attention scores soft-capped at {caps['attn_logit_softcapping']:g} (attn_logit_softcapping), which "
+            "PyTorch's SDPA kernels cannot do: transformers trains it with eager attention, whose s x s scores "
+            "--attention standard counts, or with flash_attention_2 (FlashAttention 2.6 or later), which "
+            "--attention flash stands for")
+    if caps["final_logit_softcapping"] is not None:
+        caveats.append(
+            f"final logits soft-capped at {caps['final_logit_softcapping']:g} (final_logit_softcapping): its tanh "
+            "keeps one more 16-bit tensor over the vocabulary (2 bytes x vocabulary a token), not counted here; "
+            "--trace counts it")
+    return tuple(caveats)
 
 
 def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, Any]:

@@ -128,6 +128,9 @@ class ModelSpec:
     ``head_size`` is positionless."""
     v_head_size: int = 0
     """Multi-head latent attention: the width of each value head (v_head_dim), which differs from head_size."""
+    caveats: tuple[str, ...] = ()
+    """What the model's config asks that the accounting does not count, each a sentence every estimate and plan
+    of it says (core.config.TrainConfig.model_notes): Gemma 2's soft-capping (core.hf_config)."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -149,6 +152,8 @@ class ModelSpec:
         if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) \
                 or not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        if not isinstance(self.caveats, tuple) or not all(isinstance(c, str) and c for c in self.caveats):
+            raise ConfigError(f"{self.name}: caveats must be a tuple of sentences, got {self.caveats!r}")
         self._check_experts()
         self._check_latent_attention()
         if self.head_size is None and self.hidden % self.n_heads:

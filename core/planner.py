@@ -485,7 +485,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             if result.request.gpus or result.request.layout.world > 1 else None,
         },
         "calibration": result.calibration.to_dict(),
-        "notes": [note for note in (budget_note(budget, profile), result.request.train.context_note(result.request.spec))
+        "notes": [note for note in (budget_note(budget, profile), *result.request.train.model_notes(result.request.spec))
                   if note],
         "recommendation": best.to_dict(budget) if best else None,
         "candidates": [c.to_dict(budget) for c in result.candidates[:top]],

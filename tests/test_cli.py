@@ -118,6 +118,19 @@ def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(run_cli):
     assert "context window" not in run_cli("estimate", "--model", "llama2-7b", "--seq-len", "4096").stdout
 
 
+def test_what_a_models_config_asks_and_the_accounting_does_not_count_is_said_by_estimate_and_plan(run_cli):
+    gemma2 = str(FIXTURES / "hf" / "gemma-2-9b.json")
+    said = ["google/gemma-2-9b: attention scores soft-capped at 50 (attn_logit_softcapping)",
+            "google/gemma-2-9b: final logits soft-capped at 30 (final_logit_softcapping)"]
+    estimate = json.loads(run_cli("estimate", "--model", gemma2, "--seq-len", "4096", "--json").stdout)
+    plan = json.loads(run_cli("plan", "--model", gemma2, "--seq-len", "4096", "--global-batch", "8", "--dp", "8",
+                              "--zero", "3", "--json").stdout)
+    for notes in (estimate["notes"], plan["notes"]):
+        assert [n.split(", which")[0].split(": its tanh")[0] for n in notes[:2]] == said
+    assert not any("soft-capped" in n for n in json.loads(run_cli("estimate", "--model", "llama2-7b",
+                                                                     "--json").stdout)["notes"])
+
+
 def _nested_json(tmp_path) -> str:
     path = tmp_path / "deep.json"
     path.write_text('{"a":' * 100_000 + "1" + "}" * 100_000)

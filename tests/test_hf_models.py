@@ -250,3 +250,47 @@ def test_deepseek_v3_counts_what_transformers_builds(q_lora_rank):
 def test_gemma3_text_defaults_are_transformers_own():
     defaults = transformers.Gemma3TextConfig()
     assert {key: getattr(defaults, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
+
+
+def test_gemma2s_soft_capping_is_said_not_counted_and_its_defaults_are_transformers():
+    """Gemma 2 caps attention scores at 50 and final logits at 30 (transformers' Gemma2Config defaults, also
+    in google/gemma-2-9b's config.json); the accounting counts neither, so every estimate and plan says so."""
+    transformers = pytest.importorskip("transformers")
+    from core.hf_config import SOFTCAP_DEFAULTS
+
+    defaults = transformers.Gemma2Config()
+    assert SOFTCAP_DEFAULTS["gemma2"] == {"attn_logit_softcapping": defaults.attn_logit_softcapping,
+                                          "final_logit_softcapping": defaults.final_logit_softcapping}
+    gemma2 = load_hf_config(HF / "gemma-2-9b.json")
+    assert [c.split(" (")[0] for c in gemma2.caveats] == ["attention scores soft-capped at 50",
+                                                          "final logits soft-capped at 30"]
+    assert load_hf_config(HF / "gemma-3-1b-it.json").caveats == ()  # Gemma 3 caps nothing
+    assert load_hf_config(HF / "llama-2-7b.json").caveats == ()
+    config = json.loads((HF / "gemma-2-9b.json").read_text())
+    for key in SOFTCAP_DEFAULTS["gemma2"]:
+        del config[key]  # absent: transformers' defaults
+    assert spec_from_hf_config(config, "gemma2").caveats == gemma2.caveats
+    uncapped = spec_from_hf_config(config | {"attn_logit_softcapping": None, "final_logit_softcapping": None}, "x")
+    assert uncapped.caveats == ()
+    with pytest.raises(ConfigError, match=r"^g: attn_logit_softcapping must be a positive number or null, got '50'$"):
+        spec_from_hf_config(config | {"attn_logit_softcapping": "50"}, "g")
+
+
+def test_what_gemma2s_caveats_claim_holds_in_transformers():
+    """SDPA is refused for capped attention, and the final cap's tanh keeps exactly one 16-bit tensor over the
+    vocabulary more (traced on meta: b x s x V x 2 bytes)."""
+    transformers = pytest.importorskip("transformers")
+    from agent.hf_trace import trace
+    from core.config import TrainConfig
+
+    tiny = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
+            "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000,
+            "max_position_embeddings": 64}
+    with pytest.raises(ValueError, match="does not support an attention implementation through "
+                                         "torch.nn.functional.scaled_dot_product_attention"):
+        transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**tiny), attn_implementation="sdpa")
+    train = TrainConfig(seq_len=16, micro_batch=1, precision="bf16-pure")
+    plain = tiny | {"attn_logit_softcapping": None}
+    capped = trace(plain | {"final_logit_softcapping": 30.0}, "capped", train, "cpu")
+    uncapped = trace(plain | {"final_logit_softcapping": None}, "uncapped", train, "cpu")
+    assert capped.saved_bytes - uncapped.saved_bytes == 1 * 16 * 1000 * 2
