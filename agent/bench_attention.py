@@ -7,9 +7,10 @@ runs whatever SDPA picks by itself, which is what a model gets. Each row
 records the kernel that actually ran (``details["kernel"]``, agent/sdpa.py).
 A backend that cannot run a shape is recorded as skipped with torch's own
 reasons (the warnings it gives before "No available kernel"); running out of
-memory is ``oom``, not a missing backend. Achieved FLOP/s follow core.flops'
-convention: 4 b s^2 h forward, counted in full although causal kernels skip
-the masked half.
+memory is ``oom``, not a missing backend. Achieved FLOP/s (the summary, the
+dashboard's roofline) follow FlashAttention's convention
+(core.flops.attention_kernel_flops): 4 b s^2 h forward, halved for causal
+attention, whose masked half fused kernels skip.
 """
 
 from __future__ import annotations

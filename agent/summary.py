@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agent.runner import RunReport
-from core.flops import attention_forward_flops
+from core.flops import attention_kernel_flops
 from core.hardware import HARDWARE_BY_KEY
 from db.models import AttentionResult, CollectiveResult, ElementwiseResult, MatmulResult, TrainStepResult
 
@@ -39,9 +39,9 @@ def summarize(report: RunReport) -> str:
             lines.append(f"  {r.op:<10} {r.gb_per_s:>10,.1f} GB/s{share}")
     attention = [r for r in ok if isinstance(r, AttentionResult)]
     if attention:
-        lines.append("attention (causal, FLOPs counted unmasked):")
+        lines.append("attention (causal: the masked half not counted, as FlashAttention's benchmarks count it):")
         for r in attention:
-            flops = attention_forward_flops(r.batch, r.seq_len, r.n_heads, r.head_dim)
+            flops = attention_kernel_flops(r.batch, r.seq_len, r.n_heads, r.head_dim, r.causal)
             bwd = f", backward {r.backward_median_s * 1e3:,.2f} ms" if r.backward_median_s else ""
             lines.append(
                 f"  {r.backend:<9} b{r.batch} s{r.seq_len} a{r.n_heads} d{r.head_dim}: forward "

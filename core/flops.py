@@ -34,6 +34,16 @@ def attention_forward_flops(batch: int, seq_len: int, heads: int, head_dim: int)
     return 4 * batch * seq_len * seq_len * heads * head_dim
 
 
+def attention_kernel_flops(batch: int, seq_len: int, heads: int, head_dim: int, causal: bool) -> int:
+    """What an attention kernel's rate is measured by: ``attention_forward_flops``, halved when causal, as
+    FlashAttention's benchmarks count it (Dao-AILab/flash-attention, benchmarks/benchmark_flash_attention.py,
+    ``flops(..., causal)``): fused kernels skip the masked half, and counting it puts them above the device's
+    peak (cuDNN on an H200: 1,022 TFLOP/s counted in full against a 989 peak). The accounting's own FLOPs
+    (``layer_forward_flops``) count causal attention in full, as FlopCounterMode does."""
+    full = attention_forward_flops(batch, seq_len, heads, head_dim)
+    return full // 2 if causal else full
+
+
 def layer_forward_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool = False) -> dict[str, int]:
     """Forward FLOPs of each matmul in one block, for b sequences of s tokens; ``moe``: a mixture-of-experts
     block's (``moe_forward_flops`` in place of the dense MLP)."""
