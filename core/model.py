@@ -152,6 +152,8 @@ class ModelSpec:
         if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) \
                 or not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        if isinstance(self.caveats, list):  # read back from JSON (a stored model_spec)
+            object.__setattr__(self, "caveats", tuple(self.caveats))
         if not isinstance(self.caveats, tuple) or not all(isinstance(c, str) and c for c in self.caveats):
             raise ConfigError(f"{self.name}: caveats must be a tuple of sentences, got {self.caveats!r}")
         self._check_experts()

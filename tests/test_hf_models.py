@@ -294,3 +294,11 @@ def test_what_gemma2s_caveats_claim_holds_in_transformers():
     capped = trace(plain | {"final_logit_softcapping": 30.0}, "capped", train, "cpu")
     uncapped = trace(plain | {"final_logit_softcapping": None}, "uncapped", train, "cpu")
     assert capped.saved_bytes - uncapped.saved_bytes == 1 * 16 * 1000 * 2
+
+
+def test_a_models_caveats_survive_a_round_trip_through_json():
+    """A training step stores its model_spec as JSON; read back, the caveats (a list there) are the same model."""
+    gemma2 = load_hf_config(HF / "gemma-2-9b.json")
+    stored = json.loads(json.dumps(dataclasses.asdict(gemma2)))
+    assert isinstance(stored["caveats"], list)
+    assert type(gemma2)(**stored) == gemma2
