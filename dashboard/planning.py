@@ -51,9 +51,12 @@ PAGE_TIME_LIMIT_S = 10.0
 """A search on the page tries layouts, simplest first, for this long at most (core.planner.plan's time
 limit): 4096 GPUs of llama2-7b take 35 s and 0.6 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
-ONE_LAYOUT: dict[str, Any] = {"tp": 1, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1, "dp": 8, "zero": 2}
-"""What an axis left on auto takes without a GPU count: eight data-parallel ranks at ZeRO-2 (sp: on when tp > 1,
-the search's own rule; virtual stages: 2 under the interleaved schedule, as on the command line)."""
+ONE_LAYOUT: dict[str, Any] = {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1,
+                              "dp": 1, "zero": 0}
+"""What an axis left on auto takes without a GPU count: what ``headroom plan`` takes for a flag left out
+without ``--gpus`` (cli.plan.SINGLE_GPU and cli.train_flags: one GPU, sp off, 1f1b; virtual stages 2 under
+the interleaved schedule), so the page and the command plan the same layout from the same inputs
+(tests/test_dashboard_defaults.py holds them together)."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES)}
 """Axes picked from a list; the others are typed (auto or a whole number)."""
 
@@ -63,7 +66,8 @@ class PlanInputs:
     """Everything the Plan page asks for; each field is one query-string key."""
 
     source: str = "preset"
-    model: str = "llama2-7b"
+    model: str = "llama3.2-1b"
+    """A model that fits the default layout, one GPU (llama2-7b's 16 bytes per parameter do not)."""
     block: str = "llama"
     n_layers: int = 32
     hidden: int = 4096
@@ -78,7 +82,8 @@ class PlanInputs:
     """Inner width of each expert; 0: ffn_hidden."""
     capacity_factor: float = 0.0
     """Each expert's capacity, ceil(t k / E x C) rows, padded; 0: dropless (core.model.ModelSpec)."""
-    seq_len: int = 4096
+    seq_len: int = 2048
+    """``headroom plan --seq-len``'s default."""
     global_batch: int = 64
     budget: str = "80GB"
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
@@ -194,8 +199,9 @@ def pins_text(request: PlanRequest) -> str:
 
 
 def build_layout(inputs: PlanInputs) -> Layout:
-    """The layout the axes give: a pinned axis its value, an AUTO one `ONE_LAYOUT`'s without a GPU count and the
-    Layout default (what the search ignores) with one. ConfigError names the bad axis."""
+    """The layout the axes give: a pinned axis its value, an AUTO one `ONE_LAYOUT`'s without a GPU count (sp off,
+    as ``headroom plan --tp 2`` plans it) and the Layout default (what the search ignores) with one. ConfigError
+    names the bad axis."""
     search = inputs.gpus > 0
     values: dict[str, Any] = {}
     for axis in PINNABLE:
@@ -211,7 +217,8 @@ def build_layout(inputs: PlanInputs) -> Layout:
     if not search:
         for axis, value in ONE_LAYOUT.items():
             values.setdefault(axis, value)
-        values.setdefault("sp", values["tp"] > 1)
+        if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (dashboard.plan_notes says so)
+            values.update(schedule="1f1b", virtual_stages=1)
     return pinned_layout(values) if search else Layout(**values)
 
 
@@ -256,6 +263,11 @@ def resolve_preset(name: str) -> ModelSpec:
     return get_preset(name)
 
 
+def unit(profile: HardwareProfile) -> str:
+    """What one rank of this hardware is called: a GPU, or a device (a CPU, which the page plans ranks of too)."""
+    return "GPU" if profile.device == "cuda" else "device"
+
+
 def count(n: int, noun: str) -> str:
     """``n`` and the noun, plural unless one."""
     return f"{n:,} {noun}{'' if n == 1 else 's'}"
@@ -272,7 +284,7 @@ def recommendation_text(result: Plan) -> str:
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "
         f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}, on {best.layout} "
-        f"({best.layout.world} GPUs)"
+        f"({count(best.layout.world, unit(result.profile))})"
     )
 
 

@@ -231,14 +231,17 @@ def compare_with_another_plan(browser, by) -> None:
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
+    from dashboard.planning import PlanInputs
+
+    model = PlanInputs().model
     budget = browser.find_element(by.CSS_SELECTOR, "input[aria-label='budget per GPU']")
     budget.send_keys("60GB", Keys.TAB)
     next(b for b in browser.find_elements(by.TAG_NAME, "button") if b.text == "Compare").click()
     WebDriverWait(browser, 60, poll_frequency=0.5).until(
-        lambda driver: "Other plan: llama2-7b on h100-sxm (datasheet), budget 60.0 GB"
+        lambda driver: f"Other plan: {model} on h100-sxm (datasheet), budget 60.0 GB"
         in driver.find_element(by.TAG_NAME, "body").text)
     body = browser.find_element(by.TAG_NAME, "body").text
-    assert "This plan: llama2-7b on h100-sxm (datasheet), budget 80.0 GB" in body
+    assert f"This plan: {model} on h100-sxm (datasheet), budget 80.0 GB" in body
     heading = browser.find_element(by.XPATH, "//*[contains(text(), 'Other plan:')]")
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", heading)
     browser.save_screenshot(str(ARTIFACTS / "dashboard-plan-compare.png"))

@@ -90,15 +90,19 @@ def test_without_a_gpu_count_the_page_plans_one_layout():
     spec = get_preset("llama3.2-1b")
     request = planning.build_request(planning.PlanInputs(), spec, H100)
     assert request.gpus is None and request.pinned == frozenset()
-    assert request.layout == Layout(dp=8, zero=2)  # the page's default before layouts were searched
-    assert (request.cluster.gpus_per_node, request.cluster.intra.key, request.cluster.inter.key) == (8, "nvlink4", "ib-ndr")
-    tp = planning.build_request(planning.PlanInputs(tp="2", dp="1", zero="0"), spec, H100)
-    assert tp.layout == Layout(tp=2, sp=True)  # sp follows tp, the search's own rule
+    assert request.layout == Layout() and request.cluster is None  # one GPU, as `headroom plan` without --gpus
+    eight = planning.build_request(planning.PlanInputs(dp="8", zero="2"), spec, H100)
+    assert eight.layout == Layout(dp=8, zero=2)
+    assert (eight.cluster.gpus_per_node, eight.cluster.intra.key, eight.cluster.inter.key) == (8, "nvlink4", "ib-ndr")
+    tp = planning.build_request(planning.PlanInputs(tp="2"), spec, H100)
+    assert tp.layout == Layout(tp=2)  # sp off unless pinned, as `headroom plan --tp 2` plans it
+    assert planning.build_layout(planning.PlanInputs(tp="2", sp="on")) == Layout(tp=2, sp=True)
     assert planning.build_layout(planning.PlanInputs(pp="2", schedule="interleaved")) == \
-        Layout(pp=2, schedule="interleaved", virtual_stages=2, dp=8, zero=2)
+        Layout(pp=2, schedule="interleaved", virtual_stages=2)
     assert planning.build_layout(planning.PlanInputs(pp="2", virtual_stages="4")).schedule == "interleaved"
-    single = planning.build_request(planning.PlanInputs(dp="1", zero="0"), spec, H100)
-    assert single.layout.world == 1 and single.cluster is None
+    # One stage runs no pipeline: a schedule or virtual stages pinned without pp are dropped (and the page says so).
+    assert planning.build_layout(planning.PlanInputs(schedule="interleaved")) == Layout()
+    assert planning.build_layout(planning.PlanInputs(pp="1", virtual_stages="2")) == Layout()
 
 
 def test_a_gpu_count_searches_and_keeps_what_is_pinned():
@@ -124,7 +128,7 @@ def test_bad_inputs_raise_the_message_the_page_shows():
         "0 (plan the one layout) or a positive count": planning.PlanInputs(gpus=-8),
         "tp 'two' is neither auto nor a whole number": planning.PlanInputs(tp="two"),
         "sp on needs tp pinned": planning.PlanInputs(gpus=8, sp="on"),
-        "interconnect 'carrier-pigeon' is not one of": planning.PlanInputs(interconnect="carrier-pigeon"),
+        "interconnect 'carrier-pigeon' is not one of": planning.PlanInputs(interconnect="carrier-pigeon", dp="2"),
         "zero (sharding stage) must be 0, 1, 2 or 3, got 5": planning.PlanInputs(zero="5"),
     }
     for message, inputs in cases.items():

@@ -23,7 +23,7 @@ from core.presets import PRESETS
 from core.stack import STACKS
 from core.timing import HardwareProfile
 from core.units import GB
-from dashboard import charts, columns, data, planning
+from dashboard import charts, columns, data, plan_notes, planning
 from dashboard.notices import store_notice
 from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
 from dashboard.text import plain, shown_calibration
@@ -51,18 +51,19 @@ state = data.store_state(url)
 measured_devices = data.devices(url) if state.ok else []
 hardware_options = planning.hardware_options(measured_devices)
 
-# Seed the widgets once per session from the URL (a shared plan), then keep them.
+# Seed the widgets once per session from the URL (a shared plan), then keep them. A model, hardware or
+# interconnect the page does not offer is replaced, with a warning that lasts until another is picked.
 if "plan_inputs" not in st.session_state:
     st.session_state.plan_inputs = PlanInputs.from_query(st.query_params.to_dict())
+    st.session_state.plan_url_warnings = {}  # field -> (the value planned instead, the warning)
 seed: PlanInputs = st.session_state.plan_inputs
 for name, value in asdict(seed).items():
     st.session_state.setdefault(f"plan_{name}", value)
-if st.session_state.plan_model not in PRESETS:
-    st.session_state.plan_model = PlanInputs().model
-if st.session_state.plan_hardware not in hardware_options:
-    st.session_state.plan_hardware = hardware_options[0] if measured_devices else PlanInputs().hardware
-if st.session_state.plan_interconnect not in LINKS_BY_KEY:
-    st.session_state.plan_interconnect = PlanInputs().interconnect
+held = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in fields(PlanInputs)})
+for fallback in plan_notes.fallbacks(held, hardware_options, measured_devices):
+    st.session_state[f"plan_{fallback.field}"] = fallback.value
+    if fallback.warning:
+        st.session_state.plan_url_warnings[fallback.field] = (fallback.value, fallback.warning)
 
 with st.sidebar:
     st.header("Inputs")
@@ -97,12 +98,12 @@ with st.sidebar:
     st.selectbox("inter-node interconnect (per GPU)", list(LINKS_BY_KEY), key="plan_interconnect",
                  format_func=lambda key: f"{key}: {LINKS_BY_KEY[key].name}")
     st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or without a GPU count takes "
-               f"{planning.build_layout(PlanInputs())} (sp on when tp > 1).")
+               f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without --gpus.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
                    "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)"}
     for row in (("tp", "pp", "cp"), ("dp", "zero", "sp"), ("schedule", "virtual_stages", "ep")):
-        for column, axis in zip(st.columns(3), row):
+        for column, axis in zip(st.columns(3), row, strict=True):
             with column:
                 if axis in AXIS_CHOICES:
                     st.selectbox(axis_labels[axis], AXIS_CHOICES[axis], key=f"plan_{axis}")
@@ -120,6 +121,11 @@ inputs = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in field
 st.session_state.plan_inputs = inputs
 st.query_params.from_dict(inputs.to_query())
 st.caption("The URL holds these inputs: share it to share the plan (an uploaded config.json is not part of it).")
+for field, (value, warning) in st.session_state.plan_url_warnings.items():
+    if st.session_state[f"plan_{field}"] == value:  # until another is picked
+        st.warning(warning)
+if (pipeline := plan_notes.pipeline_note(inputs)) is not None:
+    st.warning(pipeline)
 
 if state.status != "ok" and state.status != "missing":
     store_notice(state)
@@ -147,12 +153,13 @@ except (ConfigError, ValueError) as err:
 
 request, best = result.request, result.recommendation
 searched = request.gpus is not None
+unit = planning.unit(profile)  # "GPU", or "device" for a CPU
 budget_gb = request.budget_bytes / GB
 if searched:
     pins = planning.pins_text(request)
-    where = f"every layout of {request.gpus} GPUs" + (f" with {pins} pinned" if pins else "")
+    where = f"every layout of {planning.count(request.gpus, unit)}" + (f" with {pins} pinned" if pins else "")
 else:
-    where = f"{request.layout} ({request.layout.world} GPUs)"
+    where = f"{request.layout} ({planning.count(request.layout.world, unit)})"
 st.markdown(
     f"**{plain(spec.name)}** ({spec.parameters / 1e9:.2f}B parameters"
     + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
@@ -160,16 +167,10 @@ st.markdown(
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
     f"{request.precision}, {request.train.optimizer}, {request.train.stack} stack on **{plain(profile.name)}** "
     f"({profile.source}), "
-    f"budget {budget_gb:.1f} GB per GPU"
+    f"budget {budget_gb:.1f} GB per {unit}"
 )
 if request.cluster is not None:
-    cluster = request.cluster
-    inside = (f"collectives measured {cluster.measured.source}" if cluster.measured else cluster.intra.name)
-    st.caption(f"Cluster: {cluster.gpus_per_node} GPUs a node on {plain(inside)}, nodes on {cluster.inter.name}"
-               + (f" ({plain(cluster.assumed)})" if cluster.assumed else "")
-               + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
-                  "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
-                  "collectives measured on this device."))
+    st.caption(plan_notes.cluster_text(request.cluster, profile))
 if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
     st.warning(plain(over_budget[0].upper() + over_budget[1:]) + ".")
 if result.unsearched:
@@ -192,12 +193,12 @@ st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence(
 if profile.assumptions:
     st.caption("Assumed, not measured: " + "; ".join(plain(a) for a in profile.assumptions))
 st.caption(f"Margin: peak x {profile.fragmentation:.2f} allocator fragmentation + "
-           f"{request.context_reserve_bytes / GB:.1f} GB CUDA context. GB = 1e9 bytes.")
+           f"{request.context_reserve_bytes / GB:.1f} GB {plan_notes.reserve(profile)}. GB = 1e9 bytes.")
 
 if best is not None:
     st.subheader(f"Chosen layout: {best.layout}")
-    st.caption(f"{best.layout.world} GPUs; {best.label}. Step time is the calibrated prediction by term; "
-               "communication is what overlap leaves exposed, bubble the pipeline's idle time.")
+    st.caption(f"{planning.count(best.layout.world, unit)}; {best.label}. Step time is the calibrated prediction "
+               "by term; communication is what overlap leaves exposed, bubble the pipeline's idle time.")
     st.subheader("Step time by term")
     st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, {str(best.layout): best})),
                     width="stretch")
@@ -225,12 +226,13 @@ if searched:
             if st.session_state.get(key) not in options:  # new inputs, new layouts: recommendation and runner-up
                 st.session_state[key] = default
         sides = st.columns(2)
-        for column, tag in zip(sides, "AB"):
+        for column, tag in zip(sides, "AB", strict=True):
             column.selectbox(f"layout {tag}", options, key=f"compare_{tag.lower()}")
         pair = planning.comparison(result, st.session_state.compare_a, st.session_state.compare_b)
-        for column, (tag, (outcome, shown, why)) in zip(sides, pair.items()):
+        for column, (tag, (outcome, shown, why)) in zip(sides, pair.items(), strict=True):
             with column:
-                st.markdown(f"**{tag}: {outcome.layout}** ({outcome.layout.world} GPUs, {shown.label})")
+                world = planning.count(outcome.layout.world, unit)
+                st.markdown(f"**{tag}: {outcome.layout}** ({world}, {shown.label})")
                 cols = st.columns(3)
                 cols[0].metric("tokens/s", planning.tokens_text(shown.tokens_per_s) if outcome.fits else "does not fit")
                 cols[1].metric("step time", planning.seconds_text(shown.step_time_s))
@@ -262,7 +264,7 @@ else:
         st.error(f"The other plan: {plain(err)}")
     else:
         change = planning.tokens_per_s_change(result, other)
-        for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other))):
+        for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other)), strict=True):
             figures = planning.plan_figures(plan)
             with column:
                 st.markdown(f"**{tag}:** {plain(planning.plan_title(plan))}")
@@ -306,7 +308,7 @@ if len(result.rejected):
 
 if best is not None:
     st.subheader("Export")
-    for tab, fmt in zip(st.tabs(list(EXPORTERS)), EXPORTERS):
+    for tab, fmt in zip(st.tabs(list(EXPORTERS)), EXPORTERS, strict=True):
         filename, language = EXPORT_FILES.get(fmt, (f"{fmt}.txt", None))
         exported = export(fmt, request, best)  # the candidate's own layout, whatever the search started from
         with tab:

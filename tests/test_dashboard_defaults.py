@@ -1,0 +1,102 @@
+"""The Plan page and ``headroom plan`` plan the same thing from the same inputs, defaults included (README: the
+dashboard's plan and "the same plan from the command line"), and a CPU is described as a CPU."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from cli.main import build_parser
+from cli.plan import SINGLE_GPU
+from cli.train_flags import layout_from_args
+from core.hardware import get_hardware
+from core.interconnect import FALLBACK_INTRA_NODE_LINK, get_link
+from core.layout import Layout
+from core.planner import default_budget, plan_to_dict
+from core.timing import datasheet_profile
+from core.units import parse_budget
+from dashboard import planning
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+README_PLAN = ("--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8", "--budget", "4GB",
+               "--precision", "fp32")
+"""README's quick start: "the same plan from the command line, on those measurements"."""
+
+
+def cli_args(*flags: str):
+    return build_parser().parse_args(["plan", "--model", planning.PlanInputs().model, "--global-batch", "64", *flags])
+
+
+def test_the_page_takes_headroom_plans_defaults():
+    args, inputs = cli_args(), planning.PlanInputs()
+    assert planning.build_layout(inputs) == layout_from_args(args, **SINGLE_GPU) == Layout()  # one GPU, dp 1
+    assert (inputs.seq_len, inputs.precision, inputs.optimizer, inputs.attention, inputs.stack) == \
+        (args.seq_len, args.precision, args.optimizer, args.attention, args.stack) == \
+        (2048, "amp-bf16", "adamw", "flash", "reference")
+    assert inputs.hardware == planning.DATASHEET_PREFIX + args.hardware
+    assert (inputs.gpus, inputs.gpus_per_node, inputs.interconnect, inputs.offload) == \
+        (0, args.gpus_per_node, args.interconnect, args.offload)
+    assert args.gpus is None and args.budget is None
+    assert parse_budget(inputs.budget) == default_budget(datasheet_profile(get_hardware(args.hardware)))
+    # An axis given alone: the page fills the others as the command does (sp stays off under tp 2).
+    for flags, axes in ((("--tp", "2"), {"tp": "2"}), (("--pp", "2", "--schedule", "interleaved"),
+                                                      {"pp": "2", "schedule": "interleaved"}),
+                        (("--dp", "8", "--zero", "2"), {"dp": "8", "zero": "2"})):
+        assert planning.build_layout(inputs.with_(**axes)) == layout_from_args(cli_args(*flags), **SINGLE_GPU), flags
+
+
+def test_the_default_page_plan_is_the_commands(run_cli):
+    inputs = planning.PlanInputs()
+    page = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
+    result = run_cli("plan", "--model", inputs.model, "--global-batch", str(inputs.global_batch), "--json", "--top", "0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(json.dumps(plan_to_dict(page, None)))
+    assert page.recommendation is not None and page.recommendation.layout == Layout()
+
+
+def render_readme_plan(url: str, device: str, monkeypatch, **more: str) -> AppTest:
+    monkeypatch.setenv("HEADROOM_DB", url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    flags = dict(zip(README_PLAN[::2], README_PLAN[1::2], strict=True))
+    at.query_params.update({flag.removeprefix("--").replace("-", "_"): value for flag, value in flags.items()}
+                           | {"hardware": planning.MEASURED_PREFIX + device} | more)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_the_readme_plan_is_the_same_on_the_page_and_the_command_line(smoke_store, run_cli, monkeypatch):
+    from db.hardware import resolve_hardware
+
+    at = render_readme_plan(smoke_store.url, smoke_store.device_name, monkeypatch)
+    inputs = planning.PlanInputs(model="bench-llama-small", seq_len=128, global_batch=8, budget="4GB",
+                                 precision="fp32", hardware=planning.MEASURED_PREFIX + smoke_store.device_name)
+    page = planning.make_plan(inputs, planning.resolve_preset(inputs.model),
+                              *resolve_hardware(smoke_store.device_name, smoke_store.url, source="measured"))
+    assert [str(s.value) for s in at.success] == [f"**Recommendation:** {planning.recommendation_text(page)}"]
+    result = run_cli("plan", *README_PLAN, "--hardware", "latest", "--db", smoke_store.url, "--json", "--top", "0")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == json.loads(json.dumps(plan_to_dict(page, None)))
+
+
+def test_a_cpu_is_described_as_a_cpu(smoke_store, monkeypatch):
+    """Two ranks of the smoke store's CPU: no "GPUs a node on PCIe", and the link between them is called a
+    stand-in (it was "8 GPUs a node on PCIe 4.0 x16")."""
+    from dashboard.text import plain
+
+    at = render_readme_plan(smoke_store.url, smoke_store.device_name, monkeypatch, dp="2")
+    header = next(str(m.value) for m in at.markdown if str(m.value).startswith("**bench-llama-small**"))
+    assert header.endswith("tp 1, pp 1, cp 1, dp 2, zero 0 (2 devices), fp32, adamw, reference stack on "
+                           f"**{plain(smoke_store.device_name)}** (measured), budget 4.0 GB per device")
+    clusters = [str(c.value) for c in at.caption if str(c.value).startswith("Cluster:")]
+    assert clusters == [
+        f"Cluster: 8 ranks a node on the CPU {plain(smoke_store.device_name)}, no GPU: "
+        f"{get_link(FALLBACK_INTRA_NODE_LINK).name} assumed between them, a stand-in (a CPU has no datasheet link, "
+        f"and the store holds no collectives measured on it); nodes on {get_link('ib-ndr').name}."]
+    assert "GPU" not in " ".join(str(s.value) for s in at.success)
+    assert any(str(c.value).endswith("GB runtime reserve. GB = 1e9 bytes.") for c in at.caption)

@@ -1,0 +1,108 @@
+"""What the Plan page says about its inputs: a shared URL's unknown model, hardware or interconnect is named with
+the valid choices before the page falls back, and a pipeline schedule that no pipeline runs is said to be
+ignored (or to apply to the pipelined layouts only)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from core.hardware import HARDWARE
+from core.interconnect import LINKS_BY_KEY
+from core.presets import PRESETS
+from dashboard import planning
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+DATASHEET_ROWS = ", ".join(hw.key for hw in HARDWARE)
+
+
+def render(tmp_path: Path, monkeypatch, query: dict[str, str]) -> AppTest:
+    monkeypatch.setenv("HEADROOM_DB", str(tmp_path / "none.db"))
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update(query)
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def warnings(at: AppTest) -> list[str]:
+    return [str(w.value) for w in at.warning]
+
+
+def test_an_unknown_model_in_the_url_is_named_with_the_presets(tmp_path, monkeypatch):
+    at = render(tmp_path, monkeypatch, {"model": "llama9-70b", "global_batch": "32"})
+    unknown = (f"The URL names the model preset 'llama9-70b', which is not one: planning llama3.2-1b instead. "
+               f"Presets: {', '.join(PRESETS)} (`headroom models` lists their sizes); pick one in the sidebar, or "
+               "give a config.json or dimensions.")
+    assert warnings(at) == [unknown]
+    assert at.selectbox(key="plan_model").value == "llama3.2-1b" and at.number_input(key="plan_global_batch").value == 32
+    assert "**llama3.2-1b**" in at.markdown[0].value
+    at.number_input(key="plan_seq_len").set_value(1024).run()  # another input: the model is still the fallback
+    assert warnings(at) == [unknown]
+    at.selectbox(key="plan_model").set_value("gpt2-small").run()  # a model picked: the warning has done its work
+    assert not at.exception and warnings(at) == []
+
+
+def test_an_unknown_hardware_in_the_url_is_named_with_the_choices(tmp_path, monkeypatch):
+    at = render(tmp_path, monkeypatch, {"hardware": "datasheet: h999", "interconnect": "carrier-pigeon"})
+    assert warnings(at) == [
+        "The URL names the hardware 'datasheet\\: h999', which is neither a device measured in this store nor a "
+        "datasheet row: planning datasheet\\: h100-sxm instead. Measured in this store: none; datasheet rows "
+        f"(`headroom hardware`): {DATASHEET_ROWS}.",
+        "The URL names the interconnect 'carrier-pigeon', which is not one: planning ib-ndr instead. "
+        f"Interconnects: {', '.join(LINKS_BY_KEY)}."]
+    assert at.selectbox(key="plan_hardware").value == "datasheet: h100-sxm"
+    assert at.selectbox(key="plan_interconnect").value == "ib-ndr"
+
+
+def test_a_measured_device_the_store_lacks_is_named_with_the_stores_devices(smoke_store, monkeypatch):
+    from dashboard.text import plain
+
+    monkeypatch.setenv("HEADROOM_DB", smoke_store.url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.query_params.update({"model": "bench-llama-small", "seq_len": "128", "budget": "4GB",
+                            "hardware": "measured: NVIDIA B300"})
+    at.run()
+    assert not at.exception
+    fallback = planning.MEASURED_PREFIX + smoke_store.device_name
+    assert warnings(at) == [
+        f"The URL names the hardware 'measured\\: NVIDIA B300', which is neither a device measured in this store nor "
+        f"a datasheet row: planning {plain(fallback)} instead. Measured in this store: "
+        f"{plain(smoke_store.device_name)}; datasheet rows (`headroom hardware`): {DATASHEET_ROWS}."]
+    assert at.selectbox(key="plan_hardware").value == fallback
+
+
+def test_a_bare_hardware_name_is_its_option(tmp_path, monkeypatch):
+    at = render(tmp_path, monkeypatch, {"hardware": "h200"})
+    assert at.selectbox(key="plan_hardware").value == "datasheet: h200" and warnings(at) == []
+    assert "on **h200** (datasheet)" in at.markdown[0].value
+
+
+def test_a_schedule_without_a_pipeline_is_said_to_be_ignored(tmp_path, monkeypatch):
+    at = render(tmp_path, monkeypatch, {"schedule": "interleaved", "virtual_stages": "4"})
+    assert warnings(at) == [
+        "The pipeline schedule and virtual stages are ignored: pp is auto, which plans pp 1 without a GPU count, "
+        "and one stage runs no pipeline. Pin pp above 1 (or give a GPU count to search) to plan a pipeline."]
+    assert "tp 1, pp 1, cp 1, dp 1, zero 0 (1 GPU)" in at.markdown[0].value
+    at.text_input(key="plan_pp").set_value("1").run()
+    assert warnings(at) == [
+        "The pipeline schedule and virtual stages are ignored: pp is pinned at 1, and one stage runs no pipeline. "
+        "Pin pp above 1 (or give a GPU count to search) to plan a pipeline."]
+    at.text_input(key="plan_pp").set_value("2").run()
+    assert not at.exception and warnings(at) == []
+    assert "pp 2 (interleaved x4)" in at.markdown[0].value
+
+
+def test_a_schedule_pinned_for_a_search_applies_to_its_pipelines(tmp_path, monkeypatch):
+    query = {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8", "gpus": "2", "virtual_stages": "2"}
+    at = render(tmp_path, monkeypatch, query)
+    assert warnings(at) == [
+        "pp is auto: virtual stages apply only to the layouts the search gives a pipeline (pp > 1); those with pp 1 "
+        "run without one. Pin pp to search pipelines of one depth only."]
+    layouts = next(d.value for d in at.dataframe if "why" in d.value.columns)["layout"]
+    assert [layout for layout in layouts if "pp 1," not in layout] == ["tp 1, pp 2 (interleaved x2), cp 1, dp 1, zero 0"]
+    assert len(layouts) > 1  # and the others, pp 1, without a pipeline
