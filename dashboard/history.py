@@ -15,6 +15,7 @@ figure over that device's earlier runs.
 from __future__ import annotations
 
 import math
+from collections.abc import Hashable, Sequence
 
 import pandas as pd
 
@@ -94,3 +95,19 @@ def side_by_side(figures: pd.DataFrame, run_ids: list[int]) -> pd.DataFrame:
     chosen["column"] = chosen["device"] + " " + chosen["uuid"].str[:8]
     table = chosen.set_index("column")[[*FIELD_NAMES, *FIGURES]].rename(columns=FIELD_NAMES)
     return table.T.map(cell_text)
+
+
+def still_chosen(previous: Sequence[Hashable] | None, options: Sequence[Hashable],
+                 default: Sequence[Hashable]) -> list:
+    """What a multiselect holds once its options change: the previous choices still offered, in their order.
+
+    ``default`` on the first visit (``previous`` None), and when none of a non-empty choice survives; an
+    empty choice the user made stays empty. Streamlit (1.67) drops the choices no longer offered and leaves
+    what remains, even nothing: narrowing the History page's devices to ones none of the compared runs ran
+    on emptied the comparison. Done here, it holds whatever a Streamlit version does to a widget whose
+    options change."""
+    if previous is None:
+        return list(default)
+    offered = set(options)
+    kept = [choice for choice in previous if choice in offered]
+    return kept if kept or not previous else list(default)

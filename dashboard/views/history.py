@@ -16,7 +16,10 @@ if all_runs.empty:
 
 figures = data.key_figures(url)
 names = sorted(all_runs["device_name"].unique())
-chosen_devices = st.multiselect("devices", names, default=names[:4], key="history_devices")
+# Each multiselect's choices are carried over when its options change (a device added to the store, runs of
+# devices no longer chosen): what is still offered stays chosen; the default replaces a choice none of which is.
+st.session_state.history_devices = history.still_chosen(st.session_state.get("history_devices"), names, names[:4])
+chosen_devices = st.multiselect("devices", names, key="history_devices")
 mine = figures[figures["device"].isin(chosen_devices)]
 st.caption(f"{len(mine)} of {len(figures)} runs. Key figures: best bf16 matmul (fp32 where no bf16 ran), best copy "
            "bandwidth, and tokens/s of each device's reference training step (the configuration most of its runs "
@@ -25,8 +28,9 @@ st.caption(f"{len(mine)} of {len(figures)} runs. Key figures: best bf16 matmul (
 st.subheader("Compare runs")
 labels = {row.run_id: f"{row.device} · {row.hostname} · {row.started_at:%Y-%m-%d %H:%M} · {row.uuid[:8]}"
           for row in mine.head(500).itertuples()}
-picked = st.multiselect("runs (newest first)", list(labels), default=list(labels)[:2],
-                        format_func=labels.get, key="history_runs")
+st.session_state.history_runs = history.still_chosen(st.session_state.get("history_runs"), list(labels),
+                                                    list(labels)[:2])
+picked = st.multiselect("runs (newest first)", list(labels), format_func=labels.get, key="history_runs")
 if picked:
     st.dataframe(history.side_by_side(figures, picked), height="content", column_config=columns.SIDE_BY_SIDE)
 
