@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import signal
 import socket
@@ -51,10 +52,46 @@ def check_host(host: str) -> None:
                           f"({getattr(err, 'strerror', None) or err}); e.g. 127.0.0.1 or 0.0.0.0") from None
 
 
+def check_port(host: str, port: int) -> None:
+    """Refuse a port this machine cannot listen on, before the URL is printed: Streamlit would say it was
+    serving there and only then stop ("Port 8501 is not available"). A port in use names a free one nearby."""
+    try:
+        _bind_probe(host, port)
+    except OSError as err:
+        if err.errno == errno.EADDRINUSE:
+            free = next((p for p in range(port + 1, min(port + 21, 65536)) if _can_bind(host, p)), None)
+            raise ConfigError(f"port {port} on {host} is already in use (another dashboard or server listens there); "
+                              "start this one on a free port with --port"
+                              + (f", e.g. --port {free}" if free else "")) from None
+        if err.errno == errno.EACCES:
+            raise ConfigError(f"port {port} on {host} needs privileges this user does not have (ports below 1024 "
+                              "do); choose another with --port, e.g. --port 8501") from None
+        raise ConfigError(f"cannot listen on {host} port {port}: {err.strerror or err}; check --host (an address "
+                          "of this machine, e.g. 127.0.0.1 or 0.0.0.0) and --port") from None
+
+
+def _bind_probe(host: str, port: int) -> None:
+    """Bind ``host``:``port`` as Streamlit's server does (SO_REUSEADDR but on Windows, so a port left in
+    TIME_WAIT passes), listen on nothing, and let go. OSError when it cannot."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as probe:
+        if os.name != "nt":
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind((host, port))
+
+
+def _can_bind(host: str, port: int) -> bool:
+    try:
+        _bind_probe(host, port)
+    except OSError:
+        return False
+    return True
+
+
 def run(args: argparse.Namespace) -> int:
     if not 0 < args.port < 65536:
         raise ConfigError(f"--port must be between 1 and 65535, got {args.port}")
     check_host(args.host)
+    check_port(args.host, args.port)
     try:
         import streamlit  # noqa: F401
     except ModuleNotFoundError:
