@@ -23,8 +23,8 @@ def _gb(label: str) -> dict:
     return st.column_config.NumberColumn(label, format=GB_FORMAT)
 
 
-def _whole(label: str) -> dict:
-    return st.column_config.NumberColumn(label, format="%,d")
+def _whole(label: str, **more) -> dict:
+    return st.column_config.NumberColumn(label, format="%,d", **more)
 
 
 def _percent(label: str) -> dict:
@@ -76,8 +76,20 @@ ERROR_STATS = {
     "measured / predicted (median)": st.column_config.NumberColumn("measured / predicted", format="x%.3f"),
     "median |error|": _percent("median |error|"),
     "worst |error|": _percent("worst |error|"),
+    "noisy, left out": _whole("noisy, left out", help="steps whose timing the agent flagged (a busy host) or "
+                              "whose repetitions spread more than their median: left out of these statistics, as "
+                              "the factor plans apply leaves them out"),
 }
 """Calibration error statistics (dashboard.calibration.error_stats)."""
+
+STEPS = {
+    "label": st.column_config.TextColumn("step", width="large"),
+    "predicted": st.column_config.NumberColumn("predicted (s)", format=SECONDS_FORMAT),
+    "measured": st.column_config.NumberColumn("measured (s)", format=SECONDS_FORMAT),
+    "error": _percent("error"),
+    "noisy": st.column_config.TextColumn("left out of the factor: noisy", width="medium"),
+}
+"""Every measured step's time (dashboard.calibration.time_points)."""
 
 DROPS = {
     "hostname": st.column_config.TextColumn("host"),

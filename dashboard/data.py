@@ -193,11 +193,13 @@ def attention(url: str, device: str | None = None) -> pd.DataFrame:
 
 @_by_version
 def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
-    """ok training steps with what was measured and what the core predicted at measurement time."""
+    """ok training steps with what was measured (the step time's median, fastest and slowest repetition, and
+    ``host_busy``, the agent's verdict on the host) and what the core predicted at measurement time."""
     t = TrainStepResult
+    busy = t.details[("host", "busy")].as_boolean().label("host_busy")  # as db.profiles reads it (NULL: older rows)
     query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
-                      t.precision, t.optimizer, t.median_s, t.tokens_per_s, t.mfu, t.peak_allocated_bytes,
-                      t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
+                      t.precision, t.optimizer, t.median_s, t.min_s, t.max_s, busy, t.tokens_per_s, t.mfu,
+                      t.peak_allocated_bytes, t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
                       t.predicted_activation_bytes, t.predicted_step_time_s, device=device)
     return _frame(url, query)
 

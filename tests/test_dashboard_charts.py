@@ -255,7 +255,9 @@ def test_calibration_points_and_chart_from_the_smoke_store(smoke_store):
     assert (time["ratio"] == time["measured"] / time["predicted"]).all()  # one convention: measured / predicted
     assert (time["error"] == time["ratio"] - 1).all()
     stats = calibration.error_stats(time)
-    assert stats["steps"].sum() == len(time) and list(stats.columns) == calibration.STATS_COLUMNS
+    assert list(stats.columns) == [*calibration.STATS_COLUMNS, calibration.NOISY_COLUMN]
+    assert stats["steps"].sum() + stats[calibration.NOISY_COLUMN].sum() == len(time)  # kept, or noisy and left out
+    assert stats[calibration.NOISY_COLUMN].sum() == time["noisy"].astype(bool).sum()
     memory_chart = charts.build_calibration_chart(memory, "GB")
     assert_reads_in_full(memory_chart)
     diagonal, dots = layers(memory_chart)

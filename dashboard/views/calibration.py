@@ -43,7 +43,16 @@ with right:
         st.altair_chart(charts.build_calibration_chart(time, "s per step"), width="stretch")
 for title, points in ((memory_title.removesuffix(" (GB)"), memory), ("Step time", time)):
     st.markdown(f"**{title}: error by device and policy**")
-    st.dataframe(calibration.error_stats(points), hide_index=True, column_config=columns.ERROR_STATS)
+    st.dataframe(calibration.error_stats(points), hide_index=True, column_config=columns.ERROR_STATS,
+                 placeholder=columns.MISSING)
+noisy = int(time["noisy"].astype(bool).sum()) if len(time) else 0
+st.caption(f"{noisy} of {len(time)} measured steps' times are noisy (the agent found the host busy, or the slowest "
+           "repetition took more than its median again): the step-time statistics leave them out, as the factor "
+           "plans apply does. Memory counts every step: bytes do not depend on a busy host.")
+if len(time):
+    with st.expander(f"Every measured step's time ({len(time)})"):
+        st.dataframe(time[["device", "label", "predicted", "measured", "error", "noisy"]], hide_index=True,
+                     column_config=columns.STEPS, placeholder=columns.MISSING)
 
 st.subheader("What plans apply")
 st.caption("Every step is predicted again by today's core with the device's measured profile. Steps the agent "

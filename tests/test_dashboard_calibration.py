@@ -1,0 +1,85 @@
+"""The Calibration page marks the noisy steps that the step-time factor leaves out, so its table counts the
+steps the factor uses (core.calibration: a busy host, or repetitions spread more than their median)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from db.models import TrainStepResult
+from db.store import open_store
+from tests.db_support import LLAMA2_7B, fingerprint, results
+
+pytest.importorskip("streamlit")
+from streamlit.testing.v1 import AppTest  # noqa: E402
+
+APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+DEVICE = "NVIDIA H100 80GB HBM3"
+BUSY = "the agent found the host busy"
+SPREAD = "its steps spread 160% of their median"
+
+
+def step(micro_batch: int, median_s: float, min_s: float, max_s: float, predicted_s: float,
+         busy: bool | None = None) -> TrainStepResult:
+    return TrainStepResult(
+        model_name="llama2-7b", model_spec=LLAMA2_7B, seq_len=4096, micro_batch=micro_batch,
+        samples_s=[min_s, median_s, max_s], median_s=median_s, min_s=min_s, max_s=max_s,
+        tokens_per_s=4096 * micro_batch / median_s, peak_allocated_bytes=60_000_000_000 * micro_batch,
+        predicted_peak_bytes=50_000_000_000 * micro_batch, predicted_step_time_s=predicted_s,
+        details=None if busy is None else {"host": {"busy": busy}})
+
+
+STEPS = [step(1, 1.0, 0.98, 1.05, 0.8, busy=False),  # kept: measured / predicted 1.25
+         step(2, 1.5, 1.49, 1.52, 1.0, busy=True),  # the agent found the host busy
+         step(4, 1.0, 0.9, 2.5, 1.2)]  # (2.5 - 0.9) / 1.0 = 160% of its median, on a row from before the verdict
+
+
+@pytest.fixture(scope="module")
+def store_url(tmp_path_factory) -> str:
+    url = f"sqlite:///{tmp_path_factory.mktemp('calibration') / 'results.db'}"
+    with open_store(url, mode="write") as store:
+        with store.recording(fingerprint(), suite="standard", benchmark_version="1") as run_id:
+            for result in [*results(0), *STEPS]:
+                store.add_result(run_id, result)
+    return url
+
+
+def test_the_step_time_table_leaves_out_and_counts_the_noisy_steps_as_the_factor_does(store_url, monkeypatch):
+    monkeypatch.setenv("HEADROOM_DB", store_url)
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page("views/calibration.py")
+    at.run()
+    assert not at.exception, [e.value for e in at.exception]
+    memory, time, steps, factors = (frame.value for frame in at.dataframe)  # steps: in the expander
+    assert memory.to_dict("records") == [  # bytes do not depend on a busy host: every step counts
+        {"device": DEVICE, "policy": "none", "steps": 3, "measured / predicted (median)": pytest.approx(1.2),
+         "median |error|": pytest.approx(0.2), "worst |error|": pytest.approx(0.2)}]
+    assert time.to_dict("records") == [
+        {"device": DEVICE, "policy": "none", "steps": 1, "measured / predicted (median)": pytest.approx(1.25),
+         "median |error|": pytest.approx(0.25), "worst |error|": pytest.approx(0.25), "noisy, left out": 2}]
+    step_time = factors[factors["quantity"] == "step time"].iloc[0]
+    assert (step_time["steps used"], step_time["left out"]) == (1, 2)  # the factor's own count
+    assert dict(zip(steps["label"], steps["noisy"], strict=True)) == {
+        f"llama2-7b s4096 micro {micro} x1 none amp-bf16": why for micro, why in ((1, ""), (2, BUSY), (4, SPREAD))}
+    assert ("2 of 3 measured steps' times are noisy (the agent found the host busy, or the slowest repetition took "
+            "more than its median again): the step-time statistics leave them out, as the factor plans apply does. "
+            "Memory counts every step: bytes do not depend on a busy host.") in [c.value for c in at.caption]
+
+
+def test_noisy_follows_the_cores_rule():
+    from dashboard.calibration import error_stats, noisy, time_points
+
+    train = pd.DataFrame({
+        "device_name": ["gpu"] * 4, "model_name": ["m"] * 4, "seq_len": [8] * 4, "micro_batch": [1, 2, 4, 8],
+        "accumulation_steps": [1] * 4, "recompute": ["none"] * 4, "precision": ["fp32"] * 4,
+        "optimizer": ["adamw"] * 4, "attention": ["flash"] * 4,
+        "median_s": [1.0, 1.0, 1.0, 1.0], "min_s": [0.9, 0.5, 0.9, None], "max_s": [1.1, 1.5, 2.5, None],
+        "host_busy": [None, float("nan"), False, True],
+        "predicted_step_time_s": [0.5, 1.0, 2.0, 4.0]})
+    assert list(noisy(train)) == ["", "", SPREAD, BUSY]  # a spread of exactly its median is not beyond it
+    stats = error_stats(time_points(train))
+    assert stats.to_dict("records") == [
+        {"device": "gpu", "policy": "none", "steps": 2, "measured / predicted (median)": pytest.approx(1.5),
+         "median |error|": pytest.approx(0.5), "worst |error|": pytest.approx(1.0), "noisy, left out": 2}]
