@@ -106,3 +106,13 @@ def test_a_schedule_pinned_for_a_search_applies_to_its_pipelines(tmp_path, monke
     layouts = next(d.value for d in at.dataframe if "why" in d.value.columns)["layout"]
     assert [layout for layout in layouts if "pp 1," not in layout] == ["tp 1, pp 2 (interleaved x2), cp 1, dp 1, zero 0"]
     assert len(layouts) > 1  # and the others, pp 1, without a pipeline
+
+
+def test_the_page_says_what_plan_notes_beside_its_figures(tmp_path, monkeypatch):
+    """A sequence beyond llama2-7b's 4,096-token window is context extension: the page says so, as plan does."""
+    from dashboard.text import plain
+
+    at = render(tmp_path, monkeypatch, {"model": "llama2-7b", "seq_len": "8192", "dp": "8", "zero": "3"})
+    said = [str(e.value) for e in at.info if "context window" in str(e.value)]
+    assert said == [plain("seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the "
+                          "context (RoPE scaling); memory and time are accounted the same.")]  # Markdown-escaped

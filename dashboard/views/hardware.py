@@ -44,8 +44,9 @@ for name, (peak, bandwidth) in roof_table.items():
     st.markdown(f"- **{name}** roof: {peak / 1e12:,.3g} TFLOP/s, {bandwidth / 1e9:,.4g} GB/s, "
                 f"ridge at {peak / bandwidth:,.3g} FLOP/byte")
 st.caption("Intensity: matmul 2mnk over both operands read and the result written once; attention "
-           "4bs²hd (causal counted in full) over Q, K, V read and O written; elementwise placed at one FLOP "
-           "per element over its bytes moved. Measured roof: best matmul rate in this dtype and best copy bandwidth.")
+           "4bs²hd, halved when causal as FlashAttention's benchmarks count it (the masked half is skipped), over "
+           "Q, K, V read and O written; elementwise placed at one FLOP per element over its bytes moved. Measured "
+           "roof: best matmul rate in this dtype and the best bandwidth of any memory-bound op.")
 
 left, right = st.columns(2)
 with left:

@@ -173,6 +173,8 @@ if request.cluster is not None:
     st.caption(plan_notes.cluster_text(request.cluster, profile))
 if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
     st.warning(plain(over_budget[0].upper() + over_budget[1:]) + ".")
+for model_note in request.train.model_notes(spec):  # a context extended; what the config asks and is not counted
+    st.info(plain(model_note) + ".")
 if result.unsearched:
     st.warning(f"The search stopped at this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s: "
                f"{planning.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
