@@ -51,22 +51,22 @@ def roofline_points(matmul: pd.DataFrame, attention: pd.DataFrame, elementwise: 
     if len(matmul):
         mm = matmul.groupby(["dtype", "m", "n", "k", "batch"], as_index=False)["tflop_per_s"].median()
         mm["intensity"] = [matmul_intensity(m, n, k, ELEMENT_BYTES[d]) for d, m, n, k in
-                           zip(mm["dtype"], mm["m"], mm["n"], mm["k"])]
+                           zip(mm["dtype"], mm["m"], mm["n"], mm["k"], strict=False)]
         mm["kind"] = "matmul " + mm["dtype"]
-        mm["label"] = [f"{b}x {m}x{k} @ {k}x{n}" for b, m, n, k in zip(mm["batch"], mm["m"], mm["n"], mm["k"])]
+        mm["label"] = [f"{b}x {m}x{k} @ {k}x{n}" for b, m, n, k in zip(mm["batch"], mm["m"], mm["n"], mm["k"], strict=False)]
         frames.append(mm[["kind", "label", "intensity", "tflop_per_s"]])
     if len(attention):
         keys = ["backend", "dtype", "batch", "seq_len", "n_heads", "n_kv_heads", "head_dim", "causal"]
         at = attention.groupby(keys, as_index=False)["forward_median_s"].median()
         flops = pd.Series([float(attention_kernel_flops(b, s, h, d, bool(c))) for b, s, h, d, c in
-                           zip(at["batch"], at["seq_len"], at["n_heads"], at["head_dim"], at["causal"])], index=at.index)
+                           zip(at["batch"], at["seq_len"], at["n_heads"], at["head_dim"], at["causal"], strict=False)], index=at.index)
         element = at["dtype"].map(ELEMENT_BYTES)
         moved = element * at["batch"] * at["seq_len"] * at["head_dim"] * (2 * at["n_heads"] + 2 * at["n_kv_heads"])
         at["intensity"] = flops / moved
         at["tflop_per_s"] = flops / at["forward_median_s"] / 1e12
         at["kind"] = "attention " + at["backend"]
         at["label"] = [f"{d} b{b} s{s} h{h} d{hd}" for d, b, s, h, hd in
-                       zip(at["dtype"], at["batch"], at["seq_len"], at["n_heads"], at["head_dim"])]
+                       zip(at["dtype"], at["batch"], at["seq_len"], at["n_heads"], at["head_dim"], strict=False)]
         frames.append(at[["kind", "label", "intensity", "tflop_per_s"]])
     if len(elementwise):
         ew = elementwise.groupby(["op", "dtype", "elements", "bytes_moved"], as_index=False)["median_s"].median()
