@@ -145,8 +145,13 @@ def render(result: Plan, top: int | None) -> str:
         c = req.cluster
         inside = (f"collectives measured {c.measured.source} (groups of {', '.join(map(str, c.measured.group_sizes()))}), "
                   f"else {c.intra.name}" if c.measured else c.intra.name)
-        lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
-                     + (f"; {c.assumed})" if c.assumed else ")"))
+        if profile.device == "cuda":
+            lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
+                         + (f"; {c.assumed})" if c.assumed else ")"))
+        else:  # a CPU's ranks: no GPU, and no link of its own unless its collectives were measured
+            lines.append(f"cluster: {c.gpus_per_node} ranks a node on the CPU {profile.name}, no GPU: "
+                         + (inside if c.measured else f"{c.intra.name} assumed between them, a stand-in")
+                         + f"; nodes on {c.inter.name}")
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"
         + (f"; all the {profile.name} holds" if req.budget_bytes == profile.memory_bytes else "") + "); margin: peak x "

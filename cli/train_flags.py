@@ -106,8 +106,16 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
 
 
 def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
-    """The layout the flags give; an axis the flags leave free takes ``defaults`` (else the Layout default)."""
-    return Layout(**layout_values(args, **defaults))  # type: ignore[arg-type]
+    """The one layout the flags give; an axis the flags leave free takes ``defaults`` (else the Layout default).
+    A pipeline schedule asked for without a pipeline is refused: nothing would run it, and an export would carry
+    it (Megatron's virtual-pipeline flag on one stage)."""
+    layout = Layout(**layout_values(args, **defaults))  # type: ignore[arg-type]
+    asked = [f"--schedule {args.schedule}"] if getattr(args, "schedule", "1f1b") != "1f1b" else []
+    asked += [f"--virtual-stages {args.virtual_stages}"] if getattr(args, "virtual_stages", None) not in (None, 1) else []
+    if layout.pp == 1 and asked:
+        raise ConfigError(f"{' '.join(asked)} schedules a pipeline, and there is none (pp 1): add --pp 2 or more, "
+                          "or leave the schedule out")
+    return layout
 
 
 def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, object]:

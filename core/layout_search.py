@@ -103,8 +103,9 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     sp = fixed.sp if "sp" in pinned else tp > 1
     if sp and tp == 1:
         return
-    if "schedule" in pinned or "virtual_stages" in pinned:
+    if "schedule" in pinned or "virtual_stages" in pinned:  # for the depths whose layers split that far
         schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
+        schedules = [(schedule, v) for schedule, v in schedules if spec.n_layers % (pp * v) == 0]
     else:
         schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])

@@ -208,6 +208,13 @@ def test_a_plan_for_a_cpu_speaks_of_devices_not_gpus():
     assert "GB per GPU" in on_gpu and "CUDA context" in on_gpu and "per GPU)" in on_gpu
     assert "GB per device" in on_cpu and "runtime reserve" in on_cpu and "per device)" in on_cpu
     assert "GPU" not in on_cpu.replace("--gpus", "") and "CUDA" not in on_cpu
+    # A cluster of CPU ranks: described as such, its link a stand-in.
+    xeon = dataclasses.replace(cpu, name="Intel Xeon")
+    search = dataclasses.replace(request, gpus=8, cluster=xeon.cluster())
+    cluster_line = next(line for line in render(plan_and_advise(search, xeon), None).splitlines()
+                        if line.startswith("cluster: "))
+    assert cluster_line == ("cluster: 8 ranks a node on the CPU Intel Xeon, no GPU: PCIe 4.0 x16 assumed between them, "
+                            "a stand-in; nodes on InfiniBand NDR 400 Gb/s, one NIC per GPU")
 
 
 def test_the_default_budget_is_what_the_device_holds_up_to_80_gb_and_a_larger_one_is_flagged(run_cli):
@@ -268,6 +275,9 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
      "12 GPUs are not whole nodes of 8 (--gpus-per-node): use 8 or 16 GPUs, or --gpus-per-node among 2, 3, 4, 6"),
     (("--global-batch", "20", "--dp", "10", "--zero", "3", "--gpus-per-node", "4"),
      "10 GPUs are not whole nodes of 4 (--gpus-per-node): use 8 or 12 GPUs, or --gpus-per-node among 2"),
+    (("--global-batch", "8", "--schedule", "interleaved", "--virtual-stages", "2"),
+     "--schedule interleaved --virtual-stages 2 schedules a pipeline, and there is none (pp 1): add --pp 2 or more, "
+     "or leave the schedule out"),
     (("--global-batch", "14", "--gpus", "7", "--gpus-per-node", "4"),
      "7 GPUs are not whole nodes of 4 (--gpus-per-node): use 4 or 8 GPUs\n"),
 ])

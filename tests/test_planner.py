@@ -154,3 +154,15 @@ def test_a_request_under_one_node_is_one_node_partly_used_and_over_one_must_be_w
         PlanRequest(spec=spec, train=train, global_batch=48, gpus=12, cluster=node)
     with pytest.raises(ConfigError, match=r"^12 GPUs are not whole nodes of 8 "):  # a fixed layout's world
         PlanRequest(spec=spec, train=TrainConfig(seq_len=128, layout=Layout(dp=12)), global_batch=48, cluster=node)
+
+
+def test_a_pinned_interleaved_schedule_searches_the_pipeline_depths_its_layers_split_into():
+    """bench-llama-small's 4 layers split over pp 2 x 2 virtual stages, not over pp 4 x 2: that depth is skipped
+    (the search refused the whole request), and layouts without a pipeline keep 1F1B."""
+    from core.layout_search import candidate_layouts, pinned_layout
+
+    spec = get_preset("bench-llama-small")
+    train = TrainConfig(seq_len=128, layout=pinned_layout({"schedule": "interleaved", "virtual_stages": 2}))
+    layouts = candidate_layouts(spec, train, 8, 8, 8, frozenset({"schedule", "virtual_stages"}))
+    assert {(layout.pp, layout.schedule, layout.virtual_stages) for layout in layouts} == {
+        (1, "1f1b", 1), (2, "interleaved", 2)}
