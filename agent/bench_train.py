@@ -31,7 +31,7 @@ import gc
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 
@@ -165,7 +165,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     prediction = estimate(spec, cfg, device.type, setup.accumulation_steps)
     predicted_time = step_time(prediction, profile, setup.accumulation_steps).total_s if profile else None
     row = TrainStepResult(
-        model_name=spec.name, model_spec=_spec_dict(spec), seq_len=cfg.seq_len, micro_batch=cfg.micro_batch,
+        model_name=spec.name, model_spec=spec.to_dict(), seq_len=cfg.seq_len, micro_batch=cfg.micro_batch,
         accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute), attention=cfg.attention,
         precision=cfg.precision, optimizer=cfg.optimizer,
         prediction=prediction.to_dict() | {"step_time_s": predicted_time},
@@ -255,10 +255,6 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     return row
 
 
-def _spec_dict(spec: ModelSpec) -> dict:
-    return asdict(spec)
-
-
 def case(setup: TrainSetup, profile: ProfileSource = None, expected_s: float = 2.0) -> Case:
     cfg = setup.config
     return Case(
@@ -267,7 +263,7 @@ def case(setup: TrainSetup, profile: ProfileSource = None, expected_s: float = 2
         expected_s=expected_s,
         measure=functools.partial(measure, setup=setup, profile=profile),
         failed=lambda status, message: TrainStepResult(
-            model_name=setup.spec.name, model_spec=_spec_dict(setup.spec), seq_len=cfg.seq_len,
+            model_name=setup.spec.name, model_spec=setup.spec.to_dict(), seq_len=cfg.seq_len,
             micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
             attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, status=status, message=message,
         ),

@@ -110,7 +110,7 @@ def setup_document(setup: bench_train.TrainSetup) -> dict:
     cfg = setup.config
     config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
     config |= {"recompute": str(cfg.recompute), "layout": dataclasses.asdict(cfg.layout)}
-    return {"spec": dataclasses.asdict(setup.spec), "config": config,
+    return {"spec": setup.spec.to_dict(), "config": config,
             "accumulation_steps": setup.accumulation_steps, "warmup_steps": setup.warmup_steps, "steps": setup.steps}
 
 
@@ -378,7 +378,7 @@ def _release(info: RankInfo) -> None:
 def base_row(setup: bench_train.TrainSetup, rank: int, world: int) -> TrainStepResult:
     cfg = setup.config
     return TrainStepResult(
-        model_name=setup.spec.name, model_spec=dataclasses.asdict(setup.spec), seq_len=cfg.seq_len,
+        model_name=setup.spec.name, model_spec=setup.spec.to_dict(), seq_len=cfg.seq_len,
         micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
         attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, rank=rank, world_size=world,
         layout=dataclasses.asdict(cfg.layout),

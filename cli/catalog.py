@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 
 from core.hardware import DTYPES, HARDWARE, HardwareSpec, match_device
@@ -27,7 +26,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 def run_models(args: argparse.Namespace) -> int:
     if args.json:
-        print(json.dumps([dataclasses.asdict(spec) | {"parameters": spec.parameters} for spec in PRESETS.values()],
+        print(json.dumps([spec.to_dict() | {"parameters": spec.parameters} for spec in PRESETS.values()],
                          indent=2))
         return 0
     print(f"{'preset':<20}{'block':<7}{'layers':>7}{'hidden':>8}{'heads':>7}{'kv':>5}{'ffn':>8}{'vocab':>9}{'parameters':>17}")

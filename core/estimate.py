@@ -186,7 +186,7 @@ class Estimate:
         return sum(self.peak_components.values())
 
     def to_dict(self) -> dict[str, Any]:
-        model = asdict(self.spec) | {"parameters": self.spec.parameters}
+        model = self.spec.to_dict() | {"parameters": self.spec.parameters}
         config = {
             "seq_len": self.config.seq_len,
             "micro_batch": self.config.micro_batch,

@@ -26,8 +26,8 @@ multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
-from typing import Literal
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
 
 from core.divisors import divisors_near
 from core.errors import ConfigError
@@ -225,6 +225,11 @@ class ModelSpec:
                               f"{self.v_head_size}")
 
     # ---- derived sizes -------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field as JSON holds it (``caveats`` a list): what a stored training step keeps, and
+        ``ModelSpec(**d)`` reads back."""
+        return asdict(self) | {"caveats": list(self.caveats)}
 
     @property
     def is_mla(self) -> bool:

@@ -13,7 +13,6 @@ import os
 import sqlite3
 import uuid
 from collections.abc import Iterator
-from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -35,7 +34,7 @@ from db.store import Store
 
 PG_ADMIN_URL = os.environ.get("HEADROOM_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WRITER = Path(__file__).with_name("db_writer.py")
-LLAMA2_7B = asdict(get_preset("llama2-7b"))
+LLAMA2_7B = get_preset("llama2-7b").to_dict()
 """A training step's model as the agent stores it (every field of core.model.ModelSpec)."""
 
 

@@ -297,8 +297,9 @@ def test_what_gemma2s_caveats_claim_holds_in_transformers():
 
 
 def test_a_models_caveats_survive_a_round_trip_through_json():
-    """A training step stores its model_spec as JSON; read back, the caveats (a list there) are the same model."""
+    """A training step stores its model_spec as JSON (ModelSpec.to_dict, JSON's own types): it reads back field for
+    field, and as the same model."""
     gemma2 = load_hf_config(HF / "gemma-2-9b.json")
-    stored = json.loads(json.dumps(dataclasses.asdict(gemma2)))
-    assert isinstance(stored["caveats"], list)
+    stored = json.loads(json.dumps(gemma2.to_dict()))
+    assert stored == gemma2.to_dict() and isinstance(stored["caveats"], list) and len(stored["caveats"]) == 2
     assert type(gemma2)(**stored) == gemma2

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict
 
 import pytest
 
@@ -36,7 +35,7 @@ from core.timing import (
     step_time,
 )
 
-SPEC = asdict(get_preset("bench-llama-small"))
+SPEC = get_preset("bench-llama-small").to_dict()
 CPU = DeviceRecord("Some Host CPU", "cpu", None)
 H100 = DeviceRecord("NVIDIA H100 80GB HBM3", "cuda", None)
 

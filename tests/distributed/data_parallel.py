@@ -26,7 +26,6 @@ parameter order, later ones the order gradients became ready.
 
 from __future__ import annotations
 
-import dataclasses
 
 import torch
 import torch.distributed as dist
@@ -188,7 +187,7 @@ def measure_fsdp(mesh: DeviceMesh, units: str = "blocks") -> dict:
     return {
         "world_size": mesh.size(),
         "wrapping": units,
-        "spec": dataclasses.asdict(SPEC),
+        "spec": SPEC.to_dict(),
         "seq_len": SEQ_LEN, "micro_batch": MICRO_BATCH,
         "losses": losses,
         "parameters": parameters,
