@@ -10,6 +10,7 @@ PostgreSQL, so there a missing server fails.
 from __future__ import annotations
 
 import os
+import random
 import sqlite3
 import uuid
 from collections.abc import Iterator
@@ -128,3 +129,25 @@ def postgres_url() -> Iterator[str]:
 def store_url(request) -> str:
     """A fresh store URL on each backend in turn."""
     return request.getfixturevalue("sqlite_url" if request.param == "sqlite" else "postgres_url")
+
+
+DAMAGE_AT = 12288
+"""Pages 4 and 5 of a store (4 KiB pages): the fingerprints table and its unique index, which every reader and
+writer of runs uses. A store with one run already has 40 pages (the schema's)."""
+DAMAGE = random.Random(DAMAGE_AT).randbytes(8192)
+
+
+def one_run_store(path: Path) -> Path:
+    """A SQLite store at ``path`` holding one recorded run."""
+    from db.store import open_store
+
+    with open_store(str(path), mode="write") as store:
+        record_run(store)
+    return path
+
+
+def damaged_bytes(store: Path) -> bytes:
+    """``store``'s file with pages 4 and 5 overwritten by random bytes: a store damaged inside."""
+    data = bytearray(store.read_bytes())
+    data[DAMAGE_AT:DAMAGE_AT + len(DAMAGE)] = DAMAGE
+    return bytes(data)

@@ -6,7 +6,6 @@ table and its index) overwritten with random bytes.
 
 from __future__ import annotations
 
-import random
 import re
 from pathlib import Path
 
@@ -16,29 +15,22 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from db.errors import DamagedStoreError  # noqa: E402
-from db.store import open_store  # noqa: E402
-from tests.db_support import record_run  # noqa: E402
+from tests.db_support import damaged_bytes, one_run_store  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = ("plan", "hardware", "history", "calibration")
-DAMAGE_AT = 12288
 ADVICE = ("it is not a readable Headroom store (restore it from a backup or a bundle, or point --db at another "
           "store)")
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("built") / "s.db"
-    with open_store(str(path), mode="write") as store:
-        record_run(store)
-    return path
+    return one_run_store(tmp_path_factory.mktemp("built") / "s.db")
 
 
 def damaged(built: Path, folder: Path) -> Path:
-    data = bytearray(built.read_bytes())
-    data[DAMAGE_AT:DAMAGE_AT + 8192] = random.Random(DAMAGE_AT).randbytes(8192)
     path = folder / "damaged.db"
-    path.write_bytes(data)
+    path.write_bytes(damaged_bytes(built))
     return path
 
 

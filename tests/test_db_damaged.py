@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import random
 import re
 import shutil
 import sqlite3
@@ -29,13 +28,9 @@ from db.bundle import export_bundle
 from db.bundle_file import write_bundle
 from db.migrate import head
 from db.store import open_store
-from tests.db_support import record_run
+from tests.db_support import damaged_bytes, one_run_store, record_run
 
 REPO = Path(__file__).resolve().parents[1]
-DAMAGE_AT = 12288
-"""Pages 4 and 5 of a store (4 KiB pages): the fingerprints table and its unique index, which every reader and
-writer of runs uses. A store with one run already has 40 pages (the schema's)."""
-DAMAGE = random.Random(DAMAGE_AT).randbytes(8192)
 ADVICE = "it is not a readable Headroom store (restore it from a backup or a bundle, or point {} at another store)"
 READ_ONLY_REASON = r"\((attempt to write a readonly database|unable to open database file)\)"
 """SQLite's words when it cannot create a file beside the store: the first when the store file is writable."""
@@ -43,10 +38,7 @@ READ_ONLY_REASON = r"\((attempt to write a readonly database|unable to open data
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("built") / "s.db"
-    with open_store(str(path), mode="write") as store:
-        record_run(store)
-    return path
+    return one_run_store(tmp_path_factory.mktemp("built") / "s.db")
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +56,7 @@ def bundle(tmp_path_factory) -> Path:
 def copy_of(built: Path, folder: Path, name: str = "s.db", damaged: bool = False) -> Path:
     folder.mkdir(exist_ok=True)
     path = (folder / name).resolve()
-    data = bytearray(built.read_bytes())
-    if damaged:
-        data[DAMAGE_AT:DAMAGE_AT + len(DAMAGE)] = DAMAGE
-    path.write_bytes(data)
+    path.write_bytes(damaged_bytes(built) if damaged else built.read_bytes())
     return path
 
 
