@@ -7,7 +7,6 @@ through dashboard.planning), so a test fails if the page plans something else th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -29,8 +28,8 @@ from core.timing import datasheet_profile
 from core.units import GB
 from dashboard import charts, planning
 from dashboard.text import plain
+from tests.dashboard_support import render_url
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 H100 = datasheet_profile(get_hardware("h100-sxm"))
 SMALL = {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8"}
 """8 heads, 4 key/value heads, 4 layers: every axis has a choice on 8 GPUs, and a search takes seconds."""
@@ -55,15 +54,6 @@ def pipelined():
     inputs = planning.PlanInputs(model="bench-llama-small", seq_len=128, global_batch=8, gpus=8, pp="2")
     page = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
     return page, core_plan("bench-llama-small", 128, 8, 8, Layout(pp=2), frozenset({"pp"}))
-
-
-def render(monkeypatch, tmp_path, query: dict[str, str]) -> AppTest:
-    monkeypatch.setenv("HEADROOM_DB", str(tmp_path / "none.db"))
-    at = AppTest.from_file(APP, default_timeout=300)
-    at.query_params.update(query)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def chart_data(at: AppTest, color: str) -> list[pd.DataFrame]:
@@ -227,7 +217,7 @@ def test_step_times_read_at_any_size():
 
 
 def test_a_search_over_8_gpus_shows_the_layout_and_its_time_by_term(monkeypatch, tmp_path, small_search):
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8"})
     best = small_search.recommendation
     subheaders = [s.value for s in at.subheader]
     assert f"Chosen layout: {best.layout}" in subheaders
@@ -244,7 +234,7 @@ def test_a_search_over_8_gpus_shows_the_layout_and_its_time_by_term(monkeypatch,
 
 
 def test_a_search_shows_its_tables_and_charts_in_full(monkeypatch, tmp_path, small_search):
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8", "budget": "1.05GB"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8", "budget": "1.05GB"})
     page = planning.make_plan(planning.PlanInputs(model="bench-llama-small", seq_len=128, global_batch=8, gpus=8,
                                                   budget="1.05GB"),
                               get_preset("bench-llama-small"), *planning.datasheet_hardware(planning.PlanInputs().hardware))
@@ -277,7 +267,7 @@ def test_a_search_shows_its_tables_and_charts_in_full(monkeypatch, tmp_path, sma
 
 
 def test_pins_in_the_url_are_honoured(monkeypatch, tmp_path):
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8", "tp": "2", "zero": "1", "interconnect": "ib-hdr"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8", "tp": "2", "zero": "1", "interconnect": "ib-hdr"})
     expected = core_plan("bench-llama-small", 128, 8, 8, Layout(tp=2, zero=1), frozenset({"tp", "zero"}))
     assert at.text_input(key="plan_tp").value == "2" and at.text_input(key="plan_zero").value == "1"
     assert at.text_input(key="plan_dp").value == planning.AUTO
@@ -291,7 +281,7 @@ def test_pins_in_the_url_are_honoured(monkeypatch, tmp_path):
 
 
 def test_a_bad_pin_shows_the_error_message(monkeypatch, tmp_path):
-    at = render(monkeypatch, tmp_path, {"model": "llama3.2-1b", "gpus": "8", "tp": "3"})
+    at = render_url(tmp_path, monkeypatch, {"model": "llama3.2-1b", "gpus": "8", "tp": "3"})
     with pytest.raises(ConfigError) as expected:
         TrainConfig(seq_len=4096, layout=Layout(tp=3)).check_model(get_preset("llama3.2-1b"))
     assert [e.value for e in at.error] == [plain(str(expected.value))]  # as text, never as markup
@@ -299,13 +289,13 @@ def test_a_bad_pin_shows_the_error_message(monkeypatch, tmp_path):
 
 
 def test_the_gpu_count_is_capped(monkeypatch, tmp_path):
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8192"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8192"})
     (error,) = [e.value for e in at.error]
     assert "8192 GPUs is over this page's cap of 4096" in error and "headroom plan --gpus 8192" in error
 
 
 def test_the_compare_view_shows_two_layouts(monkeypatch, tmp_path, small_search):
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8"})
     outcomes, winner = small_search.layouts, small_search.recommendation
     assert at.selectbox(key="compare_a").value == str(outcomes[0].layout)  # the recommendation
     assert at.selectbox(key="compare_b").value == str(outcomes[1].layout)  # and the runner-up
@@ -332,7 +322,7 @@ def test_a_search_past_the_pages_time_limit_says_how_far_it_got(monkeypatch, tmp
     """The page's work is bounded: a URL asking for thousands of GPUs cannot keep the server busy for minutes."""
     monkeypatch.setattr(planning, "PAGE_TIME_LIMIT_S", 0.0)  # spent at once: one layout tried
     every = core_plan("bench-llama-small", 128, 8, 8)
-    at = render(monkeypatch, tmp_path, {**SMALL, "gpus": "8", "budget": "1.01GB"})
+    at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8", "budget": "1.01GB"})
     assert [w.value for w in at.warning] == [
         f"The search stopped at this page's limit of 0 s: 1 layout tried, simplest first, {len(every.layouts) - 1} "
         "left untried. `headroom plan --gpus 8` searches every one."]

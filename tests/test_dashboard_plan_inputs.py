@@ -4,7 +4,6 @@ ignored (or to apply to the pipelined layouts only)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
@@ -16,17 +15,9 @@ from dashboard import planning
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
+from tests.dashboard_support import APP, render_url  # noqa: E402
+
 DATASHEET_ROWS = ", ".join(hw.key for hw in HARDWARE)
-
-
-def render(tmp_path: Path, monkeypatch, query: dict[str, str]) -> AppTest:
-    monkeypatch.setenv("HEADROOM_DB", str(tmp_path / "none.db"))
-    at = AppTest.from_file(APP, default_timeout=120)
-    at.query_params.update(query)
-    at.run()
-    assert not at.exception, [e.value for e in at.exception]
-    return at
 
 
 def warnings(at: AppTest) -> list[str]:
@@ -34,7 +25,7 @@ def warnings(at: AppTest) -> list[str]:
 
 
 def test_an_unknown_model_in_the_url_is_named_with_the_presets(tmp_path, monkeypatch):
-    at = render(tmp_path, monkeypatch, {"model": "llama9-70b", "global_batch": "32"})
+    at = render_url(tmp_path, monkeypatch, {"model": "llama9-70b", "global_batch": "32"})
     unknown = (f"The URL names the model preset 'llama9-70b', which is not one: planning llama3.2-1b instead. "
                f"Presets: {', '.join(PRESETS)} (`headroom models` lists their sizes); pick one in the sidebar, or "
                "give a config.json or dimensions.")
@@ -48,7 +39,7 @@ def test_an_unknown_model_in_the_url_is_named_with_the_presets(tmp_path, monkeyp
 
 
 def test_an_unknown_hardware_in_the_url_is_named_with_the_choices(tmp_path, monkeypatch):
-    at = render(tmp_path, monkeypatch, {"hardware": "datasheet: h999", "interconnect": "carrier-pigeon"})
+    at = render_url(tmp_path, monkeypatch, {"hardware": "datasheet: h999", "interconnect": "carrier-pigeon"})
     assert warnings(at) == [
         "The URL names the hardware 'datasheet\\: h999', which is neither a device measured in this store nor a "
         "datasheet row: planning datasheet\\: h100-sxm instead. Measured in this store: none; datasheet rows "
@@ -77,13 +68,13 @@ def test_a_measured_device_the_store_lacks_is_named_with_the_stores_devices(smok
 
 
 def test_a_bare_hardware_name_is_its_option(tmp_path, monkeypatch):
-    at = render(tmp_path, monkeypatch, {"hardware": "h200"})
+    at = render_url(tmp_path, monkeypatch, {"hardware": "h200"})
     assert at.selectbox(key="plan_hardware").value == "datasheet: h200" and warnings(at) == []
     assert "on **h200** (datasheet)" in at.markdown[0].value
 
 
 def test_a_schedule_without_a_pipeline_is_said_to_be_ignored(tmp_path, monkeypatch):
-    at = render(tmp_path, monkeypatch, {"schedule": "interleaved", "virtual_stages": "4"})
+    at = render_url(tmp_path, monkeypatch, {"schedule": "interleaved", "virtual_stages": "4"})
     assert warnings(at) == [
         "The pipeline schedule and virtual stages are ignored: pp is auto, which plans pp 1 without a GPU count, "
         "and one stage runs no pipeline. Pin pp above 1 (or give a GPU count to search) to plan a pipeline."]
@@ -99,7 +90,7 @@ def test_a_schedule_without_a_pipeline_is_said_to_be_ignored(tmp_path, monkeypat
 
 def test_a_schedule_pinned_for_a_search_applies_to_its_pipelines(tmp_path, monkeypatch):
     query = {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8", "gpus": "2", "virtual_stages": "2"}
-    at = render(tmp_path, monkeypatch, query)
+    at = render_url(tmp_path, monkeypatch, query)
     assert warnings(at) == [
         "pp is auto: virtual stages apply only to the layouts the search gives a pipeline (pp > 1); those with pp 1 "
         "run without one. Pin pp to search pipelines of one depth only."]
@@ -112,7 +103,7 @@ def test_the_page_says_what_plan_notes_beside_its_figures(tmp_path, monkeypatch)
     """A sequence beyond llama2-7b's 4,096-token window is context extension: the page says so, as plan does."""
     from dashboard.text import plain
 
-    at = render(tmp_path, monkeypatch, {"model": "llama2-7b", "seq_len": "8192", "dp": "8", "zero": "3"})
+    at = render_url(tmp_path, monkeypatch, {"model": "llama2-7b", "seq_len": "8192", "dp": "8", "zero": "3"})
     said = [str(e.value) for e in at.info if "context window" in str(e.value)]
     assert said == [plain("seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the "
                           "context (RoPE scaling); memory and time are accounted the same.")]  # Markdown-escaped
