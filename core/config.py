@@ -20,10 +20,14 @@ Attention = Literal["flash", "standard"]
 ATTENTIONS = ("flash", "standard")
 
 
-def hf_stack_covers(spec: ModelSpec) -> bool:
-    """The hf stack (core.stack) accounts for transformers' Llama modules: dense, RMSNorm before each sublayer,
-    Llama's attention. Its mixtures of experts, latent attention, GPT blocks and Gemma's norms keep other tensors."""
-    return spec.block == "llama" and not (spec.is_moe or spec.is_mla or spec.post_norms)
+def hf_stack_covers(spec: ModelSpec, stack: str = "hf") -> bool:
+    """The transformers stacks (core.stack) account for transformers' Llama modules: dense, RMSNorm before each
+    sublayer, Llama's attention; ``hf`` also for Gemma's (its RMSNorm in fp32 and scaled embeddings), which Liger
+    patches with kernels of its own. Mixtures of experts, latent attention, GPT blocks and Gemma 2 and 3's
+    norms after each sublayer (with Gemma 2's eager attention) keep other tensors."""
+    if spec.block != "llama" or spec.is_moe or spec.is_mla or spec.post_norms:
+        return False
+    return stack == "hf" or not (spec.norm_offset or spec.scaled_embedding)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -117,9 +121,10 @@ class TrainConfig:
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
                               f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")
         stack = get_stack(self.stack)
-        if stack.transformers_modules and not hf_stack_covers(spec):
-            raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules (llama, "
-                              "mistral, qwen2, qwen3); for this architecture, trace transformers' own model with "
+        if stack.transformers_modules and not hf_stack_covers(spec, stack.name):
+            covered = "llama, mistral, qwen2, qwen3" + (", gemma" if stack.name == "hf" else "")
+            raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules "
+                              f"({covered}); for this architecture, trace transformers' own model with "
                               "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")
         if not stack.tensor_parallel and self.layout.tp > 1:
             raise ConfigError(f"--stack {stack.name} --tp {self.layout.tp}: Liger's fused linear cross-entropy needs the "

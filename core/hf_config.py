@@ -19,7 +19,8 @@ Supported ``model_type`` values and the field names each uses:
   (transformers' Qwen3Attention); attention_bias (default false).
 - ``gemma``, ``gemma2``, ``gemma3_text``: Llama's fields, head_dim (default
   256), tie_word_embeddings (default true). The MLP is GeGLU: the same three
-  matrices as SwiGLU. Gemma 2 and 3 add norms after attention and after the
+  matrices as SwiGLU. Their RMSNorm scales by 1 + weight in fp32 and the
+  embeddings by sqrt(hidden_size) (``norm_offset``, ``scaled_embedding``). Gemma 2 and 3 add norms after attention and after the
   MLP; Gemma 3 also normalises each head of q and k (transformers'
   Gemma2DecoderLayer, Gemma3Attention). ``gemma3`` (the image-and-text
   model) is planned as its language model, from its ``text_config``: the
@@ -229,6 +230,8 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         head_size=None if natural else head_dim,
         qk_norm=model_type in QK_NORM,
         post_norms=model_type in POST_NORMS,
+        norm_offset=model_type in GEMMAS,
+        scaled_embedding=model_type in GEMMAS,
         caveats=_softcap_caveats(config, name, model_type),
         **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
     )

@@ -194,6 +194,8 @@ class _Trace:
     offloading: bool = False
     stack: Stack = STACKS["reference"]
     """Whose kernels and checkpointing (core.stack)."""
+    norm_offset: bool = False
+    """The model's RMSNorm scales by 1 + weight in fp32 (core.model.ModelSpec.norm_offset)."""
     mm_count: int = 0
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
@@ -333,7 +335,9 @@ class _Trace:
         derivatives.yaml). torch's composite (CPU, meta): upcast, x * rsqrt(mean(x^2)
         + eps), times weight, cast back; it keeps the fp32 input, the rsqrt and
         the fp32 normalised tensor. transformers' composite casts back before
-        the weight: it keeps the normalised tensor in the input's dtype.
+        the weight: it keeps the normalised tensor in the input's dtype; Gemma's
+        scales by 1 + weight in fp32 first, keeping the fp32 normalised tensor
+        and the fp32 1 + weight.
         """
         rows = x.shape[:-1] + (1,)
         weight = self.param(f"{name}.weight", (x.shape[-1],), param_dtype)
@@ -343,6 +347,11 @@ class _Trace:
             return self.new(f"{name}.out", x.shape, x.dtype)
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
         normed = self.new(f"{name}.normalized", x.shape, "fp32")
+        if kernel == "hf" and self.norm_offset:
+            # Gemma's: the fp32 normalised tensor times 1 + weight.float(), cast back; the product keeps both.
+            plus_one = self.new(f"{name}.weight_plus_one", (x.shape[-1],), "fp32")
+            self.save(upcast, self.new(f"{name}.rsqrt", rows, "fp32"), normed, plus_one)
+            return self.cast(self.new(f"{name}.out", x.shape, "fp32"), x.dtype, f"{name}.out_cast")
         if kernel == "hf":  # cast back, then the weight: the product keeps the cast
             normed = self.cast(normed, x.dtype, f"{name}.normalized_cast")
             out = self.new(f"{name}.out", x.shape, x.dtype)
@@ -680,9 +689,8 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
-    amp = _autocast(cfg)
     param_dtype = _compute_param_dtype(cfg)
-    tr = _Trace(rules=rules, amp=amp, stack=get_stack(cfg.stack))
+    tr = _new_trace(spec, cfg, rules)
     d = _Dims.of(spec, cfg)
     b, h = d.b, d.h
 
@@ -693,6 +701,9 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         if not spec.rotary:
             tr.save(tr.new("positions", (d.s,), "int64"))
             x = tr.new("embed_sum", (b, d.rows, h), param_dtype)
+        if spec.scaled_embedding and tr.stack.transformers_modules:  # times sqrt(h): the product keeps the scalar
+            tr.save(tr.new("embed_scale", (), param_dtype, "input"))
+            x = tr.new("embed_scaled", (b, d.rows, h), param_dtype)
         if cfg.dropout > 0:
             x = tr.dropout(x, "embed_dropout")
     else:  # the previous stage's output, received
@@ -741,6 +752,11 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
     return tr
+
+
+def _new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int | None = None) -> _Trace:
+    return _Trace(rules=rules, amp=_autocast(cfg), layer=layer, stack=get_stack(cfg.stack),
+                  norm_offset=spec.norm_offset)
 
 
 def _autocast(cfg: TrainConfig) -> bool:
@@ -872,7 +888,7 @@ def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, polic
 def _policy_block_bytes(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int) -> int:
     param_dtype = _compute_param_dtype(cfg)
     d = _Dims.of(spec, cfg)
-    tr = _Trace(rules=rules, amp=_autocast(cfg), layer=layer, stack=get_stack(cfg.stack))
+    tr = _new_trace(spec, cfg, rules, layer)
     x = tr.new("input", (d.b, d.rows, d.h), param_dtype)
     _block(tr, spec, d, cfg, x, param_dtype)
     return sum(t.bytes for t in tr.kept.values() if t.kind == "activation")

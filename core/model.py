@@ -89,6 +89,13 @@ class ModelSpec:
     post_norms: bool = False
     """The attention's and the MLP's outputs are normalised again before the residual add (Gemma 2 and 3):
     four norms a block."""
+    norm_offset: bool = False
+    """Each RMSNorm scales by ``1 + weight`` in fp32 and casts back after (Gemma's ``GemmaRMSNorm``): under
+    transformers' modules (the hf stack) it keeps its normalised tensor in fp32. The agent's decoder, and so
+    the reference stack, normalises as Llama does."""
+    scaled_embedding: bool = False
+    """The token embeddings are multiplied by sqrt(hidden), a scalar tensor in the compute dtype (Gemma):
+    transformers' multiply keeps the scalar (2 bytes)."""
     positions: PositionKind | None = None
     """``learned`` (a table of max_seq_len x hidden) or ``rotary`` (no parameters); None: the block's own,
     learned for ``gpt``, rotary for ``llama``."""

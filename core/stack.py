@@ -59,7 +59,9 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   offloading (``TransformerConfig.cpu_offloading``); it has no op-level
   policy (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
 - ``hf``: transformers' modeling code under the HF Trainer (transformers
-  5, ``models/llama/modeling_llama.py``; Mistral, Qwen2/3 and Phi-3 share it).
+  5, ``models/llama/modeling_llama.py``; Mistral, Qwen2/3 and Phi-3 share it;
+  ``models/gemma/modeling_gemma.py``, whose ``GemmaRMSNorm`` scales by
+  ``1 + weight`` in fp32 and so keeps its normalised tensor in fp32).
   ``LlamaRMSNorm`` is a composite on every device: it upcasts its input to
   fp32, multiplies by ``rsqrt(mean(x^2) + eps)``, casts back and then scales
   by the weight, so backward keeps the fp32 input, the rsqrt, the normalised
@@ -141,7 +143,8 @@ class Stack:
     tensor_parallel: bool = True
     """The stack can split a layer over tensor-parallel ranks."""
     transformers_modules: bool = False
-    """The stack runs transformers' own modeling code: it accounts for the Llama family only (hf_stack_covers)."""
+    """The stack runs transformers' own modeling code: it accounts for the Llama family only
+    (core.config.hf_stack_covers)."""
     measured: bool = False
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
     summary: str = ""

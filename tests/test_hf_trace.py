@@ -6,6 +6,7 @@ against the analytic ledger of the same config, whose differences are listed exa
 
 import json
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -155,28 +156,57 @@ def test_the_hf_stack_is_the_trace_of_transformers_llama(device, precision, poli
     assert traced.saved_bytes - analytic.saved_bytes == (4 * 8 if flash else 0)
 
 
-@pytest.mark.parametrize(("model_type", "extra"), [("qwen3", {"head_dim": 64}), ("qwen2", {}), ("mistral", {})])
+@pytest.mark.parametrize(("model_type", "extra"), [("qwen3", {"head_dim": 64}), ("qwen2", {}), ("mistral", {}),
+                                                   ("gemma", {"head_dim": 32})])
 def test_the_hf_stack_is_the_trace_of_the_llama_family(model_type, extra):
-    """Qwen3's per-head q/k norms are transformers' Llama RMSNorm too; Qwen2's q/k/v biases keep nothing more."""
+    """Qwen3's per-head q/k norms are transformers' Llama RMSNorm too; Qwen2's q/k/v biases keep nothing more.
+    Gemma's RMSNorm scales by 1 + weight in fp32 and keeps its fp32 normalised tensor, and its embeddings are
+    scaled by a kept scalar; its GeGLU keeps what SwiGLU keeps."""
     config = {**SMALL, "model_type": model_type, **extra}
-    for device, precision, policy in (("cuda", "bf16-pure", "none"), ("cpu", "fp32", "full")):
+    for device, precision, policy in (("cuda", "bf16-pure", "none"), ("cpu", "fp32", "full"),
+                                      ("cpu", "bf16-pure", "none"), ("cuda", "fp32", "none")):
         train = TrainConfig(seq_len=64, micro_batch=2, precision=precision, recompute=parse_policy(policy),
                             stack="hf")
         traced = trace(config, model_type, train, device)
         analytic = activation_ledger(spec_from_hf_config(config, model_type), train, device)
-        assert differences(traced, analytic) == ([f"layers 0-1: {FLASH_RNG}"] if policy == "none" else [])
+        flash = device == "cuda" and precision == "bf16-pure" and policy == "none"
+        assert differences(traced, analytic) == ([f"layers 0-1: {FLASH_RNG}"] if flash else [])
 
 
 def test_outside_the_llama_family_the_hf_stack_says_to_trace():
-    """Phi-3 (fused q/k/v and gate/up projections) and Gemma (its RMSNorm keeps fp32) are transformers' own
-    modules: traced, they part from the hf stack, so a mixture of experts or a GPT block under it is refused."""
+    """Phi-3 (fused q/k/v and gate/up projections) is transformers' own module: traced, it parts from the hf
+    stack, so a mixture of experts, Gemma 2 and 3 (norms after each sublayer) or, under Liger's kernels, Gemma
+    is refused."""
     phi3 = {**SMALL, "model_type": "phi3"}
     train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure", recompute=parse_policy("none"), stack="hf")
     assert differences(trace(phi3, "phi3", train, "cpu"), activation_ledger(spec_from_hf_config(phi3, "p"), train, "cpu"))
     mixtral = spec_from_hf_config({**SMALL, "model_type": "mixtral", "num_local_experts": 4,
                                  "num_experts_per_tok": 2}, "mixtral")
-    with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules .* --trace"):
+    with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules "
+                                          r"\(llama, mistral, qwen2, qwen3, gemma\); .* --trace"):
         activation_ledger(mixtral, train, "cuda")
+    for model_type in ("gemma2", "gemma3_text"):
+        with pytest.raises(ConfigError, match="the hf stack accounts for"):
+            activation_ledger(spec_from_hf_config({**SMALL, "model_type": model_type}, model_type), train, "cuda")
+    gemma = spec_from_hf_config({**SMALL, "model_type": "gemma"}, "gemma")
+    with pytest.raises(ConfigError, match=r"the hf-liger stack accounts for transformers' Llama modules "
+                                          r"\(llama, mistral, qwen2, qwen3\);"):
+        activation_ledger(gemma, replace(train, stack="hf-liger"), "cuda")
+
+
+def test_gemmas_norms_change_only_the_transformers_ledger():
+    """The agent's decoder (the reference stack) normalises a Gemma as it does a Llama: only the hf stack's
+    ledger keeps Gemma's fp32 normalised tensors, one (b, s, h) fp32 in place of a 16-bit one per norm."""
+    config = {**SMALL, "model_type": "gemma", "head_dim": 32}
+    gemma = spec_from_hf_config(config, "gemma")
+    llama_norms = replace(gemma, norm_offset=False, scaled_embedding=False)
+    train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure")
+    assert kept(activation_ledger(gemma, train, "cuda")) == kept(activation_ledger(llama_norms, train, "cuda"))
+    hf = replace(train, stack="hf")
+    norms = 2 * 2 + 1  # two a block, and the final one
+    extra = norms * (2 * 64 * 128 * 2 + 128 * 4) + 2  # fp32 over bf16, and 1 + weight; the embedding's scale
+    assert activation_ledger(gemma, hf, "cuda").saved_bytes - activation_ledger(llama_norms, hf, "cuda").saved_bytes \
+        == extra
 
 
 def planned(tmp_path, budget: int, **train):
