@@ -9,9 +9,9 @@ advice a plan prints): llama3-70b over every policy (under 20 ms), a 200-layer
 model (under 100 ms) and a llama3-70b plan in which nothing fits (under 100
 ms); and the process time of `headroom plan` over `headroom estimate` (within
 1.3x). Then the cluster search: llama3-70b over 64 H100s with every axis free
-(tp x pp x cp x dp x sharding stage x micro-batch x recompute), printing the
-layouts searched, the candidates evaluated and the milliseconds per plan and
-per layout.
+(tp x pp x cp x dp x sharding stage x micro-batch x recompute), and 512 GPUs,
+printing the layouts searched, the candidates evaluated, the seconds per plan
+and milliseconds per layout, and the seconds its JSON takes.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from core.advice import plan_and_advise
 from core.config import TrainConfig
 from core.hardware import get_hardware
 from core.layout import Layout
-from core.planner import PlanRequest, plan
+from core.planner import PlanRequest, plan, plan_to_dict
 from core.presets import get_preset
 from core.timing import datasheet_profile
 
@@ -84,19 +84,26 @@ def targets() -> None:
 
 
 def search() -> None:
-    """llama3-70b, s=8192, global batch 512 sequences (4M tokens), 64 GPUs, every axis free."""
+    """llama3-70b, s=8192, every axis free: 64 GPUs at a global batch of 512 sequences (4M tokens) and 512 GPUs at
+    2,048 (16M tokens, Llama 3's); then the plan's JSON (`headroom plan --json`) of each."""
     profile = datasheet_profile(get_hardware("h100-sxm"))
-    request = PlanRequest(spec=get_preset("llama3-70b"), train=TrainConfig(seq_len=8192), global_batch=512, gpus=64)
-    start = time.perf_counter()
-    result = plan(request, profile)
-    elapsed = time.perf_counter() - start
-    n = len(result.candidates) + len(result.rejected)
-    layouts = len(result.layouts)
-    best = result.recommendation
-    print(f"\nsearch: llama3-70b on 64 GPUs: {layouts} layouts searched ({sum(o.fits for o in result.layouts)} fit), "
-          f"{n} candidates evaluated, {elapsed * 1000:,.0f} ms per plan, {elapsed * 1000 / layouts:.1f} ms per layout")
-    if best is not None:
-        print(f"  recommended: {best.layout}; {best.label}; {best.tokens_per_s / 64:,.0f} tokens/s per GPU")
+    for gpus, batch in ((64, 512), (512, 2048)):
+        request = PlanRequest(spec=get_preset("llama3-70b"), train=TrainConfig(seq_len=8192), global_batch=batch,
+                              gpus=gpus)
+        start = time.perf_counter()
+        result = plan(request, profile)
+        elapsed = time.perf_counter() - start
+        start = time.perf_counter()
+        plan_to_dict(result)
+        as_json = time.perf_counter() - start
+        n = len(result.candidates) + len(result.rejected)
+        layouts = len(result.layouts)
+        best = result.recommendation
+        print(f"\nsearch: llama3-70b on {gpus} GPUs: {layouts} layouts searched "
+              f"({sum(o.fits for o in result.layouts)} fit), {n} candidates evaluated, {elapsed:,.2f} s per plan, "
+              f"{elapsed * 1000 / layouts:.1f} ms per layout; its JSON {as_json:,.2f} s")
+        if best is not None:
+            print(f"  recommended: {best.layout}; {best.label}; {best.tokens_per_s / gpus:,.0f} tokens/s per GPU")
 
 
 if __name__ == "__main__":

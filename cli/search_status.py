@@ -1,6 +1,6 @@
 """A status line on a terminal while a layout search runs: how far it is, and about how long is left.
 
-A search over thousands of GPUs tries a thousand layouts and can take a minute; a user staring at a
+A search over thousands of GPUs tries a thousand layouts and can take tens of seconds; a user staring at a
 silent terminal cannot tell it from a hang. The line is drawn on stderr only when stderr is a terminal
 (nothing lands in a log, a pipe or the JSON on stdout), only once a search has run for ``after_s`` (a
 quick plan prints nothing), at most every ``every_s``, and is erased when the plan is printed.

@@ -9,7 +9,7 @@ are integers.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
 from itertools import pairwise
 from typing import Any
@@ -18,7 +18,7 @@ from core.config import TrainConfig
 from core.errors import ConfigError
 from core.flops import StepFlops, step_flops
 from core.layout import Layout
-from core.ledger import PROBABILITIES, Ledger, activation_ledger
+from core.ledger import Ledger, activation_ledger
 from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_memory
 from core.model import ModelSpec
 from core.pipeline import RankKind, check_micro_batches, rank_kinds
@@ -59,7 +59,7 @@ class Estimate:
     @property
     def logits_bytes(self) -> int:
         """The loss's fp32 probabilities over the vocabulary, kept for backward (last stage)."""
-        return self._in_flight(sum(t.bytes for t in self.ledger.traced if t.name in PROBABILITIES))
+        return self._in_flight(self.ledger.probability_bytes)
 
     @property
     def activation_bytes(self) -> int:
@@ -102,13 +102,15 @@ class Estimate:
         """Static state at the loss: without accumulation the gradients do not exist yet."""
         return self.static.total - (self.static.gradients if self.accumulation_steps == 1 else 0)
 
-    def _moment(self, gradients: int, copies: int, gathered: int, transient: tuple[str, int]) -> dict[str, int]:
+    def _moment(self, gradients: int, copies: int, gathered: int, kept: tuple[int, int],
+                transient: tuple[str, int]) -> dict[str, int]:
+        """What is allocated at one moment: the static state, and ``kept``, the activations and log-probs."""
         static = self.static
         return {
             "parameters": static.parameters, "gradients": gradients, "master_weights": static.master_weights,
             "optimizer_states": static.optimizer_states, "gradient_buckets": static.gradient_buckets,
             "gathered_parameters": gathered, "weight_copies": copies,
-            "activations": self.activation_bytes, "logits": self.logits_bytes, transient[0]: transient[1],
+            "activations": kept[0], "logits": kept[1], transient[0]: transient[1],
         }
 
     @property
@@ -132,22 +134,23 @@ class Estimate:
         """
         gradients = self.static.gradients if self.accumulation_steps > 1 else 0
         kept = self.weight_copy_bytes
+        activations = (self.activation_bytes, self.logits_bytes)
         ledger = self.ledger
         forward_units, backward_units = self.gathered_parameter_bytes
         moments = {
-            "forward": self._moment(gradients, max(self.autocast_cache_bytes, kept), forward_units,
+            "forward": self._moment(gradients, max(self.autocast_cache_bytes, kept), forward_units, activations,
                                     ("forward_transient", ledger.forward_transient_bytes)),
             # Ring attention's buffers in the last layer's backward replace the loss's gradients, freed by
             # then: the larger of the two bounds both moments.
-            "loss backward": self._moment(gradients, kept, backward_units, (
+            "loss backward": self._moment(gradients, kept, backward_units, activations, (
                 "backward_transient", max(ledger.loss_gradient_bytes, ledger.ring_buffer_bytes))),
         }
         if ledger.recompute_bytes:
-            moments["recompute"] = self._moment(self.static.gradients, kept, backward_units,
+            moments["recompute"] = self._moment(self.static.gradients, kept, backward_units, activations,
                                                 ("backward_transient", ledger.recompute_bytes))
         # Every gradient exists and every activation, weight copy and gathered unit is gone.
-        moments["optimizer step"] = self._moment(self.static.gradients, 0, 0, (
-            "optimizer_transient", self.optimizer_transient_bytes)) | {"activations": 0, "logits": 0}
+        moments["optimizer step"] = self._moment(self.static.gradients, 0, 0, (0, 0), (
+            "optimizer_transient", self.optimizer_transient_bytes))
         return moments
 
     @property
@@ -203,7 +206,20 @@ class Estimate:
             "device": self.device,
             "accumulation_steps": self.accumulation_steps,
         }
-        memory = {
+        kernels = "" if self.config.stack == "reference" else f", with the {self.config.stack} stack's kernels"
+        notes = [
+            f"activations: per-tensor ledger of the agent's decoder{kernels} on {self.device} "
+            "(checked against autograd's saved tensors on cpu and meta)",
+            PEAK_NOTE,
+        ]
+        notes[:0] = self.config.model_notes(self.spec)
+        peak = {"moment": self.peak_moment, "components": self.peak_components}
+        return {"model": model, "config": config, "rank": self.rank.name, "ranks": self.ranks_list(),
+                "memory_bytes": self.memory_dict(), "peak": peak, "flops": self.flops_dict(), "notes": notes}
+
+    def memory_dict(self) -> dict[str, int]:
+        """``memory_bytes`` of ``to_dict``: this rank's bytes by component and at each moment."""
+        return {
             "parameters": self.static.parameters,
             "gradients": self.static.gradients,
             "master_weights": self.static.master_weights,
@@ -225,7 +241,10 @@ class Estimate:
             "optimizer_peak": self.optimizer_peak_bytes,
             "peak": self.peak_bytes,
         }
-        flops = {
+
+    def flops_dict(self) -> dict[str, Any]:
+        """``flops`` of ``to_dict``."""
+        return {
             "forward": self.flops.forward,
             "backward": self.flops.backward,
             "recompute": self.flops.recompute,
@@ -234,27 +253,20 @@ class Estimate:
             "per_token": self.flops.model // self.flops.tokens,
             "forward_by_component": self.flops.blocks_forward_by_matmul | {"logits": self.flops.logits_forward},
         }
-        kernels = "" if self.config.stack == "reference" else f", with the {self.config.stack} stack's kernels"
-        notes = [
-            f"activations: per-tensor ledger of the agent's decoder{kernels} on {self.device} "
-            "(checked against autograd's saved tensors on cpu and meta)",
-            PEAK_NOTE,
-        ]
-        notes[:0] = self.config.model_notes(self.spec)
-        peak = {"moment": self.peak_moment, "components": self.peak_components}
-        ranks = [
+
+    def ranks_list(self) -> list[dict[str, Any]]:
+        """``ranks`` of ``to_dict``: every rank kind's peak, its moment and its components."""
+        return [
             {"rank": r.rank.name, "stage": r.rank.stage, "layers": r.rank.layers,
              "micro_batches_in_flight": float(r.rank.in_flight), "peak_moment": r.peak_moment,
              "peak": r.peak_bytes, "components": r.peak_components}
             for r in self.ranks or (self,)
         ]
-        return {"model": model, "config": config, "rank": self.rank.name, "ranks": ranks, "memory_bytes": memory,
-                "peak": peak, "flops": flops, "notes": notes}
 
 
 def layout_dict(layout: Layout) -> dict[str, Any]:
     """A layout as JSON: every axis, the schedule and the world size."""
-    return asdict(layout) | {"world": layout.world}
+    return {f.name: getattr(layout, f.name) for f in fields(layout)} | {"world": layout.world}  # every field a scalar
 
 
 def for_rank(prediction: Estimate, global_rank: int) -> Estimate:
@@ -282,4 +294,8 @@ def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumul
         for rank in rank_kinds(config.layout, spec.n_layers, accumulation_steps)
     )
     worst = max(ranks, key=lambda r: r.peak_bytes)
-    return replace(worst, ranks=ranks) if len(ranks) > 1 else worst
+    if len(ranks) == 1:
+        return worst
+    with_ranks = replace(worst, ranks=ranks)
+    object.__setattr__(with_ranks, "_moments_once", worst._moments)  # the same rank: the same moments
+    return with_ranks

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+from contextvars import ContextVar
 from fractions import Fraction
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -70,11 +71,18 @@ class SavedTensor:
 
 @dataclass(frozen=True, slots=True)
 class Repeat:
-    """Layers start..start+size-1 keep what layers template..template+size-1 kept."""
+    """Layers start..start+size-1 keep what layers template..template+size-1 kept, and so on for ``count``
+    segments in a row: layers start..start + size x count - 1."""
 
     template: int
     start: int
     size: int
+    count: int = 1
+
+    @property
+    def end(self) -> int:
+        """The layer after the last repeated one."""
+        return self.start + self.size * self.count
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,28 +111,40 @@ class Ledger:
     """Later segments, kept as references to a traced one (an 80-layer model traces two segments)."""
     _totals: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
     """Bytes by (kind, location), summed once: the planner reads them for every candidate."""
+    _probability_bytes: int = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         totals: dict[tuple[str, str], int] = {}
-        by_layer: dict[int, list[SavedTensor]] = {}
+        by_layer: dict[int, dict[tuple[str, str], int]] = {}
+        probabilities = 0
         for t in self.traced:
-            totals[(t.kind, t.location)] = totals.get((t.kind, t.location), 0) + t.bytes
+            key, n = (t.kind, t.location), t.bytes
+            totals[key] = totals.get(key, 0) + n
             if t.layer is not None:
-                by_layer.setdefault(t.layer, []).append(t)
+                layer = by_layer.setdefault(t.layer, {})
+                layer[key] = layer.get(key, 0) + n
+            elif t.name in PROBABILITIES:
+                probabilities += n
         for r in self.repeats:
             for layer in range(r.template, r.template + r.size):
-                for t in by_layer.get(layer, ()):
-                    totals[(t.kind, t.location)] += t.bytes
+                for key, n in by_layer.get(layer, {}).items():
+                    totals[key] += n * r.count
         object.__setattr__(self, "_totals", totals)
+        object.__setattr__(self, "_probability_bytes", probabilities)
+
+    @property
+    def probability_bytes(self) -> int:
+        """The loss's fp32 probabilities over the vocabulary (``PROBABILITIES``), one micro-batch."""
+        return self._probability_bytes
 
     @property
     def tensors(self) -> tuple[SavedTensor, ...]:
         """Every tensor kept, layer by layer (repeated segments written out)."""
         out = list(self.traced)
         for r in self.repeats:
-            offset = r.start - r.template
-            out += [replace(t, layer=t.layer + offset) for t in self.traced
-                    if t.layer is not None and r.template <= t.layer < r.template + r.size]
+            for start in range(r.start, r.end, r.size):
+                out += [replace(t, layer=t.layer + start - r.template) for t in self.traced
+                        if t.layer is not None and r.template <= t.layer < r.template + r.size]
         return tuple(out)
 
     @property
@@ -133,6 +153,8 @@ class Ledger:
         return max(self.loss_gradient_bytes, self.recompute_bytes, self.ring_buffer_bytes)
 
     def total(self, kind: Kind | None = None, location: str | None = None) -> int:
+        if kind is not None and location is not None:
+            return self._totals.get((kind, location), 0)
         return sum(
             n for (k, where), n in self._totals.items()
             if (kind is None or k == kind) and (location is None or where == location)
@@ -159,8 +181,8 @@ class Ledger:
 
     def layer_bytes(self, layer: int) -> int:
         for r in self.repeats:
-            if r.start <= layer < r.start + r.size:
-                layer -= r.start - r.template
+            if r.start <= layer < r.end:
+                layer = r.template + (layer - r.start) % r.size
                 break
         return sum(t.bytes for t in self.traced if t.layer == layer and t.kind != "parameter_copy")
 
@@ -249,9 +271,10 @@ class _Trace:
         self.keep(*tensors)
         self.layer = layer
 
-    def repeat_segment(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
-        """Keep for layers start.. what layers template_start.. kept; return a new segment output."""
-        self.repeats.append(Repeat(template_start, start, size))
+    def repeat_segments(self, template_start: int, start: int, size: int, count: int, x: _Sym) -> _Sym:
+        """Keep for ``count`` segments of ``size`` layers from ``start`` what the one at ``template_start`` kept;
+        return a new output of the last."""
+        self.repeats.append(Repeat(template_start, start, size, count))
         self._next += 1
         return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
@@ -676,6 +699,11 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
             # transformers hands each checkpointed layer cos, sin and the positions: kept once, as the model's.
             tr.keep_outside(*_shared_tables(tr, d, spec.rotary_dim, x.dtype), tr.once("positions", (d.s,), "int64"))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
+            if not policy.caches_matmuls:
+                # A checkpointed region keeps nothing but its input: its blocks need not be traced (most of a
+                # layout search's traces), only their output made, as the last block's residual add makes it.
+                tr.layer = end - 1
+                return tr.new("residual_mlp", x.shape, x.dtype)
             for layer in range(start, end):
                 tr.layer = layer
                 x = _block(tr, spec, d, cfg, x, param_dtype)
@@ -715,11 +743,13 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     # The template: the second segment, or a mixture of experts' first past its dense blocks.
     template = next(j for j, start in enumerate(starts) if j >= 1 and start >= spec.dense_layers) \
         if len(starts) > 1 else 1
+    # Later segments whose length is the usual one save what the template saved: replay it instead of
+    # tracing every block (an 80-layer model costs two segments).
+    repeated = range(template + 1, len(starts) if n % size == 0 else len(starts) - 1)
     for i, start in enumerate(starts):
-        # Later segments whose length is the usual one save what the template saved: replay it
-        # instead of tracing every block (an 80-layer model costs two segments).
-        if template < i and start + size <= n and (i < len(starts) - 1 or n % size == 0):
-            x = tr.repeat_segment(starts[template], start, size, x)
+        if i in repeated:
+            if i == repeated.start:
+                x = tr.repeat_segments(starts[template], start, size, len(repeated), x)
             continue
         x = _segment(tr, spec, d, cfg, x, param_dtype, start, min(start + size, n))
     tr.layer = None
@@ -782,9 +812,35 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
     config.check_model(spec)
     rules = rules or device_rules(device)
     rank = rank or rank_kinds(config.layout, spec.n_layers, 1)[0]
-    return _cached_ledger(spec, _ledger_key(config), rules, replace(rank, in_flight=Fraction(1)))
+    one_micro_batch = rank if rank.in_flight == 1 else replace(rank, in_flight=Fraction(1))
+    key = (spec, _ledger_key(config), rules, one_micro_batch)
+    kept = _kept_ledgers.get()
+    if kept is None:
+        return _cached_ledger(*key)
+    if (ledger := kept.get(key)) is None:
+        ledger = kept[key] = _cached_ledger(*key)
+    return ledger
 
 
+_kept_ledgers: ContextVar[dict[tuple[ModelSpec, TrainConfig, DeviceRules, RankKind], Ledger] | None] = ContextVar(
+    "kept_ledgers", default=None)
+
+
+@contextlib.contextmanager
+def ledgers_kept() -> Iterator[None]:
+    """Every ledger made inside is kept until the outermost one ends (a decorator too). A layout search asks
+    for each of its ledgers many times and for more of them than the process-wide cache holds (2,048):
+    4,096 GPUs of llama2-7b ask for 46,724 ledgers and traced 82,347 through that cache alone, each second
+    copy held by its candidates beside the first. Kept per thread (a context variable)."""
+    token = _kept_ledgers.set({}) if _kept_ledgers.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _kept_ledgers.reset(token)
+
+
+@functools.lru_cache(maxsize=4096)
 def _ledger_key(config: TrainConfig) -> TrainConfig:
     """The configuration with what one micro-batch's ledger ignores set to one value (a layout search
     shares one ledger among them): the data-parallel ranks, the pipeline schedule (the rank's layers

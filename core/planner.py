@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from core.calibration import Calibration, uncalibrated
+from core.collector import collector_paused
 from core.config import TrainConfig
 from core.divisors import divisors
 from core.errors import ConfigError
@@ -37,7 +38,7 @@ from core.estimate import Estimate, estimate, layout_dict
 from core.interconnect import Cluster
 from core.layout import Layout
 from core.layout_search import candidate_layouts
-from core.ledger import activation_ledger
+from core.ledger import activation_ledger, ledgers_kept
 from core.model import ModelSpec
 from core.precision import get_precision
 from core.recompute import RecomputePolicy
@@ -58,7 +59,7 @@ DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 
 SearchProgress = Callable[[int, int, str], None]
 """Told ``(layouts done, layouts in all, what is searched)`` after each layout of a search: a search over
-thousands of GPUs tries a thousand layouts and takes a minute on one core."""
+thousands of GPUs tries a thousand layouts and takes tens of seconds on one core."""
 
 
 def default_budget(profile: HardwareProfile) -> int:
@@ -199,7 +200,6 @@ class Candidate:
         return {term: seconds * factor for term, seconds in self.time.by_term().items()}
 
     def to_dict(self, budget_bytes: int) -> dict[str, Any]:
-        memory = self.estimate.to_dict()["memory_bytes"]
         return {
             "micro_batch": self.config.micro_batch,
             "accumulation_steps": self.accumulation_steps,
@@ -211,8 +211,8 @@ class Candidate:
             "headroom_bytes": budget_bytes - self.required_bytes,
             "layout": layout_dict(self.layout),
             "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
-            "memory_bytes": memory,
-            "ranks": self.estimate.to_dict()["ranks"],
+            "memory_bytes": self.estimate.memory_dict(),
+            "ranks": self.estimate.ranks_list(),
             "time_s": self.time_by_term(),
             "communication": [
                 {"axis": t.axis, "op": t.op, "message_bytes": t.message_bytes, "calls": t.calls,
@@ -349,6 +349,8 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
     )
 
 
+@collector_paused
+@ledgers_kept()
 def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
          time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
     """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
@@ -453,6 +455,7 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
                 "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes())}}
 
 
+@collector_paused
 def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
     """The JSON contract of ``headroom plan --json`` (README.md)."""
     budget = result.request.budget_bytes

@@ -45,11 +45,11 @@ DATASHEET_PREFIX = "datasheet: "
 MEASURED_PREFIX = "measured: "
 AUTO = "auto"
 MAX_GPUS = 4096
-"""The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: ~470 layouts,
-most of a minute on one busy core); `headroom plan --gpus` has none."""
+"""The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: 469 layouts,
+6-9 s on one quiet core); `headroom plan --gpus` has none."""
 PAGE_TIME_LIMIT_S = 10.0
 """A search on the page tries layouts, simplest first, for this long at most (core.planner.plan's time
-limit): 4096 GPUs of llama2-7b take 35 s and 0.6 GB in full on the 2-core CI machine, and a page that a URL
+limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
 ONE_LAYOUT: dict[str, Any] = {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1,
                               "dp": 1, "zero": 0}

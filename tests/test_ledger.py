@@ -132,6 +132,27 @@ def test_checkpointing_orders_memory_and_keeps_segment_inputs():
     assert kept["every-4"].transient_bytes > kept["full"].transient_bytes
 
 
+@pytest.mark.parametrize("precision", PRECISIONS)
+@pytest.mark.parametrize(("policy", "repeated"), [("none", 9), ("every-2", 3), ("every-3", 1), ("full", 9)])
+def test_a_run_of_repeated_segments_is_one_repeat_and_written_out_is_what_autograd_saves(policy, repeated,
+                                                                                          precision):
+    """Eleven blocks: the first two segments are traced, the later whole ones replayed from the second as one
+    run (none and full: blocks 2-10; every-2: segments at 4, 6 and 8; every-3: the one at 6), a short last one
+    traced. A checkpointed segment keeps its input only, without tracing its blocks. Written out layer by
+    layer, the ledger is what autograd saves on a CPU, byte for byte."""
+    spec = dataclasses.replace(get_preset("bench-llama-small"), n_layers=11)
+    config = _config(32, 2, "flash", 0.0, policy, precision)
+    ledger = activation_ledger(spec, config, "cpu")
+    assert [(r.template, r.count) for r in ledger.repeats] == [(config.recompute.segment_layers(11) or 1, repeated)]
+    tensors = ledger.tensors
+    assert sum(t.bytes for t in tensors if t.kind != "parameter_copy") == ledger.saved_bytes
+    assert [ledger.layer_bytes(layer) for layer in range(11)] == [
+        sum(t.bytes for t in tensors if t.layer == layer and t.kind != "parameter_copy") for layer in range(11)]
+    measured = probe_config(spec, config)
+    assert (ledger.saved_bytes, ledger.parameter_copy_bytes) == (measured.activation_bytes,
+                                                                 measured.parameter_copy_bytes)
+
+
 def test_offload_moves_block_tensors_to_the_host_on_cuda_only():
     """Every block tensor leaves the device; on the host each save is its own copy.
 
