@@ -23,6 +23,7 @@ from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_me
 from core.model import ModelSpec
 from core.pipeline import RankKind, check_micro_batches, rank_kinds
 from core.precision import optimizer_step_transient_bytes
+from core.stack import get_stack
 
 PEAK_NOTE = (
     "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
@@ -206,16 +207,25 @@ class Estimate:
             "device": self.device,
             "accumulation_steps": self.accumulation_steps,
         }
-        kernels = "" if self.config.stack == "reference" else f", with the {self.config.stack} stack's kernels"
-        notes = [
-            f"activations: per-tensor ledger of the agent's decoder{kernels} on {self.device} "
-            "(checked against autograd's saved tensors on cpu and meta)",
-            PEAK_NOTE,
-        ]
+        notes = [f"activations: {self._ledger_source()}", PEAK_NOTE]
         notes[:0] = self.config.model_notes(self.spec)
         peak = {"moment": self.peak_moment, "components": self.peak_components}
         return {"model": model, "config": config, "rank": self.rank.name, "ranks": self.ranks_list(),
                 "memory_bytes": self.memory_dict(), "peak": peak, "flops": self.flops_dict(), "notes": notes}
+
+    def _ledger_source(self) -> str:
+        """Whose tensors the activation ledger counts, and what it was checked against."""
+        stack = get_stack(self.config.stack)
+        if stack.name == "hf-liger":
+            return (f"per-tensor ledger of transformers' modules with Liger's kernels (the hf-liger stack) on "
+                    f"{self.device} (checked against the patched model's saved tensors on cpu, Liger's kernels run "
+                    "through Triton's interpreter)")
+        if stack.transformers_modules:
+            return (f"per-tensor ledger of transformers' modules (the {stack.name} stack) on {self.device} (checked "
+                    "against transformers' own model traced on meta, tensor for tensor)")
+        kernels = "" if stack.name == "reference" else f", with the {stack.name} stack's kernels"
+        return (f"per-tensor ledger of the agent's decoder{kernels} on {self.device} "
+                "(checked against autograd's saved tensors on cpu and meta)")
 
     def memory_dict(self) -> dict[str, int]:
         """``memory_bytes`` of ``to_dict``: this rank's bytes by component and at each moment."""

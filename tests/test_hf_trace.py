@@ -255,3 +255,18 @@ def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(run_cli, tm
     assert "--trace runs the model in one dtype: --precision amp-bf16 needs autocast" in amp.stderr
     split = run_cli(*flags, "--precision", "bf16-pure", "--tp", "2")
     assert split.returncode == 2 and "--trace runs the whole model in one process: layout tp 2" in split.stderr
+
+
+def test_an_estimate_says_whose_tensors_its_ledger_counts():
+    """The hf stack's ledger is transformers' modules, checked against their trace; not the agent's decoder."""
+    from core.estimate import estimate
+
+    spec = spec_from_hf_config({**SMALL, "model_type": "gemma"}, "gemma")
+    notes = {stack: next(n for n in estimate(spec if stack == "hf" else spec_from_hf_config(LLAMA, "l"),
+                                             TrainConfig(seq_len=64, precision="bf16-pure", stack=stack)).to_dict()["notes"]
+                         if n.startswith("activations: "))
+             for stack in ("hf", "hf-liger", "reference")}
+    assert notes["hf"] == ("activations: per-tensor ledger of transformers' modules (the hf stack) on cuda (checked "
+                           "against transformers' own model traced on meta, tensor for tensor)")
+    assert notes["hf-liger"].startswith("activations: per-tensor ledger of transformers' modules with Liger's kernels")
+    assert notes["reference"].startswith("activations: per-tensor ledger of the agent's decoder on cuda")
