@@ -103,15 +103,16 @@ class Estimate:
         """Static state at the loss: without accumulation the gradients do not exist yet."""
         return self.static.total - (self.static.gradients if self.accumulation_steps == 1 else 0)
 
-    def _moment(self, gradients: int, copies: int, gathered: int, kept: tuple[int, int],
+    def _moment(self, gradients: int, copies: int, gathered: int, activations: tuple[int, int],
                 transient: tuple[str, int]) -> dict[str, int]:
-        """What is allocated at one moment: the static state, and ``kept``, the activations and log-probs."""
+        """What is allocated at one moment: the static state, and ``activations``, the bytes kept for backward
+        and the log-probs."""
         static = self.static
         return {
             "parameters": static.parameters, "gradients": gradients, "master_weights": static.master_weights,
             "optimizer_states": static.optimizer_states, "gradient_buckets": static.gradient_buckets,
             "gathered_parameters": gathered, "weight_copies": copies,
-            "activations": kept[0], "logits": kept[1], transient[0]: transient[1],
+            "activations": activations[0], "logits": activations[1], transient[0]: transient[1],
         }
 
     @property
