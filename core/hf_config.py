@@ -20,8 +20,8 @@ Supported ``model_type`` values and the field names each uses:
 - ``gemma``, ``gemma2``, ``gemma3_text``: Llama's fields, head_dim (default
   256), tie_word_embeddings (default true). The MLP is GeGLU: the same three
   matrices as SwiGLU. Their RMSNorm scales by 1 + weight in fp32 and the
-  embeddings by sqrt(hidden_size) (``norm_offset``, ``scaled_embedding``). Gemma 2 and 3 add norms after attention and after the
-  MLP; Gemma 3 also normalises each head of q and k (transformers'
+  embeddings by sqrt(hidden_size) (``norm_offset``, ``scaled_embedding``).
+  Gemma 2 and 3 add norms after attention and after the MLP; Gemma 3 also normalises each head of q and k (transformers'
   Gemma2DecoderLayer, Gemma3Attention). ``gemma3`` (the image-and-text
   model) is planned as its language model, from its ``text_config``: the
   vision encoder's weights (about 0.4B) are not counted.

@@ -104,7 +104,8 @@ def huggingface(run: Run) -> Export:
     if (note := capacity_note(run, "transformers")) is not None:
         notes.append(note)
     liger = run.stack == "hf-liger"
-    if hf_stack_covers(run.spec, run.stack if liger else "hf") and (note := stack_note(run, "transformers", run.stack if liger else "hf")):
+    stack = run.stack if liger else "hf"
+    if hf_stack_covers(run.spec, stack) and (note := stack_note(run, "transformers", stack)):
         notes.append(note)
     if liger:
         notes.append("use_liger_kernel=True patches the model with Liger's Triton kernels when the Trainer is built: "
