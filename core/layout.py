@@ -35,6 +35,10 @@ from typing import Literal
 from core.divisors import divisors_near
 from core.errors import ConfigError
 
+MAX_GPUS = 2**20
+"""GPUs a layout may span at most (tp x pp x cp x dp): a million, beyond any cluster built. Bounded so that no
+size that follows from a layout (its ranks, the divisors an error suggests) is beyond reach."""
+
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
 SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
 AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
@@ -69,6 +73,9 @@ class Layout:
     def __post_init__(self) -> None:
         for axis in (*AXES, "virtual_stages", "ep"):
             _positive(axis.replace("_", "-"), getattr(self, axis))
+        if self.world > MAX_GPUS:
+            raise ConfigError(f"layout {self} spans {self.world:,} GPUs (tp x pp x cp x dp), beyond any cluster "
+                              f"(at most {MAX_GPUS:,})")
         if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
             raise ConfigError(f"zero (sharding stage) must be 0, 1, 2 or 3, got {self.zero!r}")
         if self.sp not in (True, False):

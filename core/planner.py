@@ -36,7 +36,7 @@ from core.divisors import divisors
 from core.errors import ConfigError
 from core.estimate import Estimate, estimate, layout_dict
 from core.interconnect import Cluster
-from core.layout import Layout
+from core.layout import MAX_GPUS, Layout
 from core.layout_search import candidate_layouts
 from core.ledger import activation_ledger, ledgers_kept
 from core.model import ModelSpec
@@ -51,8 +51,6 @@ NEAR = 0.01
 MAX_GLOBAL_BATCH = 2**24
 """Sequences per step at most: 16.7 million, far beyond the largest published batches (Llama 3: 16M tokens,
 i.e. 2,048 sequences of 8,192). The candidates are the batch's divisors, so the bound bounds the work."""
-MAX_GPUS = 2**20
-"""GPUs a search may span at most: a million, beyond any cluster built; layouts are the count's divisors."""
 DEFAULT_BUDGET_BYTES = 80 * GB
 DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
 """CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""

@@ -267,7 +267,16 @@ def test_fsdp_with_tensor_or_pipeline_parallelism_keeps_the_plain_division():
     (dict(sp=True), "needs tp > 1"),
     (dict(cp=3), "seq-len 4096 does not split into 2 x cp = 6"),
     (dict(schedule="interleaved"), "virtual-stages >= 2"),
+    # refused before any work that grows with the count (the divisors an error would suggest)
+    (dict(pp=10**39, ep=3), r"spans 1,000,000,000,000,000,000,000,000,000,000,000,000,000 GPUs \(tp x pp x cp x "
+                            r"dp\), beyond any cluster \(at most 1,048,576\)"),
 ])
 def test_layouts_that_do_not_divide_name_the_value(layout, match):
     with pytest.raises(ConfigError, match=match):
         TrainConfig(seq_len=4096, layout=Layout(**layout)).check_model(LLAMA)
+
+
+def test_a_layout_spans_at_most_a_million_gpus():
+    assert Layout(tp=8, pp=4, dp=2**15).world == 2**20
+    with pytest.raises(ConfigError, match=r"^layout tp 8, pp 4 \(1f1b\), cp 1, dp 32769, zero 0 spans 1,048,608 GPUs"):
+        Layout(tp=8, pp=4, dp=2**15 + 1)
