@@ -17,6 +17,12 @@ math), with dropout inside the kernel. Traced with the CPU's rules, the
 ledger equals a real CPU forward of the same model byte for byte
 (tests/test_hf_trace.py).
 
+``--attention standard`` builds the model with transformers' eager attention
+instead (softmax(QK^T)V written out, Gemma 2's soft-capping included), which
+keeps the same tensors on every device. Gemma 2 has no SDPA attention: its
+flash attention is FlashAttention 2's, which needs CUDA, so it is traced
+with ``--attention standard`` only.
+
 The model runs in one dtype: fp32, or bf16 for the bf16 recipes. Autocast
 has no meta implementation, so ``amp-bf16`` cannot be traced.
 """
@@ -36,7 +42,7 @@ from torch.overrides import TorchFunctionMode
 
 from agent.ledger_check import DTYPE_NAMES
 from agent.probe import ProbedTensor, ProbeResult, probe
-from core.config import TrainConfig
+from core.config import Attention, TrainConfig
 from core.devices import DEVICE_RULES, DeviceRules
 from core.errors import ConfigError
 from core.ledger import Ledger
@@ -115,8 +121,10 @@ class _FusedAttention(TorchFunctionMode):
         return ops._scaled_dot_product_flash_attention(q, k, v, p, causal, scale=scale)[0]
 
 
-def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "meta") -> torch.nn.Module:
-    """transformers' causal LM for ``config`` (a parsed ``config.json``), in ``dtype``, without weights on meta."""
+def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "meta",
+                attention: Attention = "flash") -> torch.nn.Module:
+    """transformers' causal LM for ``config`` (a parsed ``config.json``), in ``dtype``, without weights on meta,
+    with its SDPA attention (``flash``) or its eager one (``standard``)."""
     try:
         import transformers
     except ImportError:
@@ -128,15 +136,18 @@ def build_model(config: dict, dtype: torch.dtype, device: str | torch.device = "
     except (ValueError, KeyError) as err:
         raise ConfigError(f"model_type {model_type!r}: transformers {transformers.__version__} cannot build it "
                           f"({str(err).splitlines()[0]}); the analytic ledger (without --trace) may still account for it") from None
+    implementation = {"flash": "sdpa", "standard": "eager"}[attention]
     with torch.device(device):
         try:
-            model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation="sdpa")
+            model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype,
+                                                                  attn_implementation=implementation)
         except ValueError as err:
-            if "scaled_dot_product_attention" not in str(err):
-                raise ConfigError(f"model_type {model_type!r}: transformers has no causal language model for it "
-                                  f"({str(err).splitlines()[0]})") from None
-            # Models whose attention SDPA cannot run (Gemma 2's logit soft-capping) train with the explicit one.
-            model = transformers.AutoModelForCausalLM.from_config(hf_config, dtype=dtype, attn_implementation="eager")
+            if "scaled_dot_product_attention" in str(err):  # Gemma 2: SDPA cannot soft-cap its scores
+                raise ConfigError(f"model_type {model_type!r}: transformers cannot run its attention on SDPA, and "
+                                  "its flash attention (FlashAttention 2) needs CUDA, not the meta device: trace "
+                                  "--attention standard (transformers' eager attention)") from None
+            raise ConfigError(f"model_type {model_type!r}: transformers has no causal language model for it "
+                              f"({str(err).splitlines()[0]})") from None
     return model.train()
 
 
@@ -148,7 +159,7 @@ def trace(config: dict, name: str, train: TrainConfig, device: str = "cuda", *, 
     dtype = DTYPES[get_precision(train.precision).compute_dtype]
     rules = DEVICE_RULES[device]
     torch.manual_seed(seed)
-    model = build_model(config, dtype)
+    model = build_model(config, dtype, attention=train.attention)
     if str(train.recompute) == "full":
         checkpoint_every_layer(model)
     vocab = model.get_input_embeddings().num_embeddings

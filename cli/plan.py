@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
         from cli.trace import traceable
 
-        traceable(args.model, request.train)
+        traceable(args.model, request.train, request.spec)
     status = SearchStatus()
     try:
         result = plan_and_advise(request, profile, calibration, progress=status)

@@ -14,6 +14,7 @@ from core.config import TrainConfig
 from core.errors import ConfigError
 from core.estimate import Estimate
 from core.hf_config import hf_model_name, read_hf_config
+from core.model import ModelSpec
 from core.planner import Candidate, Plan
 from core.presets import hf_config_path
 from core.trace_limits import trace_refusal
@@ -28,10 +29,10 @@ def traceable_path(model: str) -> Path:
     return path
 
 
-def traceable(model: str, config: TrainConfig) -> Path:
-    """``model``'s config.json, when it can be traced at ``config``; else ConfigError with the reason."""
+def traceable(model: str, config: TrainConfig, spec: ModelSpec) -> Path:
+    """``model``'s config.json, when ``spec`` can be traced at ``config``; else ConfigError with the reason."""
     path = traceable_path(model)
-    if (refusal := trace_refusal(config)) is not None:
+    if (refusal := trace_refusal(config, spec)) is not None:
         raise ConfigError(refusal)
     return path
 
@@ -39,7 +40,7 @@ def traceable(model: str, config: TrainConfig) -> Path:
 def traced_report(model: str, config: TrainConfig, result: Estimate) -> dict:
     """The trace of ``model`` (a config.json or model directory) at ``config``, its total against the
     analytic ledger's, and where the two part."""
-    path = traceable(model, config)
+    path = traceable(model, config, result.spec)
     try:
         from agent.hf_trace import differences, trace
     except ImportError as err:
@@ -61,7 +62,7 @@ def plan_trace_report(model: str, result: Plan) -> dict:
     candidate = result.recommendation or min(result.rejected, key=lambda c: c.required_bytes, default=None)
     if candidate is None:
         return {"refused": "the plan has no candidate to trace"}
-    refusal = trace_refusal(candidate.config)
+    refusal = trace_refusal(candidate.config, result.request.spec)
     if refusal is not None:
         return {"candidate": _name(candidate), "refused": refusal}
     est = candidate.estimate

@@ -22,12 +22,15 @@ ATTENTIONS = ("flash", "standard")
 
 def hf_stack_covers(spec: ModelSpec, stack: str = "hf") -> bool:
     """The transformers stacks (core.stack) account for transformers' Llama modules: dense, RMSNorm before each
-    sublayer, Llama's attention; ``hf`` also for Gemma's (its RMSNorm in fp32 and scaled embeddings), which Liger
-    patches with kernels of its own. Mixtures of experts, latent attention, GPT blocks and Gemma 2 and 3's
-    norms after each sublayer (with Gemma 2's eager attention) keep other tensors."""
-    if spec.block != "llama" or spec.is_moe or spec.is_mla or spec.post_norms:
+    sublayer, Llama's attention; ``hf`` also for Gemma's and Gemma 2's (RMSNorm in fp32, scaled embeddings, norms
+    after each sublayer, soft-capping, every other layer's sliding window), which Liger patches with kernels of
+    its own. Mixtures of experts, latent attention, GPT blocks and Gemma 3 (its sliding-window layers read RoPE
+    tables of their own, and hand SDPA an explicit mask) keep other tensors."""
+    if spec.block != "llama" or spec.is_moe or spec.is_mla or spec.sliding_window_pattern > 2:
         return False
-    return stack == "hf" or not (spec.norm_offset or spec.scaled_embedding)
+    gemma = (spec.norm_offset, spec.scaled_embedding, spec.post_norms, spec.attention_softcap, spec.logit_softcap,
+             spec.sliding_window_pattern)
+    return stack == "hf" or not any(gemma)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -106,9 +109,32 @@ class TrainConfig:
 
     def model_notes(self, spec: ModelSpec) -> tuple[str, ...]:
         """What every estimate and plan of ``spec`` says beside its figures: a context extended, and what the
-        model's config asks that the accounting does not count (ModelSpec.caveats)."""
+        model's config asks that the accounting does not count (ModelSpec.caveats, and soft-capping where the
+        stack leaves it out)."""
         context = self.context_note(spec)
-        return ((context,) if context else ()) + tuple(f"{spec.name}: {caveat}" for caveat in spec.caveats)
+        caveats = (*spec.caveats, *self._softcap_caveats(spec))
+        return ((context,) if context else ()) + tuple(f"{spec.name}: {caveat}" for caveat in caveats)
+
+    def _softcap_caveats(self, spec: ModelSpec) -> tuple[str, ...]:
+        """Soft-capping as the stack runs it: transformers' modules keep the tanh of capped scores (eager) and
+        logits, which the ledger counts; FlashAttention 2 caps inside its kernel; the other stacks do not cap."""
+        caveats = []
+        transformers = get_stack(self.stack).transformers_modules
+        if spec.attention_softcap and not transformers:
+            caveats.append(
+                f"attention scores soft-capped at {spec.attention_softcap:g} (attn_logit_softcapping), which the "
+                f"{self.stack} stack does not do: counted uncapped; --stack hf counts transformers' capped attention")
+        elif spec.attention_softcap and self.attention == "flash":
+            caveats.append(
+                f"attention scores soft-capped at {spec.attention_softcap:g} (attn_logit_softcapping), which SDPA "
+                "cannot do: transformers' flash attention for it is FlashAttention 2's (flash_attention_2, 16-bit "
+                "on CUDA), counted as keeping what SDPA's flash kernel keeps; --trace cannot run it, and traces "
+                "--attention standard (transformers' eager attention)")
+        if spec.logit_softcap and not transformers:
+            caveats.append(
+                f"final logits soft-capped at {spec.logit_softcap:g} (final_logit_softcapping): its tanh keeps one "
+                f"more tensor over the vocabulary, which the {self.stack} stack does not make; --stack hf counts it")
+        return tuple(caveats)
 
     def _splits(self) -> str:
         """The tensor and pipeline splits asked for, as a sentence names them: "tp 2 is", "tp 2 and pp 4 are"."""
@@ -122,10 +148,15 @@ class TrainConfig:
                               f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")
         stack = get_stack(self.stack)
         if stack.transformers_modules and not hf_stack_covers(spec, stack.name):
-            covered = "llama, mistral, qwen2, qwen3" + (", gemma" if stack.name == "hf" else "")
+            covered = "llama, mistral, qwen2, qwen3" + (", gemma, gemma2" if stack.name == "hf" else "")
             raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules "
                               f"({covered}); for this architecture, trace transformers' own model with "
                               "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")
+        if spec.attention_softcap and stack.transformers_modules and self.attention == "flash" \
+                and get_precision(self.precision).compute_dtype == "fp32":
+            raise ConfigError(f"{spec.name}: its soft-capped attention runs on FlashAttention 2 under transformers, "
+                              f"which takes 16-bit inputs only, not --precision {self.precision}'s fp32: use "
+                              "--attention standard (eager) or a bf16 recipe (amp-bf16, bf16-pure, bf16-master)")
         if not stack.tensor_parallel and self.layout.tp > 1:
             raise ConfigError(f"--stack {stack.name} --tp {self.layout.tp}: Liger's fused linear cross-entropy needs the "
                               "head's whole vocabulary on each rank; use tp 1 (data parallelism and sharding), or "

@@ -222,8 +222,10 @@ class Estimate:
                     f"{self.device} (checked against the patched model's saved tensors on cpu, Liger's kernels run "
                     "through Triton's interpreter)")
         if stack.transformers_modules:
+            flash2 = ", FlashAttention 2's tensors apart" if self.spec.attention_softcap \
+                and self.config.attention == "flash" else ""
             return (f"per-tensor ledger of transformers' modules (the {stack.name} stack) on {self.device} (checked "
-                    "against transformers' own model traced on meta, tensor for tensor)")
+                    f"against transformers' own model traced on meta, tensor for tensor{flash2})")
         kernels = "" if stack.name == "reference" else f", with the {stack.name} stack's kernels"
         return (f"per-tensor ledger of the agent's decoder{kernels} on {self.device} "
                 "(checked against autograd's saved tensors on cpu and meta)")

@@ -63,15 +63,16 @@ is the longest sequence Headroom plans, so no note). ``gpt2``'s
 ``n_positions`` rows are parameters, and a longer sequence has no position to
 read, so it stays required.
 
-Gemma's embedding scale and sliding-window layers change no weight and no
-saved tensor worth a byte per token; they are not modelled. Gemma 2's
-soft-capping is not modelled either, and is said (``ModelSpec.caveats``, a note
-of every estimate and plan; transformers' Gemma2Config caps by default, at 50
-and 30): PyTorch's SDPA cannot soft-cap attention scores, so transformers
-trains Gemma 2 with eager attention, which keeps the s x s scores (``--attention
-standard``), or with FlashAttention 2 (``flash_attention_2``), which caps; and
-the final logits' cap keeps its tanh, one more 16-bit tensor over the
-vocabulary. ``--trace`` traces transformers' own model, caps included.
+Gemma 2's soft-capping (``attn_logit_softcapping``, ``final_logit_softcapping``;
+transformers' Gemma2Config caps by default, at 50 and 30) and Gemma 2 and 3's
+sliding-window layers (``layer_types``, or every second and every sixth layer
+attending to the whole sequence) are read into the spec (``attention_softcap``,
+``logit_softcap``, ``sliding_window_pattern``): they change no weight, and
+transformers' modules (``--stack hf``) keep tensors for them that the ledger
+counts: the tanh of the capped scores and logits, and under checkpointing each
+kind of layer's mask. The window's width is not read: eager attention computes
+every score whatever it is. Other stacks do not cap, and say so (a note of
+every estimate and plan, core.config.TrainConfig.model_notes).
 """
 
 from __future__ import annotations
@@ -232,34 +233,51 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         post_norms=model_type in POST_NORMS,
         norm_offset=model_type in GEMMAS,
         scaled_embedding=model_type in GEMMAS,
-        caveats=_softcap_caveats(config, name, model_type),
+        **_softcaps(config, name, model_type),
+        sliding_window_pattern=_sliding_window_pattern(config, name, model_type),
         **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
     )
 
 
-def _softcap_caveats(config: dict[str, Any], name: str, model_type: str) -> tuple[str, ...]:
-    """Soft-capping (``cap x tanh(x / cap)``) of the attention scores and of the final logits, which the
-    accounting does not count: said as caveats."""
+def _softcaps(config: dict[str, Any], name: str, model_type: str) -> dict[str, float]:
+    """Soft-capping (``cap x tanh(x / cap)``) of the attention scores and of the final logits: null or absent
+    is no cap, except where transformers' config caps by default (SOFTCAP_DEFAULTS)."""
     defaults = SOFTCAP_DEFAULTS.get(model_type, {})
     caps = {}
-    for key in ("attn_logit_softcapping", "final_logit_softcapping"):
+    for key, field in (("attn_logit_softcapping", "attention_softcap"), ("final_logit_softcapping", "logit_softcap")):
         cap = config[key] if key in config else defaults.get(key)  # null: no cap, as transformers reads it
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
             raise ConfigError(f"{name}: {key} must be a positive number or null, got {cap!r}")
-        caps[key] = cap
-    caveats = []
-    if caps["attn_logit_softcapping"] is not None:
-        caveats.append(
-            f"attention scores soft-capped at {caps['attn_logit_softcapping']:g} (attn_logit_softcapping), which "
-            "PyTorch's SDPA kernels cannot do: transformers trains it with eager attention, whose s x s scores "
-            "--attention standard counts, or with flash_attention_2 (FlashAttention 2.6 or later), which "
-            "--attention flash stands for")
-    if caps["final_logit_softcapping"] is not None:
-        caveats.append(
-            f"final logits soft-capped at {caps['final_logit_softcapping']:g} (final_logit_softcapping): its tanh "
-            "keeps one more 16-bit tensor over the vocabulary (2 bytes x vocabulary a token), not counted here; "
-            "--trace counts it")
-    return tuple(caveats)
+        caps[field] = cap or 0.0
+    return caps
+
+
+SLIDING_WINDOW_PATTERNS = {"gemma2": 2, "gemma3_text": 6}
+"""Every n-th layer of these attends to the whole sequence, the others within a sliding window, when the config
+gives no ``layer_types`` (transformers' Gemma2Config and Gemma3TextConfig, whose ``sliding_window_pattern``
+may say otherwise)."""
+
+
+def _sliding_window_pattern(config: dict[str, Any], name: str, model_type: str) -> int:
+    """The period of full-attention layers among sliding-window ones (ModelSpec.sliding_window_pattern): from
+    ``layer_types`` where the config lists them, else transformers' default for the type."""
+    if model_type not in SLIDING_WINDOW_PATTERNS:
+        return 0
+    layer_types = config.get("layer_types")
+    if layer_types is None:
+        return _field(config, "sliding_window_pattern", name, SLIDING_WINDOW_PATTERNS[model_type])
+    kinds = ("sliding_attention", "full_attention")
+    if not isinstance(layer_types, list) or not all(kind in kinds for kind in layer_types):
+        raise ConfigError(f"{name}: layer_types must be a list of {' or '.join(map(repr, kinds))}, "
+                          f"got {layer_types!r}")
+    full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+    period = full[0] + 1 if full else 0
+    if len(layer_types) != config.get("num_hidden_layers") or not period or any(
+            (kind == "full_attention") != ((i + 1) % period == 0) for i, kind in enumerate(layer_types)):
+        raise ConfigError(f"{name}: layer_types must give each of the num_hidden_layers layers a kind, every n-th "
+                          "full_attention and the rest sliding_attention (as Gemma 2 and 3 do); got "
+                          f"{layer_types!r}")
+    return period
 
 
 def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, Any]:

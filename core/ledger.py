@@ -433,11 +433,16 @@ class _Dims:
 
 
 def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym, v_head_dim: int | None = None,
-               qk_contiguous: bool = False) -> _Sym:
+               qk_contiguous: bool = False, capped: bool = False) -> _Sym:
     """The attention core over this rank's heads; returns the output-projection input (b, s, heads x v's head).
 
     ``v_head_dim``: value heads narrower than query and key heads (latent attention); ``qk_contiguous``: q and
-    k come laid out (b, heads, s, d), so the explicit path's matmuls read them without a copy."""
+    k come laid out (b, heads, s, d), so the explicit path's matmuls read them without a copy; ``capped``: the
+    scores are soft-capped (ModelSpec.attention_softcap), which only transformers' eager attention does here.
+
+    The explicit path is the agent's decoder's, or under transformers' modules their eager attention: it adds
+    its mask (keeping none), takes the softmax in fp32 whatever the inputs, and casts the probabilities back to
+    the queries' dtype for the second matmul, which keeps that copy; a cap's tanh keeps its output."""
     b, s = d.b, d.s
     a, hd, groups = d.heads, d.head_dim, d.heads // d.kv_heads
     dv = v_head_dim or hd
@@ -462,22 +467,31 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
         v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", v_heads, acc)
         mask = None
         softmax_dtype = acc
+        capped = False  # transformers never sends capped scores to SDPA
     else:
         # Explicit softmax(QK^T)V: bmm clones non-contiguous heads; repeat_interleave expands GQA.
+        eager = tr.stack.transformers_modules
         q_b = q if qk_contiguous else tr.new("attn.q_heads", heads, q.dtype)
         k_b = k if qk_contiguous else tr.new("attn.k_expanded" if groups > 1 else "attn.k_heads_t",
                                              (b, a, hd, s) if groups == 1 else heads, k.dtype)
         v_b = tr.new("attn.v_expanded" if groups > 1 else "attn.v_heads", v_heads, v.dtype)
-        mask = tr.new("attn.causal_mask", (s, s), "bool")
-        softmax_dtype = "fp32" if tr.amp and tr.rules.autocast_softmax_fp32 else q.dtype
+        if eager and groups > 1 and d.kv_heads == 1 and b == 1:
+            # transformers' repeat_kv expands one k/v head as a view, which one sequence's matmuls read as it
+            # is: they keep k and v themselves.
+            k_b, v_b = k, v
+        mask = None if eager else tr.new("attn.causal_mask", (s, s), "bool")
+        softmax_dtype = "fp32" if eager or (tr.amp and tr.rules.autocast_softmax_fp32) else q.dtype
+        capped = capped and eager
     scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype), "bmm")
     tr.save(q_b, k_b, mask)
+    if capped:
+        tr.save(tr.new("attn.softcap_tanh", scores.shape, scores.dtype))
     del scores  # not saved by the ops after it: only the softmax output is
     probs = tr.new("attn.softmax", (b, a, s, s), softmax_dtype)
     tr.save(probs)
     if dropout:
         probs = tr.dropout(probs, "attn.dropout")
-    probs = tr.cast(probs, v_b.dtype, "attn.probs_bf16") if tr.amp else probs
+    probs = tr.cast(probs, v_b.dtype, "attn.probs_cast")
     tr.save(probs, v_b)
     y = tr.matmul_output(tr.new("attn.pv", v_heads, v_b.dtype), "bmm")
     del y
@@ -552,11 +566,12 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
         if spec.rotary:
             q, k = _rotary(tr, d, q, k, spec.rotary_dim, x.dtype)
         attention = _attention
+    capped = bool(spec.attention_softcap)
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
-            y = attention(tr, d, cfg, q, k, v)
+            y = attention(tr, d, cfg, q, k, v, capped=capped)
     else:
-        y = attention(tr, d, cfg, q, k, v)
+        y = attention(tr, d, cfg, q, k, v, capped=capped)
     o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows, bias=other_bias)
     if spec.post_norms:
         o = norm(o, "attn_post_norm", param_dtype)
@@ -698,6 +713,9 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
         if tr.stack.rope == "shared" and spec.rotary:
             # transformers hands each checkpointed layer cos, sin and the positions: kept once, as the model's.
             tr.keep_outside(*_shared_tables(tr, d, spec.rotary_dim, x.dtype), tr.once("positions", (d.s,), "int64"))
+        if tr.stack.transformers_modules and cfg.attention == "standard":
+            # and its eager attention the additive mask of the layer's kind, made once per forward
+            tr.keep_outside(*(_eager_mask(tr, spec, d, layer, x.dtype) for layer in range(start, end)))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             if not policy.caches_matmuls:
                 # A checkpointed region keeps nothing but its input: its blocks need not be traced (most of a
@@ -714,6 +732,15 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
         x = _block(tr, spec, d, cfg, x, param_dtype)
     tr.offloading = False
     return x
+
+
+def _eager_mask(tr: _Trace, spec: ModelSpec, d: _Dims, layer: int, dtype: str) -> _Sym:
+    """The (b, 1, s, s) additive mask transformers' eager attention reads in ``layer``: one causal mask, or with
+    sliding-window layers (ModelSpec.sliding_window_pattern) one for them too. A pipeline stage's layers are
+    counted from its first (exact for Gemma 2's alternation once a stage holds two layers)."""
+    pattern = spec.sliding_window_pattern
+    kind = "sliding" if pattern > 1 and (layer + 1) % pattern else "causal"
+    return tr.once(f"attention_mask.{kind}", (d.b, 1, d.s, d.s), dtype)
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
@@ -765,6 +792,9 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         return tr
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
+    if spec.logit_softcap and tr.stack.transformers_modules:  # cap x tanh(logits / cap): tanh keeps its output
+        tr.save(tr.new("lm_head.softcap_tanh", logits.shape, logits.dtype))
+        logits = tr.new("logits_capped", logits.shape, logits.dtype)
     tr.cast(logits, "fp32", "logits_fp32")  # .float() for the loss: not saved
     if loss == "vocab-parallel":
         # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
@@ -778,10 +808,18 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         return tr
     tr.save(
         tr.new("log_softmax", (d.tokens, d.vocab), "fp32"),
-        tr.new("targets", (d.tokens,), "int64", "input"),
+        _targets(tr, d),
         tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
     return tr
+
+
+def _targets(tr: _Trace, d: _Dims) -> _Sym:
+    """The token ids the loss keeps. transformers' loss pads the labels by one and shifts them: ``.contiguous()``
+    copies the shifted rows, except for one sequence, whose shift is a view of the padded (1, s + 1) ids."""
+    if tr.stack.transformers_modules and d.b == 1:
+        return _view(tr.new("targets_padded", (1, d.s + 1), "int64", "input"), (d.tokens,))
+    return tr.new("targets", (d.tokens,), "int64", "input")
 
 
 def _new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int | None = None) -> _Trace:

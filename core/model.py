@@ -96,6 +96,18 @@ class ModelSpec:
     scaled_embedding: bool = False
     """The token embeddings are multiplied by sqrt(hidden), a scalar tensor in the compute dtype (Gemma):
     transformers' multiply keeps the scalar (2 bytes)."""
+    attention_softcap: float = 0.0
+    """Attention scores soft-capped, ``cap x tanh(scores / cap)``, before the softmax (Gemma 2: 50); 0: none.
+    Under transformers' eager attention (the hf stack's ``--attention standard``) the tanh keeps its
+    (b, heads, s, s) output; SDPA cannot cap, so transformers' flash attention is FlashAttention 2's."""
+    logit_softcap: float = 0.0
+    """The final logits soft-capped the same way (Gemma 2: 30); 0: none. Under transformers' modules the tanh
+    keeps its (tokens, vocabulary) output in the compute dtype."""
+    sliding_window_pattern: int = 0
+    """Every this-many-th layer attends to the whole sequence and the others within a sliding window
+    (transformers' ``layer_types``: Gemma 2 alternates, 2; Gemma 3, 6); 0: no sliding-window layers. Under
+    transformers' eager attention each kind of layer reads its own (b, 1, s, s) mask, which checkpointed layers
+    keep as an input. The window's width is not modelled: eager attention computes every score either way."""
     positions: PositionKind | None = None
     """``learned`` (a table of max_seq_len x hidden) or ``rotary`` (no parameters); None: the block's own,
     learned for ``gpt``, rotary for ``llama``."""
@@ -137,7 +149,7 @@ class ModelSpec:
     """Multi-head latent attention: the width of each value head (v_head_dim), which differs from head_size."""
     caveats: tuple[str, ...] = ()
     """What the model's config asks that the accounting does not count, each a sentence every estimate and plan
-    of it says (core.config.TrainConfig.model_notes): Gemma 2's soft-capping (core.hf_config)."""
+    of it says (core.config.TrainConfig.model_notes, which adds what a stack leaves out of soft-capping)."""
 
     def __post_init__(self) -> None:
         if self.block not in BLOCK_TYPES:
@@ -159,6 +171,14 @@ class ModelSpec:
         if isinstance(self.rotary_fraction, bool) or not isinstance(self.rotary_fraction, (int, float)) \
                 or not 0 < self.rotary_fraction <= 1:
             raise ConfigError(f"{self.name}: rotary_fraction must be in (0, 1], got {self.rotary_fraction!r}")
+        for cap in ("attention_softcap", "logit_softcap"):
+            value = getattr(self, cap)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < math.inf:
+                raise ConfigError(f"{self.name}: {cap} must be a positive number, or 0 for none; got {value!r}")
+        pattern = self.sliding_window_pattern
+        if isinstance(pattern, bool) or not isinstance(pattern, int) or not 0 <= pattern <= SIZE_LIMITS["n_layers"]:
+            raise ConfigError(f"{self.name}: sliding_window_pattern must be 0 (no sliding-window layers) or a "
+                              f"period from 1 to {SIZE_LIMITS['n_layers']:,}, got {pattern!r}")
         if isinstance(self.caveats, list):  # read back from JSON (a stored model_spec)
             object.__setattr__(self, "caveats", tuple(self.caveats))
         if not isinstance(self.caveats, tuple) or not all(isinstance(c, str) and c for c in self.caveats):

@@ -7,14 +7,19 @@ with transformers' own modules (not Liger's kernels).
 from __future__ import annotations
 
 from core.config import TrainConfig
+from core.model import ModelSpec
 from core.precision import get_precision
 
 TRACE_POLICIES = ("none", "full")
 """What transformers' own checkpointing gives: nothing, or every decoder layer (``full``)."""
 
 
-def trace_refusal(config: TrainConfig) -> str | None:
-    """Why ``config`` cannot be traced, or None."""
+def trace_refusal(config: TrainConfig, spec: ModelSpec | None = None) -> str | None:
+    """Why ``config`` (of ``spec``, where it is known) cannot be traced, or None."""
+    if spec is not None and spec.attention_softcap and config.attention == "flash":
+        return (f"--trace runs transformers' attention on the meta device: {spec.name}'s soft-capped attention has "
+                "no SDPA form, and its flash attention (FlashAttention 2) needs CUDA; trace --attention standard "
+                "(transformers' eager attention)")
     if get_precision(config.precision).autocast:
         return (f"--trace runs the model in one dtype: --precision {config.precision} needs autocast, which the "
                 "meta device does not have; use fp32 or a bf16 recipe (bf16-pure, bf16-master)")

@@ -313,6 +313,27 @@ def test_hf_does_not_pass_op_selective_off_as_full():
     assert any("every-4" in n for n in exported.notes)
 
 
+def test_hf_names_the_attention_implementation_the_plan_counts():
+    """sdpa is transformers' default; eager attention (--attention standard) must be asked for, and Gemma 2, which
+    SDPA cannot soft-cap, runs flash attention only through FlashAttention 2."""
+    from core.hf_config import load_hf_config
+    from tests.conftest import FIXTURES
+
+    gemma2 = load_hf_config(FIXTURES / "hf" / "gemma-2-9b.json")
+    notes = {(spec.name, attention): [n for n in export("hf", *candidate(
+                 Layout(dp=8), "full", spec=spec, seq_len=4096, precision="bf16-pure", stack="hf",
+                 attention=attention)).notes if "attn_implementation" in n]
+             for spec in (LLAMA, gemma2) for attention in ("flash", "standard")}
+    eager = ('load the model with attn_implementation="eager": the plan counts transformers\' eager attention '
+             "(--attention standard), which keeps the s x s scores")
+    assert notes == {
+        ("llama2-7b", "flash"): [], ("llama2-7b", "standard"): [eager], ("google/gemma-2-9b", "standard"): [eager],
+        ("google/gemma-2-9b", "flash"): [
+            'load the model with attn_implementation="flash_attention_2" (pip install flash-attn): SDPA cannot '
+            "soft-cap google/gemma-2-9b's attention scores, so transformers refuses sdpa for it and would run its "
+            "eager attention, whose s x s scores the plan (--attention flash) does not count"]}
+
+
 def test_hf_says_it_cannot_express_model_parallelism():
     exported = export("hf", PARALLEL, PARALLEL_BEST)
     assert any("cannot express tp 2, pp 2" in n for n in exported.notes)

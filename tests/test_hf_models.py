@@ -14,6 +14,7 @@ import math
 
 import pytest
 
+from core.config import TrainConfig
 from core.errors import ConfigError
 from core.hf_config import (DEEPSEEK_V3_DEFAULTS, GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config,
                             spec_from_hf_config)
@@ -252,9 +253,10 @@ def test_gemma3_text_defaults_are_transformers_own():
     assert {key: getattr(defaults, key) for key in GEMMA3_TEXT_DEFAULTS} == GEMMA3_TEXT_DEFAULTS
 
 
-def test_gemma2s_soft_capping_is_said_not_counted_and_its_defaults_are_transformers():
-    """Gemma 2 caps attention scores at 50 and final logits at 30 (transformers' Gemma2Config defaults, also
-    in google/gemma-2-9b's config.json); the accounting counts neither, so every estimate and plan says so."""
+def test_gemma2s_soft_capping_and_sliding_windows_are_read_with_transformers_defaults():
+    """Gemma 2 caps attention scores at 50 and final logits at 30 and alternates sliding-window and full layers
+    (transformers' Gemma2Config defaults, the caps also in google/gemma-2-9b's config.json); Gemma 3 caps nothing
+    and attends to the whole sequence every sixth layer. Where a config lists ``layer_types``, they are read."""
     transformers = pytest.importorskip("transformers")
     from core.hf_config import SOFTCAP_DEFAULTS
 
@@ -262,26 +264,62 @@ def test_gemma2s_soft_capping_is_said_not_counted_and_its_defaults_are_transform
     assert SOFTCAP_DEFAULTS["gemma2"] == {"attn_logit_softcapping": defaults.attn_logit_softcapping,
                                           "final_logit_softcapping": defaults.final_logit_softcapping}
     gemma2 = load_hf_config(HF / "gemma-2-9b.json")
-    assert [c.split(" (")[0] for c in gemma2.caveats] == ["attention scores soft-capped at 50",
-                                                          "final logits soft-capped at 30"]
-    assert load_hf_config(HF / "gemma-3-1b-it.json").caveats == ()  # Gemma 3 caps nothing
-    assert load_hf_config(HF / "llama-2-7b.json").caveats == ()
+    assert (gemma2.attention_softcap, gemma2.logit_softcap, gemma2.sliding_window_pattern) == (50.0, 30.0, 2)
+    gemma3 = load_hf_config(HF / "gemma-3-1b-it.json")
+    assert (gemma3.attention_softcap, gemma3.logit_softcap, gemma3.sliding_window_pattern) == (0.0, 0.0, 6)
+    llama = load_hf_config(HF / "llama-2-7b.json")
+    assert (llama.attention_softcap, llama.logit_softcap, llama.sliding_window_pattern) == (0.0, 0.0, 0)
     config = json.loads((HF / "gemma-2-9b.json").read_text())
     for key in SOFTCAP_DEFAULTS["gemma2"]:
         del config[key]  # absent: transformers' defaults
-    assert spec_from_hf_config(config, "gemma2").caveats == gemma2.caveats
+    assert spec_from_hf_config(config, "gemma-2-9b") == dataclasses.replace(gemma2, name="gemma-2-9b")
     uncapped = spec_from_hf_config(config | {"attn_logit_softcapping": None, "final_logit_softcapping": None}, "x")
-    assert uncapped.caveats == ()
+    assert (uncapped.attention_softcap, uncapped.logit_softcap) == (0.0, 0.0)
     with pytest.raises(ConfigError, match=r"^g: attn_logit_softcapping must be a positive number or null, got '50'$"):
         spec_from_hf_config(config | {"attn_logit_softcapping": "50"}, "g")
+    for model_type, layers, pattern in (("gemma2", 42, 2), ("gemma3_text", 26, 6), ("gemma3_text", 26, 4)):
+        listed = transformers.AutoConfig.for_model(model_type, num_hidden_layers=layers,
+                                                   sliding_window_pattern=pattern).layer_types
+        read = spec_from_hf_config(config | {"model_type": model_type, "num_hidden_layers": layers,
+                                             "layer_types": listed}, "g")
+        assert read.sliding_window_pattern == pattern
+    with pytest.raises(ConfigError, match=r"^g: layer_types must give each of the num_hidden_layers layers a kind, "
+                                          "every n-th full_attention and the rest sliding_attention"):
+        spec_from_hf_config(config | {"layer_types": ["full_attention", "sliding_attention"] * 21}, "g")
+    with pytest.raises(ConfigError, match=r"^g: layer_types must be a list of 'sliding_attention' or "
+                                          r"'full_attention', got \['local'\]$"):
+        spec_from_hf_config(config | {"layer_types": ["local"]}, "g")
 
 
-def test_what_gemma2s_caveats_claim_holds_in_transformers():
-    """SDPA is refused for capped attention, and the final cap's tanh keeps exactly one 16-bit tensor over the
-    vocabulary more (traced on meta: b x s x V x 2 bytes)."""
+def test_what_each_stack_says_of_gemma2s_soft_capping():
+    """Transformers' modules count the caps (eager attention), or say FlashAttention 2 caps inside its kernel,
+    which fp32 cannot run; the other stacks do not cap, and say so."""
+    gemma2 = load_hf_config(HF / "gemma-2-9b.json")
+    notes = {(stack, attention): [n.split(" (")[0] + (" (hf)" if "--stack hf counts" in n else "")
+                                  for n in TrainConfig(seq_len=4096, precision="bf16-pure", stack=stack,
+                                                       attention=attention).model_notes(gemma2)]
+             for stack in ("reference", "hf") for attention in ("flash", "standard")}
+    uncounted = ["google/gemma-2-9b: attention scores soft-capped at 50 (hf)",
+                 "google/gemma-2-9b: final logits soft-capped at 30 (hf)"]
+    assert notes == {("reference", "flash"): uncounted, ("reference", "standard"): uncounted,
+                     ("hf", "flash"): ["google/gemma-2-9b: attention scores soft-capped at 50"],
+                     ("hf", "standard"): []}
+    flash = TrainConfig(seq_len=4096, precision="bf16-pure", stack="hf").model_notes(gemma2)[0]
+    assert "transformers' flash attention for it is FlashAttention 2's (flash_attention_2, 16-bit on CUDA)" in flash
+    with pytest.raises(ConfigError, match=r"google/gemma-2-9b: its soft-capped attention runs on FlashAttention 2 "
+                                          r"under transformers, which takes 16-bit inputs only, not --precision "
+                                          r"fp32's fp32: use --attention standard"):
+        TrainConfig(seq_len=4096, precision="fp32", stack="hf").check_model(gemma2)
+    TrainConfig(seq_len=4096, precision="fp32", stack="hf", attention="standard").check_model(gemma2)
+    TrainConfig(seq_len=4096, precision="fp32").check_model(gemma2)  # the reference stack does not cap
+
+
+def test_the_final_caps_tanh_keeps_one_tensor_over_the_vocabulary_traced_and_counted():
+    """SDPA is refused for capped attention; the final cap's tanh keeps exactly one 16-bit tensor over the
+    vocabulary more (b x s x V x 2 bytes), traced on meta and in the hf stack's ledger alike."""
     transformers = pytest.importorskip("transformers")
     from agent.hf_trace import trace
-    from core.config import TrainConfig
+    from core.ledger import activation_ledger
 
     tiny = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000,
@@ -289,17 +327,21 @@ def test_what_gemma2s_caveats_claim_holds_in_transformers():
     with pytest.raises(ValueError, match="does not support an attention implementation through "
                                          "torch.nn.functional.scaled_dot_product_attention"):
         transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.for_model(**tiny), attn_implementation="sdpa")
-    train = TrainConfig(seq_len=16, micro_batch=1, precision="bf16-pure")
+    train = TrainConfig(seq_len=16, micro_batch=1, precision="bf16-pure", attention="standard", stack="hf")
     plain = tiny | {"attn_logit_softcapping": None}
-    capped = trace(plain | {"final_logit_softcapping": 30.0}, "capped", train, "cpu")
-    uncapped = trace(plain | {"final_logit_softcapping": None}, "uncapped", train, "cpu")
-    assert capped.saved_bytes - uncapped.saved_bytes == 1 * 16 * 1000 * 2
+    capped, uncapped = plain | {"final_logit_softcapping": 30.0}, plain | {"final_logit_softcapping": None}
+    traced = {name: trace(config, name, train, "cpu").saved_bytes for name, config in (("capped", capped),
+                                                                                       ("uncapped", uncapped))}
+    counted = {name: activation_ledger(spec_from_hf_config(config, name), train, "cpu").saved_bytes
+               for name, config in (("capped", capped), ("uncapped", uncapped))}
+    assert traced["capped"] - traced["uncapped"] == 1 * 16 * 1000 * 2
+    assert counted == traced
 
 
 def test_a_models_caveats_survive_a_round_trip_through_json():
     """A training step stores its model_spec as JSON (ModelSpec.to_dict, JSON's own types): it reads back field for
     field, and as the same model."""
-    gemma2 = load_hf_config(HF / "gemma-2-9b.json")
+    gemma2 = dataclasses.replace(load_hf_config(HF / "gemma-2-9b.json"), caveats=("a sentence",))
     stored = json.loads(json.dumps(gemma2.to_dict()))
-    assert stored == gemma2.to_dict() and isinstance(stored["caveats"], list) and len(stored["caveats"]) == 2
+    assert stored == gemma2.to_dict() and stored["caveats"] == ["a sentence"] and stored["attention_softcap"] == 50
     assert type(gemma2)(**stored) == gemma2

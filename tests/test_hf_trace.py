@@ -100,7 +100,9 @@ def test_fused_attention_keeps_no_score_matrix():
     ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
 ])
 def test_architectures_the_analytic_ledger_need_not_know_are_traced_layer_by_layer(model_type, extra):
-    train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure")
+    # Gemma 2 has no SDPA attention: transformers' eager one
+    train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure",
+                        attention="standard" if model_type == "gemma2" else "flash")
     traced = trace({"model_type": model_type, **SMALL, **extra}, model_type, train, "cuda")
     per_layer = [traced.layer_bytes(n) for n in range(traced.n_layers)]
     assert traced.n_layers == 2 and all(per_layer)
@@ -175,23 +177,73 @@ def test_the_hf_stack_is_the_trace_of_the_llama_family(model_type, extra):
 
 def test_outside_the_llama_family_the_hf_stack_says_to_trace():
     """Phi-3 (fused q/k/v and gate/up projections) is transformers' own module: traced, it parts from the hf
-    stack, so a mixture of experts, Gemma 2 and 3 (norms after each sublayer) or, under Liger's kernels, Gemma
-    is refused."""
+    stack, so a mixture of experts, Gemma 3 (RoPE tables of its own in its sliding-window layers) or, under
+    Liger's kernels, Gemma and Gemma 2 are refused."""
     phi3 = {**SMALL, "model_type": "phi3"}
     train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure", recompute=parse_policy("none"), stack="hf")
     assert differences(trace(phi3, "phi3", train, "cpu"), activation_ledger(spec_from_hf_config(phi3, "p"), train, "cpu"))
     mixtral = spec_from_hf_config({**SMALL, "model_type": "mixtral", "num_local_experts": 4,
                                  "num_experts_per_tok": 2}, "mixtral")
     with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules "
-                                          r"\(llama, mistral, qwen2, qwen3, gemma\); .* --trace"):
+                                          r"\(llama, mistral, qwen2, qwen3, gemma, gemma2\); .* --trace"):
         activation_ledger(mixtral, train, "cuda")
-    for model_type in ("gemma2", "gemma3_text"):
-        with pytest.raises(ConfigError, match="the hf stack accounts for"):
-            activation_ledger(spec_from_hf_config({**SMALL, "model_type": model_type}, model_type), train, "cuda")
-    gemma = spec_from_hf_config({**SMALL, "model_type": "gemma"}, "gemma")
-    with pytest.raises(ConfigError, match=r"the hf-liger stack accounts for transformers' Llama modules "
-                                          r"\(llama, mistral, qwen2, qwen3\);"):
-        activation_ledger(gemma, replace(train, stack="hf-liger"), "cuda")
+    with pytest.raises(ConfigError, match="the hf stack accounts for"):
+        activation_ledger(spec_from_hf_config({**SMALL, "model_type": "gemma3_text"}, "gemma3"), train, "cuda")
+    for model_type in ("gemma", "gemma2"):
+        gemma = spec_from_hf_config({**SMALL, "model_type": model_type}, model_type)
+        with pytest.raises(ConfigError, match=r"the hf-liger stack accounts for transformers' Llama modules "
+                                              r"\(llama, mistral, qwen2, qwen3\);"):
+            activation_ledger(gemma, replace(train, stack="hf-liger"), "cuda")
+
+
+COMBINATIONS = (("cuda", "bf16-pure", "none"), ("cpu", "fp32", "full"), ("cpu", "bf16-pure", "none"),
+                ("cuda", "fp32", "none"))
+
+
+@pytest.mark.parametrize(("model_type", "kv_heads", "layers"), [("llama", 2, 3), ("llama", 1, 2), ("gemma2", 2, 5),
+                                                                 ("gemma2", 1, 2)])
+@pytest.mark.parametrize("micro_batch", [1, 2])
+def test_the_hf_stacks_eager_attention_is_the_trace_of_transformers_eager_attention(model_type, kv_heads, layers,
+                                                                                   micro_batch):
+    """--attention standard under the hf stack is transformers' eager attention: no mask kept, the softmax in
+    fp32 and its cast back both kept, Gemma 2's capped scores' tanh, and under checkpointing each kind of layer's
+    mask (Gemma 2 alternates a sliding-window and a causal one). One shared k/v head (multi-query) of one
+    sequence is read without a copy; one sequence's shifted labels are a view of the padded ones. Exact, on CPU
+    and CUDA rules, with and without checkpointing: eager attention runs the same ops on every device."""
+    config = {**SMALL, "model_type": model_type, "head_dim": 32, "num_key_value_heads": kv_heads,
+              "num_hidden_layers": layers}
+    for device, precision, policy in COMBINATIONS:
+        train = TrainConfig(seq_len=64, micro_batch=micro_batch, precision=precision, recompute=parse_policy(policy),
+                            stack="hf", attention="standard")
+        traced = trace(config, model_type, train, device)
+        analytic = activation_ledger(spec_from_hf_config(config, model_type), train, device)
+        assert differences(traced, analytic) == []
+        assert kept(traced) != kept(activation_ledger(spec_from_hf_config(config, model_type),
+                                                      replace(train, stack="reference"), device))
+
+
+def test_gemma2s_eager_attention_keeps_what_its_caps_and_masks_cost():
+    """Against the same model uncapped: each capped layer keeps a (b, a, s, s) tanh, the head a (b, s, V) one
+    (checkpointed, the head's alone). Against it without sliding-window layers: fully checkpointed, a second
+    (b, 1, s, s) mask, the one Gemma 2's sliding-window layers read."""
+    gemma2 = spec_from_hf_config({**SMALL, "model_type": "gemma2", "head_dim": 32}, "g")
+    uncapped = replace(gemma2, attention_softcap=0.0, logit_softcap=0.0)
+    unwindowed = replace(gemma2, sliding_window_pattern=0)
+    b, s, a, vocab, layers = 2, 64, 4, 512, 2
+    for policy, capped, windowed in (("none", layers * b * a * s * s * 2 + b * s * vocab * 2, 0),
+                                     ("full", b * s * vocab * 2, b * s * s * 2)):
+        train = TrainConfig(seq_len=s, micro_batch=b, precision="bf16-pure", recompute=parse_policy(policy),
+                            stack="hf", attention="standard")
+        saved = {spec: activation_ledger(spec, train, "cuda").saved_bytes for spec in (gemma2, uncapped, unwindowed)}
+        assert (saved[gemma2] - saved[uncapped], saved[gemma2] - saved[unwindowed]) == (capped, windowed)
+
+
+def test_gemma2s_flash_attention_is_not_traced_on_meta():
+    train = TrainConfig(seq_len=64, micro_batch=1, precision="bf16-pure", stack="hf")
+    with pytest.raises(ConfigError, match=r"model_type 'gemma2': transformers cannot run its attention on SDPA, and "
+                                          r"its flash attention \(FlashAttention 2\) needs CUDA, not the meta device: "
+                                          "trace --attention standard"):
+        trace({**SMALL, "model_type": "gemma2"}, "gemma2", train, "cuda")
 
 
 def test_gemmas_norms_change_only_the_transformers_ledger():
@@ -246,6 +298,22 @@ def test_plan_trace_checks_the_recommendation_with_the_traced_activations(tmp_pa
     assert report["saved_bytes"] - report["analytic_saved_bytes"] == 2 * 8  # two layers' RNG state
 
 
+def test_gemma2_is_traced_with_eager_attention_and_its_flash_attention_refused_before_planning(run_cli, tmp_path):
+    (tmp_path / "gemma2").mkdir()
+    (tmp_path / "gemma2" / "config.json").write_text(json.dumps({**SMALL, "model_type": "gemma2", "head_dim": 32}))
+    common = ("--model", str(tmp_path / "gemma2"), "--seq-len", "64", "--precision", "bf16-pure", "--stack", "hf",
+              "--trace")
+    eager = run_cli("estimate", *common, "--attention", "standard", "--json")
+    assert eager.returncode == 0, eager.stderr
+    report = json.loads(eager.stdout)["trace"]
+    assert report["saved_bytes"] == report["analytic_saved_bytes"] and report["differences"] == []
+    refusal = ("--trace runs transformers' attention on the meta device: gemma2's soft-capped attention has no SDPA "
+               "form, and its flash attention (FlashAttention 2) needs CUDA; trace --attention standard")
+    for command in (("estimate",), ("plan", "--global-batch", "16")):
+        flash = run_cli(*command, *common)
+        assert flash.returncode == 2 and flash.stdout == "" and refusal in flash.stderr
+
+
 def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(run_cli, tmp_path):
     (tmp_path / "tiny").mkdir()
     (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
@@ -270,3 +338,9 @@ def test_an_estimate_says_whose_tensors_its_ledger_counts():
                            "against transformers' own model traced on meta, tensor for tensor)")
     assert notes["hf-liger"].startswith("activations: per-tensor ledger of transformers' modules with Liger's kernels")
     assert notes["reference"].startswith("activations: per-tensor ledger of the agent's decoder on cuda")
+    gemma2 = spec_from_hf_config({**SMALL, "model_type": "gemma2"}, "gemma2")
+    flash2 = {attention: estimate(gemma2, TrainConfig(seq_len=64, precision="bf16-pure", stack="hf",
+                                                      attention=attention)).to_dict()["notes"]
+              for attention in ("flash", "standard")}
+    assert notes["hf"][:-1] + ", FlashAttention 2's tensors apart)" in flash2["flash"]
+    assert notes["hf"] in flash2["standard"]

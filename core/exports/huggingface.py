@@ -73,6 +73,17 @@ def _checkpointing(run: Run, notes: list[str]) -> tuple[bool, list[str]]:
     return False, []
 
 
+def _attention(run: Run, notes: list[str]) -> None:
+    """The attention implementation to load the model with, where it is not transformers' default (sdpa)."""
+    if run.attention == "standard":
+        notes.append('load the model with attn_implementation="eager": the plan counts transformers\' eager '
+                     "attention (--attention standard), which keeps the s x s scores")
+    elif run.spec.attention_softcap:
+        notes.append(f'load the model with attn_implementation="flash_attention_2" (pip install flash-attn): SDPA '
+                     f"cannot soft-cap {run.model}'s attention scores, so transformers refuses sdpa for it and "
+                     "would run its eager attention, whose s x s scores the plan (--attention flash) does not count")
+
+
 def _precision(run: Run, notes: list[str]) -> bool:
     if run.precision == "fp32":
         return False
@@ -111,6 +122,7 @@ def huggingface(run: Run) -> Export:
         notes.append("use_liger_kernel=True patches the model with Liger's Triton kernels when the Trainer is built: "
                      "pip install liger-kernel, on a CUDA GPU")
     whole_layers, before = _checkpointing(run, notes)
+    _attention(run, notes)
     bf16 = _precision(run, notes)
     fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
     args = [
