@@ -21,6 +21,10 @@ attention and MLP side by side on the block's input (``parallel_residual``:
 GPT-NeoX, GPT-J), a mixture of experts in place of a llama block's MLP
 (``n_experts`` and the fields after it: Mixtral, Qwen-MoE, DeepSeek-V3) and
 multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3).
+Gemma's norms and embeddings (``norm_offset``, ``scaled_embedding``), Gemma 2's
+soft-capping (``attention_softcap``, ``logit_softcap``) and Gemma 2 and 3's
+sliding-window layers (``sliding_window_pattern``) change no weight: they
+change what transformers' modules keep (core.ledger, the hf stack).
 """
 
 from __future__ import annotations
