@@ -364,6 +364,12 @@ def run_train(args: argparse.Namespace) -> int:
         return 1 if nothing_measured(report) else 0
 
 
+def _check_local_ranks(ranks: int) -> None:
+    if ranks > MAX_LOCAL_RANKS:
+        raise ConfigError(f"{ranks:,} ranks: the agent starts one process per rank on this box, at most "
+                          f"{MAX_LOCAL_RANKS}")
+
+
 def train_layout(args: argparse.Namespace, device) -> Layout:
     """The layout of ``agent train``: the axis flags, with ``--nproc`` alone meaning data parallelism (the
     layouts the agent cannot run are refused by run_train, which knows the model)."""
@@ -371,14 +377,13 @@ def train_layout(args: argparse.Namespace, device) -> Layout:
     if args.nproc is not None:
         if args.nproc < 1:
             raise ConfigError(f"--nproc {args.nproc}: give 1 or more processes")
+        _check_local_ranks(args.nproc)  # before a layout of that many ranks is made
         if layout.world == 1 and args.nproc > 1:
             layout = dataclasses.replace(layout, dp=args.nproc)
         elif layout.world != args.nproc:
             raise ConfigError(f"--nproc {args.nproc} but the layout has tp x dp x pp x cp = {layout.world} ranks; "
                               "give one process per rank")
-    if layout.world > MAX_LOCAL_RANKS:
-        raise ConfigError(f"{layout.world:,} ranks: the agent starts one process per rank on this box, at most "
-                          f"{MAX_LOCAL_RANKS}")
+    _check_local_ranks(layout.world)
     if layout.world > 1 and device.type == "cuda":
         import torch
 
