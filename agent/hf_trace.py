@@ -12,10 +12,12 @@ The trace routes each call to the fused kernel the target device would run,
 whose meta implementation has the real kernel's outputs, so autograd keeps
 what that kernel keeps (q, k, v, output, log-sum-exp) under the device's
 rules (core.devices): on a CPU the flash kernel (any dtype, grouped k/v
-heads; dropout sends it to math), on CUDA flash for 16-bit inputs (fp32 runs
-math), with dropout inside the kernel. Traced with the CPU's rules, the
-ledger equals a real CPU forward of the same model byte for byte
-(tests/test_hf_trace.py).
+heads, an explicit mask; dropout sends it to math), on CUDA flash for 16-bit
+inputs (fp32 runs math), with dropout inside the kernel. Which CUDA kernel
+takes an explicit mask (transformers' sliding-window layers) has not been
+measured: traced on CUDA's rules, such a call stops the trace with that
+reason. Traced with the CPU's rules, the ledger equals a real CPU forward of
+the same model byte for byte (tests/test_hf_trace.py).
 
 ``--attention standard`` builds the model with transformers' eager attention
 instead (softmax(QK^T)V written out, Gemma 2's soft-capping included), which
@@ -49,6 +51,9 @@ from core.ledger import Ledger
 from core.precision import get_precision
 from core.trace_limits import trace_refusal
 
+MASKED_CUDA_SDPA = ("transformers hands SDPA an explicit mask here (a sliding-window layer, the sequence at least as "
+                    "long as the window): which CUDA kernel takes it, and what that keeps, has not been measured on a "
+                    "GPU yet; trace --attention standard (transformers' eager attention), or with --device cpu")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 _LAYER = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 """A decoder layer's index in a module path: model.layers.3.mlp (Llama and most), transformer.h.3 (GPT-2)."""
@@ -93,9 +98,10 @@ class TracedLedger:
 
 class _FusedAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` to the fused kernel the device's rules say runs there
-    (`DeviceRules.fused_sdpa`, the analytic ledger's own test): on a CPU flash; on CUDA flash for 16-bit
-    inputs, memory-efficient attention for fp32 (equal head counts) and for value heads narrower than
-    query and key heads. Anything else takes SDPA's math path, as on the device."""
+    (`DeviceRules.fused_sdpa`, the analytic ledger's own test): on a CPU flash, an explicit mask included; on
+    CUDA flash for 16-bit inputs, memory-efficient attention for fp32 (equal head counts) and for value heads
+    narrower than query and key heads, and a masked call refused (not measured). Anything else takes SDPA's
+    math path, as on the device."""
 
     def __init__(self, rules: DeviceRules) -> None:
         super().__init__()
@@ -110,12 +116,17 @@ class _FusedAttention(TorchFunctionMode):
         mask, p = call.get("attn_mask"), call.get("dropout_p", 0.0)
         causal, scale = call.get("is_causal", False), call.get("scale")
         fp32, narrow = q.dtype == torch.float32, v.shape[-1] != q.shape[-1]
-        if mask is not None or not self.rules.fused_sdpa("flash", p, fp32=fp32, grouped=k.shape[-3] != q.shape[-3],
-                                                         narrow_values=narrow):
+        if mask is not None and self.rules.fused_attention_mask is None:
+            raise ConfigError(MASKED_CUDA_SDPA)
+        if not self.rules.fused_sdpa("flash", p, fp32=fp32, grouped=k.shape[-3] != q.shape[-3], narrow_values=narrow,
+                                     masked=mask is not None):
             return func(*args, **kwargs)
         ops = torch.ops.aten
         if self.rules.device == "cpu":
-            return ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, p, causal, scale=scale)[0]
+            if mask is not None and mask.dtype == torch.bool:  # SDPA's own conversion to an additive mask
+                mask = torch.where(mask.logical_not(), torch.full((), -torch.inf, dtype=q.dtype, device=q.device),
+                                   torch.zeros((), dtype=q.dtype, device=q.device))
+            return ops._scaled_dot_product_flash_attention_for_cpu(q, k, v, p, causal, attn_mask=mask, scale=scale)[0]
         if fp32 or narrow:
             return ops._scaled_dot_product_efficient_attention(q, k, v, None, True, p, causal, scale=scale)[0]
         return ops._scaled_dot_product_flash_attention(q, k, v, p, causal, scale=scale)[0]

@@ -22,14 +22,14 @@ ATTENTIONS = ("flash", "standard")
 
 def hf_stack_covers(spec: ModelSpec, stack: str = "hf") -> bool:
     """The transformers stacks (core.stack) account for transformers' Llama modules: dense, RMSNorm before each
-    sublayer, Llama's attention; ``hf`` also for Gemma's and Gemma 2's (RMSNorm in fp32, scaled embeddings, norms
-    after each sublayer, soft-capping, every other layer's sliding window), which Liger patches with kernels of
-    its own. Mixtures of experts, latent attention, GPT blocks and Gemma 3 (its sliding-window layers read RoPE
-    tables of their own, and hand SDPA an explicit mask) keep other tensors."""
-    if spec.block != "llama" or spec.is_moe or spec.is_mla or spec.sliding_window_pattern > 2:
+    sublayer, Llama's attention (Mistral's sliding window included); ``hf`` also for Gemma's, Gemma 2's and
+    Gemma 3's (RMSNorm in fp32, scaled embeddings, norms after each sublayer, soft-capping, sliding-window layers
+    among full ones, with RoPE tables of their own), which Liger patches with kernels of its own. Mixtures of
+    experts, latent attention and GPT blocks keep other tensors."""
+    if spec.block != "llama" or spec.is_moe or spec.is_mla:
         return False
     gemma = (spec.norm_offset, spec.scaled_embedding, spec.post_norms, spec.attention_softcap, spec.logit_softcap,
-             spec.sliding_window_pattern)
+             spec.sliding_window_pattern, spec.local_rope)
     return stack == "hf" or not any(gemma)
 
 
@@ -148,7 +148,7 @@ class TrainConfig:
                               f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")
         stack = get_stack(self.stack)
         if stack.transformers_modules and not hf_stack_covers(spec, stack.name):
-            covered = "llama, mistral, qwen2, qwen3" + (", gemma, gemma2" if stack.name == "hf" else "")
+            covered = "llama, mistral, qwen2, qwen3" + (", gemma, gemma2, gemma3" if stack.name == "hf" else "")
             raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules "
                               f"({covered}); for this architecture, trace transformers' own model with "
                               "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")

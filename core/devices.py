@@ -43,22 +43,27 @@ class DeviceRules:
     """A fused kernel takes value heads narrower than query and key heads (latent attention): CPU flash does
     not, SDPA runs its math path (measured); on CUDA memory-efficient attention does (its documented support;
     not yet measured: the GPU check probes it)."""
+    fused_attention_mask: bool | None
+    """A fused kernel takes an explicit mask (transformers' sliding-window layers under SDPA): CPU flash does and
+    keeps the mask, made additive in the inputs' dtype (measured). On CUDA flash does not; which kernel does
+    (memory-efficient attention, cuDNN) and what it keeps has not been measured on a GPU: None, refused."""
     fused_rms_norm: bool
     """RMSNorm runs ``_fused_rms_norm``, whose backward keeps only input, fp32 rstd and weight (CUDA);
     CPU and meta run the composite that keeps the fp32 normalised tensor too (measured)."""
 
     def fused_sdpa(self, attention: str, dropout: float, fp32: bool = False, grouped: bool = False,
-                   narrow_values: bool = False) -> bool:
+                   narrow_values: bool = False, masked: bool = False) -> bool:
         """Does ``flash`` attention run as one fused kernel here (else SDPA's math path)?
 
         ``fp32``: the attention inputs are fp32; ``grouped``: fewer key/value heads than query heads;
-        ``narrow_values``: value heads narrower than query and key heads.
+        ``narrow_values``: value heads narrower than query and key heads; ``masked``: an explicit mask.
         """
         return (
             attention == "flash" and self.fused_attention
             and (dropout == 0 or self.fused_attention_dropout)
             and (not (fp32 and grouped) or self.fused_attention_fp32_gqa)
             and (not narrow_values or self.fused_attention_narrow_values)
+            and (not masked or bool(self.fused_attention_mask))
         )
 
 
@@ -67,19 +72,19 @@ DEVICE_RULES: dict[str, DeviceRules] = {
         device="cpu", dropout_mask_bytes=None, norm_stats_fp32=False, fused_attention=True,
         fused_attention_dropout=False, autocast=True, autocast_softmax_fp32=False,
         offload_moves=False, fused_rms_norm=False, fused_attention_fp32_gqa=True, fused_attention_rng_state=False,
-        fused_attention_narrow_values=False,
+        fused_attention_narrow_values=False, fused_attention_mask=True,
     ),
     "meta": DeviceRules(
         device="meta", dropout_mask_bytes=None, norm_stats_fp32=True, fused_attention=False,
         fused_attention_dropout=False, autocast=False, autocast_softmax_fp32=False,
         offload_moves=False, fused_rms_norm=False, fused_attention_fp32_gqa=False, fused_attention_rng_state=False,
-        fused_attention_narrow_values=False,
+        fused_attention_narrow_values=False, fused_attention_mask=False,
     ),
     "cuda": DeviceRules(
         device="cuda", dropout_mask_bytes=1, norm_stats_fp32=True, fused_attention=True,
         fused_attention_dropout=True, autocast=True, autocast_softmax_fp32=True,
         offload_moves=True, fused_rms_norm=True, fused_attention_fp32_gqa=False, fused_attention_rng_state=True,
-        fused_attention_narrow_values=True,
+        fused_attention_narrow_values=True, fused_attention_mask=None,
     ),
 }
 

@@ -64,14 +64,16 @@ is the longest sequence Headroom plans, so no note). ``gpt2``'s
 read, so it stays required.
 
 Gemma 2's soft-capping (``attn_logit_softcapping``, ``final_logit_softcapping``;
-transformers' Gemma2Config caps by default, at 50 and 30) and Gemma 2 and 3's
-sliding-window layers (``layer_types``, or every second and every sixth layer
-attending to the whole sequence) are read into the spec (``attention_softcap``,
-``logit_softcap``, ``sliding_window_pattern``): they change no weight, and
-transformers' modules (``--stack hf``) keep tensors for them that the ledger
-counts: the tanh of the capped scores and logits, and under checkpointing each
-kind of layer's mask. The window's width is not read: eager attention computes
-every score whatever it is. Other stacks do not cap, and say so (a note of
+transformers' Gemma2Config caps by default, at 50 and 30) and the sliding-window
+layers of Gemma 2 and 3 (``layer_types``, or every second and every sixth layer
+attending to the whole sequence) and of Mistral 7B v0.1 (every layer) are read
+into the spec (``attention_softcap``, ``logit_softcap``,
+``sliding_window_pattern``, ``sliding_window``, and Gemma 3's ``local_rope``):
+they change no weight, and transformers' modules (``--stack hf``) keep tensors
+for them that the ledger counts: the tanh of the capped scores and logits,
+under checkpointing each kind of layer's mask, under SDPA a sliding-window
+layer's explicit mask once the sequence is as long as the window, and Gemma 3's
+second pair of RoPE tables. Other stacks do not cap, and say so (a note of
 every estimate and plan, core.config.TrainConfig.model_notes).
 """
 
@@ -235,6 +237,8 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         scaled_embedding=model_type in GEMMAS,
         **_softcaps(config, name, model_type),
         sliding_window_pattern=_sliding_window_pattern(config, name, model_type),
+        sliding_window=_sliding_window(config, name, model_type),
+        local_rope=model_type == "gemma3_text",
         **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
     )
 
@@ -278,6 +282,24 @@ def _sliding_window_pattern(config: dict[str, Any], name: str, model_type: str) 
                           "full_attention and the rest sliding_attention (as Gemma 2 and 3 do); got "
                           f"{layer_types!r}")
     return period
+
+
+SLIDING_WINDOWS = {"mistral": 4_096, "gemma2": 4_096, "gemma3_text": 4_096}
+"""The types whose layers (or some of them) attend within a sliding window of ``sliding_window`` tokens, and
+transformers' default width for a config that names none (MistralConfig, Gemma2Config, Gemma3TextConfig); null
+is none (Mistral 7B v0.2 and later)."""
+
+
+def _sliding_window(config: dict[str, Any], name: str, model_type: str) -> int:
+    """The window's width in tokens (ModelSpec.sliding_window): 0 for a type without one, or a null width."""
+    if model_type not in SLIDING_WINDOWS:
+        return 0
+    window = config["sliding_window"] if "sliding_window" in config else SLIDING_WINDOWS[model_type]
+    if window is None:
+        return 0
+    if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
+        raise ConfigError(f"{name}: sliding_window must be a positive number of tokens or null, got {window!r}")
+    return window
 
 
 def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, Any]:

@@ -271,10 +271,14 @@ class _Trace:
         self.keep(*tensors)
         self.layer = layer
 
-    def repeat_segments(self, template_start: int, start: int, size: int, count: int, x: _Sym) -> _Sym:
-        """Keep for ``count`` segments of ``size`` layers from ``start`` what the one at ``template_start`` kept;
-        return a new output of the last."""
-        self.repeats.append(Repeat(template_start, start, size, count))
+    def repeat_segments(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
+        """Keep for the segment of ``size`` layers from ``start`` what the one at ``template_start`` kept (one
+        more of a run of repeats right before it); return a new output of it."""
+        last = self.repeats[-1] if self.repeats else None
+        if last is not None and (last.template, last.size, last.end) == (template_start, size, start):
+            self.repeats[-1] = replace(last, count=last.count + 1)
+        else:
+            self.repeats.append(Repeat(template_start, start, size))
         self._next += 1
         return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
@@ -433,12 +437,17 @@ class _Dims:
 
 
 def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym, v_head_dim: int | None = None,
-               qk_contiguous: bool = False, capped: bool = False) -> _Sym:
+               qk_contiguous: bool = False, capped: bool = False, masked: bool = False) -> _Sym:
     """The attention core over this rank's heads; returns the output-projection input (b, s, heads x v's head).
 
     ``v_head_dim``: value heads narrower than query and key heads (latent attention); ``qk_contiguous``: q and
     k come laid out (b, heads, s, d), so the explicit path's matmuls read them without a copy; ``capped``: the
-    scores are soft-capped (ModelSpec.attention_softcap), which only transformers' eager attention does here.
+    scores are soft-capped (ModelSpec.attention_softcap), which only transformers' eager attention does here;
+    ``masked``: transformers hands SDPA an explicit mask (ModelSpec.sdpa_mask).
+
+    Under transformers' SDPA, grouped k/v heads go to the kernel as they are (``enable_gqa``) unless a mask is
+    given or heads are wider than 256, when ``repeat_kv`` copies them out (one shared head: a view). The fused
+    kernel keeps the mask as SDPA makes it additive, (b, 1, s, s) in the inputs' dtype.
 
     The explicit path is the agent's decoder's, or under transformers' modules their eager attention: it adds
     its mask (keeping none), takes the softmax in fp32 whatever the inputs, and casts the probabilities back to
@@ -448,15 +457,19 @@ def _attention(tr: _Trace, d: _Dims, cfg: TrainConfig, q: _Sym, k: _Sym, v: _Sym
     dv = v_head_dim or hd
     heads, v_heads = (b, a, s, hd), (b, a, s, dv)
     dropout = cfg.dropout > 0
-    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1,
-                           narrow_values=dv != hd):
+    repeated = tr.stack.transformers_modules and groups > 1 and (masked or max(hd, dv) > 256)
+    if tr.rules.fused_sdpa(cfg.attention, cfg.dropout, fp32=q.dtype == "fp32", grouped=groups > 1 and not repeated,
+                           narrow_values=dv != hd, masked=masked):
         # q, k, v as given (grouped heads not expanded), output, fp32 log-sum-exp (and on CUDA the
         # dropout generator's seed and offset, kept with or without dropout).
+        if repeated and d.kv_heads > 1:
+            k, v = tr.new("attn.k_repeated", heads, k.dtype), tr.new("attn.v_repeated", v_heads, v.dtype)
         out = tr.matmul_output(tr.new("attn.sdpa_out", v_heads, q.dtype), "attention")
         lse = tr.matmul_output(tr.new("attn.logsumexp", (b, a, s), "fp32"), "attention")
         rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64"), "attention") for n in ("seed", "offset")
                ] if tr.rules.fused_attention_rng_state else []
-        tr.save(q, k, v, out, lse, *rng)
+        mask = tr.new("attn.sdpa_mask", (b, 1, s, s), q.dtype) if masked else None
+        tr.save(q, k, v, mask, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
         return _Sym(out.storage, (b, s, a * dv), out.dtype, out.name)
     if cfg.attention == "flash":
@@ -508,23 +521,26 @@ def _view(x: _Sym, shape: tuple[int, ...]) -> _Sym:
     return _Sym(x.storage, shape, x.dtype, x.name, x.kind, x.storage_shape or x.shape)
 
 
-def _rotary(tr: _Trace, d: _Dims, q: _Sym, k: _Sym, rotary_dim: int, dtype: str) -> tuple[_Sym, _Sym]:
+def _rotary(tr: _Trace, d: _Dims, q: _Sym, k: _Sym, rotary_dim: int, dtype: str, local: bool = False
+            ) -> tuple[_Sym, _Sym]:
     """q and k rotated, with what the stack's RoPE keeps (core.stack): the reference's tables made in each
     layer and cast per call; Megatron's fused kernel one fp32 ``freqs`` table for the whole forward; transformers
-    cos and sin made once in the residual stream's dtype ``dtype``. Nothing else: the tables need no gradient."""
+    cos and sin made once in the residual stream's dtype ``dtype``, a pair of their own for ``local`` layers
+    (ModelSpec.local_rope). Nothing else: the tables need no gradient."""
     if tr.stack.rope == "per-layer":
         tables = (tr.new("rope.cos", (d.s, rotary_dim), "fp32"), tr.new("rope.sin", (d.s, rotary_dim), "fp32"))
         return _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
     if tr.stack.rope == "shared-fp32":
         tr.save(tr.once("rope.freqs", (d.s, 1, 1, rotary_dim), "fp32"))
     else:
-        tr.save(*_shared_tables(tr, d, rotary_dim, dtype))
+        tr.save(*_shared_tables(tr, d, rotary_dim, dtype, local))
     return tr.new("attn.q_rope.rotated", q.shape, q.dtype), tr.new("attn.k_rope.rotated", k.shape, k.dtype)
 
 
-def _shared_tables(tr: _Trace, d: _Dims, rotary_dim: int, dtype: str) -> tuple[_Sym, _Sym]:
-    """transformers' cos and sin: (1, s, rotary_dim), one pair per forward."""
-    return tr.once("rope.cos", (1, d.s, rotary_dim), dtype), tr.once("rope.sin", (1, d.s, rotary_dim), dtype)
+def _shared_tables(tr: _Trace, d: _Dims, rotary_dim: int, dtype: str, local: bool = False) -> tuple[_Sym, _Sym]:
+    """transformers' cos and sin: (1, s, rotary_dim), one pair per forward (and kind of layer: ``local``)."""
+    kind = "rope.local" if local else "rope"
+    return tuple(tr.once(f"{kind}.{f}", (1, d.s, rotary_dim), dtype) for f in ("cos", "sin"))
 
 
 def _rope(tr: _Trace, x: _Sym, tables: tuple[_Sym, _Sym], name: str) -> _Sym:
@@ -564,14 +580,14 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
             q = tr.rms_norm(_heads(q, d.heads, d.head_dim), "attn.q_norm", param_dtype)
             k = tr.rms_norm(_heads(k, d.kv_heads, d.head_dim), "attn.k_norm", param_dtype)
         if spec.rotary:
-            q, k = _rotary(tr, d, q, k, spec.rotary_dim, x.dtype)
+            q, k = _rotary(tr, d, q, k, spec.rotary_dim, x.dtype, _local_rope(spec, tr.layer))
         attention = _attention
-    capped = bool(spec.attention_softcap)
+    capped, masked = bool(spec.attention_softcap), _sdpa_masked(tr, spec, cfg, tr.layer)
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
-            y = attention(tr, d, cfg, q, k, v, capped=capped)
+            y = attention(tr, d, cfg, q, k, v, capped=capped, masked=masked)
     else:
-        y = attention(tr, d, cfg, q, k, v, capped=capped)
+        y = attention(tr, d, cfg, q, k, v, capped=capped, masked=masked)
     o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows, bias=other_bias)
     if spec.post_norms:
         o = norm(o, "attn_post_norm", param_dtype)
@@ -712,10 +728,16 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
     if policy.recomputes_blocks or policy.caches_matmuls:
         if tr.stack.rope == "shared" and spec.rotary:
             # transformers hands each checkpointed layer cos, sin and the positions: kept once, as the model's.
-            tr.keep_outside(*_shared_tables(tr, d, spec.rotary_dim, x.dtype), tr.once("positions", (d.s,), "int64"))
+            for layer in range(start, end):
+                tr.keep_outside(*_shared_tables(tr, d, spec.rotary_dim, x.dtype, _local_rope(spec, layer)))
+            tr.keep_outside(tr.once("positions", (d.s,), "int64"))
         if tr.stack.transformers_modules and cfg.attention == "standard":
             # and its eager attention the additive mask of the layer's kind, made once per forward
             tr.keep_outside(*(_eager_mask(tr, spec, d, layer, x.dtype) for layer in range(start, end)))
+        elif tr.stack.transformers_modules:
+            # SDPA a sliding-window layer's boolean mask, where it is explicit: one (s, s) expanded over the batch
+            tr.keep_outside(*(tr.once("attention_mask.sliding_sdpa", (1, 1, d.s, d.s), "bool")
+                              for layer in range(start, end) if _sdpa_masked(tr, spec, cfg, layer)))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             if not policy.caches_matmuls:
                 # A checkpointed region keeps nothing but its input: its blocks need not be traced (most of a
@@ -738,9 +760,38 @@ def _eager_mask(tr: _Trace, spec: ModelSpec, d: _Dims, layer: int, dtype: str) -
     """The (b, 1, s, s) additive mask transformers' eager attention reads in ``layer``: one causal mask, or with
     sliding-window layers (ModelSpec.sliding_window_pattern) one for them too. A pipeline stage's layers are
     counted from its first (exact for Gemma 2's alternation once a stage holds two layers)."""
-    pattern = spec.sliding_window_pattern
-    kind = "sliding" if pattern > 1 and (layer + 1) % pattern else "causal"
+    kind = "sliding" if spec.sliding(layer) else "causal"
     return tr.once(f"attention_mask.{kind}", (d.b, 1, d.s, d.s), dtype)
+
+
+def masked_sdpa_refusal(spec: ModelSpec, config: TrainConfig) -> str | None:
+    """Why transformers' SDPA with an explicit mask cannot be counted on CUDA, where ``config`` hands it one."""
+    if not (get_stack(config.stack).transformers_modules and config.attention == "flash"
+            and not spec.attention_softcap and any(spec.sdpa_mask(config.seq_len, n) for n in range(spec.n_layers))):
+        return None
+    width = f" ({spec.sliding_window:,} tokens)" if spec.sliding_window else ""
+    return (f"{spec.name}: at seq-len {config.seq_len:,}, transformers hands the SDPA of its sliding-window layers"
+            f"{width} an explicit mask; which CUDA kernel takes it (memory-efficient attention or cuDNN), and what "
+            "that keeps, has not been measured on a GPU yet: use --attention standard (transformers' eager "
+            "attention, counted exactly)" + (f", or a seq-len under {spec.sliding_window:,}" if width else ""))
+
+
+def _layer_kind(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, layer: int) -> tuple[bool, ...]:
+    """What makes one block keep other tensors than another: experts in place of its MLP, and under transformers'
+    modules a sliding window (its mask, its RoPE tables)."""
+    return (spec.is_moe_layer(layer), tr.stack.transformers_modules and spec.sliding(layer))
+
+
+def _local_rope(spec: ModelSpec, layer: int | None) -> bool:
+    """Does ``layer`` rotate by the sliding-window layers' own RoPE tables (ModelSpec.local_rope)?"""
+    return spec.local_rope and spec.sliding(layer or 0)
+
+
+def _sdpa_masked(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, layer: int | None) -> bool:
+    """Does transformers hand ``layer``'s SDPA an explicit mask (ModelSpec.sdpa_mask)? Not a soft-capped model's:
+    its flash attention is FlashAttention 2, which takes the window itself."""
+    return (tr.stack.transformers_modules and cfg.attention == "flash" and not spec.attention_softcap
+            and spec.sdpa_mask(cfg.seq_len, layer or 0))
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
@@ -766,19 +817,20 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
 
     policy, n = cfg.recompute, rank.layers
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
-    starts = list(range(0, n, size))
-    # The template: the second segment, or a mixture of experts' first past its dense blocks.
-    template = next(j for j, start in enumerate(starts) if j >= 1 and start >= spec.dense_layers) \
-        if len(starts) > 1 else 1
-    # Later segments whose length is the usual one save what the template saved: replay it instead of
-    # tracing every block (an 80-layer model costs two segments).
-    repeated = range(template + 1, len(starts) if n % size == 0 else len(starts) - 1)
-    for i, start in enumerate(starts):
-        if i in repeated:
-            if i == repeated.start:
-                x = tr.repeat_segments(starts[template], start, size, len(repeated), x)
+    # A segment saves what an earlier one of the same length and kinds of layer saved (core.ledger.Repeat):
+    # replayed instead of traced, an 80-layer model costs two segments. The first segment, and any that made a
+    # tensor the model makes once (a RoPE table, a mask), are no template.
+    templates: dict[tuple, int] = {}
+    for i, start in enumerate(range(0, n, size)):
+        end = min(start + size, n)
+        kinds = (end - start, *(_layer_kind(tr, spec, cfg, layer) for layer in range(start, end)))
+        if (template := templates.get(kinds)) is not None:
+            x = tr.repeat_segments(template, start, size, x)
             continue
-        x = _segment(tr, spec, d, cfg, x, param_dtype, start, min(start + size, n))
+        shared = len(tr.shared)
+        x = _segment(tr, spec, d, cfg, x, param_dtype, start, end)
+        if i and len(tr.shared) == shared:
+            templates[kinds] = start
     tr.layer = None
     if not rank.last:
         return tr
@@ -894,6 +946,8 @@ def _ledger_key(config: TrainConfig) -> TrainConfig:
 def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, rank: RankKind) -> Ledger:
     if config.recipe.autocast and not rules.autocast:
         raise ConfigError(f"amp-bf16 needs autocast, which the {rules.device} device does not have")
+    if rules.fused_attention_mask is None and (refusal := masked_sdpa_refusal(spec, config)):
+        raise ConfigError(refusal)
     tr = _trace(spec, config, rules, rank)
     d = _Dims.of(spec, config)
     fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0

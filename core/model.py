@@ -22,9 +22,10 @@ GPT-NeoX, GPT-J), a mixture of experts in place of a llama block's MLP
 (``n_experts`` and the fields after it: Mixtral, Qwen-MoE, DeepSeek-V3) and
 multi-head latent attention (``kv_lora_rank`` and after: DeepSeek-V2 and V3).
 Gemma's norms and embeddings (``norm_offset``, ``scaled_embedding``), Gemma 2's
-soft-capping (``attention_softcap``, ``logit_softcap``) and Gemma 2 and 3's
-sliding-window layers (``sliding_window_pattern``) change no weight: they
-change what transformers' modules keep (core.ledger, the hf stack).
+soft-capping (``attention_softcap``, ``logit_softcap``) and the sliding-window
+layers of Mistral 7B v0.1 and Gemma 2 and 3 (``sliding_window_pattern``,
+``sliding_window``, ``local_rope``) change no weight: they change what
+transformers' modules keep (core.ledger, the hf stack).
 """
 
 from __future__ import annotations
@@ -109,9 +110,17 @@ class ModelSpec:
     keeps its (tokens, vocabulary) output in the compute dtype."""
     sliding_window_pattern: int = 0
     """Every this-many-th layer attends to the whole sequence and the others within a sliding window
-    (transformers' ``layer_types``: Gemma 2 alternates, 2; Gemma 3, 6); 0: no sliding-window layers. Under
+    (transformers' ``layer_types``: Gemma 2 alternates, 2; Gemma 3, 6); 0: no full-attention period, so every
+    layer is a sliding-window one when ``sliding_window`` is set (Mistral 7B v0.1) and none is otherwise. Under
     transformers' eager attention each kind of layer reads its own (b, 1, s, s) mask, which checkpointed layers
-    keep as an input. The window's width is not modelled: eager attention computes every score either way."""
+    keep as an input (``sliding``)."""
+    sliding_window: int = 0
+    """The sliding window's width in tokens (transformers' ``sliding_window``); 0: none, or not given. Under
+    SDPA, transformers hands a sliding-window layer an explicit mask once the sequence is as long as the window
+    (``sdpa_mask``). Eager attention computes every score whatever the width, and FLOPs count them all."""
+    local_rope: bool = False
+    """Sliding-window layers rotate by RoPE tables of their own (Gemma 3's ``rope_local_base_freq``): transformers
+    makes a second cos/sin pair each forward."""
     positions: PositionKind | None = None
     """``learned`` (a table of max_seq_len x hidden) or ``rotary`` (no parameters); None: the block's own,
     learned for ``gpt``, rotary for ``llama``."""
@@ -181,8 +190,14 @@ class ModelSpec:
                 raise ConfigError(f"{self.name}: {cap} must be a positive number, or 0 for none; got {value!r}")
         pattern = self.sliding_window_pattern
         if isinstance(pattern, bool) or not isinstance(pattern, int) or not 0 <= pattern <= SIZE_LIMITS["n_layers"]:
-            raise ConfigError(f"{self.name}: sliding_window_pattern must be 0 (no sliding-window layers) or a "
+            raise ConfigError(f"{self.name}: sliding_window_pattern must be 0 (no full-attention period) or a "
                               f"period from 1 to {SIZE_LIMITS['n_layers']:,}, got {pattern!r}")
+        window = self.sliding_window
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 <= window <= SIZE_LIMITS["max_seq_len"]:
+            raise ConfigError(f"{self.name}: sliding_window must be a width in tokens from 1 to "
+                              f"{SIZE_LIMITS['max_seq_len']:,}, or 0 for none; got {window!r}")
+        if not isinstance(self.local_rope, bool):
+            raise ConfigError(f"{self.name}: local_rope must be true or false, got {self.local_rope!r}")
         if isinstance(self.caveats, list):  # read back from JSON (a stored model_spec)
             object.__setattr__(self, "caveats", tuple(self.caveats))
         if not isinstance(self.caveats, tuple) or not all(isinstance(c, str) and c for c in self.caveats):
@@ -290,6 +305,18 @@ class ModelSpec:
     def head_dim(self) -> int:
         """Width of one attention head: ``head_size``, else hidden / n_heads."""
         return self.head_size or self.hidden // self.n_heads
+
+    def sliding(self, layer: int) -> bool:
+        """Does decoder layer ``layer`` (from 0) attend within a sliding window (``sliding_window_pattern``)?"""
+        if self.sliding_window_pattern:
+            return self.sliding_window_pattern > 1 and (layer + 1) % self.sliding_window_pattern != 0
+        return self.sliding_window > 0
+
+    def sdpa_mask(self, seq_len: int, layer: int) -> bool:
+        """Does transformers hand SDPA an explicit mask in ``layer`` at ``seq_len`` tokens? A sliding-window layer's
+        once the sequence is as long as its window (or the width is not given); a causal one's never: SDPA's
+        is_causal does it (transformers' ``_ignore_causal_mask_sdpa``)."""
+        return self.sliding(layer) and (not self.sliding_window or seq_len >= self.sliding_window)
 
     @property
     def rotary(self) -> bool:

@@ -67,7 +67,10 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   by the weight, so backward keeps the fp32 input, the rsqrt, the normalised
   tensor in the input's dtype and the output. ``LlamaRotaryEmbedding`` makes
   cos and sin once per forward in the compute dtype and every layer reads
-  them. The Trainer's ``gradient_checkpointing`` checkpoints every decoder
+  them (Gemma 3 one pair per kind of layer). Its SDPA attention hands a
+  sliding-window layer an explicit mask once the sequence is as long as the
+  window (``masking_utils``), and then repeats grouped k/v heads for it
+  (``integrations/sdpa_attention.py``). The Trainer's ``gradient_checkpointing`` checkpoints every decoder
   layer (non-reentrant: each layer keeps its inputs, and the shared cos, sin
   and positions once); it has no other policy. The traced ledger
   (``headroom estimate --trace``) is this stack's independent check.

@@ -147,3 +147,21 @@ def test_the_estimate_table_keeps_its_columns_under_their_units(run_cli, tmp_pat
         assert rows
         for row in rows:  # a figure run into its neighbour or pushed aside by its label ends elsewhere
             assert _right_edges(row, len(units)) == header, f"{row!r} is not under {table[0]!r}"
+
+
+def test_a_sliding_window_mask_on_cuda_is_refused_by_name_and_the_ways_round_it_plan(run_cli):
+    """google/gemma-3-1b-it's 512-token window under SDPA at 4,096 tokens: refused on CUDA (not measured there),
+    by estimate and plan alike; eager attention, a CPU target or a shorter sequence are counted."""
+    model = ("--model", "tests/fixtures/hf/gemma-3-1b-it.json", "--precision", "bf16-pure", "--stack", "hf")
+    message = ("google/gemma-3-1b-it: at seq-len 4,096, transformers hands the SDPA of its sliding-window layers "
+               "(512 tokens) an explicit mask; which CUDA kernel takes it (memory-efficient attention or cuDNN), "
+               "and what that keeps, has not been measured on a GPU yet: use --attention standard (transformers' "
+               "eager attention, counted exactly), or a seq-len under 512")
+    _refused(run_cli("estimate", *model, "--seq-len", "4096"), message)
+    _refused(run_cli("plan", *model, "--seq-len", "4096", "--global-batch", "8", "--gpus", "8"), message)
+    for other in (("--seq-len", "4096", "--attention", "standard"), ("--seq-len", "4096", "--device", "cpu"),
+                  ("--seq-len", "511",)):
+        result = run_cli("estimate", *model, *other, "--json")
+        assert result.returncode == 0, result.stderr
+        assert json.loads(result.stdout)["notes"][0].startswith("activations: per-tensor ledger of transformers' "
+                                                                "modules (the hf stack)")

@@ -291,6 +291,37 @@ def test_gemma2s_soft_capping_and_sliding_windows_are_read_with_transformers_def
         spec_from_hf_config(config | {"layer_types": ["local"]}, "g")
 
 
+def test_sliding_window_widths_are_read_with_transformers_defaults():
+    """The window's width in tokens: as the config gives it, transformers' default where it names none (4,096
+    for Mistral, Gemma 2 and Gemma 3), none where it is null (Mistral 7B v0.2 on) or the type has no window.
+    Mistral's every layer is a sliding-window one; Gemma's every n-th attends to the whole sequence, and Gemma
+    3's sliding-window layers rotate by RoPE tables of their own."""
+    transformers = pytest.importorskip("transformers")
+    from core.hf_config import SLIDING_WINDOWS
+
+    assert SLIDING_WINDOWS == {model_type: transformers.AutoConfig.for_model(model_type).sliding_window
+                               for model_type in SLIDING_WINDOWS}
+    read = {file: load_hf_config(HF / file) for file in ("mistral-7b-v0.1.json", "gemma-2-9b.json",
+                                                           "gemma-3-1b-it.json", "qwen2-0.5b.json", "llama-2-7b.json")}
+    assert {file: (spec.sliding_window, spec.sliding_window_pattern, spec.local_rope) for file, spec in read.items()} == {
+        "mistral-7b-v0.1.json": (4096, 0, False), "gemma-2-9b.json": (4096, 2, False),
+        "gemma-3-1b-it.json": (512, 6, True), "qwen2-0.5b.json": (0, 0, False), "llama-2-7b.json": (0, 0, False)}
+    mistral, gemma3 = read["mistral-7b-v0.1.json"], read["gemma-3-1b-it.json"]
+    assert [mistral.sliding(n) for n in range(3)] == [True] * 3
+    assert [gemma3.sliding(n) for n in range(13)] == [True] * 5 + [False] + [True] * 5 + [False, True]
+    assert [gemma3.sdpa_mask(seq_len, 0) for seq_len in (511, 512)] == [False, True]
+    assert not any(gemma3.sdpa_mask(4096, n) for n in (5, 11)) and not read["llama-2-7b.json"].sliding(0)
+    config = json.loads((HF / "mistral-7b-v0.1.json").read_text())
+    assert spec_from_hf_config(config | {"sliding_window": None}, "m").sliding_window == 0
+    assert spec_from_hf_config({k: v for k, v in config.items() if k != "sliding_window"}, "m").sliding_window == 4096
+    with pytest.raises(ConfigError, match=r"^m: sliding_window must be a positive number of tokens or null, "
+                                          r"got '4096'$"):
+        spec_from_hf_config(config | {"sliding_window": "4096"}, "m")
+    with pytest.raises(ConfigError, match=r"^m: sliding_window must be a width in tokens from 1 to 16,777,216, or 0 "
+                                          r"for none; got -1$"):
+        dataclasses.replace(mistral, name="m", sliding_window=-1)
+
+
 def test_what_each_stack_says_of_gemma2s_soft_capping():
     """Transformers' modules count the caps (eager attention), or say FlashAttention 2 caps inside its kernel,
     which fp32 cannot run; the other stacks do not cap, and say so."""

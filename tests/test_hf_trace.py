@@ -57,6 +57,26 @@ def test_the_meta_trace_under_cpu_rules_is_a_real_cpu_forward_tensor_for_tensor(
     assert traced.saved_bytes == real.saved_bytes > 0
 
 
+SLIDING = {"mistral": {"model_type": "mistral", "sliding_window": 16},
+           "gemma3": {"model_type": "gemma3_text", "head_dim": 32, "num_hidden_layers": 7, "sliding_window": 16}}
+"""Sliding-window models whose window (16 tokens) is shorter than the tests' sequences: transformers hands SDPA an
+explicit mask in Mistral's every layer and in all of Gemma 3's but the sixth."""
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("model", sorted(SLIDING))
+def test_a_sliding_window_mask_is_traced_as_the_cpus_flash_kernel_takes_it(model, policy):
+    """SDPA on a CPU runs its flash kernel with an explicit mask too, keeping the mask as it makes it additive,
+    and transformers repeats grouped k/v heads for it: the meta trace equals a real CPU forward, tensor for
+    tensor (before, the trace sent masked calls to SDPA's math path, keeping probabilities no kernel keeps)."""
+    for precision in ("fp32", "bf16-pure"):
+        train = TrainConfig(seq_len=64, micro_batch=2, precision=precision, recompute=parse_policy(policy))
+        config = {**SMALL, **SLIDING[model]}
+        traced, real = trace(config, model, train, "cpu"), cpu_forward(config, train)
+        assert kept(traced) == kept(real)
+        assert traced.saved_bytes == real.saved_bytes > 0
+
+
 def test_on_the_cpu_the_trace_and_the_analytic_ledger_part_only_where_the_models_do():
     """transformers computes RoPE's cos and sin once and hands them to every layer; the reference decoder
     makes them in each layer, so the analytic ledger keeps one pair more per later layer."""
@@ -177,19 +197,16 @@ def test_the_hf_stack_is_the_trace_of_the_llama_family(model_type, extra):
 
 def test_outside_the_llama_family_the_hf_stack_says_to_trace():
     """Phi-3 (fused q/k/v and gate/up projections) is transformers' own module: traced, it parts from the hf
-    stack, so a mixture of experts, Gemma 3 (RoPE tables of its own in its sliding-window layers) or, under
-    Liger's kernels, Gemma and Gemma 2 are refused."""
+    stack, so a mixture of experts or, under Liger's kernels, Gemma, Gemma 2 and Gemma 3 are refused."""
     phi3 = {**SMALL, "model_type": "phi3"}
     train = TrainConfig(seq_len=64, micro_batch=2, precision="bf16-pure", recompute=parse_policy("none"), stack="hf")
     assert differences(trace(phi3, "phi3", train, "cpu"), activation_ledger(spec_from_hf_config(phi3, "p"), train, "cpu"))
     mixtral = spec_from_hf_config({**SMALL, "model_type": "mixtral", "num_local_experts": 4,
                                  "num_experts_per_tok": 2}, "mixtral")
     with pytest.raises(ConfigError, match="the hf stack accounts for transformers' Llama modules "
-                                          r"\(llama, mistral, qwen2, qwen3, gemma, gemma2\); .* --trace"):
+                                          r"\(llama, mistral, qwen2, qwen3, gemma, gemma2, gemma3\); .* --trace"):
         activation_ledger(mixtral, train, "cuda")
-    with pytest.raises(ConfigError, match="the hf stack accounts for"):
-        activation_ledger(spec_from_hf_config({**SMALL, "model_type": "gemma3_text"}, "gemma3"), train, "cuda")
-    for model_type in ("gemma", "gemma2"):
+    for model_type in ("gemma", "gemma2", "gemma3_text"):
         gemma = spec_from_hf_config({**SMALL, "model_type": model_type}, model_type)
         with pytest.raises(ConfigError, match=r"the hf-liger stack accounts for transformers' Llama modules "
                                               r"\(llama, mistral, qwen2, qwen3\);"):
@@ -220,6 +237,51 @@ def test_the_hf_stacks_eager_attention_is_the_trace_of_transformers_eager_attent
         assert differences(traced, analytic) == []
         assert kept(traced) != kept(activation_ledger(spec_from_hf_config(config, model_type),
                                                       replace(train, stack="reference"), device))
+
+
+@pytest.mark.parametrize(("model", "extra"), [("gemma3", {"num_hidden_layers": 13}),
+                                            ("gemma3", {"num_key_value_heads": 1}), ("gemma3", {"sliding_window": 64}),
+                                            ("gemma3", {"sliding_window": 65}), ("mistral", {}),
+                                            ("mistral", {"num_key_value_heads": 1})])
+@pytest.mark.parametrize("attention", ["standard", "flash"])
+def test_the_hf_stack_is_the_trace_of_sliding_window_layers(model, extra, attention):
+    """Gemma 3's sliding-window layers rotate by RoPE tables of their own. Under SDPA a window no longer than the
+    sequence (16 or 64 tokens of 64) is an explicit mask, which the CPU's flash kernel keeps beside k and v
+    repeated to every head (one shared head: a view); a longer window (65) is no mask. Exact on CPU rules, and
+    on CUDA's where no mask is made; where one is, which CUDA kernel takes it has not been measured, and both
+    ledgers refuse it by name. Thirteen layers: Gemma 3's layers 5 and 11 attend to the whole sequence."""
+    config = {**SMALL, **SLIDING[model], **extra}
+    spec = spec_from_hf_config(config, model)
+    for device, precision, policy in COMBINATIONS:
+        for micro_batch in (1, 2):
+            train = TrainConfig(seq_len=64, micro_batch=micro_batch, precision=precision,
+                                recompute=parse_policy(policy), stack="hf", attention=attention)
+            if device == "cuda" and attention == "flash" and spec.sdpa_mask(64, 0):
+                with pytest.raises(ConfigError, match=rf"^{model}: at seq-len 64, transformers hands the SDPA of "
+                                                      rf"its sliding-window layers \({spec.sliding_window} tokens\) "
+                                                      "an explicit mask; which CUDA kernel takes it"):
+                    activation_ledger(spec, train, device)
+                with pytest.raises(ConfigError, match="^transformers hands SDPA an explicit mask here"):
+                    trace(config, model, train, device)
+                continue
+            flash = device == "cuda" and precision == "bf16-pure" and policy == "none" and attention == "flash"
+            assert differences(trace(config, model, train, device), activation_ledger(spec, train, device)) == (
+                [f"layers 0-{spec.n_layers - 1}: {FLASH_RNG}"] if flash else [])
+
+
+def test_an_explicit_sdpa_mask_costs_the_mask_and_repeated_heads():
+    """Against the same Gemma 3 with a window one token longer than the sequence, each of the six sliding-window
+    layers of seven keeps the (b, 1, s, s) mask in the inputs' dtype, and k and v repeated from 2 heads to 4
+    in place of the rotated k and the projected v. Fully checkpointed, the boolean (s, s) mask alone."""
+    b, s, heads, kv_heads, head_dim, dtype = 2, 64, 4, 2, 32, 2
+    masked = spec_from_hf_config({**SMALL, **SLIDING["gemma3"], "sliding_window": s}, "g")
+    unmasked = replace(masked, sliding_window=s + 1)
+    per_layer = b * s * s * dtype + 2 * b * (heads - kv_heads) * s * head_dim * dtype
+    for policy, extra in (("none", 6 * per_layer), ("full", s * s)):
+        train = TrainConfig(seq_len=s, micro_batch=b, precision="bf16-pure", recompute=parse_policy(policy),
+                            stack="hf")
+        saved = [activation_ledger(spec, train, "cpu").saved_bytes for spec in (masked, unmasked)]
+        assert saved[0] - saved[1] == extra
 
 
 def test_gemma2s_eager_attention_keeps_what_its_caps_and_masks_cost():
