@@ -271,14 +271,10 @@ class _Trace:
         self.keep(*tensors)
         self.layer = layer
 
-    def repeat_segments(self, template_start: int, start: int, size: int, x: _Sym) -> _Sym:
-        """Keep for the segment of ``size`` layers from ``start`` what the one at ``template_start`` kept (one
-        more of a run of repeats right before it); return a new output of it."""
-        last = self.repeats[-1] if self.repeats else None
-        if last is not None and (last.template, last.size, last.end) == (template_start, size, start):
-            self.repeats[-1] = replace(last, count=last.count + 1)
-        else:
-            self.repeats.append(Repeat(template_start, start, size))
+    def repeat_segments(self, template_start: int, start: int, count: int, size: int, x: _Sym) -> _Sym:
+        """Keep for ``count`` segments of ``size`` layers from ``start`` what the one at ``template_start`` kept;
+        return a new output of the last."""
+        self.repeats.append(Repeat(template_start, start, size, count))
         self._next += 1
         return _Sym(self._next, x.shape, x.dtype, x.name, x.kind)
 
@@ -776,10 +772,13 @@ def masked_sdpa_refusal(spec: ModelSpec, config: TrainConfig) -> str | None:
             "attention, counted exactly)" + (f", or a seq-len under {spec.sliding_window:,}" if width else ""))
 
 
-def _layer_kind(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, layer: int) -> tuple[bool, ...]:
-    """What makes one block keep other tensors than another: experts in place of its MLP, and under transformers'
-    modules a sliding window (its mask, its RoPE tables)."""
-    return (spec.is_moe_layer(layer), tr.stack.transformers_modules and spec.sliding(layer))
+def _segment_kinds(tr: _Trace, spec: ModelSpec, start: int, end: int) -> tuple:
+    """What a segment of blocks keeps depends on: its length, and each block's kind, where blocks differ:
+    experts in place of the MLP, and under transformers' modules a sliding window (its mask, its RoPE tables)."""
+    windowed = tr.stack.transformers_modules and spec.sliding_window_pattern > 1
+    if not (spec.is_moe or windowed):
+        return (end - start,)
+    return (end - start, *((spec.is_moe_layer(n), windowed and spec.sliding(n)) for n in range(start, end)))
 
 
 def _local_rope(spec: ModelSpec, layer: int | None) -> bool:
@@ -821,16 +820,25 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
     # replayed instead of traced, an 80-layer model costs two segments. The first segment, and any that made a
     # tensor the model makes once (a RoPE table, a mask), are no template.
     templates: dict[tuple, int] = {}
+    run: list[int] = []  # the segments replayed in a row from one template: template, first start, count
     for i, start in enumerate(range(0, n, size)):
         end = min(start + size, n)
-        kinds = (end - start, *(_layer_kind(tr, spec, cfg, layer) for layer in range(start, end)))
-        if (template := templates.get(kinds)) is not None:
-            x = tr.repeat_segments(template, start, size, x)
+        kinds = _segment_kinds(tr, spec, start, end)
+        if (template := templates.get(kinds)) is not None and run and run[0] == template:
+            run[2] += 1
+            continue
+        if run:
+            x = tr.repeat_segments(*run, size, x)
+            run = []
+        if template is not None:
+            run = [template, start, 1]
             continue
         shared = len(tr.shared)
         x = _segment(tr, spec, d, cfg, x, param_dtype, start, end)
         if i and len(tr.shared) == shared:
             templates[kinds] = start
+    if run:
+        x = tr.repeat_segments(*run, size, x)
     tr.layer = None
     if not rank.last:
         return tr
