@@ -46,7 +46,8 @@ class DeviceRules:
     fused_attention_mask: bool | None
     """A fused kernel takes an explicit mask (transformers' sliding-window layers under SDPA): CPU flash does and
     keeps the mask, made additive in the inputs' dtype (measured). On CUDA flash does not; which kernel does
-    (memory-efficient attention, cuDNN) and what it keeps has not been measured on a GPU: None, refused."""
+    (memory-efficient attention, cuDNN) and what it keeps has not been measured on a GPU: None, refused until
+    the GPU check's probe (agent.check.masked_sdpa) has run there."""
     fused_rms_norm: bool
     """RMSNorm runs ``_fused_rms_norm``, whose backward keeps only input, fp32 rstd and weight (CUDA);
     CPU and meta run the composite that keeps the fp32 normalised tensor too (measured)."""

@@ -42,8 +42,14 @@ def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
     assert [r.run["suite"] for r in runs][0] == "quick"  # then the check's own runs
     assert all(r.fingerprint["device_type"] == "cpu" for r in runs)
     report = md.read_text()
-    for section in ("## Targets", "## Training steps: predicted vs measured", "## Ledger vs probe", "## Plans and regret"):
+    for section in ("## Targets", "## Training steps: predicted vs measured", "## Ledger vs probe", "## Plans and regret",
+                    "## Masked SDPA"):
         assert section in report
+    masked = parts["environment"]["result"]["sdpa_masked"]
+    assert [(p["label"], p["status"], p["kernel"]) for p in masked] == [
+        (f"{dtype} s{s} b1 a8 d128 window 64", "ok", "flash") for dtype in ("bf16", "fp32") for s in (128, 120)]
+    assert "| masked SDPA keeps what the CPU's rule says (sliding windows under transformers) | 4/4 probes | all | " \
+           "pass |" in report
 
 
 @pytest.mark.slow
@@ -95,3 +101,21 @@ def test_a_part_that_fails_or_overruns_costs_only_itself(tmp_path):
     killed = gpu_check.run_part(processes, "suite", 0.5 - gpu_check.GRACE_S, "cpu", store, tmp_path, log)
     assert killed["status"] == "killed" and killed["seconds"] < 10
     assert "==== offload (failed" in log.getvalue() and "==== suite (killed" in log.getvalue()
+
+
+def test_the_masked_sdpa_probe_says_where_a_kernel_parts_from_the_rule(monkeypatch):
+    """On a CPU the flash kernel keeps the additive mask, the output and the log-sum-exp, the CPU's rule; judged
+    by CUDA's rule (which adds the generator's seed and offset) the same probe differs, and says by what."""
+    torch = pytest.importorskip("torch")
+    from agent.check import masked_sdpa
+
+    cpu = torch.device("cpu")
+    probed = masked_sdpa.probe_masked(cpu, torch.bfloat16, 120)
+    assert (probed["status"], probed["kernel"], probed["only_measured"], probed["only_rule"]) == ("ok", "flash", [], [])
+    assert [(t["op"], t["shape"], t["dtype"]) for t in probed["kept"]] == [
+        ("where", [1, 1, 120, 120], "bf16"), ("_scaled_dot_product_flash_attention_for_cpu", [1, 8, 120, 128], "bf16"),
+        ("_scaled_dot_product_flash_attention_for_cpu", [1, 8, 120], "fp32")]
+    rule = masked_sdpa.expected
+    monkeypatch.setattr(masked_sdpa, "expected", lambda device, dtype, s: rule(torch.device("cuda"), dtype, s))
+    judged = masked_sdpa.probe_masked(cpu, torch.bfloat16, 120)
+    assert (judged["status"], judged["only_measured"], judged["only_rule"]) == ("differs", [], ["int64 8 bytes (x2)"])

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from sqlalchemy import select
 
 from agent import bench_matmul, bench_train
+from agent.check import masked_sdpa
 from agent.clocks import read_clocks
 from agent.fingerprint import device_name, fingerprint
 from agent.ledger_check import LedgerCase, check
@@ -93,6 +94,7 @@ def environment(ctx: Context) -> dict[str, Any]:
             "bf16 GQA causal": sdpa_choice(ctx.device, torch.bfloat16, gqa=True),
             "fp32 causal": sdpa_choice(ctx.device, torch.float32, gqa=False),
         },
+        "sdpa_masked": masked_sdpa.probes(ctx.device),
     }
 
 
