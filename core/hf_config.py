@@ -240,7 +240,19 @@ def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec
         sliding_window=_sliding_window(config, name, model_type),
         local_rope=model_type == "gemma3_text",
         **(_experts(config, name, model_type) if model_type in MIXTURES else {}),
+        caveats=_qwen_window_caveat(config, name, model_type),
     )
+
+
+def _qwen_window_caveat(config: dict[str, Any], name: str, model_type: str) -> tuple[str, ...]:
+    """Qwen's ``use_sliding_window`` (off in every published config): its layers from ``max_window_layers`` on
+    attend within the window, a layout the spec does not hold; said, not counted."""
+    if not model_type.startswith("qwen") or not _flag(config, "use_sliding_window", name, False):
+        return ()
+    window, first = config.get("sliding_window"), config.get("max_window_layers")
+    return (f"use_sliding_window: its layers from max_window_layers ({first}) on attend within sliding_window "
+            f"({window}) tokens, which is not modelled: counted as full attention everywhere, and under --stack hf "
+            "without the explicit mask transformers hands SDPA once a sequence is as long as the window",)
 
 
 def _softcaps(config: dict[str, Any], name: str, model_type: str) -> dict[str, float]:

@@ -322,6 +322,22 @@ def test_sliding_window_widths_are_read_with_transformers_defaults():
         dataclasses.replace(mistral, name="m", sliding_window=-1)
 
 
+def test_qwens_sliding_window_is_said_not_counted():
+    """Qwen's use_sliding_window (false in every published config) makes layers from max_window_layers on attend
+    within the window: a layout the spec does not hold, so every estimate of such a config says so."""
+    config = json.loads((HF / "qwen2-0.5b.json").read_text())
+    assert spec_from_hf_config(config, "q").caveats == ()
+    spec = spec_from_hf_config(config | {"use_sliding_window": True}, "q")
+    assert spec.caveats == ("use_sliding_window: its layers from max_window_layers (24) on attend within "
+                            "sliding_window (131072) tokens, which is not modelled: counted as full attention "
+                            "everywhere, and under --stack hf without the explicit mask transformers hands SDPA once "
+                            "a sequence is as long as the window",)
+    assert spec.sliding_window == 0 and f"q: {spec.caveats[0]}" in TrainConfig(seq_len=64).model_notes(spec)
+    with pytest.raises(ConfigError, match=r"^q: use_sliding_window must be true or false \(a JSON boolean\), "
+                                          r"got 'yes'$"):
+        spec_from_hf_config(config | {"use_sliding_window": "yes"}, "q")
+
+
 def test_what_each_stack_says_of_gemma2s_soft_capping():
     """Transformers' modules count the caps (eager attention), or say FlashAttention 2 caps inside its kernel,
     which fp32 cannot run; the other stacks do not cap, and say so."""
