@@ -762,8 +762,7 @@ def _eager_mask(tr: _Trace, spec: ModelSpec, d: _Dims, layer: int, dtype: str) -
 
 def masked_sdpa_refusal(spec: ModelSpec, config: TrainConfig) -> str | None:
     """Why transformers' SDPA with an explicit mask cannot be counted on CUDA, where ``config`` hands it one."""
-    if not (get_stack(config.stack).transformers_modules and config.attention == "flash"
-            and not spec.attention_softcap and any(spec.sdpa_mask(config.seq_len, n) for n in range(spec.n_layers))):
+    if not (get_stack(config.stack).transformers_modules and config.sdpa_masked(spec)):
         return None
     width = f" ({spec.sliding_window:,} tokens)" if spec.sliding_window else ""
     return (f"{spec.name}: at seq-len {config.seq_len:,}, transformers hands the SDPA of its sliding-window layers"
@@ -787,10 +786,8 @@ def _local_rope(spec: ModelSpec, layer: int | None) -> bool:
 
 
 def _sdpa_masked(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, layer: int | None) -> bool:
-    """Does transformers hand ``layer``'s SDPA an explicit mask (ModelSpec.sdpa_mask)? Not a soft-capped model's:
-    its flash attention is FlashAttention 2, which takes the window itself."""
-    return (tr.stack.transformers_modules and cfg.attention == "flash" and not spec.attention_softcap
-            and spec.sdpa_mask(cfg.seq_len, layer or 0))
+    """Does transformers hand ``layer``'s SDPA an explicit mask (TrainConfig.sdpa_masked, ModelSpec.sdpa_mask)?"""
+    return tr.stack.transformers_modules and cfg.sdpa_masked(spec) and spec.sdpa_mask(cfg.seq_len, layer or 0)
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:

@@ -19,6 +19,8 @@ from agent.probe import probe  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.errors import ConfigError  # noqa: E402
 from core.hf_config import spec_from_hf_config  # noqa: E402
+from core.layout import Layout  # noqa: E402
+from core.layout_search import candidate_layouts  # noqa: E402
 from core.ledger import activation_ledger  # noqa: E402
 from core.recompute import parse_policy  # noqa: E402
 
@@ -267,6 +269,24 @@ def test_the_hf_stack_is_the_trace_of_sliding_window_layers(model, extra, attent
             flash = device == "cuda" and precision == "bf16-pure" and policy == "none" and attention == "flash"
             assert differences(trace(config, model, train, device), activation_ledger(spec, train, device)) == (
                 [f"layers 0-{spec.n_layers - 1}: {FLASH_RNG}"] if flash else [])
+
+
+def test_ring_attention_takes_no_sliding_window_mask():
+    """Context parallelism's ring attention takes no explicit mask: refused under transformers' SDPA where one is
+    made, planned where none is: a window longer than the sequence, or the reference stack, which has no window."""
+    gemma3 = spec_from_hf_config({**SMALL, **SLIDING["gemma3"]}, "g")
+    ring = TrainConfig(seq_len=64, precision="bf16-pure", stack="hf", layout=Layout(cp=2))
+    with pytest.raises(ConfigError, match=r"^g: at seq-len 64 transformers hands the SDPA of its sliding-window "
+                                          r"layers an explicit mask, which ring attention \(cp 2\) cannot take: use "
+                                          r"cp 1, or a seq-len under 16$"):
+        activation_ledger(gemma3, ring, "cpu")
+    assert activation_ledger(replace(gemma3, sliding_window=65), ring, "cpu").saved_bytes > 0
+    assert activation_ledger(gemma3, replace(ring, stack="reference"), "cpu").saved_bytes > 0
+    single = replace(ring, layout=Layout())  # and a layout search tries no ring where a mask is made
+    rings = {(model.sliding_window, train.stack): max(layout.cp for layout in candidate_layouts(
+        model, train, global_batch=8, gpus=4, gpus_per_node=8, pinned=frozenset()))
+        for model in (gemma3, replace(gemma3, sliding_window=65)) for train in (single, replace(single, stack="reference"))}
+    assert rings == {(16, "hf"): 1, (16, "reference"): 4, (65, "hf"): 4, (65, "reference"): 4}
 
 
 def test_an_explicit_sdpa_mask_costs_the_mask_and_repeated_heads():
