@@ -142,10 +142,11 @@ class TrainConfig:
         return " and ".join(asked) + (" are" if len(asked) > 1 else " is")
 
     def sdpa_masked(self, spec: ModelSpec) -> bool:
-        """Does transformers hand some layer's SDPA an explicit mask (ModelSpec.sdpa_mask; the first layer is a
-        sliding-window one if any is)? Under ``flash`` attention, not a soft-capped model's: its flash attention is
-        FlashAttention 2, which takes the window itself."""
-        return self.attention == "flash" and not spec.attention_softcap and spec.sdpa_mask(self.seq_len, 0)
+        """Does transformers (the stack's modules) hand some layer's SDPA an explicit mask (ModelSpec.sdpa_mask;
+        the first layer is a sliding-window one if any is)? Under ``flash`` attention, not a soft-capped model's:
+        its flash attention is FlashAttention 2, which takes the window itself."""
+        return (get_stack(self.stack).transformers_modules and self.attention == "flash"
+                and not spec.attention_softcap and spec.sdpa_mask(self.seq_len, 0))
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
@@ -163,7 +164,7 @@ class TrainConfig:
             raise ConfigError(f"{spec.name}: its soft-capped attention runs on FlashAttention 2 under transformers, "
                               f"which takes 16-bit inputs only, not --precision {self.precision}'s fp32: use "
                               "--attention standard (eager) or a bf16 recipe (amp-bf16, bf16-pure, bf16-master)")
-        if stack.transformers_modules and self.layout.cp > 1 and self.sdpa_masked(spec):
+        if self.layout.cp > 1 and self.sdpa_masked(spec):
             shorter = f", or a seq-len under {spec.sliding_window:,}" if spec.sliding_window else ""
             raise ConfigError(f"{spec.name}: at seq-len {self.seq_len:,} transformers hands the SDPA of its "
                               "sliding-window layers an explicit mask, which ring attention (cp "

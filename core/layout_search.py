@@ -115,7 +115,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         eps = [e for e in divisors(dp * cp) if spec.n_experts % e == 0] if spec.is_moe else [1]
     split = (2 * cp if cp > 1 else 1) * (tp if sp else 1)
     # Ring attention needs flash attention without an explicit mask (transformers' sliding-window layers).
-    ring = train.attention == "flash" and not (get_stack(train.stack).transformers_modules and train.sdpa_masked(spec))
+    ring = train.attention == "flash" and not train.sdpa_masked(spec)
     if train.seq_len % split or (cp > 1 and not ring):
         return
     for schedule, v in schedules:

@@ -578,7 +578,7 @@ def _block(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, par
         if spec.rotary:
             q, k = _rotary(tr, d, q, k, spec.rotary_dim, x.dtype, _local_rope(spec, tr.layer))
         attention = _attention
-    capped, masked = bool(spec.attention_softcap), _sdpa_masked(tr, spec, cfg, tr.layer)
+    capped, masked = bool(spec.attention_softcap), _sdpa_masked(spec, cfg, tr.layer)
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
             y = attention(tr, d, cfg, q, k, v, capped=capped, masked=masked)
@@ -733,7 +733,7 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
         elif tr.stack.transformers_modules:
             # SDPA a sliding-window layer's boolean mask, where it is explicit: one (s, s) expanded over the batch
             tr.keep_outside(*(tr.once("attention_mask.sliding_sdpa", (1, 1, d.s, d.s), "bool")
-                              for layer in range(start, end) if _sdpa_masked(tr, spec, cfg, layer)))
+                              for layer in range(start, end) if _sdpa_masked(spec, cfg, layer)))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             if not policy.caches_matmuls:
                 # A checkpointed region keeps nothing but its input: its blocks need not be traced (most of a
@@ -762,7 +762,7 @@ def _eager_mask(tr: _Trace, spec: ModelSpec, d: _Dims, layer: int, dtype: str) -
 
 def masked_sdpa_refusal(spec: ModelSpec, config: TrainConfig) -> str | None:
     """Why transformers' SDPA with an explicit mask cannot be counted on CUDA, where ``config`` hands it one."""
-    if not (get_stack(config.stack).transformers_modules and config.sdpa_masked(spec)):
+    if not config.sdpa_masked(spec):
         return None
     width = f" ({spec.sliding_window:,} tokens)" if spec.sliding_window else ""
     return (f"{spec.name}: at seq-len {config.seq_len:,}, transformers hands the SDPA of its sliding-window layers"
@@ -785,9 +785,9 @@ def _local_rope(spec: ModelSpec, layer: int | None) -> bool:
     return spec.local_rope and spec.sliding(layer or 0)
 
 
-def _sdpa_masked(tr: _Trace, spec: ModelSpec, cfg: TrainConfig, layer: int | None) -> bool:
+def _sdpa_masked(spec: ModelSpec, cfg: TrainConfig, layer: int | None) -> bool:
     """Does transformers hand ``layer``'s SDPA an explicit mask (TrainConfig.sdpa_masked, ModelSpec.sdpa_mask)?"""
-    return tr.stack.transformers_modules and cfg.sdpa_masked(spec) and spec.sdpa_mask(cfg.seq_len, layer or 0)
+    return cfg.sdpa_masked(spec) and spec.sdpa_mask(cfg.seq_len, layer or 0)
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
