@@ -42,6 +42,7 @@ from core.layout import Layout
 from core.memory import rank_expert_parameters, rank_parameters
 from core.model import ModelSpec
 from core.pipeline import rank_kinds
+from core.stack import get_stack
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
@@ -165,6 +166,51 @@ class CommTerm:
         return self.message_bytes * self.calls
 
 
+def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
+    """Tensor parallelism's collectives for one micro-batch of ``layers`` blocks, as (op, width, calls, what):
+    each call moves b s width values in the compute dtype (the whole gathered buffer under sp).
+
+    A block's two row-parallel outputs are all-reduced forward, or under sp reduce-scattered with its two
+    inputs all-gathered. Backward, the gathers' gradients are reduce-scattered again, and the input gradient
+    of its column-parallel linears is reduced once per attention and MLP (reduce-scattered under sp), or,
+    where each linear takes its input apart (Stack.splits_column_inputs), all-reduced whole once per linear.
+    A recompute reruns the forward's, less each segment's closing reduction where it stops early and no
+    dropout after it keeps a mask. Measured on two gloo ranks, reference and hf
+    (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
+    """
+    stack, policy = get_stack(config.stack), config.recompute
+    h = spec.hidden
+    again = policy.recomputes_blocks
+    segments = -(-layers // policy.segment_layers(layers)) if again else 0
+    unclosed = segments if stack.early_stop and config.dropout == 0 else 0
+    columns = 3 + spec.mlp_projections - 1  # q, k, v and the MLP's up (and gate)
+    rerun = f"; again in the recompute{', less its closing one per segment' if unclosed else ''}" if again else ""
+    calls: list[tuple[str, int, int, str]] = []
+    if config.layout.sp:
+        sp = "Korthikanti 2022 Sec. 4.2.2"
+        calls.append(("all_gather", h, layers * (2 + 2 + (2 if again else 0)),
+                      f"per block 2 inputs gathered forward, 2 output gradients backward{rerun}; {sp}"))
+        if stack.splits_column_inputs:
+            calls.append(("reduce_scatter", h, layers * (2 + (2 if again else 0)) - unclosed,
+                          f"per block 2 outputs forward{rerun}; {sp}"))
+            calls.append(("all_reduce", h, layers * columns,
+                          f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
+        else:
+            calls.append(("reduce_scatter", h, layers * (2 + 2 + (2 if again else 0)) - unclosed,
+                          f"per block 2 outputs forward, 2 input gradients backward{rerun}; {sp}"))
+    else:
+        backward = columns if stack.splits_column_inputs else 2
+        extra = 2 if stack.gathers_logits else 0
+        calls.append(("all_reduce", h, layers * (2 + backward + (2 if again else 0)) - unclosed + extra,
+                      f"per block 2 forward, {backward} input gradients backward{rerun}; Shoeybi 2019 Sec. 3"
+                      + ("; the embedding's lookup and the head's input gradient" if extra else "")))
+    if stack.gathers_logits:
+        calls.append(("all_gather", spec.vocab_size, 1,
+                      "the head's output gathered for the loss over the whole vocabulary (transformers' "
+                      "colwise_gather_output)"))
+    return calls
+
+
 def step_communication(
     spec: ModelSpec, config: TrainConfig, accumulation_steps: int, cluster: Cluster,
     efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
@@ -175,12 +221,22 @@ def step_communication(
     L' = ceil(n_layers/pp) layers per rank, v virtual stages:
 
     - tp: per layer and micro-batch 2 all-reduces of b s h e forward, 2 backward
-      (Shoeybi et al. 2019, Sec. 3); with sp 4 all-gathers + 4 reduce-scatters of the
-      same S instead, the same bus bytes (Korthikanti et al. 2022, Sec. 4.2.2); full or
-      every-K recompute runs the forward's 2 again. Not overlapped. Not counted: the
+      (Shoeybi et al. 2019, Sec. 3), or one per column-parallel linear where each
+      takes its input apart (``reference``, ``hf``: q, k, v, gate, up); full or every-K
+      recompute runs the forward's 2 again, less one per segment where the
+      recompute stops early (a segment's closing all-reduce feeds nothing saved);
+      with sp 4 all-gathers + 4 reduce-scatters of the same S instead, the same
+      bus bytes (Korthikanti et al. 2022, Sec. 4.2.2), or where each linear takes
+      its input apart 4 all-gathers, 2 reduce-scatters and its per-linear
+      all-reduces (`_tensor_parallel_calls`). Not overlapped. Not counted: the
       vocab-parallel embedding / head / cross-entropy collectives (first and last stage,
       about 2 more per micro-batch) and Megatron's extra all-gather of each
       column-parallel input in backward under sp (overlapped with the weight gradient).
+      A stack that gathers the head's output (``hf``, core.stack) all-gathers
+      b s V e per micro-batch for its loss over the whole vocabulary, and its
+      embedding's and head's two all-reduces of b s h e are counted. Counted
+      for ``hf`` by torch's profiler on transformers' own model (2 gloo ranks,
+      tests/test_hf_tensor_parallel.py).
     - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
       times per layer forward (again under block recompute) and K, V with dK, dV
       (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
@@ -233,16 +289,8 @@ def step_communication(
                               overlappable=overlappable, note=note))
 
     if layout.tp > 1:
-        per_layer = 2 * (forwards + 1)
-        again = " (+2 recomputed forward)" if forwards == 2 else ""
-        calls = m * layers * per_layer
-        if layout.sp:
-            note = f"sequence parallel: {per_layer} per layer{again}; Korthikanti 2022 Sec. 4.2.2"
-            add("tp", "all_gather", b * s * h * e, calls, layout.tp, False, note)
-            add("tp", "reduce_scatter", b * s * h * e, calls, layout.tp, False, note)
-        else:
-            note = f"2 per layer forward, 2 backward{again}; Shoeybi 2019 Sec. 3"
-            add("tp", "all_reduce", b * s * h * e, calls, layout.tp, False, note)
+        for op, width, calls, note in _tensor_parallel_calls(spec, config, layers):
+            add("tp", op, b * s * width * e, m * calls, layout.tp, False, note)
     if layout.cp > 1:
         kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
         hops = m * layers * (layout.cp - 1)

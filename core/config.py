@@ -173,6 +173,14 @@ class TrainConfig:
             raise ConfigError(f"--stack {stack.name} --tp {self.layout.tp}: Liger's fused linear cross-entropy needs the "
                               "head's whole vocabulary on each rank; use tp 1 (data parallelism and sharding), or "
                               "--stack hf")
+        if not stack.pipeline_parallel and self.layout.pp > 1:
+            raise ConfigError(f"--stack {stack.name} --pp {self.layout.pp}: the HF Trainer has no pipeline schedule "
+                              "(transformers' own pipeline only sends hidden states forward, for inference); use pp 1 "
+                              "with sharding (zero 3), or --stack torchtitan or megatron for a pipeline")
+        if not stack.sequence_parallel and self.layout.sp:
+            raise ConfigError(f"--stack {stack.name} --sp on: transformers' tensor parallelism replicates the norms "
+                              "and the residual stream (its DistributedConfig's enable_sequence_parallel is not wired "
+                              "up); use --sp off")
         if spec.is_moe and self.recompute.caches_matmuls and stack.every_other_mm:
             raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
                               "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "

@@ -182,9 +182,9 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
       saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
     - op-selective: no matmul (their outputs are cached); none and offload: 0.
 
-    Under the ``torchtitan`` stack (core.stack) full reruns every block whole (no early stop), and
-    op-selective reruns every second ``aten.mm`` of each block (``_sac_recomputed``) and, on a CPU, the
-    fused attention kernel.
+    Under the ``torchtitan`` and ``megatron`` stacks (core.stack) full and every-K rerun every block whole (no
+    early stop); under ``torchtitan`` op-selective reruns every second ``aten.mm`` of each block
+    (``_sac_recomputed``) and, on a CPU, the fused attention kernel.
     """
     b, s = config.micro_batch, config.seq_len
     layer = layer_forward_flops(spec, b, s)

@@ -4,8 +4,9 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 
 - tp stays inside a node (``tp <= gpus_per_node``): its all-reduces run every
   layer and cannot hide; it divides the attention and key/value heads.
-- sequence parallelism is on whenever tp > 1: it moves the same bytes as plain
-  tensor parallelism (Korthikanti et al. 2022, Sec. 4.2.2) and keeps less.
+- sequence parallelism is on whenever tp > 1 and the stack has it: it moves
+  the same bytes as plain tensor parallelism (Korthikanti et al. 2022,
+  Sec. 4.2.2) and keeps less.
 - pp divides the layers; with pp > 1 both ``1f1b`` and ``interleaved`` with
   two virtual stages (when the layers split that far) are tried.
 - cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
@@ -16,7 +17,9 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
   trades all-to-all traffic for experts' weights held on fewer ranks, so
   neither end dominates. Latent attention is tried on data and context
   parallelism. Their tensor and pipeline parallelism are not modelled yet.
-- a stack without tensor parallelism (``hf-liger``, core.stack) is tried at tp 1.
+- a stack without tensor parallelism (``hf-liger``, core.stack) is tried at tp 1,
+  one without a pipeline (``hf``, ``hf-liger``) at pp 1, and one without
+  sequence parallelism (``hf``) with sp off.
 
 An axis the user pinned (``--tp 2``) takes only that value.
 """
@@ -80,12 +83,14 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
         return [getattr(fixed, axis)] if axis in pinned else options
 
     dense = not (spec.is_moe or spec.is_mla)
-    splits_layers = dense and get_stack(train.stack).tensor_parallel
+    stack = get_stack(train.stack)
+    splits_layers = dense and stack.tensor_parallel
+    pipelines = dense and stack.pipeline_parallel
     for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (splits_layers or t == 1)
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
         if gpus % tp:
             continue
-        for pp in choices("pp", [p for p in divisors(gpus // tp) if spec.n_layers % p == 0 and (dense or p == 1)]):
+        for pp in choices("pp", [p for p in divisors(gpus // tp) if spec.n_layers % p == 0 and (pipelines or p == 1)]):
             if (gpus // tp) % pp:
                 continue
             for cp in choices("cp", divisors(gpus // (tp * pp))):
@@ -100,7 +105,7 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
 def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp: int,
               pinned: frozenset[str]) -> Iterator[Layout]:
     fixed = train.layout
-    sp = fixed.sp if "sp" in pinned else tp > 1
+    sp = fixed.sp if "sp" in pinned else tp > 1 and get_stack(train.stack).sequence_parallel
     if sp and tp == 1:
         return
     if "schedule" in pinned or "virtual_stages" in pinned:  # for the depths whose layers split that far

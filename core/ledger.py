@@ -412,6 +412,10 @@ class _Dims:
     head_dim: int
     ffn: int
     vocab: int
+    """The head's output width on this rank: vocab / tp."""
+    loss_vocab: int
+    """The logits the loss reads on this rank: vocab / tp, or the whole vocabulary where the stack gathers the
+    head's output (Stack.gathers_logits)."""
     sp: bool
     """Sequence parallelism: column-parallel linears read an all-gathered input."""
     keep_gathered: bool
@@ -421,10 +425,12 @@ class _Dims:
     def of(cls, spec: ModelSpec, cfg: TrainConfig) -> _Dims:
         lay = cfg.layout
         t, s = lay.tp, cfg.seq_len // lay.cp
+        stack = get_stack(cfg.stack)
         return cls(b=cfg.micro_batch, s=s, rows=s // t if lay.sp else s, h=spec.hidden, q=spec.q_dim // t,
                    kv=spec.kv_dim // t, heads=spec.n_heads // t, kv_heads=spec.n_kv_heads // t,
-                   head_dim=spec.head_dim, ffn=spec.ffn_hidden // t, vocab=spec.vocab_size // t, sp=lay.sp,
-                   keep_gathered=get_stack(cfg.stack).sp_keeps_gathered_input)
+                   head_dim=spec.head_dim, ffn=spec.ffn_hidden // t, vocab=spec.vocab_size // t,
+                   loss_vocab=spec.vocab_size if stack.gathers_logits else spec.vocab_size // t, sp=lay.sp,
+                   keep_gathered=stack.sp_keeps_gathered_input)
 
     @property
     def tokens(self) -> int:
@@ -754,8 +760,8 @@ def _segment(tr: _Trace, spec: ModelSpec, d: _Dims, cfg: TrainConfig, x: _Sym, p
 
 def _eager_mask(tr: _Trace, spec: ModelSpec, d: _Dims, layer: int, dtype: str) -> _Sym:
     """The (b, 1, s, s) additive mask transformers' eager attention reads in ``layer``: one causal mask, or with
-    sliding-window layers (ModelSpec.sliding_window_pattern) one for them too. A pipeline stage's layers are
-    counted from its first (exact for Gemma 2's alternation once a stage holds two layers)."""
+    sliding-window layers (ModelSpec.sliding_window_pattern) one for them too. Layers are counted from the
+    rank's first: exact, as transformers' stacks have no pipeline (Stack.pipeline_parallel)."""
     kind = "sliding" if spec.sliding(layer) else "causal"
     return tr.once(f"attention_mask.{kind}", (d.b, 1, d.s, d.s), dtype)
 
@@ -849,6 +855,8 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         return tr
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
+    if d.loss_vocab != d.vocab:  # all-gathered over the tensor-parallel ranks (Stack.gathers_logits)
+        logits = tr.new("logits_gathered", (*logits.shape[:-1], d.loss_vocab), logits.dtype)
     if spec.logit_softcap and tr.stack.transformers_modules:  # cap x tanh(logits / cap): tanh keeps its output
         tr.save(tr.new("lm_head.softcap_tanh", logits.shape, logits.dtype))
         logits = tr.new("logits_capped", logits.shape, logits.dtype)
@@ -857,14 +865,14 @@ def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind
         # Megatron's cross-entropy keeps its fp32 copy of the logits, turned into the softmax in place, a target
         # mask and the targets; its training script's loss_func keeps the fp32 loss mask (core.stack).
         tr.save(
-            tr.new("loss.softmax", (d.tokens, d.vocab), "fp32"),
+            tr.new("loss.softmax", (d.tokens, d.loss_vocab), "fp32"),
             tr.new("loss.target_mask", (d.tokens,), "bool"),
             tr.new("loss.masked_target", (d.tokens,), "int64"),
             tr.new("loss.mask", (d.tokens,), "fp32", "input"),
         )
         return tr
     tr.save(
-        tr.new("log_softmax", (d.tokens, d.vocab), "fp32"),
+        tr.new("log_softmax", (d.tokens, d.loss_vocab), "fp32"),
         _targets(tr, d),
         tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
@@ -955,9 +963,10 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
         raise ConfigError(refusal)
     tr = _trace(spec, config, rules, rank)
     d = _Dims.of(spec, config)
-    fp32_over_vocab = d.tokens * d.vocab * 4 if rank.last else 0
-    # The head's output is 16-bit unless the model computes in fp32; the loss reads an fp32 copy.
-    head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.vocab * 2
+    fp32_over_vocab = d.tokens * d.loss_vocab * 4 if rank.last else 0
+    # The head's output (gathered, where the stack gathers it) is 16-bit unless the model computes in fp32; the
+    # loss reads an fp32 copy.
+    head_output = 0 if config.recipe.compute_dtype == "fp32" or not rank.last else d.tokens * d.loss_vocab * 2
     loss = tr.stack.loss_at(config.layout.tp)
     freed_by_blocks = fp32_over_vocab  # what the loss kept, gone when the blocks' backward runs
     if loss == "fused-linear" and rank.last:

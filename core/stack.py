@@ -58,6 +58,9 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   (``--recompute-modules core_attn``: the attention core) and activation
   offloading (``TransformerConfig.cpu_offloading``); it has no op-level
   policy (megatron/training/arguments.py, megatron/core/transformer/transformer_config.py).
+  Full and every-K run through ``tensor_parallel.checkpoint``
+  (``megatron/core/tensor_parallel/random.py``, ``CheckpointFunction``),
+  which reruns the segment's forward whole in backward: no early stop.
 - ``hf``: transformers' modeling code under the HF Trainer (transformers
   5, ``models/llama/modeling_llama.py``; Mistral, Qwen2/3 and Phi-3 share it;
   ``models/gemma/modeling_gemma.py``, whose ``GemmaRMSNorm`` scales by
@@ -74,6 +77,20 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   layer (non-reentrant: each layer keeps its inputs, and the shared cos, sin
   and positions once); it has no other policy. The traced ledger
   (``headroom estimate --trace``) is this stack's independent check.
+  Its parallelism is transformers' own (``from_pretrained(...,
+  distributed_config=DistributedConfig(tp_size=T))``, transformers 5.25,
+  ``distributed/``), which the Trainer hands to accelerate with FSDP2 over
+  the data-parallel ranks, and accelerate's ring attention for cp. Tensor
+  parallelism follows the model's plan (``LlamaConfig.base_model_tp_plan``):
+  q, k, v, gate and up column-parallel, o and down row-parallel, the
+  embedding split by vocabulary (``embedding_rowwise``, its partial lookups
+  summed), and the head column-parallel with its output gathered
+  (``LlamaForCausalLM._tp_plan``: ``colwise_gather_output``), so every rank
+  holds the whole vocabulary's logits and computes the loss over them. The
+  norms and residual stream are replicated: ``DistributedConfig``'s
+  ``enable_sequence_parallel`` is "not wired up yet". Its pipeline
+  (``distributed/pipeline_parallel.py``) only sends hidden states forward,
+  for inference; the Trainer has no pipeline schedule.
 - ``hf-liger``: the same under the HF Trainer's ``use_liger_kernel=True``,
   which patches the model with Liger's Triton kernels (liger-kernel 0.8,
   ``liger_kernel/transformers/monkey_patch.py``: ``apply_liger_kernel_to_llama``
@@ -91,7 +108,8 @@ is the reference decoder's (core/ledger.py). Each fact names its source.
   logits. A chunk is ``next_pow2(ceil(tokens / ceil(V / h)))`` rows (at most
   the tokens): about the bytes of the head's input, in the matmul's dtype.
   Its backward only scales the two gradients in place. The loss needs the
-  whole vocabulary on a rank, so the stack has no tensor parallelism.
+  whole vocabulary on a rank, so the stack has no tensor parallelism (nor,
+  as ``hf``, a pipeline).
 """
 
 from __future__ import annotations
@@ -145,6 +163,19 @@ class Stack:
     loss: Loss = "log-softmax"
     tensor_parallel: bool = True
     """The stack can split a layer over tensor-parallel ranks."""
+    sequence_parallel: bool = True
+    """Under tensor parallelism it can split the norms' and dropouts' sequence over the ranks (Korthikanti et
+    al. 2022)."""
+    pipeline_parallel: bool = True
+    """It can train a model split into pipeline stages."""
+    splits_column_inputs: bool = False
+    """Under tensor parallelism each column-parallel linear (q, k, v, gate, up) takes its input apart, as a plain
+    tensor made replicated again, so backward all-reduces each one's input gradient whole; otherwise the
+    attention's and the MLP's linears read one input, whose gradient is reduced once (reduce-scattered under
+    sequence parallelism): Megatron-LM's, and torchtitan's ``PrepareModuleInput`` handing on a DTensor."""
+    gathers_logits: bool = False
+    """Under tensor parallelism the head's column-parallel output is all-gathered: every rank computes the loss
+    over the whole vocabulary, not its slice of it."""
     transformers_modules: bool = False
     """The stack runs transformers' own modeling code: it accounts for the Llama family only
     (core.config.hf_stack_covers)."""
@@ -167,21 +198,25 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("reference", True, measured=True,
+    Stack("reference", True, splits_column_inputs=True, measured=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
-    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), rms_norm="fused",
+    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
+          rms_norm="fused",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),
     Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared", transformers_modules=True,
-          summary="transformers' modules under the HF Trainer: none, full"),
+          sequence_parallel=False, pipeline_parallel=False, splits_column_inputs=True, gathers_logits=True,
+          summary="transformers' modules under the HF Trainer: none, full; its own tensor parallelism (no sequence "
+                  "parallelism, logits gathered), no pipeline"),
     Stack("hf-liger", True, policies=("none", "full"), rms_norm="fused", rope="shared", swiglu="silu-mul",
-          loss="fused-linear", tensor_parallel=False, transformers_modules=True,
+          loss="fused-linear", tensor_parallel=False, sequence_parallel=False, pipeline_parallel=False,
+          transformers_modules=True,
           summary="the same with use_liger_kernel (Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, "
-                  "no logits kept): none, full, no tensor parallelism"),
+                  "no logits kept): none, full, no tensor or pipeline parallelism"),
 )}
 FORMER_NAMES = {"torch": "reference"}
 """Names a stack had before, as older stores and bundles hold them."""

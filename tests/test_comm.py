@@ -170,28 +170,35 @@ def test_one_gpu_communicates_nothing():
 
 
 def test_tp_all_reduces_four_times_b_s_h_e_per_layer():
-    (term,) = terms_of({"tp": 2})[("tp", "all_reduce")]
+    """Megatron-LM's block: each of attention and MLP reads one input (Shoeybi et al. 2019, Sec. 3)."""
+    (term,) = terms_of({"tp": 2}, stack="megatron")[("tp", "all_reduce")]
     assert term.message_bytes == BSHE and term.calls == 4 * SPEC.n_layers and not term.overlappable
     assert term.total_bytes == SPEC.n_layers * 4 * BSHE
     assert term.seconds == pytest.approx(term.calls * 2 * (1 / 2) * BSHE / 450e9)
 
 
 def test_sequence_parallel_moves_the_same_bus_bytes_as_all_reduce():
-    plain = terms_of({"tp": 4})
-    sp = terms_of({"tp": 4, "sp": True})
+    plain = terms_of({"tp": 4}, stack="megatron")
+    sp = terms_of({"tp": 4, "sp": True}, stack="megatron")
     (gather,), (scatter,) = sp[("tp", "all_gather")], sp[("tp", "reduce_scatter")]
     assert gather.calls == scatter.calls == 4 * SPEC.n_layers and gather.message_bytes == BSHE
     assert gather.seconds + scatter.seconds == pytest.approx(plain[("tp", "all_reduce")][0].seconds)
 
 
 def test_block_recompute_adds_a_forwards_tp_traffic():
-    full = terms_of({"tp": 2}, recompute=RecomputePolicy("full"))[("tp", "all_reduce")][0]
-    selective = terms_of({"tp": 2}, recompute=RecomputePolicy("selective"))[("tp", "all_reduce")][0]
-    assert full.calls == 6 * SPEC.n_layers and selective.calls == 4 * SPEC.n_layers
+    """Megatron's recompute reruns a block's forward whole; torch's checkpoint stops before the closing
+    all-reduce, whose output nothing saved reads."""
+    def calls(stack: str, policy: str) -> int:
+        return terms_of({"tp": 2}, stack=stack, recompute=RecomputePolicy(policy))[("tp", "all_reduce")][0].calls
+
+    assert (calls("megatron", "full"), calls("megatron", "selective")) == (6 * SPEC.n_layers, 4 * SPEC.n_layers)
+    assert calls("reference", "full") - calls("reference", "none") == SPEC.n_layers
+    assert terms_of({"tp": 2}, recompute=RecomputePolicy("every", 3))[("tp", "all_reduce")][0].calls \
+        - calls("reference", "none") == 2 * SPEC.n_layers - 2  # segments of 3 and 1 layers: two closings
 
 
 def test_tp_calls_scale_with_micro_batches_and_context_parallel_halves_the_message():
-    (term,) = terms_of({"tp": 2, "cp": 2}, m=3)[("tp", "all_reduce")]
+    (term,) = terms_of({"tp": 2, "cp": 2}, m=3, stack="megatron")[("tp", "all_reduce")]
     assert term.calls == 3 * 4 * SPEC.n_layers and term.message_bytes == BSHE // 2
 
 

@@ -25,11 +25,18 @@ import torch.distributed as dist  # noqa: E402
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch was built without torch.distributed or gloo", allow_module_level=True)
 
+import dataclasses  # noqa: E402
+
+from core.comm import step_communication  # noqa: E402
 from core.config import TrainConfig  # noqa: E402
 from core.estimate import estimate  # noqa: E402
 from core.layout import Layout  # noqa: E402
 from core.ledger import activation_ledger  # noqa: E402
+from core.interconnect import cluster_for  # noqa: E402
+from core.precision import get_precision  # noqa: E402
 from core.presets import get_preset  # noqa: E402
+from core.recompute import parse_policy  # noqa: E402
+from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
 from tests.distributed.tensor_parallel import cases  # noqa: E402
@@ -360,6 +367,28 @@ def test_core_ledger_predicts_each_layer_of_a_tensor_parallel_rank(two_ranks, na
 def test_core_ledger_predicts_the_whole_unsharded_model(two_ranks, name):
     ledger = activation_ledger(TP_CASES[name].spec, _tp_config(name), "cpu")
     assert ledger.saved_bytes == two_ranks[0]["tensor_parallel"][name]["activation_bytes"]
+
+
+@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("name", SHARDED)
+def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, policy):
+    """One step's collectives, as torch's profiler saw them on each rank, are core.comm's tensor-parallel
+    terms for the reference stack: each column-parallel linear takes its input apart, so backward all-reduces
+    each one's input gradient whole (q, k, v and up, and gate in a Llama block); a checkpointed block reruns
+    its forward's, but for its closing one where no dropout follows it. Under sequence parallelism the
+    decoder's first block scatters the embedding and its last gathers the output, a gather each way that is
+    agent/parallel.py's boundary, not a block's, and not in the core."""
+    case = TP_CASES[name]
+    config = dataclasses.replace(_tp_config(name), recompute=parse_policy(policy))
+    predicted: Counter = Counter()
+    for term in step_communication(case.spec, config, 1, cluster_for("cpu", TP)):
+        predicted[term.op, term.message_bytes] += term.calls
+    e = get_precision(case.precision).activation_bytes
+    boundary = Counter({("all_gather", case.micro_batch * case.seq_len * case.spec.hidden * e): 2} if case.sp else {})
+    for record in two_ranks:
+        collectives = record["tensor_parallel"][name]["collectives"][policy]
+        assert messages(collectives, e, TP) == predicted + boundary
+        assert other_all_reduces(collectives) == 0
 
 
 def _fsdp_estimate(world: int):

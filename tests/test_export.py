@@ -338,6 +338,7 @@ def test_hf_says_it_cannot_express_model_parallelism():
     exported = export("hf", PARALLEL, PARALLEL_BEST)
     assert any("cannot express tp 2, pp 2" in n for n in exported.notes)
     assert any("no pipeline parallelism" in n for n in exported.notes)
+    assert any(n.startswith("transformers' tensor parallelism has no sequence parallelism") for n in exported.notes)
 
 
 def test_lightning_strategies():

@@ -18,9 +18,12 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
   with the default ``weight_decay=0`` is Adam.
 - ``use_liger_kernel=True`` (the ``hf-liger`` stack) has the Trainer patch the
   model with Liger's kernels (``_apply_liger_kernel_to_instance``).
-- Tensor and context parallelism need accelerate's ``ParallelismConfig``
-  (``TrainingArguments(parallelism_config=...)``, accelerate >= 1.10.1), not
-  written here; the Trainer has no pipeline parallelism.
+- Tensor parallelism is transformers' own, set when the model loads
+  (``from_pretrained(..., distributed_config=DistributedConfig(tp_size=T))``,
+  transformers 5.25), without sequence parallelism; context parallelism is
+  accelerate's ``ParallelismConfig`` (``TrainingArguments(parallelism_config=...)``,
+  accelerate >= 1.10.1). Neither is written here; the Trainer has no
+  pipeline parallelism.
 """
 
 from __future__ import annotations
@@ -101,9 +104,15 @@ def _layout(run: Run, notes: list[str]) -> None:
     axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp),
                                                  ("ep", layout.ep)) if size > 1]
     if axes:
-        notes.append(f"TrainingArguments cannot express {', '.join(axes)}: accelerate's ParallelismConfig "
-                     "(parallelism_config=, accelerate >= 1.10.1) takes tp_size and cp_size with FSDP2, not "
-                     "written here; the HF Trainer has no pipeline parallelism or expert parallelism")
+        notes.append(f"TrainingArguments cannot express {', '.join(axes)}: tensor parallelism is set when the model "
+                     "loads (from_pretrained(..., distributed_config=DistributedConfig(tp_size=...)), transformers "
+                     "5) and context parallelism by accelerate's ParallelismConfig(cp_size=...) (parallelism_config=, "
+                     "accelerate >= 1.10.1), not written here; the HF Trainer has no pipeline parallelism or expert "
+                     "parallelism")
+    if layout.sp:
+        notes.append("transformers' tensor parallelism has no sequence parallelism: every rank keeps the norms' and "
+                     "residual stream's whole sequence, more than the plan's sp counts; plan with --stack hf for "
+                     "what it keeps")
     if layout.zero == 1 and layout.dp > 1:
         notes.append("ZeRO-1 runs through DeepSpeed: write ds_config.json with headroom plan ... --export deepspeed; "
                      "it decides the precision")

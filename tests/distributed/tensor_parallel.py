@@ -24,6 +24,8 @@ from agent.rank import settled
 from core.config import TrainConfig
 from core.model import ModelSpec
 from core.presets import get_preset
+from core.recompute import parse_policy
+from tests.distributed.collectives import step_collectives
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -102,11 +104,12 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
     loss.backward()
     grads_finite = all(torch.isfinite(local_tensor(p.grad)).all().item() for p in model.parameters())
 
-    logit_diff = None
+    logit_diff, collectives = None, None
     if reference is not None:
         model.eval(), reference.eval()
         with torch.no_grad():
             logit_diff = (model(tokens).float() - reference(tokens).float()).abs().max().item()
+        collectives = {policy: _step_collectives(case, mesh, policy, tokens, targets) for policy in ("none", "full")}
     return {
         "case": dataclasses.asdict(case) | {"name": case.name},
         "activation_bytes": measured.activation_bytes,
@@ -116,4 +119,15 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
         "grads_finite": grads_finite,
         "max_logit_diff_vs_unsharded": logit_diff,
         "tensors": [_tensor_row(t) for t in measured.tensors],
+        "collectives": collectives,
     }
+
+
+def _step_collectives(case: TensorParallelCase, mesh: DeviceMesh, policy: str, tokens: torch.Tensor,
+                      targets: torch.Tensor) -> dict:
+    """The collectives of one training step of the case's sharded decoder, its blocks checkpointed under
+    ``policy`` (tests/distributed/collectives.py)."""
+    config = dataclasses.replace(case.config, recompute=parse_policy(policy))
+    model, _, _ = build(case.spec, config, "cpu", seed=0)
+    parallelize_tensor(model, mesh, case.sp)
+    return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]

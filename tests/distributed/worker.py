@@ -22,20 +22,20 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-SUITES = ("tp", "fsdp", "ddp")
+SUITES = ("tp", "fsdp", "ddp", "hf-tp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for one JSON per rank")
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=list(SUITES),
-                        help="what to measure: tensor parallelism, FSDP2, DDP")
+                        help="what to measure: tensor parallelism, FSDP2, DDP, transformers' tensor parallelism")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="seconds any collective may wait before the process group gives up")
     return parser.parse_args(argv)
 
 
-def run(suites: list[str], world: int) -> dict:
+def run(suites: list[str], world: int, out: Path) -> dict:
     # Imported here: each pulls in the agent's model and the core.
     from agent.parallel import UNITS
     from tests.distributed.data_parallel import measure_ddp, measure_fsdp
@@ -55,6 +55,13 @@ def run(suites: list[str], world: int) -> dict:
         started = time.perf_counter()
         result["ddp"] = measure_ddp()
         result.setdefault("seconds", {})["ddp"] = time.perf_counter() - started
+    if "hf-tp" in suites:  # imports transformers: only when asked
+        from tests.distributed import hf_tensor_parallel
+
+        started = time.perf_counter()
+        result["hf_tensor_parallel"] = {case.name: hf_tensor_parallel.measure(case, out)
+                                        for case in hf_tensor_parallel.CASES}
+        result.setdefault("seconds", {})["hf-tp"] = time.perf_counter() - started
     return result
 
 
@@ -66,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
     record: dict = {"rank": rank, "world_size": world, "torch": torch.__version__,
                     "local_rank": int(os.environ.get("LOCAL_RANK", rank))}
     try:
-        record |= run(args.suites, world)
+        record |= run(args.suites, world, args.out)
         record["error"] = None
     except Exception:  # written down for the launcher, then raised so the launcher sees a failure
         record["error"] = traceback.format_exc()
