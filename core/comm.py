@@ -171,9 +171,9 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     each call moves b s width values in the compute dtype (the whole gathered buffer under sp).
 
     A block's two row-parallel outputs are all-reduced forward, or under sp reduce-scattered with its two
-    inputs all-gathered. Backward, the gathers' gradients are reduce-scattered again, and the input gradient
-    of its column-parallel linears is reduced once per attention and MLP (reduce-scattered under sp), or,
-    where each linear takes its input apart (Stack.splits_column_inputs), all-reduced whole once per linear.
+    inputs all-gathered. Backward, under sp each output's gradient is all-gathered; the input gradient of the
+    column-parallel linears is reduced once per attention and MLP (reduce-scattered under sp), or, where each
+    linear takes its input apart (Stack.splits_column_inputs), all-reduced whole once per linear.
     A recompute reruns the forward's, less each segment's closing reduction where it stops early and no
     dropout after it keeps a mask. Measured on two gloo ranks, reference and hf
     (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
