@@ -95,6 +95,12 @@ class TracedLedger:
                 "ledger": [{"name": t.name, "shape": list(t.shape), "dtype": t.dtype, "location": t.location,
                             "kind": t.kind, "layer": t.layer, "bytes": t.bytes} for t in self.tensors]}
 
+    @classmethod
+    def from_dict(cls, entry: dict, n_layers: int) -> TracedLedger:
+        """A traced ledger back from ``to_dict``'s JSON (which leaves the model's depth out)."""
+        tensors = tuple(TracedTensor(**{**t, "shape": tuple(t["shape"])}) for t in entry["ledger"])
+        return cls(model=entry["model"], device=entry["device"], tensors=tensors, n_layers=n_layers)
+
 
 class _FusedAttention(TorchFunctionMode):
     """Sends ``F.scaled_dot_product_attention`` to the fused kernel the device's rules say runs there

@@ -180,29 +180,30 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     """
     stack, policy = get_stack(config.stack), config.recompute
     h = spec.hidden
-    again = policy.recomputes_blocks
-    segments = -(-layers // policy.segment_layers(layers)) if again else 0
+    rerun = 2 * layers if policy.recomputes_blocks else 0  # the forward's two per block, again
+    segments = -(-layers // policy.segment_layers(layers)) if rerun else 0
     unclosed = segments if stack.early_stop and config.dropout == 0 else 0
     columns = 3 + spec.mlp_projections - 1  # q, k, v and the MLP's up (and gate)
-    rerun = f"; again in the recompute{', less its closing one per segment' if unclosed else ''}" if again else ""
+    backward = columns if stack.splits_column_inputs else 2
+    again = (f"; again in the recompute{', less its closing one per segment' if unclosed else ''}"
+             if rerun else "")
     calls: list[tuple[str, int, int, str]] = []
     if config.layout.sp:
         sp = "Korthikanti 2022 Sec. 4.2.2"
-        calls.append(("all_gather", h, layers * (2 + 2 + (2 if again else 0)),
-                      f"per block 2 inputs gathered forward, 2 output gradients backward{rerun}; {sp}"))
+        calls.append(("all_gather", h, 4 * layers + rerun,
+                      f"per block 2 inputs gathered forward, 2 output gradients backward{again}; {sp}"))
         if stack.splits_column_inputs:
-            calls.append(("reduce_scatter", h, layers * (2 + (2 if again else 0)) - unclosed,
-                          f"per block 2 outputs forward{rerun}; {sp}"))
+            calls.append(("reduce_scatter", h, 2 * layers + rerun - unclosed,
+                          f"per block 2 outputs forward{again}; {sp}"))
             calls.append(("all_reduce", h, layers * columns,
                           f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
         else:
-            calls.append(("reduce_scatter", h, layers * (2 + 2 + (2 if again else 0)) - unclosed,
-                          f"per block 2 outputs forward, 2 input gradients backward{rerun}; {sp}"))
+            calls.append(("reduce_scatter", h, 4 * layers + rerun - unclosed,
+                          f"per block 2 outputs forward, 2 input gradients backward{again}; {sp}"))
     else:
-        backward = columns if stack.splits_column_inputs else 2
         extra = 2 if stack.gathers_logits else 0
-        calls.append(("all_reduce", h, layers * (2 + backward + (2 if again else 0)) - unclosed + extra,
-                      f"per block 2 forward, {backward} input gradients backward{rerun}; Shoeybi 2019 Sec. 3"
+        calls.append(("all_reduce", h, layers * (2 + backward) + rerun - unclosed + extra,
+                      f"per block 2 forward, {backward} input gradients backward{again}; Shoeybi 2019 Sec. 3"
                       + ("; the embedding's lookup and the head's input gradient" if extra else "")))
     if stack.gathers_logits:
         calls.append(("all_gather", spec.vocab_size, 1,

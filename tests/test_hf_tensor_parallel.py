@@ -19,7 +19,7 @@ import torch.distributed as dist  # noqa: E402
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch was built without torch.distributed or gloo", allow_module_level=True)
 
-from agent.hf_trace import TracedLedger, TracedTensor, differences  # noqa: E402
+from agent.hf_trace import TracedLedger, differences  # noqa: E402
 from core.comm import step_communication  # noqa: E402
 from core.hf_config import spec_from_hf_config  # noqa: E402
 from core.interconnect import cluster_for  # noqa: E402
@@ -47,10 +47,7 @@ def _measured(ranks: list[dict], name: str) -> list[dict]:
 
 
 def _traced(measured: dict) -> TracedLedger:
-    ledger = measured["ledger"]
-    tensors = tuple(TracedTensor(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"], location=t["location"],
-                                 kind=t["kind"], layer=t["layer"], bytes=t["bytes"]) for t in ledger["ledger"])
-    return TracedLedger(model=ledger["model"], device=ledger["device"], tensors=tensors, n_layers=ledger["n_layers"])
+    return TracedLedger.from_dict(measured["ledger"], measured["ledger"]["n_layers"])
 
 
 @pytest.mark.parametrize("name", sorted(BY_NAME))

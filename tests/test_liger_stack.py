@@ -46,10 +46,9 @@ def liger(tmp_path_factory) -> dict:
 
 def _traced(entry: dict, n_layers: int):
     """A traced ledger back from its JSON (agent.hf_trace.TracedLedger.to_dict)."""
-    from agent.hf_trace import TracedLedger, TracedTensor
+    from agent.hf_trace import TracedLedger
 
-    tensors = tuple(TracedTensor(**{**t, "shape": tuple(t["shape"])}) for t in entry["ledger"])
-    return TracedLedger(model=entry["model"], device=entry["device"], tensors=tensors, n_layers=n_layers)
+    return TracedLedger.from_dict(entry, n_layers)
 
 
 @pytest.mark.slow
