@@ -3,7 +3,7 @@
 Each case is a small causal LM of transformers' with random weights: rank 0 saves it, and every rank loads it
 with ``from_pretrained(..., distributed_config=DistributedConfig(tp_size=world))``, as a user of the HF Trainer
 loads a model to train under tensor parallelism. One forward of the loss is probed (agent/probe.py: a DTensor
-counts by its local shard) under the CPU's attention rules (agent/hf_trace.py), and the loss is held against
+counts by its local shard), SDPA choosing its own kernel as on any CPU, and the loss is held against
 the same checkpoint loaded whole. tests/test_hf_tensor_parallel.py holds each rank's tensors and parameters
 against the analytic ledger of ``--stack hf --tp world``.
 """
@@ -16,12 +16,11 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agent.hf_trace import DTYPES, _FusedAttention, build_model, checkpoint_every_layer, ledger_of
+from agent.hf_trace import DTYPES, build_model, checkpoint_every_layer, ledger_of
 from agent.parallel import local_tensor
 from agent.probe import probe
 from agent.rank import settled
 from core.config import TrainConfig
-from core.devices import DEVICE_RULES
 from core.layout import Layout
 from core.precision import get_precision
 from core.recompute import parse_policy
@@ -87,8 +86,7 @@ def measure(case: HfTensorParallelCase, folder: Path) -> dict:
                            generator=torch.Generator().manual_seed(1))  # the same on every rank
 
     def forward() -> torch.Tensor:
-        with _FusedAttention(DEVICE_RULES["cpu"]):
-            return model(input_ids=tokens, labels=tokens, use_cache=False).loss
+        return model(input_ids=tokens, labels=tokens, use_cache=False).loss
 
     # settled: gloo lets go of a collective's buffers after it signals the collective done (agent/rank.py)
     traced = ledger_of(probe(model, lambda: settled(forward())), case.name, "cpu", model)
