@@ -176,9 +176,12 @@ def render(result: Plan, top: int | None) -> str:
     ]
     if best.time.communication:
         total = sum(t.seconds for t in best.time.communication)
+        moved: dict[tuple[str, str, str], int] = {}  # bytes by axis, op and link, in the order the terms come
+        for t in best.time.communication:
+            moved[t.axis, t.op, t.link_key] = moved.get((t.axis, t.op, t.link_key), 0) + t.total_bytes
         lines.append(f"  communication: {total:.3f} s of collectives, {best.time.communication_s:.3f} s exposed after overlap: "
-                     + "; ".join(f"{t.axis} {t.op.replace('_', '-')} {t.total_bytes / GB:.2f} GB on {t.link_key}"
-                                 for t in best.time.communication))
+                     + "; ".join(f"{axis} {op.replace('_', '-')} {n / GB:.2f} GB on {link}"
+                                 for (axis, op, link), n in moved.items()))
     if len(best.estimate.ranks) > 1:
         lines.append("  memory per rank kind: " + ", ".join(
             f"{r.rank.name} {r.peak_bytes / GB:.1f} GB ({float(r.rank.in_flight):g} micro-batches in flight)"

@@ -42,6 +42,7 @@ from core.layout import Layout
 from core.memory import rank_expert_parameters, rank_parameters
 from core.model import ModelSpec
 from core.pipeline import rank_kinds
+from core.precision import DTYPE_BYTES
 from core.stack import get_stack
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -167,19 +168,23 @@ class CommTerm:
 
 
 def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
-    """Tensor parallelism's collectives for one micro-batch of ``layers`` blocks, as (op, width, calls, what):
-    each call moves b s width values in the compute dtype (the whole gathered buffer under sp).
+    """Tensor parallelism's collectives in ``layers`` blocks for one micro-batch, as (op, bytes a token, calls,
+    what): each call moves b s tokens (the whole gathered buffer under sp).
 
-    A block's two row-parallel outputs are all-reduced forward, or under sp reduce-scattered with its two
-    inputs all-gathered. Backward, under sp each output's gradient is all-gathered; the input gradient of the
-    column-parallel linears is reduced once per attention and MLP (reduce-scattered under sp), or, where each
-    linear takes its input apart (Stack.splits_column_inputs), all-reduced whole once per linear.
-    A recompute reruns the forward's, less each segment's closing reduction where it stops early and no
-    dropout after it keeps a mask. Measured on two gloo ranks, reference and hf
-    (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
+    A block's two row-parallel outputs are all-reduced forward, or under sp reduce-scattered with the norms'
+    outputs that feed its column-parallel linears all-gathered. Backward, under sp each output's gradient is
+    all-gathered; the input gradient of the column-parallel linears is reduced once per attention and MLP
+    (reduce-scattered under sp), or, where each linear takes its input apart (Stack.splits_column_inputs),
+    all-reduced whole once per linear. A recompute reruns the forward's, less each segment's closing reduction
+    where it stops early and no dropout after it keeps a mask.
+
+    Each moves its tensor's dtype: a matmul's output and its gradient the compute dtype; the norms' outputs
+    and the residual stream's gradients the blocks' parameter dtype, fp32 under autocast. Measured on two
+    gloo ranks, reference and hf (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
     """
     stack, policy = get_stack(config.stack), config.recompute
-    h = spec.hidden
+    matmul = spec.hidden * config.recipe.activation_bytes
+    stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
     rerun = 2 * layers if policy.recomputes_blocks else 0  # the forward's two per block, again
     segments = -(-layers // policy.segment_layers(layers)) if rerun else 0
     unclosed = segments if stack.early_stop and config.dropout == 0 else 0
@@ -187,28 +192,65 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     backward = columns if stack.splits_column_inputs else 2
     again = (f"; again in the recompute{', less its closing one per segment' if unclosed else ''}"
              if rerun else "")
+    outputs = 2 * layers + rerun - unclosed
+    if not config.layout.sp:
+        return [("all_reduce", matmul, outputs, f"per block the 2 row-parallel outputs forward{again}; Shoeybi 2019 Sec. 3"),
+                ("all_reduce", stream, layers * backward,
+                 f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
+    sp = "Korthikanti 2022 Sec. 4.2.2"
+    calls = [("all_gather", stream, 2 * layers + rerun, f"per block the 2 norms' outputs forward{again}; {sp}"),
+             ("reduce_scatter", matmul, outputs, f"per block the 2 row-parallel outputs forward{again}; {sp}"),
+             ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
+    if stack.splits_column_inputs:
+        calls.append(("all_reduce", stream, layers * columns,
+                      f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
+    else:
+        calls.append(("reduce_scatter", stream, 2 * layers, f"per block 2 column-parallel input gradients backward; {sp}"))
+    return calls
+
+
+LOSS_ALL_REDUCES = 3
+"""A cross-entropy over logits split by vocabulary all-reduces three fp32 values a token forward: the
+logits' maximum, the target's logit and the sum of exponentials (Megatron-LM's
+``tensor_parallel/cross_entropy.py``; torch's ``loss_parallel``, measured on two gloo ranks). Backward needs none."""
+
+
+def _vocabulary_calls(spec: ModelSpec, config: TrainConfig) -> list[tuple[str, int, int, str]]:
+    """The collectives of the vocabulary's tensor-parallel layers for one micro-batch, as (op, bytes a token,
+    calls, what).
+
+    The embedding's rows are split: each rank looks up its slice of the vocabulary and the partial rows are
+    all-reduced forward (under sp reduce-scattered along the sequence, their gradient all-gathered back). The
+    head's columns are split: its input gradient is all-reduced backward (under sp its input is all-gathered
+    forward and the gradient reduce-scattered). All of them move the residual stream's dtype (the blocks'
+    parameter dtype). The loss over logits split by vocabulary takes ``LOSS_ALL_REDUCES`` all-reduces of 4
+    bytes a token; a stack that gathers the logits (hf) all-gathers them instead, V values a token in the
+    compute dtype. Under a pipeline the embedding is the first stage's and the head and loss the last's: the
+    last stage's are counted, as core.timing counts the head on every rank. Measured on two gloo ranks, the
+    agent's decoder (agent.parallel.parallelize_decoder) and transformers' (tests/test_distributed_memory.py,
+    tests/test_hf_tensor_parallel.py).
+    """
+    stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
+    embedding = config.layout.pp == 1
     calls: list[tuple[str, int, int, str]] = []
     if config.layout.sp:
-        sp = "Korthikanti 2022 Sec. 4.2.2"
-        calls.append(("all_gather", h, 4 * layers + rerun,
-                      f"per block 2 inputs gathered forward, 2 output gradients backward{again}; {sp}"))
-        if stack.splits_column_inputs:
-            calls.append(("reduce_scatter", h, 2 * layers + rerun - unclosed,
-                          f"per block 2 outputs forward{again}; {sp}"))
-            calls.append(("all_reduce", h, layers * columns,
-                          f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
-        else:
-            calls.append(("reduce_scatter", h, 4 * layers + rerun - unclosed,
-                          f"per block 2 outputs forward, 2 input gradients backward{again}; {sp}"))
+        if embedding:
+            calls += [("reduce_scatter", stream, 1, "the embedding's partial rows, forward"),
+                      ("all_gather", stream, 1, "the embedding's output gradient, backward")]
+        calls += [("all_gather", stream, 1, "the head's input, forward"),
+                  ("reduce_scatter", stream, 1, "the head's input gradient, backward")]
     else:
-        extra = 2 if stack.gathers_logits else 0
-        calls.append(("all_reduce", h, layers * (2 + backward) + rerun - unclosed + extra,
-                      f"per block 2 forward, {backward} input gradients backward{again}; Shoeybi 2019 Sec. 3"
-                      + ("; the embedding's lookup and the head's input gradient" if extra else "")))
-    if stack.gathers_logits:
-        calls.append(("all_gather", spec.vocab_size, 1,
+        calls.append(("all_reduce", stream, 2 if embedding else 1,
+                      ("the embedding's partial rows forward and " if embedding else "")
+                      + "the head's input gradient backward"))
+    if get_stack(config.stack).gathers_logits:
+        calls.append(("all_gather", spec.vocab_size * config.recipe.activation_bytes, 1,
                       "the head's output gathered for the loss over the whole vocabulary (transformers' "
                       "colwise_gather_output)"))
+    else:
+        calls.append(("all_reduce", 4, LOSS_ALL_REDUCES,
+                      "the loss over the vocabulary's slices: each token's maximum logit, target logit and sum "
+                      "of exponentials, fp32"))
     return calls
 
 
@@ -219,9 +261,11 @@ def step_communication(
     """Collectives of ONE rank in one optimizer step of m = ``accumulation_steps`` micro-batches.
 
     b micro-batch, s = seq_len/cp, h hidden, e activation bytes (the compute dtype),
-    L' = ceil(n_layers/pp) layers per rank, v virtual stages:
+    r the residual stream's element bytes (the blocks' parameter dtype: 4 under
+    autocast, where FSDP does not gather 16-bit parameters), L' = ceil(n_layers/pp)
+    layers per rank, v virtual stages:
 
-    - tp: per layer and micro-batch 2 all-reduces of b s h e forward, 2 backward
+    - tp: per layer and micro-batch 2 all-reduces of b s h forward, 2 backward
       (Shoeybi et al. 2019, Sec. 3), or one per column-parallel linear where each
       takes its input apart (``reference``, ``hf``: q, k, v, gate, up); full or every-K
       recompute runs the forward's 2 again, less one per segment where the
@@ -229,20 +273,25 @@ def step_communication(
       with sp 4 all-gathers + 4 reduce-scatters of the same S instead, the same
       bus bytes (Korthikanti et al. 2022, Sec. 4.2.2), or where each linear takes
       its input apart 4 all-gathers, 2 reduce-scatters and its per-linear
-      all-reduces (`_tensor_parallel_calls`). Not overlapped. Not counted: the
-      vocab-parallel embedding / head / cross-entropy collectives (first and last stage,
-      about 2 more per micro-batch) and Megatron's extra all-gather of each
-      column-parallel input in backward under sp (overlapped with the weight gradient).
-      A stack that gathers the head's output (``hf``, core.stack) all-gathers
-      b s V e per micro-batch for its loss over the whole vocabulary, and its
-      embedding's and head's two all-reduces of b s h e are counted. Counted
-      for ``hf`` by torch's profiler on transformers' own model (2 gloo ranks,
-      tests/test_hf_tensor_parallel.py).
+      all-reduces (`_tensor_parallel_calls`). A row-parallel output and its
+      gradient move e bytes a value; a norm's output and a column-parallel input's
+      gradient, r. The vocabulary's layers add per micro-batch the embedding's
+      reduction (first stage) and the head's input gradient's, each b s h r
+      (under sp a reduce-scatter and an all-gather each), and the loss's 3 fp32
+      all-reduces of b s x 4 bytes over the vocabulary's slices, or, where the
+      stack gathers the head's output (``hf``), one all-gather of b s V e
+      (`_vocabulary_calls`). Not overlapped. Counted call for call, with each
+      call's dtype, by torch's profiler on two gloo ranks, the agent's decoder and
+      transformers' (tests/test_distributed_memory.py,
+      tests/test_hf_tensor_parallel.py). Not counted: Megatron's extra all-gather of
+      each column-parallel input in backward under sp (overlapped with the weight
+      gradient).
     - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
       times per layer forward (again under block recompute) and K, V with dK, dV
       (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
     - pp: per micro-batch a rank sends v activations forward and v gradients back,
-      b s h e each, divided by tp under sp (megatron-core's p2p tensor shape; the
+      b s h r each (the residual stream: fp32 out of an fp32 model's stage under
+      autocast, as the agent's pipeline stage returns it), divided by tp under sp (megatron-core's p2p tensor shape; the
       scatter-gather of Narayanan et al. 2021 Sec. 4.1 is not modelled). Not overlapped.
     - dp: over the dp x cp ranks that share weights, P = largest_rank_parameters:
       zero 0 one all-reduce of P x grad_bytes per step (gradient accumulation
@@ -290,8 +339,8 @@ def step_communication(
                               overlappable=overlappable, note=note))
 
     if layout.tp > 1:
-        for op, width, calls, note in _tensor_parallel_calls(spec, config, layers):
-            add("tp", op, b * s * width * e, m * calls, layout.tp, False, note)
+        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers) + _vocabulary_calls(spec, config):
+            add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
     if layout.cp > 1:
         kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
         hops = m * layers * (layout.cp - 1)
@@ -299,7 +348,7 @@ def step_communication(
             "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""))
         add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV")
     if layout.pp > 1:
-        activation = _ceil(b * s * h * e, layout.tp if layout.sp else 1)
+        activation = _ceil(b * s * h * DTYPE_BYTES[config.block_param_dtype], layout.tp if layout.sp else 1)
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
             "activation forward and gradient backward per micro-batch and virtual stage")
     if layout.ep > 1:

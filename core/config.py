@@ -90,6 +90,19 @@ class TrainConfig:
         return get_precision(self.precision)
 
     @property
+    def runs_autocast(self) -> bool:
+        """Autocast runs the matmuls, unless FSDP (zero 3) gathers 16-bit parameters itself."""
+        return self.recipe.autocast and self.zero < 3
+
+    @property
+    def block_param_dtype(self) -> str:
+        """Dtype the blocks see their parameters in, and so the residual stream's and the norms' outputs': FSDP's
+        mixed precision gathers them in the compute dtype."""
+        if self.recipe.autocast and self.zero == 3:
+            return self.recipe.compute_dtype
+        return self.recipe.param_dtype
+
+    @property
     def tokens(self) -> int:
         """Tokens in one micro-batch: b x s."""
         return self.micro_batch * self.seq_len

@@ -36,10 +36,10 @@ from core.devices import DeviceRules, device_rules
 from core.errors import ConfigError
 from core.model import ModelSpec
 from core.pipeline import RankKind, rank_kinds
+from core.precision import DTYPE_BYTES
 from core.recompute import RecomputePolicy
 from core.stack import STACKS, Stack, get_stack
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
 PROBABILITIES = ("log_softmax", "loss.softmax")
 """Names of the loss's fp32 probabilities over the vocabulary kept for backward: the log-probabilities, or the softmax
 of Megatron's cross-entropy."""
@@ -797,7 +797,7 @@ def _sdpa_masked(spec: ModelSpec, cfg: TrainConfig, layer: int | None) -> bool:
 
 
 def _trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> _Trace:
-    param_dtype = _compute_param_dtype(cfg)
+    param_dtype = cfg.block_param_dtype
     tr = _new_trace(spec, cfg, rules)
     d = _Dims.of(spec, cfg)
     b, h = d.b, d.h
@@ -888,20 +888,8 @@ def _targets(tr: _Trace, d: _Dims) -> _Sym:
 
 
 def _new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int | None = None) -> _Trace:
-    return _Trace(rules=rules, amp=_autocast(cfg), layer=layer, stack=get_stack(cfg.stack),
+    return _Trace(rules=rules, amp=cfg.runs_autocast, layer=layer, stack=get_stack(cfg.stack),
                   norm_offset=spec.norm_offset)
-
-
-def _autocast(cfg: TrainConfig) -> bool:
-    """Autocast runs the matmuls, unless FSDP (zero 3) gathers 16-bit parameters itself."""
-    return cfg.recipe.autocast and cfg.zero < 3
-
-
-def _compute_param_dtype(cfg: TrainConfig) -> str:
-    """Dtype the blocks see their parameters in: FSDP's mixed precision gathers them in bf16."""
-    if cfg.recipe.autocast and cfg.zero == 3:
-        return cfg.recipe.compute_dtype
-    return cfg.recipe.param_dtype
 
 
 def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda",
@@ -1048,7 +1036,7 @@ def _block_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, polic
 
 @functools.lru_cache(maxsize=1024)
 def _policy_block_bytes(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int) -> int:
-    param_dtype = _compute_param_dtype(cfg)
+    param_dtype = cfg.block_param_dtype
     d = _Dims.of(spec, cfg)
     tr = _new_trace(spec, cfg, rules, layer)
     x = tr.new("input", (d.b, d.rows, d.h), param_dtype)

@@ -34,6 +34,9 @@ from dataclasses import dataclass
 
 from core.errors import ConfigError
 
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "int64": 8, "bool": 1}
+"""Bytes of one element, by the dtype names the core uses."""
+
 
 @dataclass(frozen=True, slots=True)
 class PrecisionRecipe:

@@ -264,6 +264,22 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
 
 
+def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli):
+    """The text's communication line gives each axis and op once, with the bytes of all its terms (the
+    blocks', the vocabulary's and the loss's all-reduces of tp are separate terms in --json)."""
+    args = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8",
+            "--tp", "4", "--sp", "off", "--zero", "1")
+    terms = json.loads(run_cli(*args, "--json").stdout)["recommendation"]["communication"]
+    assert sum(t["axis"] == "tp" and t["op"] == "all_reduce" for t in terms) > 1
+    (line,) = [line for line in run_cli(*args).stdout.splitlines() if line.startswith("  communication:")]
+    moved = line.split("exposed after overlap: ")[1].split("; ")
+    expected = {}
+    for t in terms:
+        key = f"{t['axis']} {t['op'].replace('_', '-')}"
+        expected[key] = expected.get(key, 0) + t["message_bytes"] * t["calls"]
+    assert moved == [f"{key} {n / 1e9:.2f} GB on nvlink4" for key, n in expected.items()]
+
+
 @pytest.mark.parametrize(("args", "message"), [
     (("--budget", "80"), "budget '80' has no unit; did you mean '80GB'?"),
     (("--budget", "1e400GB"), "size '1e400GB' is too large to be a size in bytes"),

@@ -1,6 +1,7 @@
 """Communication model: nccl-tests definitions, placement, and per-step traffic worked by hand."""
 
 import dataclasses
+from collections import Counter
 
 import pytest
 
@@ -169,37 +170,79 @@ def test_one_gpu_communicates_nothing():
     assert step_communication(SPEC, config(), 4, FLAT) == ()
 
 
+def tp_calls(layout: dict, m: int = 1, **train) -> Counter:
+    """The step's tensor-parallel calls by (op, message bytes)."""
+    calls: Counter = Counter()
+    for (axis, op), terms in terms_of(layout, m, **train).items():
+        for term in terms:
+            if axis == "tp":
+                calls[op, term.message_bytes] += term.calls
+    return calls
+
+
+LOSS = ("all_reduce", B * S * 4)  # the loss's fp32 all-reduces over the vocabulary's slices, one value a token
+L = SPEC.n_layers
+
+
 def test_tp_all_reduces_four_times_b_s_h_e_per_layer():
-    """Megatron-LM's block: each of attention and MLP reads one input (Shoeybi et al. 2019, Sec. 3)."""
-    (term,) = terms_of({"tp": 2}, stack="megatron")[("tp", "all_reduce")]
-    assert term.message_bytes == BSHE and term.calls == 4 * SPEC.n_layers and not term.overlappable
-    assert term.total_bytes == SPEC.n_layers * 4 * BSHE
-    assert term.seconds == pytest.approx(term.calls * 2 * (1 / 2) * BSHE / 450e9)
+    """Megatron-LM's block: each of attention and MLP reads one input (Shoeybi et al. 2019, Sec. 3). The
+    vocabulary's layers add the embedding's and the head's reductions and the loss's three all-reduces."""
+    assert tp_calls({"tp": 2}, stack="megatron") == Counter({("all_reduce", BSHE): 4 * L + 2, LOSS: 3})
+    terms = [t for terms in terms_of({"tp": 2}, stack="megatron").values() for t in terms if t.axis == "tp"]
+    assert not any(t.overlappable for t in terms)
+    assert sum(t.seconds for t in terms) == pytest.approx(((4 * L + 2) * BSHE + 3 * B * S * 4) / 450e9)  # bus factor 1
 
 
 def test_sequence_parallel_moves_the_same_bus_bytes_as_all_reduce():
-    plain = terms_of({"tp": 4}, stack="megatron")
-    sp = terms_of({"tp": 4, "sp": True}, stack="megatron")
-    (gather,), (scatter,) = sp[("tp", "all_gather")], sp[("tp", "reduce_scatter")]
-    assert gather.calls == scatter.calls == 4 * SPEC.n_layers and gather.message_bytes == BSHE
-    assert gather.seconds + scatter.seconds == pytest.approx(plain[("tp", "all_reduce")][0].seconds)
+    sp = tp_calls({"tp": 4, "sp": True}, stack="megatron")
+    assert sp == Counter({("all_gather", BSHE): 4 * L + 2, ("reduce_scatter", BSHE): 4 * L + 2, LOSS: 3})
+
+    def seconds(**layout):
+        return sum(t.seconds for terms in terms_of(layout, stack="megatron").values() for t in terms)
+
+    assert seconds(tp=4, sp=True) == pytest.approx(seconds(tp=4))
+
+
+def test_the_last_pipeline_stage_reduces_the_head_not_the_embedding():
+    assert tp_calls({"tp": 2, "pp": 2}, stack="megatron") == Counter({("all_reduce", BSHE): 4 * L // 2 + 1, LOSS: 3})
+    assert tp_calls({"tp": 2, "pp": 2, "sp": True}, stack="megatron") == Counter(
+        {("all_gather", BSHE): 4 * L // 2 + 1, ("reduce_scatter", BSHE): 4 * L // 2 + 1, LOSS: 3})
+
+
+def test_under_autocast_the_residual_streams_collectives_are_fp32():
+    """An fp32 model under autocast: the row-parallel outputs are bf16 matmul outputs, but the embedding's
+    rows, the norms' outputs and every gradient of the residual stream are fp32, as two gloo ranks measure
+    (tests/test_distributed_memory.py). Under FSDP's mixed precision (zero 3) the stream is bf16."""
+    amp = {"precision": "amp-bf16"}
+    assert tp_calls({"tp": 2}, **amp) == Counter({("all_reduce", BSHE): 2 * L, ("all_reduce", 2 * BSHE): 5 * L + 2,
+                                                  LOSS: 3})
+    assert tp_calls({"tp": 2, "sp": True}, **amp) == Counter(
+        {("all_gather", 2 * BSHE): 2 * L + 2, ("reduce_scatter", BSHE): 2 * L, ("all_gather", BSHE): 2 * L,
+         ("all_reduce", 2 * BSHE): 5 * L, ("reduce_scatter", 2 * BSHE): 2, LOSS: 3})
+    assert tp_calls({"tp": 2, "dp": 2, "zero": 3}, **amp) == Counter({("all_reduce", BSHE): 7 * L + 2, LOSS: 3})
+
+
+def test_the_hf_stack_gathers_the_logits_instead_of_reducing_the_loss():
+    assert tp_calls({"tp": 2}, stack="hf") == Counter({("all_reduce", BSHE): 7 * L + 2,
+                                                       ("all_gather", B * S * SPEC.vocab_size * E): 1})
 
 
 def test_block_recompute_adds_a_forwards_tp_traffic():
     """Megatron's recompute reruns a block's forward whole; torch's checkpoint stops before the closing
     all-reduce, whose output nothing saved reads."""
-    def calls(stack: str, policy: str) -> int:
-        return terms_of({"tp": 2}, stack=stack, recompute=RecomputePolicy(policy))[("tp", "all_reduce")][0].calls
+    def calls(stack: str, policy: RecomputePolicy) -> int:
+        return tp_calls({"tp": 2}, stack=stack, recompute=policy)["all_reduce", BSHE]
 
-    assert (calls("megatron", "full"), calls("megatron", "selective")) == (6 * SPEC.n_layers, 4 * SPEC.n_layers)
-    assert calls("reference", "full") - calls("reference", "none") == SPEC.n_layers
-    assert terms_of({"tp": 2}, recompute=RecomputePolicy("every", 3))[("tp", "all_reduce")][0].calls \
-        - calls("reference", "none") == 2 * SPEC.n_layers - 2  # segments of 3 and 1 layers: two closings
+    full, selective, none = RecomputePolicy("full"), RecomputePolicy("selective"), RecomputePolicy("none")
+    assert (calls("megatron", full), calls("megatron", selective)) == (6 * L + 2, 4 * L + 2)
+    assert calls("reference", full) - calls("reference", none) == L
+    assert calls("reference", RecomputePolicy("every", 3)) - calls("reference", none) \
+        == 2 * L - 2  # segments of 3 and 1 layers: two closings
 
 
 def test_tp_calls_scale_with_micro_batches_and_context_parallel_halves_the_message():
-    (term,) = terms_of({"tp": 2, "cp": 2}, m=3, stack="megatron")[("tp", "all_reduce")]
-    assert term.calls == 3 * 4 * SPEC.n_layers and term.message_bytes == BSHE // 2
+    assert tp_calls({"tp": 2, "cp": 2}, m=3, stack="megatron") == Counter(
+        {("all_reduce", BSHE // 2): 3 * (4 * L + 2), ("all_reduce", B * S // 2 * 4): 3 * 3})
 
 
 def test_context_parallel_ring_passes_k_and_v():
@@ -217,6 +260,8 @@ def test_pipeline_sends_activation_and_gradient_per_micro_batch_and_virtual_stag
     (inter,) = terms_of({"pp": 2, "tp": 2, "sp": True, "schedule": "interleaved", "virtual_stages": 2},
                         m=8)[("pp", "send_recv")]
     assert inter.message_bytes == BSHE // 2 and inter.calls == 2 * 8 * 2
+    (amp,) = terms_of({"pp": 2}, m=8, precision="amp-bf16")[("pp", "send_recv")]
+    assert amp.message_bytes == 2 * BSHE  # an fp32 model's residual stream, autocast or not
 
 
 def test_ddp_all_reduces_gradients_once_per_step():

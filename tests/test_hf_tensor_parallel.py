@@ -26,7 +26,6 @@ from core.interconnect import cluster_for  # noqa: E402
 from core.layout import Layout  # noqa: E402
 from core.ledger import activation_ledger  # noqa: E402
 from core.memory import rank_parameters  # noqa: E402
-from core.precision import get_precision  # noqa: E402
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.hf_tensor_parallel import CASES  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
@@ -93,11 +92,10 @@ def test_a_steps_collectives_are_the_tensor_parallel_communication_the_core_coun
     case = BY_NAME[name]
     spec = spec_from_hf_config(case.config, name)
     train = case.train(TP)
-    e = get_precision(case.precision).activation_bytes
     predicted = Counter()
     for term in step_communication(spec, train, 1, cluster_for("cpu", TP)):
         assert term.axis == "tp"
         predicted[term.op, term.message_bytes] += term.calls
     for measured in _measured(ranks, name):
-        assert messages(measured["collectives"], e, TP) == predicted
+        assert messages(measured["collectives"], TP) == predicted
         assert other_all_reduces(measured["collectives"]) == (2 * spec.n_layers if spec.qk_norm else 0)

@@ -16,8 +16,8 @@ from torch.profiler import ProfilerActivity, profile
 
 def step_collectives(forward: Callable[[], torch.Tensor]) -> tuple[float, dict]:
     """The loss ``forward()`` returns, and the collectives of that forward and of the loss's backward: each
-    DTensor (functional) collective as [op, input shape], and how many all-reduces c10d ran in all, those
-    among them."""
+    DTensor (functional) collective as [op, input shape, input dtype], and how many all-reduces c10d ran in
+    all, those among them."""
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as forward_pass:
         loss = forward()
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as backward_pass:
@@ -27,7 +27,7 @@ def step_collectives(forward: Callable[[], torch.Tensor]) -> tuple[float, dict]:
 
 def _collectives(profiled: profile) -> dict:
     events = profiled.events()
-    functional = [[event.name.split("::")[1], event.input_shapes[0]] for event in events
+    functional = [[event.name.split("::")[1], event.input_shapes[0], event.input_dtypes[0]] for event in events
                   if event.name.startswith("_c10d_functional::") and "wait" not in event.name
                   and "wrap" not in event.name]
     return {"functional": functional, "c10d_all_reduces": sum(event.name == "c10d::allreduce_" for event in events)}
@@ -37,18 +37,23 @@ OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "redu
 """DTensor's functional collectives by the names core.comm gives them."""
 
 
-def messages(collectives: dict, element_bytes: int, world: int) -> Counter:
+ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2}
+"""Bytes of one value, by the dtype name torch's profiler records."""
+
+
+def messages(collectives: dict, world: int) -> Counter:
     """The calls of a step's collectives (``step_collectives``) by (core.comm's op, message bytes), a message
     as nccl-tests sizes it: an all-gather's whole output (its input from each of ``world`` ranks), a
     reduce-scatter's and an all-reduce's whole input."""
     calls: Counter = Counter()
     for phase in collectives.values():
-        for op, shape in phase["functional"]:
-            calls[OPS[op], math.prod(shape) * element_bytes * (world if op == "all_gather_into_tensor" else 1)] += 1
+        for op, shape, dtype in phase["functional"]:
+            values = math.prod(shape) * (world if op == "all_gather_into_tensor" else 1)
+            calls[OPS[op], values * ELEMENT_BYTES[dtype]] += 1
     return calls
 
 
 def other_all_reduces(collectives: dict) -> int:
     """All-reduces c10d ran beside DTensor's own (``torch.distributed.all_reduce`` on a gradient)."""
-    return sum(phase["c10d_all_reduces"] - sum(op == "all_reduce" for op, _ in phase["functional"])
+    return sum(phase["c10d_all_reduces"] - sum(call[0] == "all_reduce" for call in phase["functional"])
                for phase in collectives.values())

@@ -18,7 +18,7 @@ from torch.distributed.device_mesh import DeviceMesh
 
 from agent.bench_train import forward_loss
 from agent.ledger_check import build
-from agent.parallel import local_tensor, parallelize_tensor
+from agent.parallel import local_tensor, parallelize_decoder, parallelize_tensor, vocabulary_loss
 from agent.probe import ProbedTensor, probe
 from agent.rank import settled
 from core.config import TrainConfig
@@ -46,6 +46,13 @@ class TensorParallelCase:
     def name(self) -> str:
         layout = "single" if self.tp == 1 else f"tp{self.tp}" + ("-sp" if self.sp else "")
         return f"{self.model}-{self.attention}-p{self.dropout:g}-{self.precision}-{layout}"
+
+    @property
+    def whole_decoder(self) -> bool:
+        """Its step's collectives are measured with the vocabulary sharded too (agent.parallel.parallelize_decoder,
+        as ``headroom agent train`` runs it): an untied decoder with rotary positions. Otherwise the blocks only."""
+        spec = self.spec
+        return spec.rotary and not spec.tied_embeddings
 
     @property
     def spec(self) -> ModelSpec:
@@ -125,9 +132,14 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
 
 def _step_collectives(case: TensorParallelCase, mesh: DeviceMesh, policy: str, tokens: torch.Tensor,
                       targets: torch.Tensor) -> dict:
-    """The collectives of one training step of the case's sharded decoder, its blocks checkpointed under
+    """The collectives of one training step of the case's sharded decoder (its vocabulary too where
+    ``case.whole_decoder``, the loss then over the vocabulary's slices), its blocks checkpointed under
     ``policy`` (tests/distributed/collectives.py)."""
     config = dataclasses.replace(case.config, recompute=parse_policy(policy))
     model, _, _ = build(case.spec, config, "cpu", seed=0)
+    if case.whole_decoder:
+        parallelize_decoder(model, mesh, case.sp)
+        with vocabulary_loss():
+            return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]
     parallelize_tensor(model, mesh, case.sp)
     return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]
