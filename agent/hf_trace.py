@@ -61,7 +61,7 @@ _LAYER = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 
 @dataclass(frozen=True, slots=True)
 class TracedTensor:
-    """One storage kept for backward, in the analytic ledger's JSON shape (core.ledger.SavedTensor)."""
+    """One storage kept for backward, in the analytic ledger's JSON shape (core.trace.SavedTensor)."""
 
     name: str
     """The submodule that saved it and the op that made it, e.g. ``model.layers.0.mlp.act_fn.silu``."""

@@ -128,7 +128,7 @@ Rope = Literal["per-layer", "shared-fp32", "shared"]
 (``per-layer``), one fp32 table for the whole forward (``shared-fp32``: Megatron's fused kernel), or cos and sin made
 once in the compute dtype (``shared``: transformers)."""
 Swiglu = Literal["unfused", "fc1", "silu-mul"]
-"""What a gated MLP keeps (core.ledger._swiglu): the gate, SiLU's output, up and their product (``unfused``);
+"""What a gated MLP keeps (core.forward_trace._swiglu): the gate, SiLU's output, up and their product (``unfused``);
 one fc1 output ``[gate | up]`` and the product, SiLU recomputed (``fc1``: Megatron's fused kernel); or the
 separate gate and up outputs and the product, SiLU recomputed (``silu-mul``: Liger's)."""
 Loss = Literal["log-softmax", "vocab-parallel", "loss-parallel", "fused-linear"]

@@ -171,7 +171,7 @@ the two int64 scalars cuDNN and memory-efficient attention keep (measured on an 
 def test_the_hf_stack_is_the_trace_of_transformers_llama(device, precision, policy):
     """The analytic ledger under --stack hf keeps what transformers' own Llama keeps, tensor for tensor and layer
     by layer: its composite RMSNorm, cos and sin made once per forward, the checkpointed layers' shared inputs."""
-    config = {**LLAMA, "num_hidden_layers": 4}  # later layers replayed from a template (core.ledger.Repeat)
+    config = {**LLAMA, "num_hidden_layers": 4}  # later layers replayed from a template (core.trace.Repeat)
     train = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(policy), stack="hf")
     traced = trace(config, "tiny", train, device)
     analytic = activation_ledger(spec_from_hf_config(config, "t"), train, device)

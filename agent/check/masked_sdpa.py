@@ -11,7 +11,7 @@ measured, so the hf stack refuses such configurations on CUDA
 This probe is the measurement that settles it: one masked call per dtype and
 sequence length (a multiple of 32 and one that is not, for kernels that pad),
 the kernel that ran, and the storages kept beyond q, k and v, against the rule
-the ledger applies on a CPU (core.ledger._attention): the mask in the inputs'
+the ledger applies on a CPU (core.attention_trace.attention_core): the mask in the inputs'
 dtype, the output, an fp32 log-sum-exp per row and, on CUDA, the generator's
 seed and offset. Where every probe agrees, the rule holds on that device.
 """
