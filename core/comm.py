@@ -176,7 +176,8 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     all-gathered; the input gradient of the column-parallel linears is reduced once per attention and MLP
     (reduce-scattered under sp), or, where each linear takes its input apart (Stack.splits_column_inputs),
     all-reduced whole once per linear. A recompute reruns the forward's, less each segment's closing reduction
-    where it stops early and no dropout after it keeps a mask.
+    where it stops early and no dropout after it keeps a mask; op-selective reruns them block by block too, but
+    for the reduce-scatters a stack's save list keeps (Stack.caches_reduce_scatters).
 
     Each moves its tensor's dtype: a matmul's output and its gradient the compute dtype; the norms' outputs
     and the residual stream's gradients the blocks' parameter dtype, fp32 under autocast. Measured on two
@@ -185,21 +186,23 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     stack, policy = get_stack(config.stack), config.recompute
     matmul = spec.hidden * config.recipe.activation_bytes
     stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
-    rerun = 2 * layers if policy.recomputes_blocks else 0  # the forward's two per block, again
-    segments = -(-layers // policy.segment_layers(layers)) if rerun else 0
+    rerun = 2 * layers if policy.recomputes_blocks or policy.caches_matmuls else 0  # the forward's two per block
+    segments = -(-layers // (policy.segment_layers(layers) or 1)) if rerun else 0  # op-selective: block by block
     unclosed = segments if stack.early_stop and config.dropout == 0 else 0
+    scatters_again = 0 if policy.caches_matmuls and stack.caches_reduce_scatters else rerun - unclosed
     columns = 3 + spec.mlp_projections - 1  # q, k, v and the MLP's up (and gate)
     backward = columns if stack.splits_column_inputs else 2
-    again = (f"; again in the recompute{', less its closing one per segment' if unclosed else ''}"
-             if rerun else "")
-    outputs = 2 * layers + rerun - unclosed
+    again = "; again in the recompute" if rerun else ""
+    closing = f"{again}, less its closing one per segment" if unclosed else again
     if not config.layout.sp:
-        return [("all_reduce", matmul, outputs, f"per block the 2 row-parallel outputs forward{again}; Shoeybi 2019 Sec. 3"),
+        return [("all_reduce", matmul, 2 * layers + rerun - unclosed,
+                 f"per block the 2 row-parallel outputs forward{closing}; Shoeybi 2019 Sec. 3"),
                 ("all_reduce", stream, layers * backward,
                  f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
     sp = "Korthikanti 2022 Sec. 4.2.2"
     calls = [("all_gather", stream, 2 * layers + rerun, f"per block the 2 norms' outputs forward{again}; {sp}"),
-             ("reduce_scatter", matmul, outputs, f"per block the 2 row-parallel outputs forward{again}; {sp}"),
+             ("reduce_scatter", matmul, 2 * layers + scatters_again,
+              f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
              ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
     if stack.splits_column_inputs:
         calls.append(("all_reduce", stream, layers * columns,
@@ -269,7 +272,9 @@ def step_communication(
       (Shoeybi et al. 2019, Sec. 3), or one per column-parallel linear where each
       takes its input apart (``reference``, ``hf``: q, k, v, gate, up); full or every-K
       recompute runs the forward's 2 again, less one per segment where the
-      recompute stops early (a segment's closing all-reduce feeds nothing saved);
+      recompute stops early (a segment's closing all-reduce feeds nothing saved),
+      and so does op-selective, each block a segment (it saves matmul outputs,
+      not collectives; torchtitan's list keeps the reduce-scatters);
       with sp 4 all-gathers + 4 reduce-scatters of the same S instead, the same
       bus bytes (Korthikanti et al. 2022, Sec. 4.2.2), or where each linear takes
       its input apart 4 all-gathers, 2 reduce-scatters and its per-linear

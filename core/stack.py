@@ -155,6 +155,9 @@ class Stack:
     rest; addmm and bmm outputs are cached whatever their place."""
     fused_qkv: bool = False
     """q, k and v come from one linear (``[q | k | v]`` per kv group) and are copied out of its output."""
+    caches_reduce_scatters: bool = False
+    """op-selective keeps each reduce-scatter's output (torchtitan's save list), so its recompute does not run them
+    again."""
     caches_cpu_attention: bool = True
     """op-selective caches the CPU's fused attention kernel (torch's list of compute-intensive ops lacks it)."""
     rms_norm: RmsNorm = "torch"
@@ -201,6 +204,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
+          caches_reduce_scatters=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,

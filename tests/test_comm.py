@@ -240,6 +240,21 @@ def test_block_recompute_adds_a_forwards_tp_traffic():
         == 2 * L - 2  # segments of 3 and 1 layers: two closings
 
 
+def test_op_selective_reruns_a_blocks_collectives_but_the_reduce_scatters_torchtitan_keeps():
+    """Selective checkpointing keeps matmul outputs, not collectives: each block reruns its forward's, as under
+    full recompute, but for the reduce-scatters torchtitan's save list names (two gloo ranks,
+    tests/test_distributed_memory.py)."""
+    sp = {"tp": 2, "sp": True}
+    op_selective, full = RecomputePolicy("op-selective"), RecomputePolicy("full")
+    assert tp_calls(sp, recompute=op_selective) == tp_calls(sp, recompute=full)
+    titan = {policy: tp_calls(sp, stack="torchtitan", recompute=RecomputePolicy(policy))
+             for policy in ("none", "full", "op-selective")}
+    for policy in ("full", "op-selective"):
+        titan[policy].subtract(titan["none"])  # what the recompute adds; a count below zero would stay
+    assert titan["full"] == Counter({("all_gather", BSHE): 2 * L, ("reduce_scatter", BSHE): 2 * L})
+    assert titan["op-selective"] == Counter({("all_gather", BSHE): 2 * L})
+
+
 def test_tp_calls_scale_with_micro_batches_and_context_parallel_halves_the_message():
     assert tp_calls({"tp": 2, "cp": 2}, m=3, stack="megatron") == Counter(
         {("all_reduce", BSHE // 2): 3 * (4 * L + 2), ("all_reduce", B * S // 2 * 4): 3 * 3})

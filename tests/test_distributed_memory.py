@@ -39,7 +39,7 @@ from core.recompute import parse_policy  # noqa: E402
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
-from tests.distributed.tensor_parallel import cases  # noqa: E402
+from tests.distributed.tensor_parallel import POLICIES, cases  # noqa: E402
 from tests.xdist_support import once_per_run  # noqa: E402
 
 TP = 2
@@ -369,13 +369,14 @@ def test_core_ledger_predicts_the_whole_unsharded_model(two_ranks, name):
     assert ledger.saved_bytes == two_ranks[0]["tensor_parallel"][name]["activation_bytes"]
 
 
-@pytest.mark.parametrize("policy", ["none", "full"])
+@pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", SHARDED)
 def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, policy):
     """One step's collectives, as torch's profiler saw them on each rank, are core.comm's tensor-parallel
     terms for the reference stack: each column-parallel linear takes its input apart, so backward all-reduces
     each one's input gradient whole (q, k, v and up, and gate in a Llama block); a checkpointed block reruns
-    its forward's, but for its closing one where no dropout follows it. The Llama decoder runs with its
+    its forward's, but for its closing one where no dropout follows it, and op-selective block by block as full
+    does (it keeps matmul outputs, not collectives). The Llama decoder runs with its
     vocabulary sharded as `headroom agent train` runs it: the embedding's reduction, the head's input
     gradient's and the loss's three fp32 all-reduces are the core's too. The GPT decoder (tied, learned
     positions) shards its blocks only: it runs none of the vocabulary's collectives, and under sequence
@@ -396,6 +397,32 @@ def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, 
         collectives = record["tensor_parallel"][name]["collectives"][policy]
         assert messages(collectives, TP) == predicted
         assert other_all_reduces(collectives) == 0
+
+
+def _step_calls(spec, config: TrainConfig) -> Counter:
+    calls: Counter = Counter()
+    for term in step_communication(spec, config, 1, cluster_for("cpu", TP)):
+        calls[term.op, term.message_bytes] += term.calls
+    return calls
+
+
+@pytest.mark.parametrize("policy", ["full", "op-selective"])
+@pytest.mark.parametrize("name", [n for n in SHARDED if TP_CASES[n].whole_decoder
+                                  and TP_CASES[n].precision == "bf16-pure"])
+def test_core_counts_the_collectives_torchtitans_recompute_reruns(two_ranks, name, policy):
+    """Under torchtitan's checkpointing (agent.recompute: no early stop; op-selective keeps torch's
+    compute-intensive ops and the reduce-scatters) a recompute reruns every forward collective of a block but,
+    under op-selective, its reduce-scatters. The agent's decoder fuses q, k and v here where torchtitan's Llama
+    does not, so its steps' other collectives are not torchtitan's: only what the recompute adds is compared."""
+    case = TP_CASES[name]
+    config = dataclasses.replace(_tp_config(name), stack="torchtitan")
+    predicted = _step_calls(case.spec, dataclasses.replace(config, recompute=parse_policy(policy)))
+    predicted.subtract(_step_calls(case.spec, config))
+    for record in two_ranks:
+        measured = record["tensor_parallel"][name]["torchtitan_collectives"]
+        rerun = messages(measured[policy], TP)
+        rerun.subtract(messages(measured["none"], TP))
+        assert rerun == predicted  # Counter equality: a count of 0 is an absent key, a negative one is not
 
 
 def _fsdp_estimate(world: int):

@@ -26,11 +26,27 @@ def step_collectives(forward: Callable[[], torch.Tensor]) -> tuple[float, dict]:
 
 
 def _collectives(profiled: profile) -> dict:
+    # Under a dispatch mode (selective checkpointing's) the profiler records a collective where it is called and
+    # again inside, where it runs; one whose output the mode kept from forward is recorded but never runs. Count
+    # what runs: the innermost, with c10d's own op under it.
     events = profiled.events()
-    functional = [[event.name.split("::")[1], event.input_shapes[0], event.input_dtypes[0]] for event in events
-                  if event.name.startswith("_c10d_functional::") and "wait" not in event.name
-                  and "wrap" not in event.name]
+    functional = []
+    for event in events:
+        if not event.name.startswith("_c10d_functional::") or "wait" in event.name or "wrap" in event.name:
+            continue
+        below = _descendants(event)
+        if event.name not in below and any(name.startswith("c10d::") for name in below):
+            functional.append([event.name.split("::")[1], event.input_shapes[0], event.input_dtypes[0]])
     return {"functional": functional, "c10d_all_reduces": sum(event.name == "c10d::allreduce_" for event in events)}
+
+
+def _descendants(event) -> set[str]:
+    names, below = set(), list(event.cpu_children)
+    while below:
+        child = below.pop()
+        names.add(child.name)
+        below += child.cpu_children
+    return names
 
 
 OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter"}

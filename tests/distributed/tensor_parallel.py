@@ -65,6 +65,10 @@ class TensorParallelCase:
                            dropout=self.dropout, precision=self.precision)
 
 
+POLICIES = ("none", "full", "op-selective")
+"""The checkpoint policies each sharded case's step collectives are measured under."""
+
+
 def cases(tp: int) -> list[TensorParallelCase]:
     """A GPT block (LayerNorm, GELU, biases, explicit attention with dropout) and a Llama block
     (RMSNorm, SwiGLU, SDPA flash, grouped key/value heads) in bf16 and under autocast, each unsharded,
@@ -89,7 +93,9 @@ def _layer(module: str) -> int | None:
 
 
 def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
-    """One case on this rank: saved tensors by layer, loss, and the logits against the unsharded model."""
+    """One case on this rank: saved tensors by layer, loss, the logits against the unsharded model, and a step's
+    collectives under each of ``POLICIES`` (for the whole Llama decoder in bf16, under torchtitan's checkpointing
+    as well)."""
     spec, config = case.spec, case.config
     model, tokens, targets = build(spec, config, "cpu", seed=0)
     reference = None
@@ -111,12 +117,15 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
     loss.backward()
     grads_finite = all(torch.isfinite(local_tensor(p.grad)).all().item() for p in model.parameters())
 
-    logit_diff, collectives = None, None
+    logit_diff, collectives, torchtitan = None, None, None
     if reference is not None:
         model.eval(), reference.eval()
         with torch.no_grad():
             logit_diff = (model(tokens).float() - reference(tokens).float()).abs().max().item()
-        collectives = {policy: _step_collectives(case, mesh, policy, tokens, targets) for policy in ("none", "full")}
+        collectives = {policy: _step_collectives(case, mesh, policy, tokens, targets) for policy in POLICIES}
+        if case.whole_decoder and case.precision == "bf16-pure":
+            torchtitan = {policy: _step_collectives(case, mesh, policy, tokens, targets, "torchtitan")
+                          for policy in POLICIES}
     return {
         "case": dataclasses.asdict(case) | {"name": case.name},
         "activation_bytes": measured.activation_bytes,
@@ -127,15 +136,16 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
         "max_logit_diff_vs_unsharded": logit_diff,
         "tensors": [_tensor_row(t) for t in measured.tensors],
         "collectives": collectives,
+        "torchtitan_collectives": torchtitan,
     }
 
 
 def _step_collectives(case: TensorParallelCase, mesh: DeviceMesh, policy: str, tokens: torch.Tensor,
-                      targets: torch.Tensor) -> dict:
+                      targets: torch.Tensor, stack: str = "reference") -> dict:
     """The collectives of one training step of the case's sharded decoder (its vocabulary too where
     ``case.whole_decoder``, the loss then over the vocabulary's slices), its blocks checkpointed under
-    ``policy`` (tests/distributed/collectives.py)."""
-    config = dataclasses.replace(case.config, recompute=parse_policy(policy))
+    ``policy`` as ``stack`` checkpoints them (tests/distributed/collectives.py)."""
+    config = dataclasses.replace(case.config, recompute=parse_policy(policy), stack=stack)
     model, _, _ = build(case.spec, config, "cpu", seed=0)
     if case.whole_decoder:
         parallelize_decoder(model, mesh, case.sp)
