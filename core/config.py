@@ -90,17 +90,20 @@ class TrainConfig:
         return get_precision(self.precision)
 
     @property
+    def fsdp_mixed_precision(self) -> bool:
+        """An autocast recipe under FSDP (zero 3): FSDP gathers 16-bit parameters itself and autocast stays off."""
+        return self.recipe.autocast and self.zero == 3
+
+    @property
     def runs_autocast(self) -> bool:
-        """Autocast runs the matmuls, unless FSDP (zero 3) gathers 16-bit parameters itself."""
-        return self.recipe.autocast and self.zero < 3
+        """Autocast runs the matmuls (not under FSDP's mixed precision)."""
+        return self.recipe.autocast and not self.fsdp_mixed_precision
 
     @property
     def block_param_dtype(self) -> str:
         """Dtype the blocks see their parameters in, and so the residual stream's and the norms' outputs': FSDP's
         mixed precision gathers them in the compute dtype."""
-        if self.recipe.autocast and self.zero == 3:
-            return self.recipe.compute_dtype
-        return self.recipe.param_dtype
+        return self.recipe.compute_dtype if self.fsdp_mixed_precision else self.recipe.param_dtype
 
     @property
     def tokens(self) -> int:

@@ -197,8 +197,7 @@ def _ledger_key(config: TrainConfig) -> TrainConfig:
     shares one ledger among them): the data-parallel ranks, the pipeline schedule (the rank's layers
     carry it), and the sharding stage except whether FSDP gathers 16-bit units. Expert parallelism
     stays: it decides which experts' weights the rank copies (dp = ep keeps the layout valid)."""
-    fsdp_mixed = config.zero == 3 and config.recipe.autocast
-    layout = replace(config.layout, dp=config.layout.ep, zero=3 if fsdp_mixed else 0, schedule="1f1b",
+    layout = replace(config.layout, dp=config.layout.ep, zero=3 if config.fsdp_mixed_precision else 0, schedule="1f1b",
                      virtual_stages=1)
     return replace(config, layout=layout) if layout != config.layout else config
 

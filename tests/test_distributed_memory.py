@@ -369,6 +369,14 @@ def test_core_ledger_predicts_the_whole_unsharded_model(two_ranks, name):
     assert ledger.saved_bytes == two_ranks[0]["tensor_parallel"][name]["activation_bytes"]
 
 
+def _step_calls(spec, config: TrainConfig) -> Counter:
+    """core.comm's calls of one micro-batch's step by (op, message bytes)."""
+    calls: Counter = Counter()
+    for term in step_communication(spec, config, 1, cluster_for("cpu", TP)):
+        calls[term.op, term.message_bytes] += term.calls
+    return calls
+
+
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", SHARDED)
 def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, policy):
@@ -384,9 +392,7 @@ def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, 
     that is agent/parallel.py's boundary, not in the core."""
     case = TP_CASES[name]
     config = dataclasses.replace(_tp_config(name), recompute=parse_policy(policy))
-    predicted: Counter = Counter()
-    for term in step_communication(case.spec, config, 1, cluster_for("cpu", TP)):
-        predicted[term.op, term.message_bytes] += term.calls
+    predicted = _step_calls(case.spec, config)
     tokens = case.micro_batch * case.seq_len
     if not case.whole_decoder:
         for op, token_bytes, calls, _ in _vocabulary_calls(case.spec, config):
@@ -397,13 +403,6 @@ def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, 
         collectives = record["tensor_parallel"][name]["collectives"][policy]
         assert messages(collectives, TP) == predicted
         assert other_all_reduces(collectives) == 0
-
-
-def _step_calls(spec, config: TrainConfig) -> Counter:
-    calls: Counter = Counter()
-    for term in step_communication(spec, config, 1, cluster_for("cpu", TP)):
-        calls[term.op, term.message_bytes] += term.calls
-    return calls
 
 
 @pytest.mark.parametrize("policy", ["full", "op-selective"])

@@ -10,6 +10,7 @@ current core ledger already predicts.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 
@@ -147,9 +148,6 @@ def _step_collectives(case: TensorParallelCase, mesh: DeviceMesh, policy: str, t
     ``policy`` as ``stack`` checkpoints them (tests/distributed/collectives.py)."""
     config = dataclasses.replace(case.config, recompute=parse_policy(policy), stack=stack)
     model, _, _ = build(case.spec, config, "cpu", seed=0)
-    if case.whole_decoder:
-        parallelize_decoder(model, mesh, case.sp)
-        with vocabulary_loss():
-            return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]
-    parallelize_tensor(model, mesh, case.sp)
-    return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]
+    (parallelize_decoder if case.whole_decoder else parallelize_tensor)(model, mesh, case.sp)
+    with vocabulary_loss() if case.whole_decoder else contextlib.nullcontext():
+        return step_collectives(lambda: forward_loss(model, tokens, targets, config.precision))[1]
