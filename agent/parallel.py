@@ -16,6 +16,14 @@ Tensor parallelism (Megatron, Shoeybi et al. 2019) with DTensor
   Shard(1) instead of all-reduced, so the residual stream and the dropouts
   between blocks hold s/tp tokens per rank.
 
+How the column-parallel linears take their input is the stack's
+(core.stack.Stack.splits_column_inputs). The reference hands each a plain
+tensor, which it makes a replicated DTensor of its own: backward all-reduces
+each linear's input gradient whole. torchtitan hands the attention and the
+MLP a DTensor (``PrepareModuleInput`` keeps it one): the linears' partial
+input gradients add up first and are reduced once per attention and MLP,
+reduce-scattered under sequence parallelism.
+
 The attention module reshapes its projections into heads, so its head counts
 become the local ones (torchtitan divides ``n_heads`` by tp the same way).
 Only the blocks are parallelised: the embedding, final norm and head stay
@@ -46,13 +54,16 @@ from torch.distributed.tensor.parallel import (
 )
 
 from agent.model import Block, Decoder
+from core.stack import get_stack
 
 Units = Literal["blocks", "torchtitan"]
 UNITS: tuple[str, ...] = ("blocks", "torchtitan")
 
 
-def block_plan(block: Block, sequence_parallel: bool) -> dict[str, object]:
-    """torchtitan's tensor-parallel plan for one block (``apply_tp`` for Llama)."""
+def block_plan(block: Block, sequence_parallel: bool, one_input: bool = False) -> dict[str, object]:
+    """torchtitan's tensor-parallel plan for one block (``apply_tp`` for Llama). ``one_input``: the attention's
+    and the MLP's column-parallel linears read one DTensor, whose gradient is reduced once (torchtitan);
+    otherwise each takes a plain tensor apart (the reference)."""
     row_output = Shard(1) if sequence_parallel else Replicate()
     projections = ("qkv_proj",) if hasattr(block.attn, "qkv_proj") else ("q_proj", "k_proj", "v_proj")
     plan: dict[str, object] = {
@@ -64,13 +75,22 @@ def block_plan(block: Block, sequence_parallel: bool) -> dict[str, object]:
     if block.mlp.swiglu:
         plan["mlp.gate_proj"] = ColwiseParallel()
     if sequence_parallel:
-        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),
-                                    use_local_output=True)
-        plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel(), "attn": gather, "mlp": gather}
+        plan |= {"attn_norm": SequenceParallel(), "mlp_norm": SequenceParallel()}
+    if sequence_parallel or one_input:
+        stream = Shard(1) if sequence_parallel else Replicate()
+        gather = PrepareModuleInput(input_layouts=(stream,), desired_input_layouts=(Replicate(),),
+                                    use_local_output=not one_input)
+        plan |= {"attn": gather, "mlp": gather}
     return plan
 
 
-def _shard_blocks(blocks: list[Block], mesh: DeviceMesh, sequence_parallel: bool) -> None:
+def _one_input(model: Decoder | Block) -> bool:
+    """Do the column-parallel linears of ``model``'s stack read one DTensor (``block_plan``)? A lone Block
+    runs the reference's way."""
+    return isinstance(model, Decoder) and not get_stack(model.stack).splits_column_inputs
+
+
+def _shard_blocks(blocks: list[Block], mesh: DeviceMesh, sequence_parallel: bool, one_input: bool) -> None:
     """Apply ``block_plan`` to each block, in place, once; its attention then counts this rank's heads."""
     tp = mesh.size()
     for block in blocks:
@@ -80,7 +100,7 @@ def _shard_blocks(blocks: list[Block], mesh: DeviceMesh, sequence_parallel: bool
         if attn.n_heads % tp or attn.n_kv_heads % tp:
             raise ValueError(f"{attn.n_heads} query and {attn.n_kv_heads} key/value heads do not split over "
                              f"tp {tp}; use a tp that divides both")
-        parallelize_module(block, mesh, block_plan(block, sequence_parallel))
+        parallelize_module(block, mesh, block_plan(block, sequence_parallel, one_input))
         # The projections now return this rank's heads only.
         attn.n_heads //= tp
         attn.n_kv_heads //= tp
@@ -95,7 +115,7 @@ def parallelize_tensor(model: Decoder | Block, mesh: DeviceMesh, sequence_parall
     (the same seed): each keeps its shard of what it holds.
     """
     blocks = list(model.blocks) if isinstance(model, Decoder) else [model]
-    _shard_blocks(blocks, mesh, sequence_parallel)
+    _shard_blocks(blocks, mesh, sequence_parallel, _one_input(model))
     if sequence_parallel and isinstance(model, Decoder):
         # The embedding's output is replicated: hand each rank its slice of the sequence, gather after.
         parallelize_module(blocks[0], mesh, PrepareModuleInput(
@@ -117,7 +137,7 @@ def parallelize_decoder(model: Decoder, mesh: DeviceMesh, sequence_parallel: boo
     if model.positions is not None or model.spec.tied_embeddings:
         raise ValueError(f"{model.spec.name}: vocabulary parallelism here covers untied Llama-style "
                          "decoders (no learned positions, no tied head)")
-    _shard_blocks(list(model.blocks), mesh, sequence_parallel)
+    _shard_blocks(list(model.blocks), mesh, sequence_parallel, _one_input(model))
     stream = Shard(1) if sequence_parallel else Replicate()
     plan: dict[str, object] = {
         "embed": RowwiseParallel(input_layouts=Replicate(), output_layouts=stream),

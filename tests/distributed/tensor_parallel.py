@@ -95,8 +95,7 @@ def _layer(module: str) -> int | None:
 
 def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
     """One case on this rank: saved tensors by layer, loss, the logits against the unsharded model, and a step's
-    collectives under each of ``POLICIES`` (for the whole Llama decoder in bf16, under torchtitan's checkpointing
-    as well)."""
+    collectives under each of ``POLICIES`` (for the whole Llama decoder under torchtitan's as well)."""
     spec, config = case.spec, case.config
     model, tokens, targets = build(spec, config, "cpu", seed=0)
     reference = None
@@ -107,30 +106,26 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
         parallelize_tensor(model, mesh, case.sp)
 
     measured = probe(model, lambda: settled(forward_loss(model, tokens, targets, config.precision)))
-    activations = [t for t in measured.tensors if t.kind in ("activation", "input")]
-    layer_bytes: dict[str, int] = {}
-    for t in activations:
-        layer = _layer(t.module)
-        key = "other" if layer is None else str(layer)
-        layer_bytes[key] = layer_bytes.get(key, 0) + t.nbytes
 
     loss = forward_loss(model, tokens, targets, config.precision)
     loss.backward()
     grads_finite = all(torch.isfinite(local_tensor(p.grad)).all().item() for p in model.parameters())
 
-    logit_diff, collectives, torchtitan = None, None, None
+    logit_diff, collectives, torchtitan, torchtitan_layers = None, None, None, None
     if reference is not None:
         model.eval(), reference.eval()
         with torch.no_grad():
             logit_diff = (model(tokens).float() - reference(tokens).float()).abs().max().item()
         collectives = {policy: _step_collectives(case, mesh, policy, tokens, targets) for policy in POLICIES}
-        if case.whole_decoder and case.precision == "bf16-pure":
+        if case.whole_decoder:
             torchtitan = {policy: _step_collectives(case, mesh, policy, tokens, targets, "torchtitan")
                           for policy in POLICIES}
+            torchtitan_layers = _layer_bytes(_torchtitan_forward(case, mesh, tokens, targets))
     return {
         "case": dataclasses.asdict(case) | {"name": case.name},
         "activation_bytes": measured.activation_bytes,
-        "layer_bytes": layer_bytes,
+        "layer_bytes": _layer_bytes(measured),
+        "torchtitan_layer_bytes": torchtitan_layers,
         "parameter_bytes": sum(local_tensor(p).untyped_storage().nbytes() for p in model.parameters()),
         "loss": loss.item(),
         "grads_finite": grads_finite,
@@ -139,6 +134,28 @@ def measure(case: TensorParallelCase, mesh: DeviceMesh) -> dict:
         "collectives": collectives,
         "torchtitan_collectives": torchtitan,
     }
+
+
+def _layer_bytes(measured) -> dict[str, int]:
+    """What the probed forward kept for backward (activations and inputs), by block (``"0"``, ``"1"``, ...)
+    and ``"other"``."""
+    layer_bytes: dict[str, int] = {}
+    for t in measured.tensors:
+        if t.kind in ("activation", "input"):
+            layer = _layer(t.module)
+            key = "other" if layer is None else str(layer)
+            layer_bytes[key] = layer_bytes.get(key, 0) + t.nbytes
+    return layer_bytes
+
+
+def _torchtitan_forward(case: TensorParallelCase, mesh: DeviceMesh, tokens: torch.Tensor, targets: torch.Tensor):
+    """The probed forward of the case's decoder sharded as torchtitan shards it (fused q/k/v, each attention
+    and MLP reading one DTensor), its vocabulary too."""
+    config = dataclasses.replace(case.config, stack="torchtitan")
+    model, _, _ = build(case.spec, config, "cpu", seed=0)
+    parallelize_decoder(model, mesh, case.sp)
+    with vocabulary_loss():
+        return probe(model, lambda: settled(forward_loss(model, tokens, targets, config.precision)))
 
 
 def _step_collectives(case: TensorParallelCase, mesh: DeviceMesh, policy: str, tokens: torch.Tensor,
