@@ -1,6 +1,6 @@
 """How the dashboard's tables show their columns: plain headers with units, numbers with thousands separators.
 
-Each mapping is a ``column_config`` for st.dataframe, keyed by the frame's own column names (dashboard.planning,
+Each mapping is a ``column_config`` for st.dataframe, keyed by the frame's own column names (dashboard.plan_tables,
 dashboard.calibration, dashboard.history), so the frames keep names code can use and the page shows names a
 reader knows. Formats are sprintf-js strings as Streamlit's NumberColumn takes them (``%,.1f``: "1,234.5"),
 or its named formats (``percent``: 0.123 -> "12.30%"). Tables with empty cells pass ``placeholder=MISSING``
@@ -51,7 +51,7 @@ PLAN = {
     "broken_by": st.column_config.TextColumn("what breaks the budget", width=280),
     "why": st.column_config.TextColumn("why not chosen", width=380),
 }
-"""Candidates and layouts (dashboard.planning.candidates_frame, layouts_frame)."""
+"""Candidates and layouts (dashboard.plan_tables.candidates_frame, layouts_frame)."""
 LAYOUTS_SHOWN = ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb", "why"]
 """The layouts table's columns, so "why not chosen" has room: every layout has the search's GPU count, a missing
 rank says it does not fit, and the reason names the candidate."""
@@ -69,7 +69,7 @@ COLLECTIVES = {
     "overlappable": st.column_config.CheckboxColumn("overlappable"),
     "note": st.column_config.TextColumn("note", width="large"),
 }
-"""One step's collectives (dashboard.planning.communication_frame)."""
+"""One step's collectives (dashboard.plan_tables.communication_frame)."""
 
 ERROR_STATS = {
     "steps": _whole("steps"),

@@ -1,4 +1,4 @@
-"""The Plan page's logic: inputs <-> URL query string, the plan, and its tables.
+"""The Plan page's inputs: the URL query string <-> PlanInputs -> the plan request, and the plan.
 
 Inputs live in the query string (``?model=llama2-7b&seq_len=4096&budget=80GB``)
 so a plan can be shared by its URL. `PlanInputs.from_query` reads them,
@@ -9,7 +9,8 @@ The layout axes are pins: ``?gpus=64&tp=8`` searches every layout of 64 GPUs
 with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. Without
 a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
 `ONE_LAYOUT`. `build_request` is the one place inputs become a TrainConfig,
-a Layout and a Cluster.
+a Layout and a Cluster. What a plan shows, as text and tables, lives
+in dashboard.plan_tables.
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
-
-import pandas as pd
 
 from core.advice import plan_and_advise
 from core.calibration import Calibration
@@ -33,11 +32,11 @@ from core.interconnect import (
 from core.layout import SCHEDULES, Layout
 from core.layout_search import PINNABLE, pinned_layout
 from core.model import ModelSpec
-from core.planner import Candidate, LayoutOutcome, Plan, PlanRequest
+from core.planner import Plan, PlanRequest
 from core.presets import get_preset
 from core.stack import stack_name
 from core.timing import HardwareProfile
-from core.units import GB, parse_budget
+from core.units import parse_budget
 from db.hardware import resolve_hardware
 
 MODEL_SOURCES = ("preset", "dimensions", "config.json")
@@ -263,258 +262,6 @@ def resolve_preset(name: str) -> ModelSpec:
     return get_preset(name)
 
 
-def unit(profile: HardwareProfile) -> str:
-    """What one rank of this hardware is called: a GPU, or a device (a CPU, which the page plans ranks of too)."""
-    return "GPU" if profile.device == "cuda" else "device"
-
-
-def count(n: int, noun: str) -> str:
-    """``n`` and the noun, plural unless one."""
-    return f"{n:,} {noun}{'' if n == 1 else 's'}"
-
-
-def recommendation_text(result: Plan) -> str:
-    """One line: what to run. Tests compare it across inputs."""
-    best = result.recommendation
-    if best is None:
-        where = f" on any layout of {result.request.gpus} GPUs" if result.request.gpus is not None else ""
-        if result.unsearched:
-            where = f" on the {count(len(result.layouts), 'layout')} of {result.request.gpus} GPUs tried in time"
-        return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget{where}"
-    return (
-        f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "
-        f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}, on {best.layout} "
-        f"({count(best.layout.world, unit(result.profile))})"
-    )
-
-
-def seconds_text(seconds: float) -> str:
-    """A step time that reads at any size: "1.234 s", "12.3 ms", "45.6 us" (a tiny model's step is microseconds)."""
-    if seconds >= 0.1:
-        return f"{seconds:.3f} s"
-    if seconds >= 1e-4:
-        return f"{seconds * 1e3:.3g} ms"
-    return f"{seconds * 1e6:.3g} us"
-
-
-def tokens_text(tokens_per_s: float) -> str:
-    """Tokens/s that fit a narrow metric: "57,085" below a million, "9.17 M" from there."""
-    return f"{tokens_per_s:,.0f}" if tokens_per_s < 1e6 else f"{tokens_per_s / 1e6:,.3g} M"
-
-
-def candidate_label(result: Plan, candidate: Candidate) -> str:
-    """The candidate's label, with its layout when several layouts were searched (labels repeat across them)."""
-    return f"{candidate.label} on {candidate.layout}" if result.request.gpus is not None else candidate.label
-
-
-def candidates_frame(result: Plan) -> pd.DataFrame:
-    """Every candidate, fitting ones ranked first (rank 1 = recommendation), rejected ones with their reason.
-
-    ``over_gb`` is how far a rejected candidate is over the budget and ``broken_by`` the term that broke it (the
-    end of core.planner.rejection_reason's text), so a table can show both without cutting the reason short."""
-    budget = result.request.budget_bytes
-    rows = []
-    for rank, c in enumerate((*result.candidates, *result.rejected), 1):
-        fits = c.rejection is None
-        rows.append({
-            "rank": rank if fits else None,
-            "candidate": c.label,
-            "layout": str(c.layout),
-            "micro_batch": c.config.micro_batch,
-            "accumulation": c.accumulation_steps,
-            "recompute": str(c.config.recompute),
-            "tokens_per_s": c.tokens_per_s,
-            "step_time_s": c.step_time_s,
-            "peak_gb": c.calibrated_peak_bytes / GB,
-            "required_gb": c.required_bytes / GB,
-            "headroom_gb": (budget - c.required_bytes) / GB,
-            "over_gb": None if fits else (c.required_bytes - budget) / GB,
-            "fits": "fits" if fits else "rejected",
-            "rejection": c.rejection or "",
-            "broken_by": "" if fits else (c.rejection or "").rpartition(": ")[2],
-        })
-    frame = pd.DataFrame(rows)
-    return frame.astype({"rank": "Int64"}) if len(frame) else frame
-
-
-def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataFrame:
-    """Peak memory by component (GB) of each candidate, scaled by the calibration, plus the margin.
-
-    The components are the core's estimate times the memory calibration factor,
-    so they add up to the calibrated peak; ``margin`` is fragmentation plus the
-    CUDA context reserve, so each bar ends at what must fit in the budget.
-    """
-    factor = result.calibration.memory.correction
-    rows = []
-    for order, c in enumerate(candidates):
-        label = candidate_label(result, c)
-        for name, size in c.estimate.peak_components.items():  # at the moment the peak happens
-            rows.append({"candidate": label, "order": order, "component": name, "gb": size * factor / GB})
-        rows.append({"candidate": label, "order": order, "component": "margin",
-                     "gb": (c.required_bytes - c.calibrated_peak_bytes) / GB})
-    return pd.DataFrame(rows)
-
-
-def closest_rejected(result: Plan) -> Candidate | None:
-    """The rejected candidate needing the least memory: the one core.advice names "the closest candidate"."""
-    return min(result.rejected, key=lambda c: c.required_bytes) if result.rejected else None
-
-
-def shown_candidates(result: Plan, fitting: int = 5) -> list[Candidate]:
-    """What the stacked bar shows: the fastest fitting candidates and the closest rejected one, which shows what
-    the budget cuts off without the heaviest candidates squashing every other bar."""
-    closest = closest_rejected(result)
-    return [*result.candidates[:fitting], *([closest] if closest is not None else [])]
-
-
-def shown_text(result: Plan, shown: list[Candidate]) -> str:
-    """What the stacked bar shows, in words: how many fitting candidates, and the closest rejected one by name."""
-    fitting = sum(c.rejection is None for c in shown)
-    fastest = "The fastest fitting candidate" if fitting == 1 else f"The {fitting} fastest fitting candidates"
-    closest = closest_rejected(result)
-    if closest is None:
-        return f"{fastest}; none was rejected."
-    over = (closest.required_bytes - result.request.budget_bytes) / GB
-    named = (f"the closest rejected candidate, {candidate_label(result, closest)}, needs "
-             f"{closest.required_bytes / GB:,.1f} GB, {over:,.1f} GB over the budget")
-    return f"{fastest}, and {named}." if fitting else f"Nothing fits: {named}."
-
-
-WINDOW_BELOW, WINDOW_ABOVE = 0.1, 0.5
-"""The scatter's margins, as fractions of its span: from the lightest fitting candidate to the budget (from the
-budget to the closest rejected candidate when nothing fits)."""
-
-
-def decision_window(result: Plan) -> tuple[float, float]:
-    """The throughput-vs-memory scatter's x range (GB of required memory): where the choice is made.
-
-    From a bit below the lightest fitting candidate to a bit beyond the budget, so the fitting candidates spread
-    out and the nearest rejected ones show; when nothing fits, from a bit below the budget to a bit beyond the
-    closest rejected candidate. A span under a tenth of the budget is widened to that.
-    """
-    budget = result.request.budget_bytes / GB
-    closest = closest_rejected(result)
-    if result.candidates:
-        left, right = min(c.required_bytes for c in result.candidates) / GB, budget
-    else:
-        left, right = budget, closest.required_bytes / GB if closest is not None else budget
-    span = max(right - left, 0.1 * budget)
-    return max(0.0, left - WINDOW_BELOW * span), right + WINDOW_ABOVE * span
-
-
-def in_window(table: pd.DataFrame, window: tuple[float, float]) -> pd.Series:
-    """Which rows of `candidates_frame` lie inside ``window`` (GB of required memory)."""
-    low, high = window
-    return table["required_gb"].between(low, high)
-
-
-# --- Layouts: the chosen one, every one searched, and two side by side -------------------------------------------
-
-TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "accumulation", "optimizer",
-                               "communication", "bubble")
-"""core.timing.StepTime.by_term's keys, in the order the stacked bar draws them."""
-
-
-def shown_candidate(outcome: LayoutOutcome) -> Candidate:
-    """What a layout is shown by: its fastest fitting candidate, else the lightest one it tried."""
-    candidate = outcome.best or outcome.closest
-    assert candidate is not None, f"layout {outcome.layout} has no candidate"
-    return candidate
-
-
-def layout_options(result: Plan) -> list[str]:
-    """Every layout planned, best first, by its string (what the compare view offers)."""
-    return [str(o.layout) for o in result.layouts]
-
-
-def find_layout(result: Plan, label: str) -> LayoutOutcome:
-    """The outcome of the layout whose string is ``label``."""
-    for outcome in result.layouts:
-        if str(outcome.layout) == label:
-            return outcome
-    raise ConfigError(f"layout {label!r} was not planned; planned: {'; '.join(layout_options(result))}")
-
-
-def layouts_frame(result: Plan) -> pd.DataFrame:
-    """Every layout planned, best first: its fastest fitting candidate, or why nothing on it fits."""
-    winner = result.recommendation
-    rows = []
-    for rank, outcome in enumerate(result.layouts, 1):
-        shown = shown_candidate(outcome)
-        rows.append({
-            "rank": rank if outcome.fits else None,
-            "layout": str(outcome.layout),
-            "gpus": outcome.layout.world,
-            "fits": "fits" if outcome.fits else "does not fit",
-            "candidate": shown.label,
-            "tokens_per_s": shown.tokens_per_s if outcome.fits else None,
-            "step_time_s": shown.step_time_s if outcome.fits else None,
-            "required_gb": shown.required_bytes / GB,
-            "why": outcome.why_lost(winner),
-        })
-    return pd.DataFrame(rows).astype({"rank": "Int64"})
-
-
-def time_terms_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
-    """Each candidate's step by term, calibrated (core.planner.Candidate.time_by_term), seconds.
-
-    The terms add up to ``step_time_s``: forward, backward, recompute and offload of every
-    micro-batch, gradient accumulation, the optimizer, communication left exposed after
-    overlap, and the pipeline bubble. ``shown`` maps a row label to its candidate.
-    """
-    rows = []
-    for order, (label, c) in enumerate(shown.items()):
-        terms = c.time_by_term()
-        for index, term in enumerate(TIME_TERMS):
-            rows.append({"row": label, "order": order, "term": term, "term_order": index,
-                         "seconds": terms[term]})
-    return pd.DataFrame(rows)
-
-
-def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
-    """Peak memory by component (GB) of every rank kind of each candidate, plus its margin.
-
-    One row per pipeline stage kind ("first stage", "middle stage", "last stage"; "every rank"
-    without a pipeline): each is the core's estimate for that rank times the memory calibration,
-    and ``margin`` (fragmentation and the CUDA context) makes the bar end at what that rank needs.
-    The most loaded rank's bar ends at the candidate's ``required_bytes``.
-    """
-    factor, fragmentation = result.calibration.memory.correction, result.profile.fragmentation
-    reserve = result.request.context_reserve_bytes
-    rows = []
-    order = 0
-    for label, c in shown.items():
-        for rank in c.estimate.ranks or (c.estimate,):
-            name = "every rank" if rank.rank.name == "only" else rank.rank.name
-            row = f"{label}: {name}" if label else name
-            for component, size in rank.peak_components.items():
-                rows.append({"row": row, "order": order, "component": component, "gb": size * factor / GB})
-            peak = round(rank.peak_bytes * factor)
-            rows.append({"row": row, "order": order, "component": "margin",
-                         "gb": (round(peak * fragmentation) + reserve - peak) / GB})
-            order += 1
-    return pd.DataFrame(rows)
-
-
-def communication_frame(candidate: Candidate) -> pd.DataFrame:
-    """Every collective of the candidate's step (core.comm.CommTerm), before overlap."""
-    return pd.DataFrame([
-        {"axis": t.axis, "op": t.op, "message_mb": t.message_bytes / 1e6, "calls": t.calls, "group": t.group_size,
-         "link": t.link_key, "seconds": t.seconds, "overlappable": t.overlappable, "note": t.note}
-        for t in candidate.time.communication
-    ], columns=["axis", "op", "message_mb", "calls", "group", "link", "seconds", "overlappable", "note"])
-
-
-def comparison(result: Plan, first: str, second: str) -> dict[str, tuple[LayoutOutcome, Candidate, str]]:
-    """Two layouts side by side: for "A" and "B", the outcome, the candidate shown and why it lost."""
-    winner = result.recommendation
-    pairs = {}
-    for tag, label in (("A", first), ("B", second)):
-        outcome = find_layout(result, label)
-        pairs[tag] = (outcome, shown_candidate(outcome), outcome.why_lost(winner))
-    return pairs
-
-
 # --- Another plan: the same inputs with another model preset, budget or hardware, side by side ----------------------
 
 SAME = "same as this plan"
@@ -532,30 +279,3 @@ def compared_inputs(inputs: PlanInputs, model: str = SAME, budget: str = "", har
         changes["hardware"] = hardware
     other = inputs.with_(**changes)
     return None if other == inputs else other
-
-
-def plan_title(result: Plan) -> str:
-    """What sets a plan apart in a comparison: "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"."""
-    return (f"{result.request.spec.name} on {result.profile.name} ({result.profile.source}), "
-            f"budget {result.request.budget_bytes / GB:,.1f} GB")
-
-
-def plan_figures(result: Plan) -> dict[str, str]:
-    """What two plans are compared by, as text: what runs, its step time, memory and tokens/s."""
-    best = result.recommendation
-    if best is None:
-        return {"recommendation": recommendation_text(result), "tokens/s": "nothing fits", "step time": "-",
-                "needs per GPU": "-"}
-    return {
-        "recommendation": recommendation_text(result),
-        "tokens/s": tokens_text(best.tokens_per_s),
-        "step time": seconds_text(best.step_time_s),
-        "needs per GPU": f"{best.required_bytes / GB:,.1f} GB",
-    }
-
-
-def tokens_per_s_change(result: Plan, other: Plan) -> str | None:
-    """The other plan's tokens/s against this one's ("+12.3%"); None unless both fit."""
-    if result.recommendation is None or other.recommendation is None:
-        return None
-    return f"{other.recommendation.tokens_per_s / result.recommendation.tokens_per_s - 1:+.1%}"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import planning
+from dashboard import plan_tables, planning
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -168,13 +168,13 @@ def test_a_plan_compares_with_another_model_budget_or_hardware(tmp_path, monkeyp
              for inputs in (planning.PlanInputs(), planning.PlanInputs(model="bench-llama-small", budget="40GB"))]
     this, other = plans
     markdown = [m.value for m in at.markdown]
-    assert f"**This plan:** {planning.plan_title(this)}" in markdown
+    assert f"**This plan:** {plan_tables.plan_title(this)}" in markdown
     assert "**Other plan:** bench-llama-small on h100-sxm (datasheet), budget 40.0 GB" in markdown
     side_by_side = [(m.label, m.value) for m in at.metric][-6:]  # after the recommendation's four
-    assert side_by_side == [(label, planning.plan_figures(plan)[label]) for plan in plans
+    assert side_by_side == [(label, plan_tables.plan_figures(plan)[label]) for plan in plans
                             for label in ("tokens/s", "step time", "needs per GPU")]
-    assert at.metric[-3].delta == planning.tokens_per_s_change(this, other)
-    assert planning.recommendation_text(other) in [c.value for c in at.caption]
+    assert at.metric[-3].delta == plan_tables.tokens_per_s_change(this, other)
+    assert plan_tables.recommendation_text(other) in [c.value for c in at.caption]
 
     at.selectbox(key="other_model").set_value(planning.SAME)
     at.text_input(key="other_budget").set_value("")

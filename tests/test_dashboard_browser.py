@@ -153,19 +153,19 @@ def test_a_stored_name_with_markdown_renders_as_its_characters(markup_store, tmp
 def expected_plan() -> dict[str, set[str]]:
     """What the Plan page's charts must show in full for the default inputs (the smoke store's CPU is not the
     default hardware, so the page plans from the datasheet, as here)."""
-    from dashboard import charts, planning
+    from dashboard import charts, plan_tables, planning
 
     inputs = planning.PlanInputs()
     plan = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
-    shown = planning.shown_candidates(plan)
-    peak = planning.peak_components_frame(plan, shown)
-    ranks = planning.rank_memory_frame(plan, {"": plan.recommendation})
+    shown = plan_tables.shown_candidates(plan)
+    peak = plan_tables.peak_components_frame(plan, shown)
+    ranks = plan_tables.rank_memory_frame(plan, {"": plan.recommendation})
     held = {frame_name: {charts.plain_name(c) for c in frame.loc[frame["gb"] > 0, "component"]}
             for frame_name, frame in (("peak", peak), ("ranks", ranks))}
     return {
-        "peak": {*(planning.candidate_label(plan, c) for c in shown), *held["peak"], "budget 80 GB"},
+        "peak": {*(plan_tables.candidate_label(plan, c) for c in shown), *held["peak"], "budget 80 GB"},
         "ranks": {*held["ranks"], "budget 80 GB", "every rank"},
-        "time": {str(plan.recommendation.layout), *planning.TIME_TERMS},
+        "time": {str(plan.recommendation.layout), *plan_tables.TIME_TERMS},
         "scatter": {"fits", "rejected", "budget 80 GB", *{str(c.config.recompute) for c in plan.candidates}},
     }
 

@@ -13,7 +13,7 @@ import pandas as pd  # noqa: E402
 from core.hardware import get_hardware  # noqa: E402
 from core.roofline import matmul_intensity, ridge_intensity  # noqa: E402
 from core.units import GB  # noqa: E402
-from dashboard import calibration, charts, data, history, planning, roofs  # noqa: E402
+from dashboard import calibration, charts, data, history, plan_tables, planning, roofs  # noqa: E402
 
 
 def layers(chart) -> list[dict]:
@@ -62,8 +62,8 @@ def default_plan():
 
 
 def test_peak_bar_stacks_components_up_to_the_required_bytes_against_the_budget(default_plan):
-    shown = planning.shown_candidates(default_plan)
-    frame = planning.peak_components_frame(default_plan, shown)
+    shown = plan_tables.shown_candidates(default_plan)
+    frame = plan_tables.peak_components_frame(default_plan, shown)
     for candidate in shown:  # components + margin add up to what must fit
         total = frame.loc[frame["candidate"] == candidate.label, "gb"].sum()
         assert total == pytest.approx(candidate.required_bytes / GB, rel=1e-9)
@@ -93,14 +93,14 @@ def test_peak_bar_stacks_components_up_to_the_required_bytes_against_the_budget(
 
 
 def test_the_memory_chart_shows_the_fitting_candidates_and_the_closest_rejected_one(default_plan):
-    shown = planning.shown_candidates(default_plan)
+    shown = plan_tables.shown_candidates(default_plan)
     closest = min(default_plan.rejected, key=lambda c: c.required_bytes)
-    assert planning.closest_rejected(default_plan) is closest
+    assert plan_tables.closest_rejected(default_plan) is closest
     assert shown == [*default_plan.candidates[:5], closest]
     assert closest.label == "micro 8 x accum 1, full" and round(closest.required_bytes / GB, 1) == 83.9
-    drawn = planning.peak_components_frame(default_plan, shown).drop_duplicates("order")["candidate"]
+    drawn = plan_tables.peak_components_frame(default_plan, shown).drop_duplicates("order")["candidate"]
     assert list(drawn)[-1] == closest.label
-    assert planning.shown_text(default_plan, shown) == (
+    assert plan_tables.shown_text(default_plan, shown) == (
         "The 5 fastest fitting candidates, and the closest rejected candidate, micro 8 x accum 1, full, needs "
         "83.9 GB, 3.9 GB over the budget.")
 
@@ -109,21 +109,21 @@ def test_when_nothing_fits_the_memory_chart_shows_the_candidate_the_advice_names
     inputs = EIGHT_RANKS.with_(budget="20GB")
     tight = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
     assert tight.recommendation is None
-    closest = planning.closest_rejected(tight)
+    closest = plan_tables.closest_rejected(tight)
     assert f"the closest candidate ({closest.label}) needs {closest.required_bytes / GB:.1f} GB" in tight.advice[0]
-    assert planning.shown_candidates(tight) == [closest]
-    assert planning.shown_text(tight, [closest]).startswith(f"Nothing fits: the closest rejected candidate, "
+    assert plan_tables.shown_candidates(tight) == [closest]
+    assert plan_tables.shown_text(tight, [closest]).startswith(f"Nothing fits: the closest rejected candidate, "
                                                              f"{closest.label}, needs")
     # the scatter spans the budget to a bit beyond the closest candidate
     span = max(closest.required_bytes / GB - 20, 2.0)
-    assert planning.decision_window(tight) == pytest.approx((20 - 0.1 * span, closest.required_bytes / GB + 0.5 * span))
+    assert plan_tables.decision_window(tight) == pytest.approx((20 - 0.1 * span, closest.required_bytes / GB + 0.5 * span))
 
 
 def test_candidates_chart_shows_fitting_and_rejected(default_plan):
-    table = planning.candidates_frame(default_plan)
+    table = plan_tables.candidates_frame(default_plan)
     assert set(table["fits"]) == {"fits", "rejected"}
     assert (table.loc[table["fits"] == "rejected", "rejection"].str.contains("over the")).all()
-    window = planning.decision_window(default_plan)
+    window = plan_tables.decision_window(default_plan)
     chart = charts.build_candidates_chart(table, 80.0, window)
     points, rule, label = layers(chart)
     assert fields(points)["x"] == "required_gb" and fields(points)["y"] == "tokens_per_s"
@@ -136,14 +136,14 @@ def test_candidates_chart_shows_fitting_and_rejected(default_plan):
 
 
 def test_the_scatter_zooms_to_where_the_choice_is_made(default_plan):
-    table = planning.candidates_frame(default_plan)
+    table = plan_tables.candidates_frame(default_plan)
     lightest = min(c.required_bytes for c in default_plan.candidates) / GB
     assert round(lightest, 2) == 58.45
     span = 80 - lightest
-    window = planning.decision_window(default_plan)
+    window = plan_tables.decision_window(default_plan)
     assert window == pytest.approx((lightest - 0.1 * span, 80 + 0.5 * span))
     assert window == pytest.approx((56.29, 90.78), abs=0.01)
-    inside = planning.in_window(table, window)
+    inside = plan_tables.in_window(table, window)
     drawn = table[inside]
     assert (drawn["fits"] == "fits").sum() == len(default_plan.candidates)  # every fitting candidate
     # and the nearest rejected ones (83.9, 86.3 and 86.4 GB); the 91.0 GB one and the heavier ones are off-chart
@@ -155,7 +155,7 @@ def test_the_scatter_zooms_to_where_the_choice_is_made(default_plan):
 
 
 def test_the_tables_carry_what_breaks_the_budget_and_leave_a_rank_only_where_one_fits(default_plan):
-    table = planning.candidates_frame(default_plan)
+    table = plan_tables.candidates_frame(default_plan)
     assert str(table["rank"].dtype) == "Int64"  # 1, 2, ... and an empty cell, never 1.0 or None
     assert list(table["rank"].dropna()) == list(range(1, len(default_plan.candidates) + 1))
     rejected = table[table["fits"] == "rejected"]
@@ -165,7 +165,7 @@ def test_the_tables_carry_what_breaks_the_budget_and_leave_a_rank_only_where_one
         [True] * len(rejected)
     closest = rejected.loc[rejected["required_gb"].idxmin()]
     assert closest["broken_by"] == "activations (18.0 GB) break it on top of 37.1 GB static"
-    assert str(planning.layouts_frame(default_plan)["rank"].dtype) == "Int64"
+    assert str(plan_tables.layouts_frame(default_plan)["rank"].dtype) == "Int64"
 
 
 def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
@@ -179,21 +179,21 @@ def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
     custom = inputs.with_(source="dimensions")
     assert planning.compared_inputs(custom, "llama2-7b", "", same) == inputs  # a preset replaces the dimensions
     best = default_plan.recommendation
-    assert planning.plan_title(default_plan) == "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"
-    assert planning.plan_figures(default_plan) == {
-        "recommendation": planning.recommendation_text(default_plan), "tokens/s": "60,847", "step time": "4.308 s",
+    assert plan_tables.plan_title(default_plan) == "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"
+    assert plan_tables.plan_figures(default_plan) == {
+        "recommendation": plan_tables.recommendation_text(default_plan), "tokens/s": "60,847", "step time": "4.308 s",
         "needs per GPU": "73.7 GB"}
     assert best.tokens_per_s == pytest.approx(60846.7, abs=0.1)
     tighter, nothing = (planning.make_plan(other, planning.resolve_preset(other.model),
                                            *planning.datasheet_hardware(other.hardware))
                         for other in (inputs.with_(budget="60GB"), inputs.with_(budget="40GB")))
     change = tighter.recommendation.tokens_per_s / best.tokens_per_s - 1
-    assert planning.tokens_per_s_change(default_plan, tighter) == f"{change:+.1%}" and change < 0
-    assert nothing.recommendation is None and planning.tokens_per_s_change(default_plan, nothing) is None
-    assert planning.plan_figures(nothing) == {
+    assert plan_tables.tokens_per_s_change(default_plan, tighter) == f"{change:+.1%}" and change < 0
+    assert nothing.recommendation is None and plan_tables.tokens_per_s_change(default_plan, nothing) is None
+    assert plan_tables.plan_figures(nothing) == {
         "recommendation": "Nothing fits the 40.0 GB budget", "tokens/s": "nothing fits", "step time": "-",
         "needs per GPU": "-"}
-    assert [planning.tokens_text(x) for x in (57084.9, 999_999.4, 9_165_052.0)] == ["57,085", "999,999", "9.17 M"]
+    assert [plan_tables.tokens_text(x) for x in (57084.9, 999_999.4, 9_165_052.0)] == ["57,085", "999,999", "9.17 M"]
 
 
 def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():

@@ -17,7 +17,7 @@ from core.layout import Layout
 from core.planner import default_budget, plan_to_dict
 from core.timing import datasheet_profile
 from core.units import parse_budget
-from dashboard import planning
+from dashboard import plan_tables, planning
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -78,7 +78,7 @@ def test_the_readme_plan_is_the_same_on_the_page_and_the_command_line(smoke_stor
                                  precision="fp32", hardware=planning.MEASURED_PREFIX + smoke_store.device_name)
     page = planning.make_plan(inputs, planning.resolve_preset(inputs.model),
                               *resolve_hardware(smoke_store.device_name, smoke_store.url, source="measured"))
-    assert [str(s.value) for s in at.success] == [f"**Recommendation:** {planning.recommendation_text(page)}"]
+    assert [str(s.value) for s in at.success] == [f"**Recommendation:** {plan_tables.recommendation_text(page)}"]
     result = run_cli("plan", *README_PLAN, "--hardware", "latest", "--db", smoke_store.url, "--json", "--top", "0")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == json.loads(json.dumps(plan_to_dict(page, None)))

@@ -26,7 +26,7 @@ from core.planner import Plan, PlanRequest
 from core.presets import get_preset
 from core.timing import datasheet_profile
 from core.units import GB
-from dashboard import charts, planning
+from dashboard import charts, plan_tables, planning
 from dashboard.text import plain
 from tests.dashboard_support import render_url
 
@@ -134,29 +134,29 @@ def test_the_page_plans_what_the_core_plans(pipelined):
     assert [str(o.layout) for o in page.layouts] == [str(o.layout) for o in core.layouts]
     assert page.recommendation.layout == core.recommendation.layout
     assert page.recommendation.tokens_per_s == core.recommendation.tokens_per_s
-    frame = planning.layouts_frame(page)
+    frame = plan_tables.layouts_frame(page)
     assert list(frame["layout"]) == [str(o.layout) for o in core.layouts]
     assert all(o.layout.pp == 2 for o in page.layouts)
     assert list(frame["why"]) == [o.why_lost(page.recommendation) for o in page.layouts]
     assert frame["why"].iloc[0] == "recommended"
-    assert planning.recommendation_text(page).endswith(f"on {core.recommendation.layout} (8 GPUs)")
+    assert plan_tables.recommendation_text(page).endswith(f"on {core.recommendation.layout} (8 GPUs)")
 
 
 def test_time_by_term_adds_up_to_the_step(pipelined):
     page, _ = pipelined
-    winner, runner_up = (planning.shown_candidate(o) for o in page.layouts[:2])
-    frame = planning.time_terms_frame(page, {"A": winner, "B": runner_up})
-    assert tuple(winner.time.by_term()) == planning.TIME_TERMS == tuple(charts.TERM_COLORS)
+    winner, runner_up = (plan_tables.shown_candidate(o) for o in page.layouts[:2])
+    frame = plan_tables.time_terms_frame(page, {"A": winner, "B": runner_up})
+    assert tuple(winner.time.by_term()) == plan_tables.TIME_TERMS == tuple(charts.TERM_COLORS)
     for row, candidate in (("A", winner), ("B", runner_up)):
         terms = frame[frame["row"] == row].set_index("term")["seconds"]
-        assert list(terms.index) == list(planning.TIME_TERMS)
+        assert list(terms.index) == list(plan_tables.TIME_TERMS)
         assert terms.sum() == pytest.approx(candidate.step_time_s, rel=1e-12)
         assert terms["bubble"] == pytest.approx(candidate.time.bubble_s)  # uncalibrated: factor 1
         assert terms["bubble"] > 0  # pp 2: the pipeline idles
     spec = charts.build_step_time_chart(frame).to_dict()
     assert spec["mark"]["type"] == "bar" and spec["encoding"]["x"]["stack"] == "zero"
     assert spec["encoding"]["color"]["field"] == "term" and spec["encoding"]["y"]["field"] == "row"
-    assert spec["encoding"]["color"]["scale"]["domain"] == list(planning.TIME_TERMS)
+    assert spec["encoding"]["color"]["scale"]["domain"] == list(plan_tables.TIME_TERMS)
     assert spec["encoding"]["y"]["axis"] == {"labelLimit": 0}  # "tp 1, pp 2 (1f1b), cp 1, dp 4, zero 3" in full
     assert spec["encoding"]["color"]["legend"] == {"title": "term", "orient": "bottom", "direction": "horizontal",
                                                    "columns": 4, "symbolLimit": 0, "labelLimit": 0}
@@ -170,14 +170,14 @@ def test_time_by_term_adds_up_to_the_step(pipelined):
 def test_memory_per_rank_kind_ends_at_what_the_most_loaded_rank_needs(pipelined):
     page, _ = pipelined
     best = page.recommendation
-    frame = planning.rank_memory_frame(page, {"": best})
+    frame = plan_tables.rank_memory_frame(page, {"": best})
     totals = frame.groupby("row")["gb"].sum()
     assert set(totals.index) == {r.rank.name for r in best.estimate.ranks} == {"first stage", "last stage"}
     assert totals.max() == pytest.approx(best.required_bytes / GB, abs=1e-8)
     first = frame[frame["row"] == "first stage"].set_index("component")["gb"]
     stage0 = next(r for r in best.estimate.ranks if r.rank.name == "first stage")
     assert first.drop("margin").to_dict() == pytest.approx({k: v / GB for k, v in stage0.peak_components.items()})
-    tagged = planning.rank_memory_frame(page, {"A": best, "B": planning.shown_candidate(page.layouts[1])})
+    tagged = plan_tables.rank_memory_frame(page, {"A": best, "B": plan_tables.shown_candidate(page.layouts[1])})
     assert {"A: first stage", "A: last stage", "B: first stage"} <= set(tagged["row"])
     bars, rule, label = charts.build_peak_bar_chart(frame, 80.0, row="row").to_dict()["layer"]
     assert bars["encoding"]["y"]["field"] == "row" and rule["encoding"]["x"]["field"] == "budget_gb"
@@ -188,28 +188,28 @@ def test_memory_per_rank_kind_ends_at_what_the_most_loaded_rank_needs(pipelined)
 def test_collectives_and_the_comparison(pipelined):
     page, _ = pipelined
     best = page.recommendation
-    comm = planning.communication_frame(best)
+    comm = plan_tables.communication_frame(best)
     assert len(comm) == len(best.time.communication) and "pp" in set(comm["axis"])
     assert comm["seconds"].sum() == pytest.approx(sum(t.seconds for t in best.time.communication))
-    first, second = planning.layout_options(page)[:2]
-    pair = planning.comparison(page, first, second)
+    first, second = plan_tables.layout_options(page)[:2]
+    pair = plan_tables.comparison(page, first, second)
     assert pair["A"][1] is best and pair["A"][2] == "recommended"
     assert pair["B"][2] == page.layouts[1].why_lost(best)
     with pytest.raises(ConfigError, match="was not planned"):
-        planning.find_layout(page, "tp 9, pp 9, cp 9, dp 9, zero 9")
+        plan_tables.find_layout(page, "tp 9, pp 9, cp 9, dp 9, zero 9")
 
 
 def test_searched_candidates_carry_their_layout(pipelined):
     page, _ = pipelined
-    shown = planning.shown_candidates(page)
-    labels = planning.peak_components_frame(page, shown).drop_duplicates("order")["candidate"]
+    shown = plan_tables.shown_candidates(page)
+    labels = plan_tables.peak_components_frame(page, shown).drop_duplicates("order")["candidate"]
     assert list(labels) == [f"{c.label} on {c.layout}" for c in shown]
-    table = planning.candidates_frame(page)
+    table = plan_tables.candidates_frame(page)
     assert list(table["layout"][: len(page.candidates)]) == [str(c.layout) for c in page.candidates]
 
 
 def test_step_times_read_at_any_size():
-    assert [planning.seconds_text(s) for s in (12.3456, 0.1, 0.0123, 0.000112, 3.3e-5)] == \
+    assert [plan_tables.seconds_text(s) for s in (12.3456, 0.1, 0.0123, 0.000112, 3.3e-5)] == \
         ["12.346 s", "0.100 s", "12.3 ms", "0.112 ms", "33 us"]
 
 
@@ -228,7 +228,7 @@ def test_a_search_over_8_gpus_shows_the_layout_and_its_time_by_term(monkeypatch,
     assert any(str(best.layout) in c.value for c in at.code)  # the exports carry the winner's layout
     chosen, compared = chart_data(at, "term")
     assert chosen["seconds"].sum() == pytest.approx(best.step_time_s, rel=1e-12)
-    assert set(chosen["term"]) == set(planning.TIME_TERMS) and set(compared["row"]) == {"A", "B"}
+    assert set(chosen["term"]) == set(plan_tables.TIME_TERMS) and set(compared["row"]) == {"A", "B"}
     layouts = next(d.value for d in at.dataframe if "why" in d.value.columns)
     assert list(layouts["layout"]) == [str(o.layout) for o in small_search.layouts]
 
@@ -252,7 +252,7 @@ def test_a_search_shows_its_tables_and_charts_in_full(monkeypatch, tmp_path, sma
     assert list(rejected.value["required_gb"]) == sorted(c.required_bytes / GB for c in page.rejected)
     assert rejected.proto.row_height == 70
     # the memory chart draws the closest rejected candidate with its layout, as its caption names it
-    closest = planning.closest_rejected(page)
+    closest = plan_tables.closest_rejected(page)
     label = f"{closest.label} on {closest.layout}"
     (memory,) = [d for d in chart_data(at, "component") if "candidate" in d.columns]
     assert label in set(memory["candidate"])
@@ -260,10 +260,10 @@ def test_a_search_shows_its_tables_and_charts_in_full(monkeypatch, tmp_path, sma
     # the scatter spans the decision window and holds the candidates inside it
     specs = [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
     (points,) = [spec["layer"][0] for spec in specs if "shape" in spec.get("layer", [spec])[0]["encoding"]]
-    window = planning.decision_window(page)
+    window = plan_tables.decision_window(page)
     assert points["encoding"]["x"]["scale"]["domain"] == list(window)
     drawn = chart_data(at, "fits")[0]
-    assert len(drawn) == int(planning.in_window(planning.candidates_frame(page), window).sum()) > 0
+    assert len(drawn) == int(plan_tables.in_window(plan_tables.candidates_frame(page), window).sum()) > 0
 
 
 def test_pins_in_the_url_are_honoured(monkeypatch, tmp_path):
@@ -312,7 +312,7 @@ def test_the_compare_view_shows_two_layouts(monkeypatch, tmp_path, small_search)
     assert any(m.startswith(f"**B: {other.layout}**") for m in markdown)
     assert f"**Why it lost:** {other.why_lost(winner)}" in markdown
     _, compared = chart_data(at, "term")
-    b = planning.shown_candidate(other)
+    b = plan_tables.shown_candidate(other)
     assert compared.loc[compared["row"] == "B", "seconds"].sum() == pytest.approx(b.step_time_s, rel=1e-12)
     memory = chart_data(at, "component")[1]  # chosen layout's ranks, then A and B's
     assert any(row.startswith("B: ") for row in memory["row"])

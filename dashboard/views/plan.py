@@ -23,7 +23,7 @@ from core.presets import PRESETS
 from core.stack import STACKS
 from core.timing import HardwareProfile
 from core.units import GB
-from dashboard import charts, columns, data, plan_notes, planning
+from dashboard import charts, columns, data, plan_notes, plan_tables, planning
 from dashboard.notices import store_notice
 from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
 from dashboard.text import plain, shown_calibration
@@ -153,13 +153,13 @@ except (ConfigError, ValueError) as err:
 
 request, best = result.request, result.recommendation
 searched = request.gpus is not None
-unit = planning.unit(profile)  # "GPU", or "device" for a CPU
+unit = plan_tables.unit(profile)  # "GPU", or "device" for a CPU
 budget_gb = request.budget_bytes / GB
 if searched:
     pins = planning.pins_text(request)
-    where = f"every layout of {planning.count(request.gpus, unit)}" + (f" with {pins} pinned" if pins else "")
+    where = f"every layout of {plan_tables.count(request.gpus, unit)}" + (f" with {pins} pinned" if pins else "")
 else:
-    where = f"{request.layout} ({planning.count(request.layout.world, unit)})"
+    where = f"{request.layout} ({plan_tables.count(request.layout.world, unit)})"
 st.markdown(
     f"**{plain(spec.name)}** ({spec.parameters / 1e9:.2f}B parameters"
     + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
@@ -177,18 +177,18 @@ for model_note in request.train.model_notes(spec):  # a context extended; what t
     st.info(plain(model_note) + ".")
 if result.unsearched:
     st.warning(f"The search stopped at this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s: "
-               f"{planning.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
+               f"{plan_tables.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
                "untried. "
                f"`headroom plan --gpus {request.gpus}` searches every one.")
 if best is None:
-    st.error(f"**Recommendation:** {planning.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
+    st.error(f"**Recommendation:** {plan_tables.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
     for line in result.advice:
         st.markdown(f"- {plain(line)}")
 else:
-    st.success(f"**Recommendation:** {planning.recommendation_text(result)}")
+    st.success(f"**Recommendation:** {plan_tables.recommendation_text(result)}")
     cols = st.columns(4)
     cols[0].metric("tokens/s (all ranks)", f"{best.tokens_per_s:,.0f}")
-    cols[1].metric("step time", planning.seconds_text(best.step_time_s))
+    cols[1].metric("step time", plan_tables.seconds_text(best.step_time_s))
     cols[2].metric("needs per GPU", f"{best.required_bytes / GB:.1f} GB", help="peak x fragmentation + context reserve")
     cols[3].metric("headroom", f"{(request.budget_bytes - best.required_bytes) / GB:.1f} GB")
 st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence()}")
@@ -199,15 +199,15 @@ st.caption(f"Margin: peak x {profile.fragmentation:.2f} allocator fragmentation 
 
 if best is not None:
     st.subheader(f"Chosen layout: {best.layout}")
-    st.caption(f"{planning.count(best.layout.world, unit)}; {best.label}. Step time is the calibrated prediction "
+    st.caption(f"{plan_tables.count(best.layout.world, unit)}; {best.label}. Step time is the calibrated prediction "
                "by term; communication is what overlap leaves exposed, bubble the pipeline's idle time.")
     st.subheader("Step time by term")
-    st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, {str(best.layout): best})),
+    st.altair_chart(charts.build_step_time_chart(plan_tables.time_terms_frame(result, {str(best.layout): best})),
                     width="stretch")
     st.subheader("Memory per rank kind")
-    st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, {"": best}), budget_gb,
+    st.altair_chart(charts.build_peak_bar_chart(plan_tables.rank_memory_frame(result, {"": best}), budget_gb,
                                                 row="row"), width="stretch")
-    collectives = planning.communication_frame(best)
+    collectives = plan_tables.communication_frame(best)
     if len(collectives):
         with st.expander(f"Collectives of one step ({len(collectives)}), before overlap"):
             st.dataframe(collectives, hide_index=True, column_config=columns.COLLECTIVES,
@@ -216,10 +216,10 @@ if best is not None:
 if searched:
     fitting_layouts = sum(o.fits for o in result.layouts)
     st.subheader(f"Layouts searched ({fitting_layouts} of {len(result.layouts)} fit)")
-    st.dataframe(planning.layouts_frame(result), hide_index=True, column_config=columns.PLAN,
+    st.dataframe(plan_tables.layouts_frame(result), hide_index=True, column_config=columns.PLAN,
                  column_order=columns.LAYOUTS_SHOWN, row_height=columns.WRAPPING_ROW_HEIGHT,
                  placeholder=columns.MISSING)
-    options = planning.layout_options(result)
+    options = plan_tables.layout_options(result)
     if len(options) >= 2:
         st.subheader("Compare two layouts")
         first = str(best.layout) if best is not None else options[0]
@@ -230,21 +230,21 @@ if searched:
         sides = st.columns(2)
         for column, tag in zip(sides, "AB", strict=True):
             column.selectbox(f"layout {tag}", options, key=f"compare_{tag.lower()}")
-        pair = planning.comparison(result, st.session_state.compare_a, st.session_state.compare_b)
+        pair = plan_tables.comparison(result, st.session_state.compare_a, st.session_state.compare_b)
         for column, (tag, (outcome, shown, why)) in zip(sides, pair.items(), strict=True):
             with column:
-                world = planning.count(outcome.layout.world, unit)
+                world = plan_tables.count(outcome.layout.world, unit)
                 st.markdown(f"**{tag}: {outcome.layout}** ({world}, {shown.label})")
                 cols = st.columns(3)
-                cols[0].metric("tokens/s", planning.tokens_text(shown.tokens_per_s) if outcome.fits else "does not fit")
-                cols[1].metric("step time", planning.seconds_text(shown.step_time_s))
+                cols[0].metric("tokens/s", plan_tables.tokens_text(shown.tokens_per_s) if outcome.fits else "does not fit")
+                cols[1].metric("step time", plan_tables.seconds_text(shown.step_time_s))
                 cols[2].metric("needs per GPU", f"{shown.required_bytes / GB:.1f} GB")
                 st.markdown(f"**Why it lost:** {why}")
         shown_pair = {tag: shown for tag, (_, shown, _) in pair.items()}
         st.markdown("**Step time by term, A and B**")
-        st.altair_chart(charts.build_step_time_chart(planning.time_terms_frame(result, shown_pair)), width="stretch")
+        st.altair_chart(charts.build_step_time_chart(plan_tables.time_terms_frame(result, shown_pair)), width="stretch")
         st.markdown("**Memory per rank kind, A and B**")
-        st.altair_chart(charts.build_peak_bar_chart(planning.rank_memory_frame(result, shown_pair), budget_gb,
+        st.altair_chart(charts.build_peak_bar_chart(plan_tables.rank_memory_frame(result, shown_pair), budget_gb,
                                                     row="row"), width="stretch")
 
 st.subheader("Compare with another plan")
@@ -265,29 +265,29 @@ else:
     except (ConfigError, ValueError) as err:
         st.error(f"The other plan: {plain(err)}")
     else:
-        change = planning.tokens_per_s_change(result, other)
+        change = plan_tables.tokens_per_s_change(result, other)
         for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other)), strict=True):
-            figures = planning.plan_figures(plan)
+            figures = plan_tables.plan_figures(plan)
             with column:
-                st.markdown(f"**{tag}:** {plain(planning.plan_title(plan))}")
+                st.markdown(f"**{tag}:** {plain(plan_tables.plan_title(plan))}")
                 st.caption(figures["recommendation"])
                 cols = st.columns(3)
                 cols[0].metric("tokens/s", figures["tokens/s"], delta=change if plan is other else None)
                 cols[1].metric("step time", figures["step time"])
                 cols[2].metric("needs per GPU", figures["needs per GPU"])
 
-table = planning.candidates_frame(result)
+table = plan_tables.candidates_frame(result)
 if not searched:
     table = table.drop(columns=["layout"])
-shown = planning.shown_candidates(result)
+shown = plan_tables.shown_candidates(result)
 st.subheader("Peak memory by component")
-st.caption(planning.shown_text(result, shown))
-st.altair_chart(charts.build_peak_bar_chart(planning.peak_components_frame(result, shown), budget_gb),
+st.caption(plan_tables.shown_text(result, shown))
+st.altair_chart(charts.build_peak_bar_chart(plan_tables.peak_components_frame(result, shown), budget_gb),
                 width="stretch")
 
 st.subheader("Throughput vs memory, every candidate")
-window = planning.decision_window(result)
-inside = planning.in_window(table, window)
+window = plan_tables.decision_window(result)
+inside = plan_tables.in_window(table, window)
 st.altair_chart(charts.build_candidates_chart(table[inside], budget_gb, window), width="stretch")
 off_chart = int((~inside).sum())
 st.caption(f"Required memory from {window[0]:,.1f} to {window[1]:,.1f} GB, where the choice is made: "
