@@ -241,8 +241,8 @@ class Experts(nn.Module):
         self.sigmoid = spec.expert_scoring == "sigmoid"
         self.spec = spec
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, x.shape[-1])
+    def route(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each of the (t, h) tokens' top-k experts: their fp32 weights and their indices, (t, k) each."""
         logits = self.router(flat)
         if self.sigmoid:
             # DeepSeek-V3: sigmoid scores; the choice (there, of groups first, with a bias) keeps nothing for
@@ -255,6 +255,11 @@ class Experts(nn.Module):
             weights, chosen = F.softmax(logits, dim=-1, dtype=torch.float32).topk(self.top_k, dim=-1)
         if self.normalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        weights, chosen = self.route(flat)
         t, rows = flat.shape[0], flat
         capacity = self.spec.expert_capacity(t) if self.spec.capacity_factor else None
         if capacity is not None:  # a spare token t: zeros in, weight zero, its row dropped at the end

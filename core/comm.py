@@ -315,10 +315,13 @@ def step_communication(
     - ep: per mixture-of-experts layer and micro-batch an all-to-all dispatches each
       token's k copies to its experts' ranks and one combines their outputs, forward
       (again under block recompute) and backward: 2 (f + 1) all-to-alls of the
-      rank's routed rows, S = b s k h e dropless (at a capacity factor, E x capacity
-      rows instead: ModelSpec.expert_rows). With balanced routing a rank receives as
-      many rows as it sends; nccl-tests' all-to-all S is the whole send buffer,
-      (ep-1)/ep of which leaves the rank. torchtitan's and Megatron's all-to-all token dispatchers
+      rank's routed rows, S = b s k h dropless (at a capacity factor, E x capacity
+      rows instead: ModelSpec.expert_rows) values of the residual stream's dtype (the
+      blocks' parameter dtype: torchtitan's experts cast their output back to their
+      input's, so under autocast both directions move fp32). With balanced routing a
+      rank receives as many rows as it sends; nccl-tests' all-to-all S is the whole
+      send buffer, (ep-1)/ep of which leaves the rank. Measured on two gloo ranks
+      (tests/distributed/expert_parallel.py). torchtitan's and Megatron's all-to-all token dispatchers
       (``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
       ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
       Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
@@ -357,7 +360,7 @@ def step_communication(
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
             "activation forward and gradient backward per micro-batch and virtual stage")
     if layout.ep > 1:
-        routed = spec.expert_rows(b * s) * h * e
+        routed = spec.expert_rows(b * s) * h * DTYPE_BYTES[config.block_param_dtype]
         again = " (+2 recomputed forward)" if forwards == 2 else ""
         add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
             f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")

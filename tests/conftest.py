@@ -100,6 +100,16 @@ def smoke_store(tmp_path_factory) -> SmokeStore:
     return SmokeStore(*once_per_run(tmp_path_factory, "smoke", build))
 
 
+@pytest.fixture(scope="session")
+def two_ranks(tmp_path_factory) -> list[dict]:
+    """Tensor parallelism, FSDP2, DDP and expert parallelism on two gloo ranks (tests/distributed/): each rank's
+    record (about 20-30 s on 2 cores), measured once per test run."""
+    pytest.importorskip("torch")
+    from tests.distributed.launch import launch
+
+    return once_per_run(tmp_path_factory, "two-ranks", lambda folder: launch(2, ["tp", "fsdp", "ddp", "ep"]))
+
+
 MARKUP_NAME = "[click here](https://evil.example) ![x](https://evil.example/p.png) *GPU*"
 """A device name a forged bundle could carry: Markdown that would render as a link and a remote image."""
 

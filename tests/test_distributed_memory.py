@@ -2,7 +2,9 @@
 
 Two launches of torch's own launcher per session: two ranks measure tensor
 parallelism (agent/parallel.py shards the decoder's blocks the way torchtitan
-shards Llama's), FSDP2 and DDP; four ranks measure FSDP2 again (slow). The
+shards Llama's), FSDP2 and DDP (and expert parallelism, which
+tests/test_expert_parallel.py checks), once per test run (the ``two_ranks``
+fixture, tests/conftest.py); four ranks measure FSDP2 again (slow). The
 first section holds each measurement against numbers derived by hand; the
 second, the analytic core against the measurements.
 
@@ -40,19 +42,12 @@ from tests.distributed.collectives import messages, other_all_reduces  # noqa: E
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
 from tests.distributed.tensor_parallel import POLICIES, cases  # noqa: E402
-from tests.xdist_support import once_per_run  # noqa: E402
 
 TP = 2
 TP_CASES = {case.name: case for case in cases(TP)}
 SHARDED = [name for name, case in TP_CASES.items() if case.tp > 1]
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "bool": "bool", "int64": "int64"}
 """torch's dtype names as the ledger writes them."""
-
-
-@pytest.fixture(scope="session")
-def two_ranks(tmp_path_factory) -> list[dict]:
-    """Tensor parallelism, FSDP2 and DDP on two ranks: each rank's record (about 15-25 s on 2 cores)."""
-    return once_per_run(tmp_path_factory, "two-ranks", lambda folder: launch(2, ["tp", "fsdp", "ddp"]))
 
 
 @pytest.fixture(scope="session")

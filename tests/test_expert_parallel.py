@@ -7,6 +7,7 @@ Worked by hand on Mixtral 8x7B (32 blocks, h 4,096, 8 experts of ffn 14,336, top
 """
 
 import dataclasses
+import math
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,52 @@ def test_tokens_go_to_their_experts_and_back_by_all_to_all():
     (again,) = terms(mixtral(dp=8, zero=3, ep=8, recompute="full"))[("ep", "all_to_all")]
     assert again.calls == 32 * 6  # block recompute runs dispatch and combine again
     assert ("ep", "all_to_all") not in terms(mixtral(dp=8, zero=3))
+
+
+def test_under_autocast_the_routed_rows_move_in_fp32():
+    """Without ZeRO-3 an amp-bf16 model's residual stream is fp32, and torchtitan's experts cast their output back
+    to their input's dtype: dispatch and combine both move 1 x 4,096 x 2 x 4,096 x 4 bytes = 128 MiB."""
+    (a2a,) = terms(mixtral(dp=8, zero=1, ep=8))[("ep", "all_to_all")]
+    assert a2a.message_bytes == 128 * 2**20
+    (pure,) = terms(mixtral(dp=8, zero=1, ep=8, precision="bf16-pure"))[("ep", "all_to_all")]
+    assert pure.message_bytes == 64 * 2**20
+
+
+def _measured_config(precision: str, policy: str, stack: str) -> TrainConfig:
+    from tests.distributed import expert_parallel
+
+    train = expert_parallel.config(precision, policy, stack)
+    return dataclasses.replace(train, layout=Layout(dp=2, ep=2))
+
+
+@pytest.mark.parametrize("precision", ["bf16-pure", "amp-bf16"])
+@pytest.mark.parametrize("stack", ["reference", "torchtitan"])
+@pytest.mark.parametrize("policy", ["none", "full"])
+def test_core_counts_each_all_to_all_of_an_expert_parallel_step(two_ranks, precision, stack, policy):
+    """Two gloo ranks, each with 2 of 4 experts in each of 2 blocks, each training its own 2 x 32 tokens
+    (tests/distributed/expert_parallel.py, torchtitan's all-to-all dispatcher): every all-to-all of the step,
+    as torch's profiler saw it, is core.comm's. Each rank runs the core's count; what it sends is its t k rows
+    (dispatch forward, the combine's gradient backward), what it sends back is what it received, which the
+    routing decides, so the ranks' bytes add up to ep times the core's message; forward, each dispatch is
+    exactly the core's message. A recompute runs both forward ones again, early stop or not: the combine's
+    output is scaled by the routing weights, which keeps it."""
+    from tests.distributed import expert_parallel
+    from tests.distributed.collectives import ELEMENT_BYTES, messages
+
+    spec = expert_parallel.SPEC
+    (term,) = [t for t in step_communication(spec, _measured_config(precision, policy, stack), 1, NODE)
+               if t.axis == "ep"]
+    total = 0
+    for record in two_ranks:
+        collectives = record["expert_parallel"][expert_parallel.case_name(precision, stack, policy)]
+        calls = messages(collectives, 2)
+        assert set(op for op, _ in calls) == {"all_to_all"}
+        assert sum(calls.values()) == term.calls
+        total += sum(size * n for (_, size), n in calls.items())
+        dispatches = collectives["forward"]["functional"][::2]
+        assert [math.prod(shape) * ELEMENT_BYTES[dtype] for _, shape, dtype in dispatches] == \
+            [term.message_bytes] * spec.moe_layers
+    assert total == 2 * term.calls * term.message_bytes
 
 
 def test_expert_weights_are_reduced_over_the_ranks_that_hold_them():

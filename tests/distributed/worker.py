@@ -22,14 +22,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-SUITES = ("tp", "fsdp", "ddp", "hf-tp")
+SUITES = ("tp", "fsdp", "ddp", "ep", "hf-tp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for one JSON per rank")
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=list(SUITES),
-                        help="what to measure: tensor parallelism, FSDP2, DDP, transformers' tensor parallelism")
+                        help="what to measure: tensor parallelism, FSDP2, DDP, expert parallelism, transformers' "
+                             "tensor parallelism")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="seconds any collective may wait before the process group gives up")
     return parser.parse_args(argv)
@@ -55,6 +56,12 @@ def run(suites: list[str], world: int, out: Path) -> dict:
         started = time.perf_counter()
         result["ddp"] = measure_ddp()
         result.setdefault("seconds", {})["ddp"] = time.perf_counter() - started
+    if "ep" in suites:
+        from tests.distributed import expert_parallel
+
+        started = time.perf_counter()
+        result["expert_parallel"] = expert_parallel.measure()
+        result.setdefault("seconds", {})["ep"] = time.perf_counter() - started
     if "hf-tp" in suites:  # imports transformers: only when asked
         from tests.distributed import hf_tensor_parallel
 
