@@ -322,7 +322,7 @@ def step_communication(
       rank receives as many rows as it sends; nccl-tests' all-to-all S is the whole
       send buffer, (ep-1)/ep of which leaves the rank. Measured on two gloo ranks
       (tests/distributed/expert_parallel.py). torchtitan's and Megatron's all-to-all token dispatchers
-      (``ExpertParallel`` in torchtitan/distributed/expert_parallel.py,
+      (``AllToAllTokenDispatcher`` in torchtitan/models/common/token_dispatcher.py,
       ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
       Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
     """
