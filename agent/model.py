@@ -274,13 +274,16 @@ class Experts(nn.Module):
                 slot = F.pad(slot, (0, capacity - slot.numel()))
             y = expert(rows[token]) * weights[token, slot].unsqueeze(-1)
             out = out.index_add(0, token, y.to(out.dtype))
-        out = out[:t]
-        if self.shared is not None:
-            shared = self.shared(flat)
-            if self.shared_gate is not None:
-                shared = shared * torch.sigmoid(self.shared_gate(flat))
-            out = out + shared
-        return out.view(x.shape)
+        return self.with_shared(out[:t], flat).view(x.shape)
+
+    def with_shared(self, routed: torch.Tensor, flat: torch.Tensor) -> torch.Tensor:
+        """The routed experts' output plus the shared expert's on every token (behind its sigmoid gate), if any."""
+        if self.shared is None:
+            return routed
+        shared = self.shared(flat)
+        if self.shared_gate is not None:
+            shared = shared * torch.sigmoid(self.shared_gate(flat))
+        return routed + shared
 
 
 def _norm(spec: ModelSpec) -> nn.Module:

@@ -67,28 +67,24 @@ class ExpertParallelExperts(nn.Module):
         token = order // k
         counts = torch.bincount(chosen.flatten(), minlength=self.n_experts)
         received = torch.empty_like(counts)
-        dist.all_to_all_single(received, counts, group=self.group)  # [source rank, local expert]
+        dist.all_to_all_single(received, counts, group=self.group)
+        by_source = received.view(self.ep, self.per_rank)  # [source rank, local expert]
         sent_rows = counts.view(self.ep, self.per_rank).sum(1).tolist()
-        received_rows = received.view(self.ep, self.per_rank).sum(1).tolist()
+        received_rows = by_source.sum(1).tolist()
         rows = all_to_all_single_autograd(flat[token], received_rows, sent_rows, self.group)
 
         # Received by source rank, then expert: group them by expert, run each, put them back in place.
         expert_of_row = torch.arange(self.per_rank).repeat(self.ep).repeat_interleave(received)
         by_expert = expert_of_row.argsort(stable=True)
-        sizes = received.view(self.ep, self.per_rank).sum(0).tolist()
+        sizes = by_source.sum(0).tolist()
         outputs = [expert(part).type_as(rows) for expert, part in zip(self.local, rows[by_expert].split(sizes),
                                                                       strict=True)]
         back = torch.cat(outputs)[by_expert.argsort()]
 
         returned = all_to_all_single_autograd(back, sent_rows, received_rows, self.group)
         scored = (returned.float() * weights.flatten()[order].unsqueeze(-1)).to(flat.dtype)
-        out = flat.new_zeros(flat.shape).index_add(0, token, scored)
-        if self.routing.shared is not None:
-            shared = self.routing.shared(flat)
-            if self.routing.shared_gate is not None:
-                shared = shared * torch.sigmoid(self.routing.shared_gate(flat))
-            out = out + shared
-        return out.view(x.shape)
+        routed = flat.new_zeros(flat.shape).index_add(0, token, scored)
+        return self.routing.with_shared(routed, flat).view(x.shape)
 
 
 def config(precision: str, policy: str, stack: str) -> TrainConfig:
