@@ -7,7 +7,10 @@ import json
 from dataclasses import asdict
 
 from cli.train_flags import add_train_flags, model_from_args, train_config
+from core.calibration import Calibration
 from core.estimate import Estimate, estimate
+from core.run_cost import utilization
+from core.timing import HardwareProfile, step_time, tokens_per_s
 from core.ledger import Ledger
 from core.units import GB, GiB
 
@@ -23,6 +26,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     add_train_flags(p)
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
+    p.add_argument("--hardware", default=None,
+                   help="also predict the step's time on this device: a device measured in the store (its name) or "
+                        "a datasheet key from `headroom hardware` (default: memory and FLOPs only)")
+    p.add_argument("--db", help="result store URL for measured hardware (default: HEADROOM_DB or the default store)")
     p.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
     p.add_argument("--trace", action="store_true",
                    help="also build the model from its config.json with HuggingFace transformers on the meta device "
@@ -35,7 +42,16 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = model_from_args(args)
     config = train_config(args)
+    timed = None
+    if args.hardware is not None:
+        from db.hardware import resolve_hardware
+
+        profile, calibration = resolve_hardware(args.hardware, args.db)
+        if args.device != profile.device:
+            args.device = profile.device  # the hardware's saving rules: what its time is of
     result = estimate(spec, config, args.device, args.accumulation)
+    if args.hardware is not None:
+        timed = step_report(result, profile, calibration)
     traced = None
     if args.trace:
         from cli.trace import render_trace, traced_report
@@ -47,9 +63,13 @@ def run(args: argparse.Namespace) -> int:
             report["ledger"] = [asdict(t) | {"bytes": t.bytes} for t in result.ledger.tensors]
         if traced is not None:
             report["trace"] = traced
+        if timed is not None:
+            report["time"] = timed
         print(json.dumps(report, indent=2))
     else:
         print(render(result))
+        if timed is not None:
+            print("\n" + render_time(timed))
         if args.ledger:
             print("\n" + render_ledger(result.ledger))
         if traced is not None:
@@ -103,6 +123,38 @@ def render(result: Estimate) -> str:
         *(f"note: {note}" for note in report["notes"]),
     ]
     return "\n".join(lines)
+
+
+def step_report(result: Estimate, profile: HardwareProfile, calibration: Calibration | None) -> dict:
+    """``time`` of the JSON: the step's predicted time by term on ``profile``, compute and host apart, and MFU."""
+    layout = result.config.layout
+    cluster = profile.cluster() if layout.world > 1 else None
+    time = step_time(result, profile, result.accumulation_steps, cluster)
+    factor = calibration.time.correction if calibration is not None else 1.0
+    step_s = time.total_s * factor
+    peak = profile.peak_flop_per_s.get(result.config.recipe.compute_dtype)
+    use = utilization(result, result.accumulation_steps, step_s, peak)
+    return {"hardware": profile.name, "source": profile.source, "calibration_factor": factor,
+            "step_time_s": step_s, "time_s": {k: v * factor for k, v in time.by_term().items()},
+            "compute_s": time.micro_batches * time.device_s * factor, "host_s": time.micro_batches * time.host_s * factor,
+            "host_bound": time.host_bound, "kernel_launches_per_micro_batch": time.launches,
+            "tokens_per_s": tokens_per_s(result.config, time) / factor, "utilization": use.to_dict(),
+            "assumptions": list(profile.assumptions)}
+
+
+def render_time(timed: dict) -> str:
+    use = timed["utilization"]
+    mfu = f", MFU {use['mfu']:.1%}, HFU {use['hfu']:.1%}" if use["mfu"] is not None else ""
+    calibrated = f" (calibrated x{timed['calibration_factor']:.3f})" if timed["calibration_factor"] != 1 else ""
+    return "\n".join([
+        f"time on {timed['hardware']} ({timed['source']}){calibrated}: {timed['step_time_s']:.4g} s per step, "
+        f"{timed['tokens_per_s']:,.0f} tokens/s",
+        f"  {use['tflop_per_s_per_gpu']:,.1f} model TFLOP/s per GPU{mfu}; FLOPs count causal attention in full",
+        f"  compute {timed['compute_s']:.4g} s and host {timed['host_s']:.4g} s a step "
+        f"({timed['kernel_launches_per_micro_batch']:,} kernels a micro-batch; "
+        f"{'host-bound' if timed['host_bound'] else 'device-bound'})",
+        "  by term: " + ", ".join(f"{k} {v:.4g} s" for k, v in timed["time_s"].items() if v),
+    ])
 
 
 def table(title: str, units: tuple[str, ...], rows: list[tuple[str, tuple[str, ...]] | None]) -> list[str]:

@@ -13,7 +13,8 @@ from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.layout_search import pinned_layout
-from core.planner import Plan, PlanRequest, budget_note, default_budget, plan_to_dict
+from core.planner import Candidate, Plan, PlanRequest, budget_note, default_budget, plan_to_dict
+from core.recompute import POLICY_NAMES, parse_policy
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
@@ -44,6 +45,20 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
     p.add_argument("--interconnect", default=DEFAULT_INTER_NODE_LINK, choices=list(LINKS_BY_KEY),
                    help=f"link between nodes, per GPU (default {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
+    p.add_argument("--micro-batch", type=int, default=None,
+                   help="pin the micro-batch (sequences per forward/backward pass per rank; default: the planner "
+                        "tries every one that divides the per-rank batch)")
+    p.add_argument("--accumulation", type=int, default=None,
+                   help="pin the micro-batches per optimizer step (the micro-batch is then the per-rank batch over "
+                        "it; default: chosen with the micro-batch)")
+    p.add_argument("--recompute", default=None,
+                   help=f"pin the checkpoint policy, one of {', '.join(POLICY_NAMES)} (default: the planner tries "
+                        "those the stack offers). With --micro-batch or --accumulation on one layout, the plan "
+                        "evaluates exactly that configuration and reports it even when it does not fit")
+    p.add_argument("--train-tokens", type=int, default=None,
+                   help="tokens the whole run trains on: the plan adds its wall time and GPU-hours")
+    p.add_argument("--gpu-hour-price", type=float, default=None,
+                   help="price of one GPU-hour (any currency; needs --train-tokens): the plan adds the run's cost")
     p.add_argument("--offload", action="store_true", help="also consider offloading activations to host memory")
     p.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
     p.add_argument("--trace", action="store_true",
@@ -84,11 +99,15 @@ def run(args: argparse.Namespace) -> int:
     layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **SINGLE_GPU)
     profile, calibration = resolve_hardware(args.hardware, args.db)
     request = PlanRequest(
-        spec=model_from_args(args), train=train_config(args, layout=layout), global_batch=global_batch(args),
+        spec=model_from_args(args), train=train_config(args, micro_batch=1, recompute="none", layout=layout),
+        global_batch=global_batch(args),
         budget_bytes=default_budget(profile) if args.budget is None else parse_budget(args.budget),
         allow_offload=args.offload, gpus=args.gpus,
         pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
         cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
+        micro_batch=args.micro_batch, accumulation=args.accumulation,
+        recompute=None if args.recompute is None else parse_policy(args.recompute),
+        train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,
     )
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
         from cli.trace import traceable
@@ -160,19 +179,25 @@ def render(result: Plan, top: int | None) -> str:
         *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),
         "",
     ]
+    pinned = result.pinned
+    if pinned is not None and pinned.rejection is not None:
+        lines += [f"pinned: {pinned.layout}; {pinned.label}: does not fit: {pinned.rejection}",
+                  *_performance(pinned, req, unit), "", *(f"  {a}" for a in result.advice)]
+        return "\n".join(lines)
     if best is None:
         lines += [f"nothing fits ({len(result.rejected)} candidates rejected)", *(f"  {a}" for a in result.advice)]
         return "\n".join(lines)
     world = best.layout.world
     lines += [
-        f"recommendation: {best.layout}; micro-batch {best.config.micro_batch} x accumulation "
-        f"{best.accumulation_steps}, recompute {best.config.recompute}",
+        f"{'pinned' if pinned is not None else 'recommendation'}: {best.layout}; micro-batch "
+        f"{best.config.micro_batch} x accumulation {best.accumulation_steps}, recompute {best.config.recompute}",
         f"  {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / world:,.0f} per {unit}), {best.step_time_s:.3f} s per step, "
         f"needs {best.required_bytes / GB:.1f} GB of {req.budget_bytes / GB:.1f} GB "
         f"({(req.budget_bytes - best.required_bytes) / GB:.1f} GB headroom)",
-        f"  why: the fastest of {len(result.candidates)} fitting candidates"
-        + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)}" if req.gpus else ""),
-        "  step time by term: " + ", ".join(f"{k} {v:.3f} s" for k, v in best.time_by_term().items() if v),
+        *_performance(best, req, unit)[1:],
+        ("  why: the one configuration pinned" if pinned is not None else
+         f"  why: the fastest of {len(result.candidates)} fitting candidates"
+         + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)}" if req.gpus else "")),
     ]
     if best.time.communication:
         total = sum(t.seconds for t in best.time.communication)
@@ -204,3 +229,26 @@ def render(result: Plan, top: int | None) -> str:
             lines.append(f"  {str(o.layout):<52} {o.why_lost(best)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]
     return "\n".join(lines)
+
+
+def _performance(c: Candidate, req: PlanRequest, unit: str) -> list[str]:
+    """A candidate's speed, utilisation, step time by term (compute and host apart) and, given --train-tokens,
+    what the run takes."""
+    use = c.utilization
+    mfu = (f", MFU {use.mfu:.1%}, HFU {use.hfu:.1%} (of the {use.peak_flop_per_s / 1e12:,.0f} TFLOP/s dense peak)"
+           if use.mfu is not None else "")
+    time = c.time
+    m, factor = time.micro_batches, c.step_time_s / time.total_s
+    bound = "host-bound" if time.host_bound else "device-bound"
+    lines = [
+        f"  {c.tokens_per_s:,.0f} tokens/s ({c.tokens_per_s / c.layout.world:,.0f} per {unit}), "
+        f"{c.step_time_s:.3f} s per step",
+        f"  {use.tflop_per_s_per_gpu:,.1f} model TFLOP/s per {unit}{mfu}; FLOPs count causal attention in full",
+        f"  compute {m * time.device_s * factor:.3f} s and host {m * time.host_s * factor:.3f} s a step "
+        f"({time.launches:,} kernels a micro-batch; {bound})",
+        "  step time by term: " + ", ".join(f"{k} {v:.3f} s" for k, v in c.time_by_term().items() if v),
+    ]
+    run = req.run_cost(c)
+    if run is not None:
+        lines.append(f"  run: {run.describe()}")
+    return lines

@@ -41,6 +41,7 @@ def attention_core(tr: Trace, d: Dims, cfg: TrainConfig, q: Sym, k: Sym, v: Sym,
         rng = [tr.matmul_output(tr.new(f"attn.philox_{n}", (), "int64"), "attention") for n in ("seed", "offset")
                ] if tr.rules.fused_attention_rng_state else []
         mask = tr.new("attn.sdpa_mask", (b, 1, s, s), q.dtype) if masked else None
+        tr.as_attention(out, b * a, s, hd, dv, lse, *rng)
         tr.save(q, k, v, mask, out, lse, *rng)
         # Laid out (b, s, a, d): the output projection reads a view of the same storage.
         return Sym(out.storage, (b, s, a * dv), out.dtype, out.name)
@@ -67,7 +68,9 @@ def attention_core(tr: Trace, d: Dims, cfg: TrainConfig, q: Sym, k: Sym, v: Sym,
         mask = None if eager else tr.new("attn.causal_mask", (s, s), "bool")
         softmax_dtype = "fp32" if eager or (tr.amp and tr.rules.autocast_softmax_fp32) else q.dtype
         capped = capped and eager
-    scores = tr.matmul_output(tr.new("attn.scores", (b, a, s, s), q_b.dtype), "bmm")
+    scores = tr.new("attn.scores", (b, a, s, s), q_b.dtype)
+    tr.as_gemm(scores, s, s, hd, b * a)
+    scores = tr.matmul_output(scores, "bmm")
     tr.save(q_b, k_b, mask)
     if capped:
         tr.save(tr.new("attn.softcap_tanh", scores.shape, scores.dtype))
@@ -78,7 +81,9 @@ def attention_core(tr: Trace, d: Dims, cfg: TrainConfig, q: Sym, k: Sym, v: Sym,
         probs = tr.dropout(probs, "attn.dropout")
     probs = tr.cast(probs, v_b.dtype, "attn.probs_cast")
     tr.save(probs, v_b)
-    y = tr.matmul_output(tr.new("attn.pv", v_heads, v_b.dtype), "bmm")
+    y = tr.new("attn.pv", v_heads, v_b.dtype)
+    tr.as_gemm(y, s, dv, s, b * a)
+    y = tr.matmul_output(y, "bmm")
     del y
     return tr.new("attn.out_heads_merged", (b, s, a * dv), q.dtype)
 
@@ -110,7 +115,11 @@ def _rope(tr: Trace, x: Sym, tables: tuple[Sym, Sym], name: str) -> Sym:
     rotates the first rotary_dim of each head and concatenates the rest back: the tables are that wide."""
     cos, sin = (tr.cast(t, x.dtype, f"{name}.{t.name.rsplit('.', 1)[-1]}_cast") for t in tables)
     tr.save(cos, sin)
-    return tr.new(f"{name}.rotated", x.shape, x.dtype)
+    # rotate_half's negated half and concatenation, and the two products: made and dropped, never kept.
+    half = (*x.shape[:-1], x.shape[-1] // 2)
+    for part, shape in (("negated", half), ("rotate_half", x.shape), ("x_cos", x.shape), ("rotated_sin", x.shape)):
+        tr.new(f"{name}.{part}", shape, x.dtype)
+    return tr.new(f"{name}.rotated", x.shape, x.dtype, reads=2)
 
 
 def latent_qkv(tr: Trace, spec: ModelSpec, d: Dims, x: Sym, param_dtype: str) -> tuple[Sym, Sym, Sym]:

@@ -78,16 +78,26 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     if run:
         x = tr.repeat_segments(*run, size, x)
     tr.layer = None
-    if not rank.last:
-        return tr
+    if rank.last:
+        trace_head(tr, spec, cfg, d, x, param_dtype)
+    return tr
 
+
+def trace_head(tr: Trace, spec: ModelSpec, cfg: TrainConfig, d: Dims, x: Sym, param_dtype: str) -> None:
+    """The last stage's tail: the final norm, the head and the loss, reading the blocks' output ``x``."""
+    h = d.h
     final = (tr.layer_norm if spec.block == "gpt" else tr.rms_norm)(x, "final_norm", param_dtype)
     loss = tr.stack.loss_at(cfg.layout.tp)
     if loss == "fused-linear":
         # Liger's fused head and loss computes both gradients in forward and keeps them, not the logits (core.stack).
-        tr.save(tr.new("loss.grad_input", (d.tokens, h), final.dtype),
-                tr.new("loss.grad_weight", (d.vocab, h), param_dtype))
-        return tr
+        grad_input, grad_weight = tr.new("loss.grad_input", (d.tokens, h), final.dtype), \
+            tr.new("loss.grad_weight", (d.vocab, h), param_dtype)
+        # Its forward runs the head's three products (logits and both gradients), chunk by chunk: priced as the
+        # head's one forward product, whose backward (core.step_ops) is the other two.
+        tr.as_gemm(grad_input, d.tokens, d.vocab, h, dtype="bf16" if tr.amp else final.dtype)
+        tr.unrecord(grad_weight)
+        tr.save(grad_input, grad_weight)
+        return
     final, kept = _column_input(tr, d, final, "final_norm")
     logits = tr.linear(final, "lm_head", d.vocab, param_dtype, kept)
     if d.loss_vocab != d.vocab:  # all-gathered over the tensor-parallel ranks (Stack.gathers_logits)
@@ -105,13 +115,12 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
             tr.new("loss.masked_target", (d.tokens,), "int64"),
             tr.new("loss.mask", (d.tokens,), "fp32", "input"),
         )
-        return tr
+        return
     tr.save(
         tr.new("log_softmax", (d.tokens, d.loss_vocab), "fp32"),
         _targets(tr, d),
         tr.new("loss.total_weight", (), "fp32") if loss == "log-softmax" else None,  # nll_loss's
     )
-    return tr
 
 
 def _targets(tr: Trace, d: Dims) -> Sym:
@@ -198,7 +207,7 @@ def trace_block(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, p
     if cfg.dropout > 0:
         o = tr.dropout(o, "attn.resid_dropout")
     if not spec.parallel_residual:  # else the MLP reads the block's input too
-        x = tr.new("residual_attn", (b, rows, h), x.dtype)
+        x = tr.new("residual_attn", (b, rows, h), x.dtype, reads=2)
 
     m, kept = _column_input(tr, d, norm(x, "mlp_norm", param_dtype), "mlp_norm")
     if spec.is_moe_layer(tr.layer or 0):
@@ -214,7 +223,7 @@ def trace_block(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, p
         down = norm(down, "mlp_post_norm", param_dtype)
     if cfg.dropout > 0:
         down = tr.dropout(down, "mlp.resid_dropout")
-    return tr.new("residual_mlp", (b, rows, h), x.dtype)
+    return tr.new("residual_mlp", (b, rows, h), x.dtype, reads=2)
 
 
 def _column_input(tr: Trace, d: Dims, x: Sym, name: str) -> tuple[Sym, Sym | None]:
@@ -252,7 +261,7 @@ def _swiglu(tr: Trace, x: Sym, name: str, width: int, out: int, param_dtype: str
     if tr.stack.swiglu == "fc1":
         fc1 = tr.linear(x, f"{name}.fc1", 2 * width, param_dtype, kept, stacked=stacked, bias=bias)
         tr.save(fc1)
-        hidden = tr.new(f"{name}.swiglu", (*fc1.shape[:-1], width), fc1.dtype)
+        hidden = tr.new(f"{name}.swiglu", (*fc1.shape[:-1], width), fc1.dtype, reads=2)
         return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
     gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
@@ -262,7 +271,7 @@ def _swiglu(tr: Trace, x: Sym, name: str, width: int, out: int, param_dtype: str
         tr.save(gate)  # SiLU saves its input
         silu = tr.new(f"{name}.silu", gate.shape, gate.dtype)
         tr.save(silu, up)  # the product saves both factors
-    hidden = tr.new(f"{name}.swiglu", gate.shape, gate.dtype)
+    hidden = tr.new(f"{name}.swiglu", gate.shape, gate.dtype, reads=2)
     return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
 
 

@@ -32,12 +32,14 @@ from dataclasses import dataclass, replace
 from core.calibration import STEP_RANGE_LIMIT, Calibration, Observation, calibrate
 from core.collective_curves import CollectiveCurves, CollectiveRecord
 from core.config import TrainConfig
+from core.device_curves import CURVES
 from core.errors import ConfigError
 from core.estimate import estimate, for_rank
 from core.layout import Layout
 from core.flops import attention_forward_flops
 from core.hardware import match_device
 from core.model import ModelSpec
+from core.op_time import anchor_efficiency
 from core.recompute import parse_policy
 from core.timing import (
     DEFAULT_FRAGMENTATION,
@@ -196,6 +198,26 @@ def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint
     return {dtype: tuple(p) for dtype, p in points.items()}
 
 
+LARGE_GEMM_FLOPS = 2 * 4096**3
+"""A GEMM of this many FLOPs or more runs at the device's sustained large-GEMM rate (the H200 reference run: 15
+such bf16 GEMMs, 687-776 TFLOP/s, median 709.8)."""
+
+
+def large_gemm_efficiency(records: Iterable[MatmulRecord], peak_flop_per_s: float, sms: int) -> float | None:
+    """The shape model's anchor (core.op_time.anchor_efficiency) from a box's own bf16 GEMMs of
+    ``LARGE_GEMM_FLOPS`` or more: the median over their sizes of each size's median rate (what the store's
+    aggregates hand over, db/profiles.py), at the median size taken as a cube. None without any."""
+    by_size: dict[int, list[float]] = defaultdict(list)
+    for r in records:
+        if r.dtype == "bf16" and r.flops >= LARGE_GEMM_FLOPS and _positive(r.flop_per_s):
+            by_size[r.flops].append(r.flop_per_s)
+    if not by_size or peak_flop_per_s <= 0:
+        return None
+    rate = statistics.median(statistics.median(rates) for rates in by_size.values())
+    side = round((statistics.median(by_size) / 2) ** (1 / 3))
+    return anchor_efficiency(rate, peak_flop_per_s, side, side, side, sms)
+
+
 def attention_throughput(records: Iterable[AttentionRecord]) -> tuple[float, float | None] | None:
     """(forward FLOP/s, backward / forward time) of the fastest backend at the largest shape; None without any.
 
@@ -247,6 +269,7 @@ def profile_from_measurements(
     datasheet = match_device(device.name).spec if device.device_type == "cuda" else None
     fallback = datasheet_profile(datasheet) if datasheet else None
     assumptions = []
+    matmul = list(matmul)
     curve = matmul_curve(matmul)
     if not curve:
         if fallback is None:
@@ -271,6 +294,16 @@ def profile_from_measurements(
     if not memory:
         raise ConfigError(f"{device.name}: memory size unknown (not in its fingerprint, no datasheet row, "
                           "no host memory given)")
+    shape_model = {}
+    if datasheet is not None:
+        curves = CURVES.get(datasheet.key)
+        sms = curves.sms if curves else 0
+        efficiency = large_gemm_efficiency(matmul, datasheet.peak("bf16"), sms)
+        if efficiency is None:
+            efficiency = fallback.matmul_efficiency
+            assumptions.append(f"GEMMs by shape from the datasheet row's cited GEMM (no bf16 GEMM of "
+                               f"{LARGE_GEMM_FLOPS:.3g} FLOPs or more measured)")
+        shape_model = {"matmul_efficiency": efficiency, "sms": sms}
     profile = HardwareProfile(
         name=device.name,
         source="measured",
@@ -282,6 +315,7 @@ def profile_from_measurements(
         fragmentation=fragmentation,
         device="cpu" if device.device_type == "cpu" else "cuda",
         assumptions=tuple(assumptions),
+        **shape_model,
     )
     backward_ratio = attention_rate[1]
     if backward_ratio:

@@ -42,6 +42,7 @@ from core.ledger import activation_ledger, ledgers_kept
 from core.model import ModelSpec
 from core.precision import get_precision
 from core.recompute import RecomputePolicy
+from core.run_cost import RunCost, Utilization, check_run, utilization
 from core.stack import get_stack
 from core.timing import HardwareProfile, StepTime, step_time, tokens_per_s
 from core.units import GB
@@ -90,6 +91,16 @@ class PlanRequest:
     """Layout fields (core.layout_search.PINNABLE) the search keeps at ``train.layout``'s value."""
     cluster: Cluster | None = None
     """GPUs per node and links; None: core.interconnect.default_cluster of the hardware."""
+    micro_batch: int | None = None
+    """Pinned micro-batch (``--micro-batch``); None: the planner's to choose."""
+    recompute: RecomputePolicy | None = None
+    """Pinned checkpoint policy (``--recompute``); None: the planner's to choose."""
+    accumulation: int | None = None
+    """Pinned micro-batches per optimizer step (``--accumulation``): the micro-batch is the per-rank batch over it."""
+    train_tokens: int | None = None
+    """Tokens the whole run trains on (``--train-tokens``): the plan says how long and how many GPU-hours."""
+    gpu_hour_price: float | None = None
+    """Price of one GPU-hour (``--gpu-hour-price``), in any currency: the plan prices the run."""
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -109,6 +120,45 @@ class PlanRequest:
                 f"{self.context_reserve_bytes / GB:.2f} GB CUDA context reserve"
             )
         self.train.check_model(self.spec)
+        self._check_pins()
+        check_run(self.train_tokens, self.gpu_hour_price)
+
+    def _check_pins(self) -> None:
+        """A pinned micro-batch, accumulation and policy must make the global batch, and the stack offer the policy."""
+        for name, value in (("micro-batch", self.micro_batch), ("accumulation", self.accumulation)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+        if self.recompute is not None:
+            get_stack(self.train.stack).check_policy(self.recompute)
+        if self.gpus is not None:
+            return  # each layout's per-rank batch differs: a layout the pins do not divide is skipped
+        per_rank = self.per_rank_batch
+        valid = ", ".join(map(str, divisors(per_rank)))
+        if self.micro_batch is not None and per_rank % self.micro_batch:
+            raise ConfigError(f"--micro-batch {self.micro_batch} does not divide the per-rank batch {per_rank} "
+                              f"(global batch {self.global_batch} / dp {self.dp}); valid: {valid}")
+        if self.accumulation is not None and per_rank % self.accumulation:
+            raise ConfigError(f"--accumulation {self.accumulation} does not divide the per-rank batch {per_rank} "
+                              f"(global batch {self.global_batch} / dp {self.dp}); valid: {valid}")
+        if self.micro_batch is not None and self.accumulation is not None \
+                and self.micro_batch * self.accumulation != per_rank:
+            raise ConfigError(f"--micro-batch {self.micro_batch} x --accumulation {self.accumulation} is "
+                              f"{self.micro_batch * self.accumulation} sequences per rank, not the per-rank batch "
+                              f"{per_rank} (global batch {self.global_batch} / dp {self.dp})")
+
+    @property
+    def pins_one_candidate(self) -> bool:
+        """The micro-batch (directly or by accumulation) and the policy are pinned on one layout: the plan
+        evaluates that one configuration, and reports it even when it does not fit."""
+        return self.gpus is None and self.recompute is not None and (
+            self.micro_batch is not None or self.accumulation is not None)
+
+    def run_cost(self, candidate: Candidate) -> RunCost | None:
+        """What training ``train_tokens`` with ``candidate`` takes, or None without ``train_tokens``."""
+        if self.train_tokens is None:
+            return None
+        return RunCost(self.train_tokens, self.global_batch * self.seq_len, candidate.step_time_s,
+                       candidate.layout.world, self.gpu_hour_price)
 
     def _check_whole_nodes(self) -> None:
         """More GPUs than a node are whole nodes: the placement (core.comm) numbers ranks node by node, and a
@@ -179,6 +229,13 @@ class Candidate:
     step_time_s: float
     """Calibrated."""
     rejection: str | None = None
+    peak_flop_per_s: float | None = None
+    """One GPU's dense peak for the compute dtype (MFU's denominator); None where the device has none."""
+
+    @property
+    def utilization(self) -> Utilization:
+        """MFU, HFU and TFLOP/s per GPU at the calibrated step time (core.run_cost)."""
+        return utilization(self.estimate, self.accumulation_steps, self.step_time_s, self.peak_flop_per_s)
 
     @property
     def config(self) -> TrainConfig:
@@ -192,10 +249,14 @@ class Candidate:
     def layout(self) -> Layout:
         return self.config.layout
 
+    @property
+    def _factor(self) -> float:
+        """The calibration's correction, as applied to ``step_time_s``."""
+        return self.step_time_s / self.time.total_s
+
     def time_by_term(self) -> dict[str, float]:
         """Seconds per step by term, calibrated like ``step_time_s``: they add up to it."""
-        factor = self.step_time_s / self.time.total_s
-        return {term: seconds * factor for term, seconds in self.time.by_term().items()}
+        return {term: seconds * self._factor for term, seconds in self.time.by_term().items()}
 
     def to_dict(self, budget_bytes: int) -> dict[str, Any]:
         return {
@@ -212,6 +273,11 @@ class Candidate:
             "memory_bytes": self.estimate.memory_dict(),
             "ranks": self.estimate.ranks_list(),
             "time_s": self.time_by_term(),
+            "compute_s": self.time.micro_batches * self.time.device_s * self._factor,
+            "host_s": self.time.micro_batches * self.time.host_s * self._factor,
+            "host_bound": self.time.host_bound,
+            "kernel_launches_per_micro_batch": self.time.launches,
+            "utilization": self.utilization.to_dict(),
             "communication": [
                 {"axis": t.axis, "op": t.op, "message_bytes": t.message_bytes, "calls": t.calls,
                  "group_size": t.group_size, "link": t.link_key, "seconds": t.seconds,
@@ -240,6 +306,13 @@ class Plan:
     @property
     def recommendation(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
+
+    @property
+    def pinned(self) -> Candidate | None:
+        """The one configuration a fully pinned request asks about, fitting or not (`PlanRequest.pins_one_candidate`)."""
+        if not self.request.pins_one_candidate:
+            return None
+        return next(iter(self.candidates or self.rejected), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +365,8 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     policies += [RecomputePolicy("every", k) for k in ks]
     if request.allow_offload:
         policies.append(RecomputePolicy("offload"))
+    if request.recompute is not None:
+        return [request.recompute]
     offered = get_stack(request.train.stack).policies
     return [p for p in policies if p.kind in offered]
 
@@ -315,6 +390,7 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
     candidate = Candidate(
         estimate=est, accumulation_steps=accumulation, time=time, calibrated_peak_bytes=peak, required_bytes=required,
         tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
+        peak_flop_per_s=profile.peak_flop_per_s.get(est.config.recipe.compute_dtype),
     )
     if required <= request.budget_bytes:
         return candidate
@@ -322,10 +398,12 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
 
 
 def micro_batches(request: PlanRequest) -> list[int]:
-    """Micro-batches that divide the per-rank batch (into a multiple of pp under the interleaved schedule)."""
+    """Micro-batches that divide the per-rank batch (into a multiple of pp under the interleaved schedule): the
+    pinned one only, where the request pins the micro-batch or the accumulation."""
     per_rank, layout = request.per_rank_batch, request.layout
     group = layout.pp if layout.schedule == "interleaved" else 1
-    return [m for m in divisors(per_rank) if (per_rank // m) % group == 0]
+    return [m for m in divisors(per_rank) if (per_rank // m) % group == 0
+            and m == (request.micro_batch or m) and per_rank // m == (request.accumulation or per_rank // m)]
 
 
 def rejection_reason(candidate: Candidate, request: PlanRequest, profile: HardwareProfile) -> str:
@@ -425,10 +503,15 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
     candidate, micro-batch 1 under full recompute, and give up on the layout if even that does not fit."""
     layout = request.layout
     if not micro_batches(request):
+        if request.micro_batch is not None or request.accumulation is not None:
+            raise ConfigError(f"the pinned micro-batch and accumulation do not split the per-rank batch "
+                              f"{request.per_rank_batch} into a multiple of pp {layout.pp} micro-batches for the "
+                              "interleaved schedule")
         raise ConfigError(f"no micro-batch splits the per-rank batch {request.per_rank_batch} into a multiple of "
                           f"pp {layout.pp} micro-batches for the interleaved schedule")
     if screen:
-        lightest = evaluate(request, profile, calibration, min(micro_batches(request)), RecomputePolicy("full"))
+        lightest_policy = request.recompute or RecomputePolicy("full")
+        lightest = evaluate(request, profile, calibration, min(micro_batches(request)), lightest_policy)
         if lightest.rejection is not None:
             return LayoutOutcome(layout, None, lightest), [lightest]
     evaluated: list[Candidate] = []
@@ -474,6 +557,11 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "precision": result.request.precision,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
+            "micro_batch": result.request.micro_batch,
+            "recompute": None if result.request.recompute is None else str(result.request.recompute),
+            "accumulation": result.request.accumulation,
+            "train_tokens": result.request.train_tokens,
+            "gpu_hour_price": result.request.gpu_hour_price,
         },
         "hardware": {
             "name": profile.name,
@@ -489,6 +577,8 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
         "notes": [note for note in (budget_note(budget, profile), *result.request.train.model_notes(result.request.spec))
                   if note],
         "recommendation": best.to_dict(budget) if best else None,
+        "pinned": _pinned_dict(result),
+        "run": run.to_dict() if best and (run := result.request.run_cost(best)) else None,
         "candidates": [c.to_dict(budget) for c in result.candidates[:top]],
         "rejected": [c.to_dict(budget) for c in result.rejected],
         "layouts": [
@@ -500,3 +590,16 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
         ],
         "advice": list(result.advice),
     }
+
+
+def _pinned_dict(result: Plan) -> dict[str, Any] | None:
+    """``pinned`` of the JSON: the configuration a fully pinned request asked about, whether it fits and by how
+    much it misses, and what a run of it would cost."""
+    pinned = result.pinned
+    if pinned is None:
+        return None
+    budget = result.request.budget_bytes
+    run = result.request.run_cost(pinned)
+    return pinned.to_dict(budget) | {"fits": pinned.rejection is None,
+                                     "over_budget_bytes": max(0, pinned.required_bytes - budget),
+                                     "run": run.to_dict() if run else None}

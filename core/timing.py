@@ -1,48 +1,45 @@
 """Step time of a training configuration on one device, from its measurements or its datasheet.
 
-A `HardwareProfile` holds what the time model needs: matmul throughput by
-dtype (measured points over GEMM sizes, or the datasheet peak), attention
-throughput, memory bandwidth, and the allocator's reserved/allocated ratio.
-`datasheet_profile` fills it from core.hardware with stated default
-efficiencies; db/profiles.py fills it from a box's own benchmark results.
+A `HardwareProfile` holds what the time model needs: dense peaks, the efficiency a large GEMM reaches and the
+SMs its tiles spread over, the attention rate, the achieved memory bandwidth, and the allocator's
+reserved/allocated ratio. `datasheet_profile` fills it from core.hardware and the cited curves of
+core.device_curves; core.measurements fills it from a box's own benchmark results.
 
-The model, per micro-batch (``step_time``):
+The model, per micro-batch (``step_time``), from the ops the rank runs (core.step_ops, priced by core.op_time):
 
-- forward: every GEMM of every block and the head at the profile's rate for
-  its dtype and size; the attention core (QK^T and PV) at the attention rate;
-  memory-bound elementwise work as bytes over bandwidth, taking each tensor
-  a block saves without checkpointing as written once and read once;
-- backward: matmuls 2x forward, attention ``attention_backward_ratio`` x
-  forward (FlashAttention-2 runs five GEMMs in backward against two forward,
-  Dao 2023), elementwise 2x forward;
-- recompute: the recomputed share of the blocks' forward (op-selective: all
-  of their elementwise work, no matmul);
+- forward: every op of every block of the rank, and its embedding or head and loss: GEMMs at the efficiency
+  their shape reaches, attention at the attention rate, memory-bound ops by their bytes;
+- backward: each GEMM's two gradient products at their shapes, attention ``attention_backward_ratio`` x
+  forward, memory-bound ops twice forward's bytes;
+- recompute: what the policy runs again: whole blocks (full, every-K; less the FLOPs torch's early stop
+  skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
+  (op-selective);
 - offload: saved bytes to the host and back over ``host_bytes_per_s``;
+- host: the ops' dispatch (core.op_time's host constants, and the selective-checkpoint context's per-op cost
+  under op-selective). On a GPU the host runs ahead of the device, so a micro-batch takes the longer of the
+  two; on a CPU the two are one and add up;
+
 per optimizer step:
 
-- accumulation: each micro-batch after the first adds its gradients into
-  ``.grad`` (read both, write one);
-- optimizer: a memory-bound pass reading parameters, gradients, master copy and
-  state, and writing all but the gradients;
-- communication (core.comm): tensor- and pipeline-parallel traffic in full;
-  data-parallel and FSDP traffic hidden behind the compute it overlaps with
-  (the last micro-batch's backward for DDP and ZeRO-1, every backward for
-  ZeRO-2, every forward and backward for FSDP), context-parallel ring traffic
-  behind the attention; what is left over is exposed and counted;
-- bubble: a pipeline idles (pp - 1) / v micro-batch times per step
-  (core.pipeline.bubble_fraction).
+- accumulation: each micro-batch after the first adds its gradients into ``.grad`` (read both, write one);
+- optimizer: a memory-bound pass reading parameters, gradients, master copy and state, and writing all but
+  the gradients;
+- communication (core.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
+  hidden behind the compute it overlaps with (the last micro-batch's backward for DDP and ZeRO-1, every
+  backward for ZeRO-2, every forward and backward for FSDP), context-parallel ring traffic behind the
+  attention; what is left over is exposed and counted;
+- bubble: a pipeline idles (pp - 1) / v micro-batch times per step (core.pipeline.bubble_fraction).
 
-Per rank, the blocks are the rank's n_layers / pp, their FLOPs split over
-tp x cp ranks, and the head counted on every rank (the last stage, the slowest,
-sets the pipeline's pace).
+Per rank, the blocks are the rank's n_layers / pp at the rank's shapes (tensor, sequence and context
+parallelism split them), and the head counted on every rank (the last stage, the slowest, sets the
+pipeline's pace). No factor multiplies the sum: docs/time-model.md lists every constant and its source.
 """
 
 from __future__ import annotations
 
 import bisect
-import functools
 import math
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Literal
 
 from core.comm import (
@@ -54,36 +51,36 @@ from core.comm import (
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.estimate import Estimate
-from core.flops import layer_forward_flops, logits_forward_flops
-from core.hardware import HardwareSpec
 from core.collective_curves import CollectiveCurves
+from core.device_curves import CURVES
+from core.hardware import HardwareSpec
 from core.interconnect import DEFAULT_INTER_NODE_LINK, Cluster, cluster_for
-from core.ledger import activation_ledger
-from core.model import ModelSpec
+from core.op_time import (
+    KERNEL_GAP_S,
+    DeviceRates,
+    HostCosts,
+    OpsTime,
+    anchor_efficiency,
+    ops_time,
+)
 from core.pipeline import bubble_fraction
-from core.recompute import RecomputePolicy
+from core.stack import get_stack
+from core.step_ops import ForwardOps, forward_ops
 
-# Defaults used when a box has no measurement of its own (stated in every plan that uses them).
+# Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
-"""Large bf16 GEMMs reach 75-80% of the dense peak on Hopper (DEVELOPERS' H200: 769-798 of 989 TFLOP/s)."""
+"""Large bf16 GEMMs reach 75-80% of the dense peak on Hopper (the H200 reference run: 746-776 of 989 TFLOP/s)."""
 DEFAULT_ATTENTION_EFFICIENCY = 0.50
 """FlashAttention-2 forward reaches 50-73% of peak on A100/H100 (Dao 2023, Fig. 4-6); the low end."""
 DEFAULT_BANDWIDTH_EFFICIENCY = 0.85
-"""Large copies reach ~85-90% of HBM bandwidth (H200 here: ~4.3 of 4.8 TB/s)."""
+"""Large copies reach ~85-90% of HBM bandwidth (H200 here: ~4.2 of 4.8 TB/s)."""
 DEFAULT_FRAGMENTATION = 1.10
 """Reserved / allocated of PyTorch's caching allocator when the box measured none."""
-DEFAULT_COMPUTE_OVERHEAD = 1.5
-"""A full eager PyTorch step takes this many times the sum of its kernels at the efficiencies above (launch
-gaps, unfused elementwise work, power and clock limits). Fitted to published full training steps on H100,
-planned with the stack they ran (``torchtitan``: its per-op checkpointing recomputes every second matmul, its
-full checkpointing reruns whole blocks): torchtitan docs/performance.md, Table 1 (Llama 3.1 8B, FSDP on 8 H100,
-local batch 2, seq 8192, selective op AC, eager: 5,762 tokens/s per GPU) implies 1.48; its Llama 3.1 405B run
-(128 H100, TP 8 x FSDP 16, local batch 2, full AC: 109 tokens/s per GPU) implies 1.53. Both ran at a 500 W
-power limit on 96 GB HBM2e parts, so a 700 W SXM card may beat it; tests/test_published_runs.py keeps both
-within 15%."""
-DEFAULT_HOST_BYTES_PER_S = 25e9
-"""PCIe Gen5 x16 in practice, for offload traffic."""
+DEFAULT_HOST_BYTES_PER_S = 48e9
+"""Offload's device-to-host and host-to-device copies: PCIe Gen5 x16 (64 GB/s each way) as the H200 reference
+run's two offload steps achieved it (46.6 and 49.6 GB/s; benchmarks/fit_time_constants.py)."""
 ATTENTION_BACKWARD_RATIO = 2.5
+"""FlashAttention-2's backward runs five GEMMs against forward's two (Dao 2023): 2.5x forward's time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,9 +105,14 @@ class HardwareProfile:
     fragmentation: float = DEFAULT_FRAGMENTATION
     attention_backward_ratio: float = ATTENTION_BACKWARD_RATIO
     host_bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
-    compute_overhead: float = 1.0
-    """Full-step compute time over the sum of its kernels' (datasheet profiles: DEFAULT_COMPUTE_OVERHEAD;
-    a measured profile leaves it to the calibration)."""
+    matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
+    """A large GEMM's rate over the dense peak: the shape model's anchor (core.op_time)."""
+    sms: int = 0
+    """Streaming multiprocessors, for wave quantization; 0: unknown (no quantization)."""
+    kernel_gap_s: float = KERNEL_GAP_S
+    """What each kernel adds to its work (core.op_time)."""
+    host: HostCosts = HostCosts()
+    """What the host pays to dispatch ops (core.op_time)."""
     device: str = "cuda"
     """The device whose saving rules the ledger applies (core.devices)."""
     assumptions: tuple[str, ...] = field(default=())
@@ -122,6 +124,17 @@ class HardwareProfile:
         """Nodes of this device: its datasheet links (core.interconnect.cluster_for), with the measured
         collectives inside a node where the box recorded them."""
         return cluster_for(self.name, gpus_per_node, inter, self.collectives)
+
+    @property
+    def rates(self) -> DeviceRates:
+        """What core.op_time prices ops with."""
+        return DeviceRates(self.peak_flop_per_s, self.matmul_efficiency, self.sms, self.attention_flop_per_s,
+                           self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s)
+
+    @property
+    def host_runs_ahead(self) -> bool:
+        """The host queues kernels while the device runs earlier ones (a GPU), rather than running them itself."""
+        return self.device != "cpu"
 
     def matmul_flop_per_s(self, dtype: str, flops: float) -> float:
         """Throughput of a GEMM of ``flops``: log-linear interpolation over the measured sizes, clamped."""
@@ -138,23 +151,33 @@ class HardwareProfile:
 
 
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
-    """A profile from the datasheet with the stated default efficiencies."""
+    """A profile from the datasheet and the device family's cited curves (core.device_curves)."""
+    curves = CURVES.get(hw.key)
+    if curves is None:
+        matmul, sms, attention, bandwidth = DEFAULT_MATMUL_EFFICIENCY, 0, DEFAULT_ATTENTION_EFFICIENCY, \
+            DEFAULT_BANDWIDTH_EFFICIENCY
+        sources = ("assumed",) * 3
+    else:
+        sms = curves.sms
+        matmul = anchor_efficiency(curves.matmul_tflop_per_s * 1e12, hw.peak("bf16"), *curves.matmul_shape, sms)
+        attention, bandwidth = curves.attention_efficiency, curves.bandwidth_efficiency
+        sources = (curves.matmul_source, curves.attention_source, curves.bandwidth_source)
     return HardwareProfile(
         name=hw.key,
         source="datasheet",
         memory_bytes=hw.memory_bytes,
         peak_flop_per_s=dict(hw.peak_flop_per_s),
-        matmul={d: (MatmulPoint(1.0, p * DEFAULT_MATMUL_EFFICIENCY),) for d, p in hw.peak_flop_per_s.items()},
-        attention_flop_per_s=hw.peak("bf16") * DEFAULT_ATTENTION_EFFICIENCY,
-        hbm_bytes_per_s=hw.hbm_bytes_per_s * DEFAULT_BANDWIDTH_EFFICIENCY,
-        compute_overhead=DEFAULT_COMPUTE_OVERHEAD,
+        matmul={d: (MatmulPoint(1.0, p * matmul),) for d, p in hw.peak_flop_per_s.items()},
+        # Counted in full, a causal kernel's rate is twice what it executes.
+        attention_flop_per_s=2 * hw.peak("bf16") * attention,
+        hbm_bytes_per_s=hw.hbm_bytes_per_s * bandwidth,
+        matmul_efficiency=matmul,
+        sms=sms,
         assumptions=(
-            f"matmul at {DEFAULT_MATMUL_EFFICIENCY:.0%} of the dense datasheet peak",
-            f"attention at {DEFAULT_ATTENTION_EFFICIENCY:.0%} of the bf16 peak",
-            f"memory-bound work at {DEFAULT_BANDWIDTH_EFFICIENCY:.0%} of datasheet bandwidth",
+            f"GEMMs by shape from one large bf16 GEMM ({sources[0]})",
+            f"causal attention at {attention:.0%} of the bf16 peak ({sources[1]})",
+            f"memory-bound work at {bandwidth:.0%} of datasheet bandwidth ({sources[2]})",
             f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x",
-            f"full-step overhead {DEFAULT_COMPUTE_OVERHEAD:.1f}x the kernels' time (fitted to torchtitan's "
-            "published H100 runs)",
             f"collectives at {DEFAULT_COLLECTIVE_EFFICIENCY:.0%} of link bandwidth",
         ),
     )
@@ -165,10 +188,12 @@ class StepTime:
     """Seconds of one optimizer step on one rank, by term."""
 
     forward_s: float
+    """Device time of one micro-batch's forward (and of each term below, per micro-batch)."""
     backward_s: float
     recompute_s: float
     offload_s: float
     accumulation_s: float
+    """Per step, as every term below."""
     optimizer_s: float
     micro_batches: int
     communication_s: float = 0.0
@@ -177,6 +202,13 @@ class StepTime:
     """Pipeline idle time (per step)."""
     communication: tuple[CommTerm, ...] = ()
     """Every collective of the step, before overlap."""
+    host_s: float = 0.0
+    """Host time to dispatch one micro-batch's ops (forward, backward and recompute)."""
+    host_runs_ahead: bool = True
+    """The host queues kernels ahead of the device (a GPU): a micro-batch takes the longer of the two. False (a
+    CPU): the host runs them, and the two add up."""
+    launches: int = 0
+    """Kernels one micro-batch launches (forward, recompute and backward)."""
 
     @property
     def waiting_s(self) -> float:
@@ -186,8 +218,24 @@ class StepTime:
         return self.communication_s + self.bubble_s
 
     @property
-    def per_micro_batch_s(self) -> float:
+    def device_s(self) -> float:
+        """Device time of one micro-batch: forward, backward, recompute and offload."""
         return self.forward_s + self.backward_s + self.recompute_s + self.offload_s
+
+    @property
+    def host_wait_s(self) -> float:
+        """What the host adds to a micro-batch: the time the device waits for kernels (GPU), or the dispatch
+        itself (CPU)."""
+        return max(0.0, self.host_s - self.device_s) if self.host_runs_ahead else self.host_s
+
+    @property
+    def host_bound(self) -> bool:
+        """The host, not the device, sets the micro-batch's pace."""
+        return self.host_runs_ahead and self.host_s > self.device_s
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        return self.device_s + self.host_wait_s
 
     @property
     def total_s(self) -> float:
@@ -198,18 +246,8 @@ class StepTime:
         """Seconds per step by term; they add up to ``total_s``."""
         m = self.micro_batches
         return {"forward": self.forward_s * m, "backward": self.backward_s * m, "recompute": self.recompute_s * m,
-                "offload": self.offload_s * m, "accumulation": self.accumulation_s, "optimizer": self.optimizer_s,
-                "communication": self.communication_s, "bubble": self.bubble_s}
-
-
-def _plain_activation_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
-    """What one rank's blocks save without checkpointing: the elementwise traffic every policy runs forward."""
-    return _plain_ledger_bytes(spec, replace(config, recompute=RecomputePolicy("none")), device)
-
-
-@functools.lru_cache(maxsize=4096)
-def _plain_ledger_bytes(spec: ModelSpec, config: TrainConfig, device: str) -> int:
-    return activation_ledger(spec, config, device).saved_bytes
+                "offload": self.offload_s * m, "host": self.host_wait_s * m, "accumulation": self.accumulation_s,
+                "optimizer": self.optimizer_s, "communication": self.communication_s, "bubble": self.bubble_s}
 
 
 def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int,
@@ -220,34 +258,18 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     """
     spec, cfg = estimate.spec, estimate.config
     layout = cfg.layout
-    split = layout.tp * layout.cp  # ranks sharing one micro-batch's FLOPs within a stage
-    layers = spec.n_layers // layout.pp
-    dtype = cfg.recipe.compute_dtype
-    moe_layers = spec.moe_layers  # a mixture of experts runs without a pipeline: every block is here
-    blocks_matmul_s = attention_flops = 0.0
-    for moe, n in ((False, layers - moe_layers), (True, moe_layers)):
-        if n:
-            layer = {k: f // split for k, f in layer_forward_flops(spec, cfg.micro_batch, cfg.seq_len, moe).items()}
-            attention_flops += n * (layer.pop("attn_scores") + layer.pop("attn_values"))
-            blocks_matmul_s += n * sum(_gemms_s(profile, dtype, name, f, spec.n_experts // layout.ep)
-                                        for name, f in layer.items())
-    blocks_attention_s = attention_flops / profile.attention_flop_per_s
-    blocks_elementwise_s = 2 * _plain_activation_bytes(spec, cfg, profile.device) / profile.hbm_bytes_per_s
-    blocks_s = blocks_matmul_s + blocks_attention_s + blocks_elementwise_s
-    logits = logits_forward_flops(spec, cfg.micro_batch, cfg.seq_len) // split
-    head_s = logits / profile.matmul_flop_per_s(dtype, logits)
-
-    overhead = profile.compute_overhead
-    forward_s = overhead * (blocks_s + head_s)
-    backward_s = overhead * (2 * (blocks_matmul_s + blocks_elementwise_s + head_s)
-                             + profile.attention_backward_ratio * blocks_attention_s)
-    policy = cfg.recompute
-    flops = estimate.flops
-    if policy.caches_matmuls:  # matmul outputs cached (torchtitan: every other one); every elementwise op runs again
-        recompute_s = overhead * (blocks_elementwise_s + blocks_s * flops.recompute / flops.blocks_forward)
-    else:  # a fraction of the blocks' forward runs again, at the forward's blend of rates
-        recompute_s = overhead * blocks_s * flops.recompute / flops.blocks_forward
+    rank = estimate.rank
+    ops = forward_ops(spec, cfg, profile.device, rank.layers, first=rank.first, last=rank.last)
+    rates = profile.rates
+    gemm_rate = None if profile.peak_flop_per_s else profile.matmul_flop_per_s
+    blocks = sum((ops_time(rates, block, gemm_rate).scaled(n) for block, n in ops.blocks), OpsTime())
+    head = ops_time(rates, ops.head, gemm_rate)
+    forward_s = blocks.forward_s + head.forward_s
+    backward_s = blocks.backward_s + head.backward_s
+    recomputed, rerun_ops = _recompute(estimate, blocks, ops)
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
+    launches = ops.launches + rerun_ops + blocks.backward_launches + head.backward_launches
+    host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, blocks.backward_launches + head.backward_launches)
 
     static = estimate.static
     accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
@@ -255,28 +277,56 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
 
     m = accumulation_steps
-    per_micro = forward_s + backward_s + recompute_s + offload_s
-    bubble_s = float(bubble_fraction(layout, m)) * m * per_micro
+    partial = StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
+                       host_s=host_s, host_runs_ahead=profile.host_runs_ahead, launches=launches)
+    bubble_s = float(bubble_fraction(layout, m)) * m * partial.per_micro_batch_s
     terms: tuple[CommTerm, ...] = ()
     exposed = 0.0
     if layout.world > 1:
         if cluster is None:
             raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
         terms = step_communication(spec, cfg, m, cluster)
+        attention_s = blocks.attention_s + blocks.backward_attention_s
         exposed = exposed_seconds(terms, {
-            "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recompute_s),
-            "cp": m * overhead * (1 + profile.attention_backward_ratio) * blocks_attention_s,
+            "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
+            "cp": m * attention_s,
         })
-    return StepTime(forward_s, backward_s, recompute_s, offload_s, accumulation_s, optimizer_s, m,
-                    communication_s=exposed, bubble_s=bubble_s, communication=terms)
+    return StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
+                    communication_s=exposed, bubble_s=bubble_s, communication=terms, host_s=host_s,
+                    host_runs_ahead=profile.host_runs_ahead, launches=launches)
 
 
-def _gemms_s(profile: HardwareProfile, dtype: str, name: str, flops: float, experts: int) -> float:
-    """Seconds of one block's matmul ``name``: one GEMM, or for the routed experts (``experts_*``) one per
-    expert of this rank (``experts``: n_experts / ep), each over its share of the routed tokens (as many as
-    the others, on average): under expert parallelism fewer, larger GEMMs for the same FLOPs."""
-    gemms = experts if name.startswith("experts_") else 1
-    return flops / profile.matmul_flop_per_s(dtype, flops / gemms)
+def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps) -> tuple[float, int]:
+    """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
+
+    Full and every-K rerun the blocks' forward, less what torch's early stop skips (core.flops.recompute_flops:
+    the recomputed share of the blocks' FLOPs). Selective reruns the attention core. Op-selective reruns every
+    memory-bound op of the blocks, and under torchtitan every second matmul (the FLOPs core.flops counts).
+    """
+    policy, flops = estimate.config.recompute, estimate.flops
+    if not policy.recomputes or not flops.blocks_forward:
+        return 0.0, 0
+    block_ops = sum(len(block) * n for block, n in ops.blocks)
+    if policy.recomputes_blocks:
+        return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
+    if policy.caches_matmuls:
+        gemm_share = flops.recompute / blocks.gemm_flops if blocks.gemm_flops else 0.0
+        return blocks.memory_s + blocks.gemm_s * min(1.0, gemm_share), block_ops
+    attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))
+    rerun = min(1.0, flops.recompute / attention_flops) if attention_flops else 0.0
+    core_ops = sum(n * sum(1 for op in block if op.kind == "attention" or op.name.startswith("block.attn.")
+                           and op.kind == "memory" and "proj" not in op.name and "rope" not in op.name)
+                   for block, n in ops.blocks)
+    return blocks.attention_s * rerun, core_ops
+
+
+def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: int, backward_kernels: int) -> float:
+    """Host seconds to dispatch one micro-batch: forward and recompute op by op, backward kernel by kernel, and
+    under a selective-checkpoint context (op-selective) its Python policy for each forward and recomputed op."""
+    host = (forward_ops + rerun_ops) * costs.forward_op_s + backward_kernels * costs.backward_op_s
+    if config.recompute.caches_matmuls:
+        host += (forward_ops + rerun_ops) * costs.selective_checkpoint_op_s
+    return host
 
 
 def _dp_hideable(zero: int, m: int, forward_s: float, backward_s: float) -> float:

@@ -23,6 +23,9 @@ Kind = Literal["activation", "input", "parameter_copy"]
 """What a kept tensor is: an activation, an input (token ids, targets) or a parameter's copy (autocast's 16-bit
 weights, save_on_cpu's host copies)."""
 MatmulOp = Literal["mm", "addmm", "bmm", "attention"]
+OpKind = Literal["gemm", "attention", "memory"]
+"""How the time model prices a recorded op (core.step_ops): by its GEMM shape, as an attention kernel, or by the
+bytes it moves."""
 """The op whose output a selective checkpoint may cache: a linear without (mm) or with a bias (addmm), a batched
 matmul (standard attention) or a fused attention kernel."""
 
@@ -41,10 +44,34 @@ class SavedTensor:
 
     @property
     def bytes(self) -> int:
-        n = DTYPE_BYTES[self.dtype]
-        for dim in self.shape:
-            n *= dim
-        return n
+        return _bytes(self.shape, self.dtype)
+
+
+@dataclass(frozen=True, slots=True)
+class TracedOp:
+    """One op a forward runs (one kernel launch), as the time model needs it (core.step_ops).
+
+    ``memory``: an elementwise, norm, cast, copy or reduction op, priced by ``bytes``, what it writes, and
+    ``read_bytes``, what it reads.
+    ``gemm``: ``batch`` products of (m x k)(k x n) in ``dtype``. ``attention``: a fused attention kernel of
+    ``flops`` (causal counted in full, core.flops), ``causal`` when its mask lets it skip half of them.
+    """
+
+    name: str
+    kind: OpKind
+    dtype: str
+    bytes: int = 0
+    read_bytes: int = 0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    batch: int = 1
+    flops: int = 0
+    causal: bool = False
+
+    def __post_init__(self) -> None:
+        if self.kind == "gemm":
+            object.__setattr__(self, "flops", 2 * self.m * self.n * self.k * self.batch)
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,13 +123,49 @@ class Trace:
     shared: dict[str, Sym] = field(default_factory=dict)
     """Tensors the model makes once per forward and hands every layer (a stack's RoPE tables)."""
     repeats: list[Repeat] = field(default_factory=list)
+    ops: list[TracedOp | None] | None = None
+    """When a list, every op the forward runs is recorded in it (core.step_ops: the time model's enumeration);
+    None (the ledger's traces): nothing is."""
+    _op_at: dict[int, int] = field(default_factory=dict)
+    """Where each recorded storage's op is in ``ops``."""
     _next: int = 0
 
     # ---- bookkeeping -----------------------------------------------------------
 
-    def new(self, name: str, shape: tuple[int, ...], dtype: str, kind: Kind = "activation") -> Sym:
+    def new(self, name: str, shape: tuple[int, ...], dtype: str, kind: Kind = "activation",
+            reads: float = 1.0) -> Sym:
+        """A tensor an op makes. ``reads``: what the op reads, in tensors of this one's size (2 for a binary
+        op's two operands); recorded in ``ops`` when they are."""
         self._next += 1
-        return Sym(self._next, shape, dtype, name if self.layer is None else f"block.{name}", kind)
+        sym = Sym(self._next, shape, dtype, name if self.layer is None else f"block.{name}", kind)
+        if self.ops is not None and kind != "input":  # token ids and targets come from the data loader
+            self._op_at[sym.storage] = len(self.ops)
+            written = _bytes(shape, dtype)
+            self.ops.append(TracedOp(sym.name, "memory", dtype, bytes=written, read_bytes=round(reads * written)))
+        return sym
+
+    def as_gemm(self, t: Sym, m: int, n: int, k: int, batch: int = 1, dtype: str | None = None) -> None:
+        """``t`` was made by ``batch`` GEMMs (m x k)(k x n), not by a memory-bound op."""
+        if self.ops is not None:
+            self.ops[self._op_at[t.storage]] = TracedOp(t.name, "gemm", dtype or t.dtype, m=m, n=n, k=k, batch=batch)
+
+    def as_attention(self, out: Sym, heads: int, s: int, qk_dim: int, v_dim: int, *others: Sym | None) -> None:
+        """``out`` and ``others`` (its log-sum-exp, RNG state) were made by one fused causal attention kernel over
+        ``heads`` (sequences x heads) of ``s`` queries and keys: 2 s^2 (qk_dim + v_dim) FLOPs each, counted in
+        full (core.flops)."""
+        if self.ops is None:
+            return
+        self.ops[self._op_at[out.storage]] = TracedOp(out.name, "attention", out.dtype, m=s, n=s, k=qk_dim,
+                                                      batch=heads, flops=2 * heads * s * s * (qk_dim + v_dim),
+                                                      causal=True)
+        self.unrecord(*others)
+
+    def unrecord(self, *tensors: Sym | None) -> None:
+        """``tensors`` were made by an op already recorded (a fused kernel's other outputs)."""
+        if self.ops is not None:
+            for t in tensors:
+                if t is not None:
+                    self.ops[self._op_at[t.storage]] = None
 
     def save(self, *tensors: Sym | None) -> None:
         """An op saves tensors for backward: kept unless inside a checkpointed region."""
@@ -175,7 +238,7 @@ class Trace:
     # ---- ops: each rule is what autograd saves for that op ----------------------------
 
     def cast(self, x: Sym, dtype: str, name: str) -> Sym:
-        return x if x.dtype == dtype else self.new(name, x.shape, dtype)
+        return x if x.dtype == dtype else self.new(name, x.shape, dtype, reads=DTYPE_BYTES[x.dtype] / DTYPE_BYTES[dtype])
 
     def param(self, name: str, shape: tuple[int, ...], param_dtype: str) -> Sym | None:
         """A parameter an op saves: free (None), unless ``save_on_cpu`` copies it to the host."""
@@ -210,7 +273,10 @@ class Trace:
         saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
         self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
-        return self.matmul_output(self.new(f"{name}.out", shape, x_in.dtype), "addmm" if bias else "mm")
+        out = self.new(f"{name}.out", shape, x_in.dtype)
+        rows_in = _numel(x.shape[:-1])  # every row of x, before a row-parallel reduce-scatter
+        self.as_gemm(out, rows_in // stacked, out_features, x.shape[-1], stacked, x_in.dtype)
+        return self.matmul_output(out, "addmm" if bias else "mm")
 
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
@@ -261,6 +327,17 @@ class Trace:
         else:
             self.save(self.new(f"{name}.mask", x.shape, x.dtype))
         return self.new(f"{name}.out", x.shape, x.dtype)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    n = 1
+    for dim in shape:
+        n *= dim
+    return n
+
+
+def _bytes(shape: tuple[int, ...], dtype: str) -> int:
+    return _numel(shape) * DTYPE_BYTES[dtype]
 
 
 @dataclass(frozen=True, slots=True)

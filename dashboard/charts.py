@@ -135,7 +135,8 @@ def labelled_rule(field: str, value: float, text: str, channel: str, side: str =
 
 
 TERM_COLORS = {"forward": "#4c78a8", "backward": "#72b7b2", "recompute": "#f58518", "offload": "#b279a2",
-               "accumulation": "#9d755d", "optimizer": "#bab0ac", "communication": "#e45756", "bubble": "#eeca3b"}
+               "host": "#54a24b", "accumulation": "#9d755d", "optimizer": "#bab0ac", "communication": "#e45756",
+               "bubble": "#eeca3b"}
 """One colour per step-time term (dashboard.plan_tables.TIME_TERMS), fixed so two charts read alike."""
 
 

@@ -165,7 +165,7 @@ def in_window(table: pd.DataFrame, window: tuple[float, float]) -> pd.Series:
 
 # --- Layouts: the chosen one, every one searched, and two side by side -------------------------------------------
 
-TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "accumulation", "optimizer",
+TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "host", "accumulation", "optimizer",
                                "communication", "bubble")
 """core.timing.StepTime.by_term's keys, in the order the stacked bar draws them."""
 
@@ -276,16 +276,36 @@ def plan_title(result: Plan) -> str:
             f"budget {result.request.budget_bytes / GB:,.1f} GB")
 
 
+def utilization_figures(candidate: Candidate, unit: str) -> list[tuple[str, str, str]]:
+    """(label, value, what it means) of a candidate's speed against its hardware: model TFLOP/s per GPU, MFU and
+    HFU, and whether the host or the device sets the pace."""
+    use, time = candidate.utilization, candidate.time
+    factor = candidate.step_time_s / time.total_s
+    flops = "model FLOPs: every matmul of forward and backward, causal attention counted in full"
+    return [
+        (f"model TFLOP/s per {unit}", f"{use.tflop_per_s_per_gpu:,.1f}", flops),
+        ("MFU / HFU", "-" if use.mfu is None else f"{use.mfu:.1%} / {use.hfu:.1%}",
+         "model FLOPs (HFU: with recompute) over the dense datasheet peak of the compute dtype"),
+        ("compute a step", seconds_text(time.micro_batches * time.device_s * factor),
+         "the device's kernels: forward, backward, recompute and offload"),
+        ("host a step", seconds_text(time.micro_batches * time.host_s * factor)
+         + (" (host-bound)" if time.host_bound else ""),
+         "dispatching the kernels from Python; when longer than compute the step waits on it"),
+    ]
+
+
 def plan_figures(result: Plan) -> dict[str, str]:
-    """What two plans are compared by, as text: what runs, its step time, memory and tokens/s."""
+    """What two plans are compared by, as text: what runs, its tokens/s, step time, MFU and memory."""
     best = result.recommendation
     if best is None:
         return {"recommendation": recommendation_text(result), "tokens/s": "nothing fits", "step time": "-",
-                "needs per GPU": "-"}
+                "MFU": "-", "needs per GPU": "-"}
+    mfu = best.utilization.mfu
     return {
         "recommendation": recommendation_text(result),
         "tokens/s": tokens_text(best.tokens_per_s),
         "step time": seconds_text(best.step_time_s),
+        "MFU": "-" if mfu is None else f"{mfu:.1%}",
         "needs per GPU": f"{best.required_bytes / GB:,.1f} GB",
     }
 

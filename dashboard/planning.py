@@ -6,7 +6,10 @@ falling back to the defaults below for anything missing or unreadable;
 `PlanInputs.to_query` writes them back.
 
 The layout axes are pins: ``?gpus=64&tp=8`` searches every layout of 64 GPUs
-with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. Without
+with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. So are
+``micro_batch``, ``accumulation`` and ``recompute``: with the micro-batch (or the
+accumulation) and the policy pinned on one layout the page evaluates exactly that
+configuration, fitting or not, as ``headroom plan`` does. Without
 a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
 `ONE_LAYOUT`. `build_request` is the one place inputs become a TrainConfig,
 a Layout and a Cluster. What a plan shows, as text and tables, lives
@@ -34,6 +37,7 @@ from core.layout_search import PINNABLE, pinned_layout
 from core.model import ModelSpec
 from core.planner import Plan, PlanRequest
 from core.presets import get_preset
+from core.recompute import parse_policy
 from core.stack import stack_name
 from core.timing import HardwareProfile
 from core.units import parse_budget
@@ -107,6 +111,11 @@ class PlanInputs:
     stack: str = "reference"
     """The training stack whose kernels and checkpointing the plan follows (core.stack)."""
     offload: bool = False
+    # A configuration to evaluate, each AUTO (the planner's to choose) or a value that pins it, as `headroom plan
+    # --micro-batch / --accumulation / --recompute` do.
+    micro_batch: str = AUTO
+    accumulation: str = AUTO
+    recompute: str = AUTO
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> PlanInputs:
@@ -120,6 +129,8 @@ class PlanInputs:
             try:
                 if f.name in PINNABLE:
                     values[f.name] = _axis_text(f.name, raw)
+                elif f.name in CONFIGURATION_PINS:
+                    values[f.name] = _pin_text(f.name, raw)
                 elif f.name == "stack":
                     values[f.name] = stack_name(raw)  # a shared link from before a rename reads as today's name
                 elif isinstance(default, bool):
@@ -181,6 +192,35 @@ def _axis_text(axis: str, raw: str) -> str:
         return str(int(text))
     except ValueError:
         raise ConfigError(f"{axis.replace('_', ' ')} {raw!r} is neither auto nor a whole number") from None
+
+
+CONFIGURATION_PINS = ("micro_batch", "accumulation", "recompute")
+"""PlanInputs fields that pin the configuration rather than the layout."""
+
+
+def _pin_text(name: str, raw: str) -> str:
+    """A configuration pin as the query string and the widgets hold it: AUTO, a whole number (micro-batch,
+    accumulation) or a policy name (recompute). ConfigError names a bad one."""
+    text = str(raw).strip().lower()
+    if text in ("", AUTO):
+        return AUTO
+    if name == "recompute":
+        return str(parse_policy(text))
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"{name.replace('_', ' ')} {raw!r} is neither auto nor a whole number") from None
+    if value <= 0:
+        raise ConfigError(f"{name.replace('_', ' ')} must be auto or a positive whole number, got {raw!r}")
+    return str(value)
+
+
+def configuration_pins(inputs: PlanInputs) -> dict[str, Any]:
+    """The pinned micro-batch, accumulation and policy as PlanRequest takes them (None where AUTO)."""
+    texts = {name: _pin_text(name, getattr(inputs, name)) for name in CONFIGURATION_PINS}
+    return {"micro_batch": None if texts["micro_batch"] == AUTO else int(texts["micro_batch"]),
+            "accumulation": None if texts["accumulation"] == AUTO else int(texts["accumulation"]),
+            "recompute": None if texts["recompute"] == AUTO else parse_policy(texts["recompute"])}
 
 
 def pinned_axes(inputs: PlanInputs) -> frozenset[str]:
@@ -250,7 +290,7 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile 
     return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,
                        budget_bytes=parse_budget(inputs.budget), allow_offload=inputs.offload,
                        gpus=inputs.gpus if search else None, pinned=pinned_axes(inputs) if search else frozenset(),
-                       cluster=cluster)
+                       cluster=cluster, **configuration_pins(inputs))
 
 
 def make_plan(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile, calibration: Calibration | None) -> Plan:

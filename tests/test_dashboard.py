@@ -170,10 +170,10 @@ def test_a_plan_compares_with_another_model_budget_or_hardware(tmp_path, monkeyp
     markdown = [m.value for m in at.markdown]
     assert f"**This plan:** {plan_tables.plan_title(this)}" in markdown
     assert "**Other plan:** bench-llama-small on h100-sxm (datasheet), budget 40.0 GB" in markdown
-    side_by_side = [(m.label, m.value) for m in at.metric][-6:]  # after the recommendation's four
+    side_by_side = [(m.label, m.value) for m in at.metric][-8:]  # after the recommendation's eight
     assert side_by_side == [(label, plan_tables.plan_figures(plan)[label]) for plan in plans
-                            for label in ("tokens/s", "step time", "needs per GPU")]
-    assert at.metric[-3].delta == plan_tables.tokens_per_s_change(this, other)
+                            for label in ("tokens/s", "step time", "MFU", "needs per GPU")]
+    assert at.metric[-4].delta == plan_tables.tokens_per_s_change(this, other)
     assert plan_tables.recommendation_text(other) in [c.value for c in at.caption]
 
     at.selectbox(key="other_model").set_value(planning.SAME)

@@ -181,9 +181,9 @@ def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
     best = default_plan.recommendation
     assert plan_tables.plan_title(default_plan) == "llama2-7b on h100-sxm (datasheet), budget 80.0 GB"
     assert plan_tables.plan_figures(default_plan) == {
-        "recommendation": plan_tables.recommendation_text(default_plan), "tokens/s": "60,847", "step time": "4.308 s",
-        "needs per GPU": "73.7 GB"}
-    assert best.tokens_per_s == pytest.approx(60846.7, abs=0.1)
+        "recommendation": plan_tables.recommendation_text(default_plan), "tokens/s": "76,616", "step time": "3.422 s",
+        "MFU": f"{best.utilization.mfu:.1%}", "needs per GPU": "73.7 GB"}
+    assert best.tokens_per_s == pytest.approx(76615.7, abs=0.1)
     tighter, nothing = (planning.make_plan(other, planning.resolve_preset(other.model),
                                            *planning.datasheet_hardware(other.hardware))
                         for other in (inputs.with_(budget="60GB"), inputs.with_(budget="40GB")))
@@ -192,7 +192,7 @@ def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
     assert nothing.recommendation is None and plan_tables.tokens_per_s_change(default_plan, nothing) is None
     assert plan_tables.plan_figures(nothing) == {
         "recommendation": "Nothing fits the 40.0 GB budget", "tokens/s": "nothing fits", "step time": "-",
-        "needs per GPU": "-"}
+        "MFU": "-", "needs per GPU": "-"}
     assert [plan_tables.tokens_text(x) for x in (57084.9, 999_999.4, 9_165_052.0)] == ["57,085", "999,999", "9.17 M"]
 
 

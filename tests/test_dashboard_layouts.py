@@ -160,8 +160,8 @@ def test_time_by_term_adds_up_to_the_step(pipelined):
     assert spec["encoding"]["y"]["axis"] == {"labelLimit": 0}  # "tp 1, pp 2 (1f1b), cp 1, dp 4, zero 3" in full
     assert spec["encoding"]["color"]["legend"] == {"title": "term", "orient": "bottom", "direction": "horizontal",
                                                    "columns": 4, "symbolLimit": 0, "labelLimit": 0}
-    # a step of a tenth of a millisecond reads in milliseconds; the data keeps its seconds
-    assert winner.step_time_s < 1e-3
+    # a step of a few milliseconds (its kernels' launches) reads in milliseconds; the data keeps its seconds
+    assert 1e-4 < winner.step_time_s < 0.1
     assert spec["encoding"]["x"]["field"] == "time" and spec["encoding"]["x"]["title"] == "milliseconds per optimizer step"
     data = pd.DataFrame(spec["datasets"][spec["data"]["name"]])
     assert list(data["time"]) == pytest.approx(list(data["seconds"] * 1e3))

@@ -11,6 +11,7 @@ from core.hardware import HARDWARE
 from core.interconnect import LINKS_BY_KEY
 from core.presets import PRESETS
 from dashboard import planning
+from dashboard.planning import PlanInputs
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -107,3 +108,25 @@ def test_the_page_says_what_plan_notes_beside_its_figures(tmp_path, monkeypatch)
     said = [str(e.value) for e in at.info if "context window" in str(e.value)]
     assert said == [plain("seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the "
                           "context (RoPE scaling); memory and time are accounted the same.")]  # Markdown-escaped
+
+
+def test_pins_in_the_url_are_read_and_a_bad_one_stays_auto():
+    inputs = PlanInputs.from_query({"micro_batch": "08", "accumulation": "auto", "recompute": "Every-2"})
+    assert (inputs.micro_batch, inputs.accumulation, inputs.recompute) == ("8", "auto", "every-2")
+    bad = PlanInputs.from_query({"micro_batch": "-2", "accumulation": "two", "recompute": "some"})
+    assert (bad.micro_batch, bad.accumulation, bad.recompute) == ("auto", "auto", "auto")
+    request = planning.build_request(inputs.with_(global_batch=8), planning.resolve_preset(inputs.model))
+    assert (request.micro_batch, request.accumulation, str(request.recompute)) == (8, None, "every-2")
+
+
+def test_a_pinned_configuration_that_does_not_fit_is_shown_with_its_time(tmp_path, monkeypatch):
+    """As `headroom plan --micro-batch 8 --recompute none --budget 40GB`: the one configuration, why it does not
+    fit, and its speed, MFU, compute and host time."""
+    at = render_url(tmp_path, monkeypatch, {"model": "llama3.2-1b", "global_batch": "8", "budget": "40GB",
+                                            "hardware": "datasheet: h200", "micro_batch": "8", "recompute": "none"})
+    (error,) = [e.value for e in at.error]
+    assert error.startswith("**Pinned:** micro 8 x accum 1, none on tp 1, pp 1, cp 1, dp 1, zero 0 does not fit: needs")
+    labels = [m.label for m in at.metric]
+    assert labels[:8] == ["tokens/s (all ranks)", "step time", "needs per GPU", "headroom", "model TFLOP/s per GPU",
+                          "MFU / HFU", "compute a step", "host a step"]
+    assert at.metric[3].value.startswith("-")  # headroom: over the budget

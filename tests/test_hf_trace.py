@@ -343,8 +343,9 @@ def test_gemmas_norms_change_only_the_transformers_ledger():
         == extra
 
 
-def planned(tmp_path, budget: int, **train):
-    """A plan for the tiny Llama from its model directory on an H100's datasheet, and --trace's report on it."""
+def planned(tmp_path, budget: int, recompute: str | None = None, **train):
+    """A plan for the tiny Llama from its model directory on an H100's datasheet (``recompute``: the policy
+    pinned), and --trace's report on it."""
     from cli.trace import plan_trace_report
     from core.hardware import get_hardware
     from core.planner import PlanRequest, plan
@@ -354,7 +355,8 @@ def planned(tmp_path, budget: int, **train):
     (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
     request = PlanRequest(spec=spec_from_hf_config(LLAMA, "tiny"),
                           train=TrainConfig(seq_len=2048, precision="bf16-pure", **train),
-                          global_batch=16, budget_bytes=budget)
+                          global_batch=16, budget_bytes=budget,
+                          recompute=None if recompute is None else parse_policy(recompute))
     result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
     return result, plan_trace_report(str(tmp_path / "tiny"), result)
 
@@ -375,7 +377,7 @@ def test_plan_trace_checks_the_recommendation_with_the_traced_activations(tmp_pa
     assert tight.recommendation == best and not report["fits"]
     assert report["traced_required_bytes"] > report["budget_bytes"] == report["required_bytes"]
     assert render_plan_trace(report).endswith(f"(planned {best.required_bytes / 1e9:,.2f} GB): does not fit")
-    _, report = planned(tmp_path, 2 * 10**9, stack="hf")
+    _, report = planned(tmp_path, 2 * 10**9, recompute="none", stack="hf")
     assert report["candidate"].endswith(", none")
     assert report["saved_bytes"] - report["analytic_saved_bytes"] == 2 * 8  # two layers' RNG state
 

@@ -26,12 +26,15 @@ from core.measurements import (
     profile_from_measurements,
     step_observations,
 )
+from core.hardware import get_hardware
+from core.op_time import anchor_efficiency
 from core.presets import get_preset
 from core.recompute import parse_policy
 from core.timing import (
     ATTENTION_BACKWARD_RATIO,
     DEFAULT_FRAGMENTATION,
     MatmulPoint,
+    datasheet_profile,
     step_time,
 )
 
@@ -120,13 +123,16 @@ def test_a_cuda_device_fills_gaps_from_its_datasheet_row():
     )
     assert profile.device == "cuda" and profile.memory_bytes == 80 * 10**9  # the H100 SXM row's
     assert profile.peak_flop_per_s["bf16"] == 989.4e12
-    # No matmul measured: the datasheet's one point per dtype, 75% of the dense peak.
-    assert profile.matmul["bf16"] == (MatmulPoint(1.0, 989.4e12 * 0.75),)
+    # No matmul measured: the datasheet row's point per dtype and its shape model's anchor (core.device_curves).
+    datasheet = datasheet_profile(get_hardware("h100-sxm"))
+    assert profile.matmul["bf16"] == datasheet.matmul["bf16"]
+    assert (profile.matmul_efficiency, profile.sms) == (datasheet.matmul_efficiency, 132)
     assert profile.attention_flop_per_s == 2048 / 1e-12
     assert profile.attention_backward_ratio == 3e-12 / 1e-12
     assert profile.hbm_bytes_per_s == 3e12
     assert profile.fragmentation == pytest.approx(1.075)  # median(1.05, 1.10)
-    assert profile.assumptions == ("matmul at 75% of the dense datasheet peak",)
+    assert profile.assumptions == (datasheet.assumptions[0], "GEMMs by shape from the datasheet row's cited GEMM "
+                                   "(no bf16 GEMM of 1.37e+11 FLOPs or more measured)")
 
 
 def test_datasheet_fallbacks_for_attention_and_bandwidth_and_stored_memory():
@@ -134,8 +140,11 @@ def test_datasheet_fallbacks_for_attention_and_bandwidth_and_stored_memory():
     profile = profile_from_measurements(device, matmul=[MatmulRecord("bf16", 10**12, 700e12)])
     assert profile.memory_bytes == 85_520_809_984  # the fingerprint's, before the datasheet's
     assert profile.matmul == {"bf16": (MatmulPoint(1e12, 700e12),)}
-    assert profile.attention_flop_per_s == 989.4e12 * 0.50
-    assert profile.hbm_bytes_per_s == 3.35e12 * 0.85
+    # The box's own large GEMM anchors the shape model: a cube of its FLOPs, 7,937 on a side, at 700 TFLOP/s.
+    assert profile.matmul_efficiency == anchor_efficiency(700e12, 989.4e12, 7937, 7937, 7937, 132)
+    datasheet = datasheet_profile(get_hardware("h100-sxm"))
+    assert profile.attention_flop_per_s == datasheet.attention_flop_per_s == 2 * 989.4e12 * 0.56
+    assert profile.hbm_bytes_per_s == datasheet.hbm_bytes_per_s == 3.35e12 * 0.85
     assert profile.assumptions == ("attention at half the matmul rate (not measured)", "bandwidth not measured",
                                    "allocator fragmentation 1.10x (no CUDA allocator statistics stored)")
 

@@ -173,7 +173,6 @@ def test_the_stack_offers_only_its_own_policies():
     moe = dataclasses.replace(LLAMA, n_experts=4, experts_per_token=2)
     with pytest.raises(ConfigError, match="which experts' outputs it keeps depends on the routing"):
         activation_ledger(moe, TrainConfig(seq_len=64, stack="torchtitan", recompute=parse_policy("op-selective")))
-    assert datasheet_profile(get_hardware("h100-sxm")).compute_overhead == 1.5
 
 
 def test_megatron_offers_its_own_policies_and_no_op_level_one():

@@ -116,6 +116,14 @@ with st.sidebar:
                  help="whose kernels and checkpointing the plan follows: "
                  + "; ".join(f"{s.name}: {s.summary}" for s in STACKS.values()))
     st.checkbox("consider offloading activations to host", key="plan_offload")
+    st.subheader("Pin a configuration")
+    st.caption("auto leaves it to the planner; a micro-batch (or accumulation) and a policy pinned on one layout "
+               "evaluate exactly that configuration, even when it does not fit.")
+    pin_columns = st.columns(3)
+    pin_columns[0].text_input("micro-batch", key="plan_micro_batch", placeholder=AUTO)
+    pin_columns[1].text_input("accumulation", key="plan_accumulation", placeholder=AUTO)
+    pin_columns[2].text_input("recompute", key="plan_recompute", placeholder=AUTO,
+                              help="none, selective, op-selective, full, every-K (K blocks a segment) or offload")
 
 inputs = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in fields(PlanInputs)})
 st.session_state.plan_inputs = inputs
@@ -180,17 +188,27 @@ if result.unsearched:
                f"{plan_tables.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
                "untried. "
                f"`headroom plan --gpus {request.gpus}` searches every one.")
+pinned = result.pinned
+shown = best or pinned
 if best is None:
-    st.error(f"**Recommendation:** {plan_tables.recommendation_text(result)} ({len(result.rejected)} candidates rejected)")
+    if pinned is not None:
+        st.error(f"**Pinned:** {plain(pinned.label)} on {pinned.layout} does not fit: {plain(pinned.rejection)}")
+    else:
+        st.error(f"**Recommendation:** {plan_tables.recommendation_text(result)} "
+                 f"({len(result.rejected)} candidates rejected)")
     for line in result.advice:
         st.markdown(f"- {plain(line)}")
 else:
-    st.success(f"**Recommendation:** {plan_tables.recommendation_text(result)}")
+    st.success(f"**{'Pinned' if pinned is not None else 'Recommendation'}:** {plan_tables.recommendation_text(result)}")
+if shown is not None:
     cols = st.columns(4)
-    cols[0].metric("tokens/s (all ranks)", f"{best.tokens_per_s:,.0f}")
-    cols[1].metric("step time", plan_tables.seconds_text(best.step_time_s))
-    cols[2].metric("needs per GPU", f"{best.required_bytes / GB:.1f} GB", help="peak x fragmentation + context reserve")
-    cols[3].metric("headroom", f"{(request.budget_bytes - best.required_bytes) / GB:.1f} GB")
+    cols[0].metric("tokens/s (all ranks)", f"{shown.tokens_per_s:,.0f}")
+    cols[1].metric("step time", plan_tables.seconds_text(shown.step_time_s))
+    cols[2].metric("needs per GPU", f"{shown.required_bytes / GB:.1f} GB", help="peak x fragmentation + context reserve")
+    cols[3].metric("headroom", f"{(request.budget_bytes - shown.required_bytes) / GB:.1f} GB")
+    cols = st.columns(4)
+    for column, (label, value, why) in zip(cols, plan_tables.utilization_figures(shown, unit), strict=True):
+        column.metric(label, value, help=why)
 st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence()}")
 if profile.assumptions:
     st.caption("Assumed, not measured: " + "; ".join(plain(a) for a in profile.assumptions))
@@ -271,10 +289,11 @@ else:
             with column:
                 st.markdown(f"**{tag}:** {plain(plan_tables.plan_title(plan))}")
                 st.caption(figures["recommendation"])
-                cols = st.columns(3)
+                cols = st.columns(4)
                 cols[0].metric("tokens/s", figures["tokens/s"], delta=change if plan is other else None)
                 cols[1].metric("step time", figures["step time"])
-                cols[2].metric("needs per GPU", figures["needs per GPU"])
+                cols[2].metric("MFU", figures["MFU"])
+                cols[3].metric("needs per GPU", figures["needs per GPU"])
 
 table = plan_tables.candidates_frame(result)
 if not searched:

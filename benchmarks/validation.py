@@ -1,0 +1,156 @@
+"""The time model's validation: every published run pinned to its configuration, and the H200 reference run.
+
+    python benchmarks/validation.py            # the table docs/time-model.md shows, and the targets
+    python benchmarks/validation.py --markdown # the table alone, as docs/time-model.md holds it
+
+Uncalibrated throughout: datasheet peaks and the cited curves of core.device_curves; the kernel gap and host
+costs of core.op_time (fitted to the H200 reference run only). tests/test_time_model.py recomputes every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from h200_reference import h200_profile, label, predicted_s, regrets, train_steps  # noqa: E402
+from published_runs import RUNS, PublishedRun, megatron_eq3_flops  # noqa: E402
+
+from core.estimate import estimate  # noqa: E402
+from core.hardware import get_hardware  # noqa: E402
+from core.interconnect import default_cluster  # noqa: E402
+from core.timing import datasheet_profile, step_time  # noqa: E402
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    name: str
+    source: str
+    configuration: str
+    published: float
+    predicted: float
+    unit: str
+
+    @property
+    def ratio(self) -> float:
+        return self.predicted / self.published
+
+    @property
+    def error(self) -> float:
+        return self.ratio - 1
+
+
+def predict(run: PublishedRun) -> float:
+    """The run's published figure as the time model predicts it, uncalibrated."""
+    profile = datasheet_profile(get_hardware(run.hardware))
+    accumulation = run.global_batch // run.config.dp // run.config.micro_batch
+    predicted = estimate(run.spec, run.config, profile.device, accumulation)
+    cluster = default_cluster(run.hardware) if run.gpus > 1 else None
+    step_s = step_time(predicted, profile, accumulation, cluster).total_s
+    if run.unit == "tflop_per_s_per_gpu":
+        return megatron_eq3_flops(run.spec, run.global_batch, run.config.seq_len) / step_s / run.gpus / 1e12
+    return run.global_batch * run.config.seq_len / step_s / run.gpus
+
+
+def _configuration(run: PublishedRun) -> str:
+    lay = run.config.layout
+    schedule = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
+    return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp} pp {lay.pp}{schedule} dp {lay.dp} zero {lay.zero}, "
+            f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}")
+
+
+def published_rows() -> list[Row]:
+    return [Row(run.name, run.source, _configuration(run), run.published, predict(run),
+                "TFLOP/s per GPU" if run.unit == "tflop_per_s_per_gpu" else "tokens/s per GPU") for run in RUNS]
+
+
+def h200_rows() -> list[Row]:
+    profile = h200_profile()
+    return [Row(label(r), "H200 reference run (tests/data/reference)", "1 x h200, llama3.2-1b, s 2048, amp-bf16",
+                r["median_s"], predicted_s(r, profile), "s per step") for r in train_steps()]
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Rank correlation (no ties expected)."""
+    def ranks(values: list[float]) -> list[float]:
+        order = sorted(range(len(values)), key=values.__getitem__)
+        out = [0.0] * len(values)
+        for rank, i in enumerate(order):
+            out[i] = rank
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True)) / (n * (n * n - 1))
+
+
+def markdown(rows: list[Row]) -> str:
+    lines = ["| run | source | configuration | published | predicted | error |", "|---|---|---|---|---|---|"]
+    for r in rows:
+        fmt = ".3f" if r.unit == "s per step" else ",.0f"
+        lines.append(f"| {r.name} | {r.source} | {r.configuration} | {r.published:{fmt}} {r.unit} | "
+                     f"{r.predicted:{fmt}} | {r.error:+.1%} |")
+    return "\n".join(lines)
+
+
+def _errors(rows: list[Row]) -> str:
+    errors = [abs(r.error) for r in rows]
+    return f"median {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(rows)}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--markdown", action="store_true", help="print only the markdown table of every row")
+    args = parser.parse_args()
+    published, h200 = published_rows(), h200_rows()
+    if args.markdown:
+        print(markdown(published + h200))
+        return
+    print(markdown(published))
+    print()
+    for source in sorted({r.source for r in published}):
+        print(f"{source}: {_errors([r for r in published if r.source == source])}")
+    print(f"all published runs: {_errors(published)}")
+    print(f"H200 reference steps (step time, uncalibrated): {_errors(h200)}")
+    print(f"rank correlation of predicted and measured step time over the H200 run's 22 configurations: "
+          f"{spearman([r.predicted for r in h200], [r.published for r in h200]):.3f}")
+    for budget, outcome in regrets(h200_profile()).items():
+        shown = f"{outcome.regret:.1%}" if outcome.regret is not None else outcome.outcome
+        print(f"H200 regret at {budget}: {shown} (picked {outcome.recommended}; best measured that fit "
+              f"{outcome.best})")
+    print(_pinned_plan_timing())
+
+
+def _pinned_plan_timing() -> str:
+    """A pinned plan in process: llama3-70b at 8,192 tokens on tp 8 x pp 4 x dp 2 (64 H100s), micro-batch 1 under
+    full recompute, the first time (nothing cached for it) and the best of ten more."""
+    from core.config import TrainConfig
+    from core.layout import Layout
+    from core.planner import PlanRequest, plan
+    from core.presets import get_preset
+    from core.recompute import parse_policy
+
+    request = PlanRequest(spec=get_preset("llama3-70b"), global_batch=64, micro_batch=1,
+                          recompute=parse_policy("full"),
+                          train=TrainConfig(seq_len=8192, layout=Layout(tp=8, sp=True, pp=4, dp=2)))
+    profile = datasheet_profile(get_hardware("h100-sxm"))
+    started = time.perf_counter()
+    first = plan(request, profile)
+    cold = time.perf_counter() - started
+    warm = []
+    for _ in range(10):
+        started = time.perf_counter()
+        plan(request, profile)
+        warm.append(time.perf_counter() - started)
+    assert first.pinned is not None
+    return (f"pinned plan, llama3-70b on 64 H100s (tp 8, pp 4, dp 2): {cold * 1e3:.1f} ms the first time, "
+            f"{min(warm) * 1e3:.1f} ms after (target: under 50 ms)")
+
+
+if __name__ == "__main__":
+    main()
