@@ -11,7 +11,6 @@ is what core/op_time.py and core/timing.py state, rounded; docs/time-model.md sa
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 from h200_reference import config_of, h200_profile, predicted_s, train_steps

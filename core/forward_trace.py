@@ -196,11 +196,13 @@ def trace_block(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, p
             q, k = rotary(tr, d, q, k, spec.rotary_dim, x.dtype, local_rope(spec, tr.layer))
         attention = attention_core
     capped, masked = bool(spec.attention_softcap), sdpa_masked_layer(spec, cfg, tr.layer)
+    tr.attention_core = True  # what selective checkpointing reruns (core.step_ops tags its ops)
     if cfg.recompute.recomputes_attention:
         with tr.checkpointed(q, k, v):
             y = attention(tr, d, cfg, q, k, v, capped=capped, masked=masked)
     else:
         y = attention(tr, d, cfg, q, k, v, capped=capped, masked=masked)
+    tr.attention_core = False
     o = tr.linear(y, "attn.o_proj", h, param_dtype, rows=rows, bias=other_bias)
     if spec.post_norms:
         o = norm(o, "attn_post_norm", param_dtype)

@@ -150,8 +150,6 @@ class OpsTime:
     launches: int = 0
     """Forward kernels."""
     backward_launches: int = 0
-    gemm_flops: int = 0
-    """Forward GEMM FLOPs (for what a policy reruns of them)."""
 
     @property
     def forward_s(self) -> float:
@@ -173,7 +171,7 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...], gemm_rate=None) -> O
     """Device time of ``ops`` forward and backward. ``gemm_rate(dtype, flops)``: a measured rate by size, for a
     device without a datasheet peak."""
     gemm = attention = memory = b_gemm = b_attention = b_memory = 0.0
-    launches = backward = flops = 0
+    launches = backward = 0
     for op in ops:
         if op.kind == "gemm":
             m, n, k, batch = op.m, op.n, op.k, op.batch
@@ -181,7 +179,6 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...], gemm_rate=None) -> O
             gemm += gemm_s(rates, m, n, k, batch, op.dtype, rate)
             b_gemm += gemm_s(rates, m, k, n, batch, op.dtype, rate) + gemm_s(rates, n, k, m, batch, op.dtype, rate)
             backward += 2
-            flops += op.flops
         elif op.kind == "attention":
             t = attention_s(rates, op)
             attention += t
@@ -193,7 +190,7 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...], gemm_rate=None) -> O
             b_memory += memory_s(rates, 2 * moved)
             backward += 1
         launches += 1
-    return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward, flops)
+    return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward)
 
 
 def _query_tiles(op: TracedOp) -> int:

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -64,8 +65,8 @@ from core.op_time import (
     ops_time,
 )
 from core.pipeline import bubble_fraction
-from core.stack import get_stack
 from core.step_ops import ForwardOps, forward_ops
+from core.trace import TracedOp
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -130,6 +131,11 @@ class HardwareProfile:
         """What core.op_time prices ops with."""
         return DeviceRates(self.peak_flop_per_s, self.matmul_efficiency, self.sms, self.attention_flop_per_s,
                            self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s)
+
+    def price(self, ops: tuple[TracedOp, ...]) -> OpsTime:
+        """Device time of ``ops`` (core.op_time): GEMMs by their shape, or on a device without a datasheet peak
+        (a CPU) at the measured rate of their size."""
+        return ops_time(self.rates, ops, None if self.peak_flop_per_s else self.matmul_flop_per_s)
 
     @property
     def host_runs_ahead(self) -> bool:
@@ -260,13 +266,12 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     layout = cfg.layout
     rank = estimate.rank
     ops = forward_ops(spec, cfg, profile.device, rank.layers, first=rank.first, last=rank.last)
-    rates = profile.rates
-    gemm_rate = None if profile.peak_flop_per_s else profile.matmul_flop_per_s
-    blocks = sum((ops_time(rates, block, gemm_rate).scaled(n) for block, n in ops.blocks), OpsTime())
-    head = ops_time(rates, ops.head, gemm_rate)
+    price = profile.price
+    blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
+    head = price(ops.head)
     forward_s = blocks.forward_s + head.forward_s
     backward_s = blocks.backward_s + head.backward_s
-    recomputed, rerun_ops = _recompute(estimate, blocks, ops)
+    recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
     launches = ops.launches + rerun_ops + blocks.backward_launches + head.backward_launches
     host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, blocks.backward_launches + head.backward_launches)
@@ -296,7 +301,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
                     host_runs_ahead=profile.host_runs_ahead, launches=launches)
 
 
-def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps) -> tuple[float, int]:
+def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,
+               price: Callable[[tuple[TracedOp, ...]], OpsTime]) -> tuple[float, int]:
     """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
 
     Full and every-K rerun the blocks' forward, less what torch's early stop skips (core.flops.recompute_flops:
@@ -306,18 +312,21 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps) -> tuple[fl
     policy, flops = estimate.config.recompute, estimate.flops
     if not policy.recomputes or not flops.blocks_forward:
         return 0.0, 0
+    # Shares of the whole model's FLOPs (core.flops), applied to this rank's time.
     block_ops = sum(len(block) * n for block, n in ops.blocks)
     if policy.recomputes_blocks:
         return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
-    if policy.caches_matmuls:
-        gemm_share = flops.recompute / blocks.gemm_flops if blocks.gemm_flops else 0.0
-        return blocks.memory_s + blocks.gemm_s * min(1.0, gemm_share), block_ops
     attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))
+    if policy.caches_matmuls:
+        matmul_flops = flops.blocks_forward - attention_flops
+        gemm_share = min(1.0, flops.recompute / matmul_flops) if matmul_flops else 0.0
+        return blocks.memory_s + blocks.gemm_s * gemm_share, block_ops
+    # Selective: the attention core's ops (core.trace.TracedOp.attention_core), those a fused kernel reruns whole;
+    # of the explicit path's, the share of its FLOPs torch's early stop reruns (QK^T, not PV).
     rerun = min(1.0, flops.recompute / attention_flops) if attention_flops else 0.0
-    core_ops = sum(n * sum(1 for op in block if op.kind == "attention" or op.name.startswith("block.attn.")
-                           and op.kind == "memory" and "proj" not in op.name and "rope" not in op.name)
-                   for block, n in ops.blocks)
-    return blocks.attention_s * rerun, core_ops
+    core = [(tuple(op for op in block if op.attention_core), n) for block, n in ops.blocks]
+    seconds = sum(price(block).forward_s * n for block, n in core)
+    return seconds * rerun, sum(len(block) * n for block, n in core)
 
 
 def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: int, backward_kernels: int) -> float:

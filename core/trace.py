@@ -68,6 +68,9 @@ class TracedOp:
     batch: int = 1
     flops: int = 0
     causal: bool = False
+    attention_core: bool = False
+    """Made inside the attention core (QK^T, softmax, dropout, PV, or the fused kernel): what selective
+    checkpointing reruns."""
 
     def __post_init__(self) -> None:
         if self.kind == "gemm":
@@ -128,6 +131,8 @@ class Trace:
     None (the ledger's traces): nothing is."""
     _op_at: dict[int, int] = field(default_factory=dict)
     """Where each recorded storage's op is in ``ops``."""
+    attention_core: bool = False
+    """Ops recorded now are the attention core's (``TracedOp.attention_core``)."""
     _next: int = 0
 
     # ---- bookkeeping -----------------------------------------------------------
@@ -141,13 +146,15 @@ class Trace:
         if self.ops is not None and kind != "input":  # token ids and targets come from the data loader
             self._op_at[sym.storage] = len(self.ops)
             written = _bytes(shape, dtype)
-            self.ops.append(TracedOp(sym.name, "memory", dtype, bytes=written, read_bytes=round(reads * written)))
+            self.ops.append(TracedOp(sym.name, "memory", dtype, bytes=written, read_bytes=round(reads * written),
+                                     attention_core=self.attention_core))
         return sym
 
     def as_gemm(self, t: Sym, m: int, n: int, k: int, batch: int = 1, dtype: str | None = None) -> None:
         """``t`` was made by ``batch`` GEMMs (m x k)(k x n), not by a memory-bound op."""
         if self.ops is not None:
-            self.ops[self._op_at[t.storage]] = TracedOp(t.name, "gemm", dtype or t.dtype, m=m, n=n, k=k, batch=batch)
+            self.ops[self._op_at[t.storage]] = TracedOp(t.name, "gemm", dtype or t.dtype, m=m, n=n, k=k, batch=batch,
+                                                        attention_core=self.attention_core)
 
     def as_attention(self, out: Sym, heads: int, s: int, qk_dim: int, v_dim: int, *others: Sym | None) -> None:
         """``out`` and ``others`` (its log-sum-exp, RNG state) were made by one fused causal attention kernel over
@@ -157,7 +164,7 @@ class Trace:
             return
         self.ops[self._op_at[out.storage]] = TracedOp(out.name, "attention", out.dtype, m=s, n=s, k=qk_dim,
                                                       batch=heads, flops=2 * heads * s * s * (qk_dim + v_dim),
-                                                      causal=True)
+                                                      causal=True, attention_core=True)
         self.unrecord(*others)
 
     def unrecord(self, *tensors: Sym | None) -> None:

@@ -246,3 +246,15 @@ def test_estimate_cli_prints_the_time_on_a_device(headroom):
     time = json.loads(out.stdout)["time"]
     assert time["step_time_s"] == pytest.approx(sum(time["time_s"].values()))
     assert time["utilization"]["mfu"] > 0 and time["compute_s"] > 0 and time["host_s"] > 0
+
+
+def test_selective_reruns_the_attention_core_and_nothing_else():
+    """Under the explicit attention, selective checkpointing reruns QK^T, the softmax and dropout (the share of the
+    core's FLOPs torch's early stop reruns); the fused kernel reruns whole. Either way far less than a block."""
+    for attention, dropout in (("standard", 0.1), ("flash", 0.0)):
+        config = TrainConfig(seq_len=1024, micro_batch=2, attention=attention, dropout=dropout,
+                             recompute=parse_policy("selective"))
+        spec = get_preset("gpt2-xl")
+        time = step_time(estimate(spec, config, "cuda"), H200, 1)
+        full = step_time(estimate(spec, dataclasses.replace(config, recompute=parse_policy("full")), "cuda"), H200, 1)
+        assert 0 < time.recompute_s < full.recompute_s / 4, attention
