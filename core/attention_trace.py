@@ -48,6 +48,13 @@ def attention_core(tr: Trace, d: Dims, cfg: TrainConfig, q: Sym, k: Sym, v: Sym,
     if cfg.attention == "flash":
         # SDPA's math path: upcasts 16-bit inputs, scales q and k, no mask tensor kept.
         acc = "fp32"
+        # The causal mask, made additive (ones, tril, two scalars, where) and added to the scores below; q and k
+        # each scaled, then made contiguous for the batched matmul.
+        for part, shape in (("causal_ones", (s, s)), ("causal_tril", (s, s)), ("mask_zero", ()), ("mask_ninf", ()),
+                            ("additive_mask", (s, s))):
+            tr.new(f"attn.math.{part}", shape, acc)
+        tr.new("attn.math.q_times_scale", heads, acc)
+        tr.new("attn.math.k_times_scale", (b, a, hd, s), acc)
         q_b = tr.new("attn.math.q_scaled", heads, acc)
         k_b = tr.new("attn.math.k_scaled_t", (b, a, hd, s), acc)
         v_b = tr.new("attn.math.v_expanded" if groups > 1 else "attn.math.v", v_heads, acc)
@@ -65,12 +72,22 @@ def attention_core(tr: Trace, d: Dims, cfg: TrainConfig, q: Sym, k: Sym, v: Sym,
             # transformers' repeat_kv expands one k/v head as a view, which one sequence's matmuls read as it
             # is: they keep k and v themselves.
             k_b, v_b = k, v
+        fused = tr.stack.fused_softmax
+        if not eager and not fused:  # torch.ones(s, s).tril(), inverted for masked_fill: the inverse is what it keeps
+            tr.new("attn.causal_ones", (s, s), "bool")
+            tr.new("attn.causal_tril", (s, s), "bool")
         mask = None if eager else tr.new("attn.causal_mask", (s, s), "bool")
+        if fused:
+            tr.unrecord(mask)  # implied by the fused softmax's kernel, not made
         softmax_dtype = "fp32" if eager or (tr.amp and tr.rules.autocast_softmax_fp32) else q.dtype
         capped = capped and eager
     scores = tr.new("attn.scores", (b, a, s, s), q_b.dtype)
     tr.as_gemm(scores, s, s, hd, b * a)
     scores = tr.matmul_output(scores, "bmm")
+    if not tr.stack.fused_softmax:  # scaled, then masked (masked_fill, or + a mask), then the softmax below
+        if cfg.attention != "flash":  # SDPA's math path scaled q and k instead
+            tr.new("attn.scores_scaled", scores.shape, scores.dtype)
+        tr.new("attn.scores_masked", scores.shape, scores.dtype, reads=2)
     tr.save(q_b, k_b, mask)
     if capped:
         tr.save(tr.new("attn.softcap_tanh", scores.shape, scores.dtype))
@@ -95,6 +112,13 @@ def rotary(tr: Trace, d: Dims, q: Sym, k: Sym, rotary_dim: int, dtype: str, loca
     cos and sin made once in the residual stream's dtype ``dtype``, a pair of their own for ``local`` layers
     (ModelSpec.local_rope). Nothing else: the tables need no gradient."""
     if tr.stack.rope == "per-layer":
+        # agent.model.rotary_tables: the inverse frequencies (arange, divided, base to their power, inverted), the
+        # positions' outer product with them, doubled by a concatenation: small ops, none kept.
+        half, rows = rotary_dim // 2, d.s
+        for part, shape in (("arange", (half,)), ("exponents", (half,)), ("powers", (half,)),
+                            ("reciprocal", (half,)), ("inv_freq", (half,)), ("positions", (rows,)),
+                            ("angles", (rows, half)), ("angles_doubled", (rows, rotary_dim))):
+            tr.new(f"rope.{part}", shape, "fp32")
         tables = (tr.new("rope.cos", (d.s, rotary_dim), "fp32"), tr.new("rope.sin", (d.s, rotary_dim), "fp32"))
         return _rope(tr, q, tables, "attn.q_rope"), _rope(tr, k, tables, "attn.k_rope")
     if tr.stack.rope == "shared-fp32":

@@ -38,17 +38,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     b, h = d.b, d.h
 
     if rank.first:
-        tokens = tr.new("tokens", (b, d.s), "int64", "input")
-        tr.save(tokens)  # the embedding's backward needs the indices
-        x = tr.new("embed", (b, d.rows, h), param_dtype)
-        if not spec.rotary:
-            tr.save(tr.new("positions", (d.s,), "int64"))
-            x = tr.new("embed_sum", (b, d.rows, h), param_dtype)
-        if spec.scaled_embedding and tr.stack.transformers_modules:  # times sqrt(h): the product keeps the scalar
-            tr.save(tr.new("embed_scale", (), param_dtype, "input"))
-            x = tr.new("embed_scaled", (b, d.rows, h), param_dtype)
-        if cfg.dropout > 0:
-            x = tr.dropout(x, "embed_dropout")
+        x = trace_embedding(tr, spec, cfg, d, param_dtype)
     else:  # the previous stage's output, received
         x = tr.new("stage_input", (b, d.rows, h), param_dtype)
 
@@ -81,6 +71,25 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     if rank.last:
         trace_head(tr, spec, cfg, d, x, param_dtype)
     return tr
+
+
+def trace_embedding(tr: Trace, spec: ModelSpec, cfg: TrainConfig, d: Dims, param_dtype: str) -> Sym:
+    """The first stage's embedding: token ids looked up, learned positions added (gpt), transformers' scaling,
+    dropout; returns the residual stream the first block reads."""
+    b, h = d.b, d.h
+    tokens = tr.new("tokens", (b, d.s), "int64", "input")
+    tr.save(tokens)  # the embedding's backward needs the indices
+    x = tr.new("embed", (b, d.rows, h), param_dtype)
+    if not spec.rotary:
+        tr.save(tr.new("positions", (d.s,), "int64"))
+        tr.new("embed_positions", (d.s, h), param_dtype)  # the position table looked up, then added
+        x = tr.new("embed_sum", (b, d.rows, h), param_dtype, reads=2)
+    if spec.scaled_embedding and tr.stack.transformers_modules:  # times sqrt(h): the product keeps the scalar
+        tr.save(tr.new("embed_scale", (), param_dtype, "input"))
+        x = tr.new("embed_scaled", (b, d.rows, h), param_dtype)
+    if cfg.dropout > 0:
+        x = tr.dropout(x, "embed_dropout")
+    return x
 
 
 def trace_head(tr: Trace, spec: ModelSpec, cfg: TrainConfig, d: Dims, x: Sym, param_dtype: str) -> None:

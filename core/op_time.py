@@ -59,9 +59,9 @@ class HostCosts:
     """What the host pays to dispatch a step's ops, in seconds. The defaults were fitted to the H200 reference
     run (its host: a 16-thread Xeon VM); a box that measured its own dispatch replaces them."""
 
-    forward_op_s: float = 15e-6
+    forward_op_s: float = 5e-6
     """One forward op from an eager PyTorch module: Python, the dispatcher, autograd's graph recording."""
-    backward_op_s: float = 10e-6
+    backward_op_s: float = 12e-6
     """One backward kernel: autograd's engine walks the graph in C++."""
     selective_checkpoint_op_s: float = 60e-6
     """More per op under a selective-checkpoint context (op-selective): torch calls the policy in Python for

@@ -179,6 +179,10 @@ class Stack:
     gathers_logits: bool = False
     """Under tensor parallelism the head's column-parallel output is all-gathered: every rank computes the loss
     over the whole vocabulary, not its slice of it."""
+    fused_softmax: bool = False
+    """The explicit attention scales, masks and takes the softmax of its scores in one kernel, the causal mask
+    implied rather than made (Megatron-LM's ``FusedScaleMaskSoftmax``, megatron/core/fusions/fused_softmax.py):
+    a timing fact (core.step_ops), what is kept is the same."""
     transformers_modules: bool = False
     """The stack runs transformers' own modeling code: it accounts for the Llama family only
     (core.config.hf_stack_covers)."""
@@ -208,7 +212,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
-          rms_norm="fused",
+          rms_norm="fused", fused_softmax=True,
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),

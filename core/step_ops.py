@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 
 from core.config import TrainConfig
 from core.devices import device_rules
-from core.forward_trace import new_trace, trace_block, trace_head
+from core.forward_trace import new_trace, trace_block, trace_embedding, trace_head
 from core.model import ModelSpec
 from core.recompute import RecomputePolicy
 from core.trace import Dims, TracedOp
@@ -98,12 +98,8 @@ def _head_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[Traced
 
 @functools.lru_cache(maxsize=1024)
 def _embedding_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[TracedOp, ...]:
-    """The embedding's lookup: one gather writing the residual stream (two with learned positions)."""
     d = Dims.of(spec, config)
-    rows = d.b * d.rows * d.h
-    dtype = config.block_param_dtype
-    nbytes = rows * (4 if dtype == "fp32" else 2)
-    ops = [TracedOp("embed", "memory", dtype, bytes=nbytes)]
-    if not spec.rotary:
-        ops.append(TracedOp("embed_sum", "memory", dtype, bytes=nbytes))
-    return tuple(ops)
+    tr = new_trace(spec, config, device_rules(device))
+    tr.ops = []
+    trace_embedding(tr, spec, config, d, config.block_param_dtype)
+    return tuple(op for op in tr.ops if op is not None)

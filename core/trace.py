@@ -279,6 +279,8 @@ class Trace:
         x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
         saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
         self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
+        if bias and self.amp and param_dtype != "bf16":  # autocast casts the bias too; addmm keeps none of it
+            self.new(f"{name}.bias_bf16", (stacked * out_features,), "bf16", reads=2)
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
         out = self.new(f"{name}.out", shape, x_in.dtype)
         rows_in = _numel(x.shape[:-1])  # every row of x, before a row-parallel reduce-scatter
@@ -290,8 +292,9 @@ class Trace:
         stats = "fp32" if x.dtype == "fp32" or self.rules.norm_stats_fp32 else x.dtype
         rows = x.shape[:-1] + (1,)
         h = (x.shape[-1],)
-        self.save(x, self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats),
-                  self.param(f"{name}.weight", h, param_dtype), self.param(f"{name}.bias", h, param_dtype))
+        mean, rstd = self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats)
+        self.save(x, mean, rstd, self.param(f"{name}.weight", h, param_dtype), self.param(f"{name}.bias", h, param_dtype))
+        self.unrecord(mean, rstd)  # one kernel makes them with the output
         return self.new(f"{name}.out", x.shape, x.dtype)
 
     def rms_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
@@ -310,9 +313,15 @@ class Trace:
         weight = self.param(f"{name}.weight", (x.shape[-1],), param_dtype)
         kernel = self.stack.rms_norm
         if kernel == "fused" or (kernel == "torch" and self.rules.fused_rms_norm):
-            self.save(x, self.new(f"{name}.rstd", rows, "fp32"), weight)
+            rstd = self.new(f"{name}.rstd", rows, "fp32")
+            self.save(x, rstd, weight)
+            self.unrecord(rstd)  # one kernel makes it with the output
             return self.new(f"{name}.out", x.shape, x.dtype)
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
+        # x^2, its mean and the epsilon added in place: made and dropped, never kept.
+        self.new(f"{name}.squared", x.shape, "fp32")
+        self.new(f"{name}.mean_square", rows, "fp32", reads=x.shape[-1])
+        self.new(f"{name}.mean_square_eps", rows, "fp32")
         normed = self.new(f"{name}.normalized", x.shape, "fp32")
         if kernel == "hf" and self.norm_offset:
             # Gemma's: the fp32 normalised tensor times 1 + weight.float(), cast back; the product keeps both.
@@ -328,12 +337,16 @@ class Trace:
         return out
 
     def dropout(self, x: Sym, name: str) -> Sym:
-        """Saves the mask; the output is a new tensor."""
+        """Saves the mask; the output is a new tensor. On CUDA one kernel (``native_dropout``) makes both, with a
+        boolean mask; on a CPU the mask is drawn (``bernoulli_``), scaled in place, then multiplied in."""
         if self.rules.dropout_mask_bytes == 1:
-            self.save(self.new(f"{name}.mask", x.shape, "bool"))
+            mask = self.new(f"{name}.mask", x.shape, "bool")
+            self.save(mask)
+            self.unrecord(mask)
         else:
             self.save(self.new(f"{name}.mask", x.shape, x.dtype))
-        return self.new(f"{name}.out", x.shape, x.dtype)
+            self.new(f"{name}.mask_scaled", x.shape, x.dtype)
+        return self.new(f"{name}.out", x.shape, x.dtype, reads=2)
 
 
 def _numel(shape: tuple[int, ...]) -> int:
