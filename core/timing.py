@@ -15,6 +15,8 @@ The model, per micro-batch (``step_time``), from the ops the rank runs (core.ste
   skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
   (op-selective);
 - offload: saved bytes to the host and back over ``host_bytes_per_s``;
+- FSDP (ZeRO-3): its copies into and out of the all-gather's and the reduce-scatter's buffers, forward and
+  backward, as memory-bound traffic;
 - host: the ops' dispatch (core.op_time's host constants, and the selective-checkpoint context's per-op cost
   under op-selective). On a GPU the host runs ahead of the device, so a micro-batch takes the longer of the
   two; on a CPU the two are one and add up;
@@ -56,6 +58,7 @@ from core.collective_curves import CollectiveCurves
 from core.device_curves import CURVES
 from core.hardware import HardwareSpec
 from core.interconnect import DEFAULT_INTER_NODE_LINK, Cluster, cluster_for
+from core.memory import fsdp_units
 from core.op_time import (
     KERNEL_GAP_S,
     DeviceRates,
@@ -273,6 +276,9 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     backward_s = blocks.backward_s + head.backward_s
     recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
     offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
+    forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
+    forward_s += forward_copy_s
+    backward_s += backward_copy_s
     launches = ops.launches + rerun_ops + blocks.backward_launches + head.backward_launches
     host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, blocks.backward_launches + head.backward_launches)
 
@@ -327,6 +333,25 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,
     core = [(tuple(op for op in block if op.attention_core), n) for block, n in ops.blocks]
     seconds = sum(price(block).forward_s * n for block, n in core)
     return seconds * rerun, sum(len(block) * n for block, n in core)
+
+
+def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, float]:
+    """FSDP's own memory traffic in one micro-batch's forward and backward: each unit's shard copied into the
+    all-gather's buffer and the gathered parameters copied out of it, in forward and again in backward (the
+    unit was resharded after forward); in backward also the unsharded gradients copied into the
+    reduce-scatter's buffer in the reduction's dtype, and the reduced shard accumulated into the sharded
+    gradient (FSDP2's ``foreach_all_gather`` copy-in and ``foreach_all_gather_copy_out``, and
+    ``foreach_reduce``'s copy-in, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). Read and written,
+    over the achieved bandwidth; none without ZeRO-3 or without ranks to shard over."""
+    config = estimate.config
+    ranks = config.dp * config.layout.cp
+    if config.zero < 3 or ranks == 1:
+        return 0.0, 0.0
+    parameters = sum(fsdp_units(estimate.spec, config.layout, estimate.rank))
+    compute, reduce = config.recipe.activation_bytes, config.recipe.grad_bytes
+    gather = 2 * parameters * compute * (1 + 1 / ranks)  # copy-in of the shard, copy-out of the whole, r + w
+    reduce_copies = 2 * parameters * reduce * (1 + 1 / ranks)  # the whole into the buffer, the shard out
+    return gather / profile.hbm_bytes_per_s, (gather + reduce_copies) / profile.hbm_bytes_per_s
 
 
 def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: int, backward_kernels: int) -> float:

@@ -309,3 +309,21 @@ def test_selective_reruns_the_attention_core_and_nothing_else():
         time = step_time(estimate(spec, config, "cuda"), H200, 1)
         full = step_time(estimate(spec, dataclasses.replace(config, recompute=parse_policy("full")), "cuda"), H200, 1)
         assert 0 < time.recompute_s < full.recompute_s / 2, attention
+
+
+def test_fsdp_copies_its_units_in_and_out_of_the_collectives_buffers():
+    """Under ZeRO-3 over 2 ranks each micro-batch's forward copies every parameter's shard into the all-gather's
+    buffer and the gathered parameters out of it (read and written: 2 P b (1 + 1/2) bytes, b the compute dtype's),
+    backward the same again and the gradients into and out of the reduce-scatter's (the reduction's dtype). The
+    rest of the step is ZeRO-2's."""
+    from core.interconnect import default_cluster
+
+    spec = get_preset("bench-llama-small")
+    sharded = TrainConfig(seq_len=128, micro_batch=2, precision="bf16-pure", layout=Layout(dp=2, zero=3))
+    cluster = default_cluster("h200")
+    three, two = (step_time(estimate(spec, config, "cuda"), H200, 1, cluster)
+                  for config in (sharded, dataclasses.replace(sharded, layout=Layout(dp=2, zero=2))))
+    gather = 2 * spec.parameters * 2 * 1.5 / H200.hbm_bytes_per_s
+    reduce = 2 * spec.parameters * 2 * 1.5 / H200.hbm_bytes_per_s  # bf16-pure reduces in bf16
+    assert three.forward_s - two.forward_s == pytest.approx(gather, rel=1e-9)
+    assert three.backward_s - two.backward_s == pytest.approx(gather + reduce, rel=1e-9)
