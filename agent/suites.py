@@ -24,7 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from agent import bench_attention, bench_collectives, bench_elementwise, bench_matmul, bench_train
+from agent import bench_attention, bench_collectives, bench_dispatch, bench_elementwise, bench_matmul, bench_train
 from agent.cases import Case
 from core.config import TrainConfig
 from core.errors import ConfigError
@@ -32,7 +32,7 @@ from core.presets import get_preset
 from core.recompute import parse_policy
 from core.timing import HardwareProfile
 
-KINDS = ("matmul", "elementwise", "attention", "train", "collectives")
+KINDS = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +164,8 @@ def build_cases(
         cases += bench_elementwise.cases(device, size.elementwise_elements, size.budget_s)
     if "attention" in only:
         cases += bench_attention.cases(device, size.attention_shapes, size.budget_s)
+    if "dispatch" in only:
+        cases += bench_dispatch.cases(device)
     if "train" in only:
         cases += [bench_train.case(setup, profile, size.train.expected_s) for setup in size.train.setups()]
     if "collectives" in only and ranks > 1:

@@ -16,7 +16,7 @@ from core.layout import Layout
 from core.stack import STACKS, get_stack
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
-KIND_NAMES = ("matmul", "elementwise", "attention", "train", "collectives")
+KIND_NAMES = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
 MAX_LOCAL_RANKS = 64
 """Processes the agent starts on one box, one per rank: more than the GPUs of any node, and more CPU processes
 than gloo measures anything with. Checked before anything is launched."""

@@ -39,7 +39,7 @@ from core.layout import Layout
 from core.flops import attention_forward_flops
 from core.hardware import match_device
 from core.model import ModelSpec
-from core.op_time import anchor_efficiency
+from core.op_time import HostCosts, anchor_efficiency
 from core.recompute import parse_policy
 from core.timing import (
     DEFAULT_FRAGMENTATION,
@@ -198,6 +198,29 @@ def matmul_curve(records: Iterable[MatmulRecord]) -> dict[str, tuple[MatmulPoint
     return {dtype: tuple(p) for dtype, p in points.items()}
 
 
+@dataclass(frozen=True, slots=True)
+class DispatchRecord:
+    """One ok host-dispatch measurement (agent.bench_dispatch): seconds per op in one mode."""
+
+    mode: str
+    """``forward``, ``backward`` or ``selective-checkpoint``."""
+    per_op_s: float
+
+
+def host_costs(records: Iterable[DispatchRecord], device_name: str) -> HostCosts | None:
+    """The box's own host costs: the median of each mode's measurements; None unless all three were measured."""
+    by_mode: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if math.isfinite(r.per_op_s) and r.per_op_s >= 0:
+            by_mode[r.mode].append(r.per_op_s)
+    if not all(by_mode.get(mode) for mode in ("forward", "backward", "selective-checkpoint")):
+        return None
+    return HostCosts(forward_op_s=statistics.median(by_mode["forward"]),
+                     backward_op_s=statistics.median(by_mode["backward"]),
+                     selective_checkpoint_op_s=statistics.median(by_mode["selective-checkpoint"]),
+                     source=f"measured on {device_name}")
+
+
 LARGE_GEMM_FLOPS = 2 * 4096**3
 """A GEMM of this many FLOPs or more runs at the device's sustained large-GEMM rate (the H200 reference run: 15
 such bf16 GEMMs, 687-776 TFLOP/s, median 709.8)."""
@@ -255,6 +278,7 @@ def profile_from_measurements(
     train_steps: Iterable[TrainStepRecord] = (),
     host_memory_bytes: int | None = None,
     collectives: Iterable[CollectiveRecord] = (),
+    dispatch: Iterable[DispatchRecord] = (),
 ) -> HardwareProfile:
     """The planner's HardwareProfile of a measured device (``source="measured"``).
 
@@ -304,6 +328,10 @@ def profile_from_measurements(
             assumptions.append(f"GEMMs by shape from the datasheet row's cited GEMM (no bf16 GEMM of "
                                f"{LARGE_GEMM_FLOPS:.3g} FLOPs or more measured)")
         shape_model = {"matmul_efficiency": efficiency, "sms": sms}
+    host = host_costs(dispatch, device.name)
+    if host is None:
+        host = HostCosts()
+        assumptions.append(f"host dispatch not measured: {HostCosts().source}")
     profile = HardwareProfile(
         name=device.name,
         source="measured",
@@ -315,6 +343,7 @@ def profile_from_measurements(
         fragmentation=fragmentation,
         device="cpu" if device.device_type == "cpu" else "cuda",
         assumptions=tuple(assumptions),
+        host=host,
         **shape_model,
     )
     backward_ratio = attention_rate[1]

@@ -4,7 +4,7 @@ One `Fingerprint` per distinct device + host + software stack (runs on the
 same box with the same driver, CUDA and torch share it); one `Run` per
 execution of a benchmark suite; one row per benchmark in the table of its kind
 (`MatmulResult`, `ElementwiseResult`, `AttentionResult`, `TrainStepResult`,
-`CollectiveResult`).
+`CollectiveResult`, `DispatchResult`).
 
 Every result records ``status`` (``ok``, ``oom``, ``error``, ``skipped``)
 and a ``message``: an out-of-memory benchmark is a result, not a crash
@@ -357,7 +357,27 @@ class CollectiveResult(TimedResult):
     """algbw_gb_per_s x the op's bus factor."""
 
 
+DISPATCH_MODES = ("forward", "backward", "selective-checkpoint")
+
+
+class DispatchResult(TimedResult):
+    """What the host pays to dispatch one op of eager PyTorch (samples: seconds per op; agent.bench_dispatch).
+
+    ``forward``: a forward op autograd records; ``backward``: a backward kernel; ``selective-checkpoint``: what a
+    selective-checkpoint context adds to a forward op (revision 0006).
+    """
+
+    __tablename__ = "dispatch_results"
+    __table_args__ = (Index("ix_dispatch_results_run_id", "run_id"),)
+    KIND = "dispatch"
+    OK_REQUIRES = ("median_s",)
+
+    mode: Mapped[str] = mapped_column(info={"choices": DISPATCH_MODES})
+    ops: Mapped[int]
+    """Ops dispatched in one sample."""
+
+
 RESULT_MODELS: dict[str, type[Result]] = {
     model.KIND: model
-    for model in (MatmulResult, ElementwiseResult, AttentionResult, TrainStepResult, CollectiveResult)
+    for model in (MatmulResult, ElementwiseResult, AttentionResult, TrainStepResult, CollectiveResult, DispatchResult)
 }

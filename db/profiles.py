@@ -32,6 +32,7 @@ from core.stack import stack_name
 from core.measurements import (
     AttentionRecord,
     DeviceRecord,
+    DispatchRecord,
     ElementwiseRecord,
     MatmulRecord,
     TrainStepRecord,
@@ -43,6 +44,7 @@ from db.location import nothing_recorded
 from db.models import (
     AttentionResult,
     CollectiveResult,
+    DispatchResult,
     ElementwiseResult,
     Fingerprint,
     MatmulResult,
@@ -151,6 +153,13 @@ def collective_records(session: Session, device_name: str) -> list[CollectiveRec
     return [CollectiveRecord(*row) for row in session.execute(medians)]
 
 
+def dispatch_records(session: Session, device_name: str) -> list[DispatchRecord]:
+    """One record per mode: its median seconds per op, what core.measurements.host_costs takes."""
+    d = DispatchResult
+    medians = _medians(d, device_name, [d.mode], d.median_s, d.median_s >= 0)
+    return [DispatchRecord(mode, per_op) for mode, per_op in session.execute(medians)]
+
+
 TRAIN_STEP_COLUMNS = (
     "model_name", "model_spec", "seq_len", "micro_batch", "accumulation_steps", "precision", "optimizer", "attention",
     "recompute", "median_s", "peak_allocated_bytes", "peak_reserved_bytes", "activation_bytes", "layout", "rank",
@@ -188,6 +197,7 @@ def build_profile(session: Session, device_name: str, steps: list[TrainStepRecor
         train_steps=train_step_records(session, device_name) if steps is None else steps,
         host_memory_bytes=None if device.memory_bytes else _host_memory(),
         collectives=collective_records(session, device_name),
+        dispatch=dispatch_records(session, device_name),
     )
 
 

@@ -159,7 +159,7 @@ def test_calls_shorter_than_a_block_are_timed_back_to_back():
 def test_suite_kinds_are_validated():
     from core.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, train"):
+    with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, dispatch, train"):
         build_cases("smoke", CPU, ("bogus",))
 
 
@@ -251,3 +251,22 @@ def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oo
     (case,) = [c for c in bench_attention.cases(CPU, [(1, 64, 2, 16)], 0.01) if c.name.startswith("flash")]
     row = run_case(case, CPU)
     assert row.status == "oom" and "injected" in row.message  # not "skipped": memory is not a missing backend
+
+
+def test_the_host_dispatch_is_measured_per_op_in_each_mode():
+    """agent.bench_dispatch on this CPU: three ok rows, one a mode, each sample seconds per op of a chain of 256,
+    and what the selective-checkpoint context adds never negative; the core turns them into the box's HostCosts."""
+    import torch
+
+    from agent import bench_dispatch
+    from core.measurements import DispatchRecord, host_costs
+    from db.models import DISPATCH_MODES
+
+    rows = [case.measure(torch.device("cpu")) for case in bench_dispatch.cases(torch.device("cpu"))]
+    assert [r.mode for r in rows] == list(DISPATCH_MODES) and all(r.status == "ok" for r in rows)
+    assert all(r.ops == bench_dispatch.CHAIN and len(r.samples_s) == bench_dispatch.SAMPLES for r in rows)
+    assert all(r.min_s <= r.median_s <= r.max_s and r.min_s >= 0 for r in rows)
+    assert rows[0].median_s > 0 and rows[1].median_s > 0
+    costs = host_costs([DispatchRecord(r.mode, r.median_s) for r in rows], "this CPU")
+    assert (costs.forward_op_s, costs.backward_op_s, costs.selective_checkpoint_op_s) == tuple(r.median_s for r in rows)
+    assert host_costs([DispatchRecord("forward", 1e-6)], "x") is None  # all three or none

@@ -57,7 +57,7 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
-    assert revisions() == ("0001", "0002", "0003", "0004", "0005")
+    assert revisions() == ("0001", "0002", "0003", "0004", "0005", "0006")
     # Read from the scripts' names; Alembic's own walk of the chain agrees.
     walked = ScriptDirectory.from_config(alembic_config()).walk_revisions()
     assert tuple(reversed([script.revision for script in walked])) == revisions()
@@ -209,7 +209,8 @@ def test_postgres_upgrade_from_0001_keeps_every_row(old_store, postgres_url):
     with open_store(postgres_url, mode="write") as store:
         assert store.upgraded_from == "0001"
         assert row_counts(store) == {"fingerprints": 2, "runs": 3, "matmul_results": 2, "elementwise_results": 1,
-                                     "attention_results": 2, "train_step_results": 2, "collective_results": 0}
+                                     "attention_results": 2, "train_step_results": 2, "collective_results": 0,
+                                     "dispatch_results": 0}
         with store.session() as session:
             steps = session.scalars(select(TrainStepResult).order_by(TrainStepResult.id)).all()
         assert {s.id: (s.predicted_peak_bytes, s.predicted_activation_bytes, s.predicted_step_time_s)

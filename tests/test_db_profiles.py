@@ -17,6 +17,7 @@ import db.profiles as profiles
 from core.collective_curves import CollectiveCurves, CollectiveRecord
 from core.measurements import (
     AttentionRecord,
+    DispatchRecord,
     ElementwiseRecord,
     MatmulRecord,
     attention_throughput,
@@ -24,12 +25,22 @@ from core.measurements import (
     matmul_curve,
     profile_from_measurements,
 )
-from db.models import AttentionResult, CollectiveResult, ElementwiseResult, Fingerprint, MatmulResult, Run, TrainStepResult
+from db.models import (
+    AttentionResult,
+    CollectiveResult,
+    DispatchResult,
+    ElementwiseResult,
+    Fingerprint,
+    MatmulResult,
+    Run,
+    TrainStepResult,
+)
 from db.profiles import (
     attention_records,
     build_profile,
     collective_records,
     device_record,
+    dispatch_records,
     elementwise_records,
     matmul_records,
     train_step_records,
@@ -66,6 +77,10 @@ def _collective(op: str, group: int, size: int, seconds: float) -> CollectiveRes
                             busbw_gb_per_s=size / seconds / 1e9 if seconds else 0.0)
 
 
+def _dispatch(mode: str, per_op: float) -> DispatchResult:
+    return DispatchResult(mode=mode, ops=256, samples_s=[per_op], median_s=per_op, min_s=per_op, max_s=per_op)
+
+
 def _step(seconds: float, micro_batch: int = 1, status: str = "ok") -> TrainStepResult:
     ok = status == "ok"
     return TrainStepResult(model_name="llama2-7b", model_spec=LLAMA2_7B, seq_len=4096, micro_batch=micro_batch,
@@ -86,11 +101,13 @@ RUNS = [
      _attention("flash", 4096, 2e-3, 5e-3), _attention("math", 4096, 9e-3, None), _attention("flash", 2048, 6e-4, 1e-3),
      _collective("all_reduce", 8, 2**20, 1e-4), _collective("all_reduce", 8, 2**20, 3e-4),
      _collective("all_gather", 8, 2**20, 2e-4), _collective("all_reduce", 1, 2**20, 5e-5),
-     _collective("all_reduce", 8, 2**30, 0.0), _step(1.0)],
+     _collective("all_reduce", 8, 2**30, 0.0), _step(1.0), _dispatch("forward", 8e-6), _dispatch("backward", 5e-6),
+     _dispatch("selective-checkpoint", 40e-6)],
     [_matmul(4096, 4096, 4096, 580.25), _matmul(8192, 8192, 8192, 720.0), _matmul(1024, 8192, 2048, 660.0),
      _matmul(4096, 4096, 4096, 40.0, dtype="fp32"), _copy(2100.0), _copy(2100.0),
      _attention("flash", 4096, 2e-3, 4e-3), _attention("cudnn", 2048, 6e-4, 2e-3),
-     _collective("all_reduce", 8, 2**20, 2e-4), _collective("all_reduce", 8, 2**24, 1e-3), _step(1.1), _step(2.0, 2)],
+     _collective("all_reduce", 8, 2**20, 2e-4), _collective("all_reduce", 8, 2**24, 1e-3), _step(1.1), _step(2.0, 2),
+     _dispatch("forward", 10e-6), _dispatch("backward", 6e-6), _dispatch("selective-checkpoint", 50e-6)],
     [_matmul(4096, 4096, 4096, 590.0), _matmul(4096, 4096, 4096, 601.0), _matmul(8192, 8192, 8192, 715.5),
      _matmul(1024, 1024, 1024, 90.0), _copy(2050.0), _collective("all_reduce", 8, 2**20, 2.5e-4),
      _collective("all_reduce", 4, 2**20, 1e-4), _step(1.2), _step(9.0, 4, status="oom")],
@@ -134,6 +151,7 @@ def _reference(session) -> dict:
         "elementwise": [ElementwiseRecord(r.op, r.gb_per_s * 1e9) for r in _every_row(session, ElementwiseResult)],
         "collectives": [CollectiveRecord(r.op, r.group_size, r.message_bytes, r.median_s)
                         for r in _every_row(session, CollectiveResult)],
+        "dispatch": [DispatchRecord(r.mode, r.median_s) for r in _every_row(session, DispatchResult)],
     }
 
 
@@ -151,8 +169,15 @@ def test_the_profile_from_aggregates_is_the_profile_from_every_row(measured):
     steps = train_step_records(measured, H100)
     from_rows = profile_from_measurements(device_record(measured, H100), matmul=every["matmul"],
                                           attention=every["attention"], elementwise=every["elementwise"],
-                                          train_steps=steps, collectives=every["collectives"])
+                                          train_steps=steps, collectives=every["collectives"],
+                                          dispatch=every["dispatch"])
     assert build_profile(measured, H100) == from_rows
+    # The box's own host costs: each mode's median over its rows (two runs: the mean of the two).
+    host = from_rows.host
+    assert (host.forward_op_s, host.backward_op_s, host.selective_checkpoint_op_s) == pytest.approx((9e-6, 5.5e-6, 45e-6))
+    assert host.source == f"measured on {H100}"
+    assert {r.mode: r.per_op_s for r in dispatch_records(measured, H100)} == pytest.approx(
+        {"backward": 5.5e-6, "forward": 9e-6, "selective-checkpoint": 45e-6})
 
 
 def test_sql_hands_over_one_record_per_group(measured):

@@ -111,6 +111,7 @@ def test_a_device_without_a_datasheet_row_states_every_guess():
         "attention at half the matmul rate (not measured)",
         "bandwidth not measured",
         "allocator fragmentation 1.10x (no CUDA allocator statistics stored)",
+        "host dispatch not measured: fitted to the H200 reference run (tests/data/reference)",
     )
 
 
@@ -132,7 +133,8 @@ def test_a_cuda_device_fills_gaps_from_its_datasheet_row():
     assert profile.hbm_bytes_per_s == 3e12
     assert profile.fragmentation == pytest.approx(1.075)  # median(1.05, 1.10)
     assert profile.assumptions == (datasheet.assumptions[0], "GEMMs by shape from the datasheet row's cited GEMM "
-                                   "(no bf16 GEMM of 1.37e+11 FLOPs or more measured)")
+                                   "(no bf16 GEMM of 1.37e+11 FLOPs or more measured)",
+                                   "host dispatch not measured: fitted to the H200 reference run (tests/data/reference)")
 
 
 def test_datasheet_fallbacks_for_attention_and_bandwidth_and_stored_memory():
@@ -146,7 +148,8 @@ def test_datasheet_fallbacks_for_attention_and_bandwidth_and_stored_memory():
     assert profile.attention_flop_per_s == datasheet.attention_flop_per_s == 2 * 989.4e12 * 0.56
     assert profile.hbm_bytes_per_s == datasheet.hbm_bytes_per_s == 3.35e12 * 0.85
     assert profile.assumptions == ("attention at half the matmul rate (not measured)", "bandwidth not measured",
-                                   "allocator fragmentation 1.10x (no CUDA allocator statistics stored)")
+                                   "allocator fragmentation 1.10x (no CUDA allocator statistics stored)",
+                                   "host dispatch not measured: fitted to the H200 reference run (tests/data/reference)")
 
 
 def test_a_cpu_never_takes_a_datasheet_row_and_nothing_to_go_on_is_an_error():
