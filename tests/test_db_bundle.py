@@ -56,7 +56,7 @@ def test_export_import_export_gives_identical_bytes(source, target, request, tmp
     url = request.getfixturevalue(target)
     with open_store(url, mode="write") as store:
         report = write_runs(store, check_runs(read_runs(tmp_path / "first.json.gz"), "first"), "first")
-        assert (len(report.added), len(report.skipped), report.results) == (3, 0, 11)  # two runs of one of each of 5 kinds, one result
+        assert (len(report.added), len(report.skipped), report.results) == (3, 0, 13)  # two runs of one of each of 6 kinds, one result
     assert _export(url, tmp_path / "second.json.gz") == first
     bundle = json.loads(gzip.decompress(first))
     assert bundle["format"] == BUNDLE_FORMAT and bundle["version"] == 1
@@ -67,7 +67,7 @@ def test_importing_twice_adds_nothing_the_second_time(source, sqlite_url, tmp_pa
     _export(source, tmp_path / "bundle.json")
     first = run_cli("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)
     assert first.returncode == 0, first.stderr
-    assert "added 3 runs (11 results); skipped 0 runs" in first.stdout
+    assert "added 3 runs (13 results); skipped 0 runs" in first.stdout
     with open_store(sqlite_url) as store:
         counts = row_counts(store)
     second = run_cli("db", "import", str(tmp_path / "bundle.json"), "--db", sqlite_url)

@@ -222,7 +222,7 @@ def test_queries_count_by_device_and_find_the_best_rate(store_url):
         store.add_result(stale, results()[0])
         with store.session() as session:
             devices = {d.hostname: (d.runs, d.results) for d in queries.counts_by_device(session)}
-            assert devices == {"gpu-07": (1, 5), "gpu-08": (1, 5), "gpu-09": (1, 1)}
+            assert devices == {"gpu-07": (1, 6), "gpu-08": (1, 6), "gpu-09": (1, 1)}
             best = queries.best_tflop_per_s(session, "bf16", since=old + timedelta(days=110))
             assert [b.hostname for b in best] == ["gpu-07", "gpu-08"]  # seed 0 is the faster one
             assert best[0].tflop_per_s == pytest.approx(results(0)[0].tflop_per_s)
