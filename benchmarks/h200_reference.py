@@ -24,6 +24,7 @@ from core.calibration import Calibration, Observation, calibrate, uncalibrated  
 from core.config import TrainConfig  # noqa: E402
 from core.estimate import estimate  # noqa: E402
 from core.hardware import get_hardware  # noqa: E402
+from core.measurements import TrainStepRecord, allocator_fragmentation, fragmentation_by_policy  # noqa: E402
 from core.model import ModelSpec  # noqa: E402
 from core.op_time import HostCosts  # noqa: E402
 from core.planner import PlanRequest, plan  # noqa: E402
@@ -62,12 +63,18 @@ def predicted_s(row: dict, profile: HardwareProfile) -> float:
 
 def h200_profile(host: HostCosts | None = None, kernel_gap_s: float | None = None) -> HardwareProfile:
     """The H200's datasheet profile and the cited curves, with the allocator's fragmentation the run measured
-    (the median of peak reserved / peak allocated over its steps, as a measured profile takes it), and other
-    host costs or kernel gap where given (the fit's trials)."""
+    (the median of peak reserved / peak allocated over its steps, and over each policy's, as a measured profile
+    takes them: core.measurements), and other host costs or kernel gap where given (the fit's trials)."""
     profile = datasheet_profile(get_hardware("h200"))
-    fragmentation = statistics.median(r["peak_reserved_bytes"] / r["peak_allocated_bytes"] for r in train_steps())
+    steps = [TrainStepRecord(model_name=r["model_name"], model_spec=r["model_spec"], seq_len=r["seq_len"],
+                             micro_batch=r["micro_batch"], accumulation_steps=r["accumulation_steps"],
+                             precision=r["precision"], optimizer=r["optimizer"], attention=r["attention"],
+                             recompute=r["recompute"], median_s=r["median_s"],
+                             peak_allocated_bytes=r["peak_allocated_bytes"],
+                             peak_reserved_bytes=r["peak_reserved_bytes"]) for r in train_steps()]
     changes = {k: v for k, v in (("host", host), ("kernel_gap_s", kernel_gap_s)) if v is not None}
-    return dataclasses.replace(profile, fragmentation=fragmentation, **changes)
+    return dataclasses.replace(profile, fragmentation=allocator_fragmentation(steps),
+                               fragmentation_by_policy=fragmentation_by_policy(steps), **changes)
 
 
 def label(row: dict) -> str:

@@ -174,7 +174,7 @@ def render(result: Plan, top: int | None) -> str:
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"
         + (f"; all the {profile.name} holds" if req.budget_bytes == profile.memory_bytes else "") + "); margin: peak x "
-        f"{profile.fragmentation:.2f} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
+        f"{profile.fragmentation_text()} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
         *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),
         "",

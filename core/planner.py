@@ -231,6 +231,8 @@ class Candidate:
     rejection: str | None = None
     peak_flop_per_s: float | None = None
     """One GPU's dense peak for the compute dtype (MFU's denominator); None where the device has none."""
+    fragmentation: float = 1.0
+    """The allocator's fragmentation ``required_bytes`` was margined by (HardwareProfile.fragmentation_for)."""
 
     @property
     def utilization(self) -> Utilization:
@@ -267,6 +269,7 @@ class Candidate:
             "step_time_s": self.step_time_s,
             "calibrated_peak_bytes": self.calibrated_peak_bytes,
             "required_bytes": self.required_bytes,
+            "fragmentation": self.fragmentation,
             "headroom_bytes": budget_bytes - self.required_bytes,
             "layout": layout_dict(self.layout),
             "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
@@ -386,11 +389,12 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
     time = step_time(est, profile, accumulation, cluster)
     step_s = time.total_s * calibration.time.correction
     peak = round(est.peak_bytes * calibration.memory.correction)
-    required = round(peak * profile.fragmentation) + request.context_reserve_bytes
+    fragmentation = profile.fragmentation_for(policy)
+    required = round(peak * fragmentation) + request.context_reserve_bytes
     candidate = Candidate(
         estimate=est, accumulation_steps=accumulation, time=time, calibrated_peak_bytes=peak, required_bytes=required,
         tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
-        peak_flop_per_s=profile.peak_flop_per_s.get(est.config.recipe.compute_dtype),
+        peak_flop_per_s=profile.peak_flop_per_s.get(est.config.recipe.compute_dtype), fragmentation=fragmentation,
     )
     if required <= request.budget_bytes:
         return candidate
@@ -411,7 +415,7 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
     est, budget = candidate.estimate, request.budget_bytes
     over = candidate.required_bytes - budget
     static = est.static.total
-    if static * profile.fragmentation + request.context_reserve_bytes > budget:
+    if static * candidate.fragmentation + request.context_reserve_bytes > budget:
         term = f"static state alone ({static / GB:.1f} GB of parameters, gradients and optimizer state) breaks it"
     else:
         static_parts = ("parameters", "gradients", "master_weights", "optimizer_states")
@@ -420,7 +424,7 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
         term = f"{name} ({size / GB:.1f} GB) break it on top of {static / GB:.1f} GB static"
     return (
         f"needs {candidate.required_bytes / GB:.1f} GB (peak {candidate.calibrated_peak_bytes / GB:.1f} GB x "
-        f"{profile.fragmentation:.2f} fragmentation + {request.context_reserve_bytes / GB:.1f} GB context), "
+        f"{candidate.fragmentation:.2f} fragmentation + {request.context_reserve_bytes / GB:.1f} GB context), "
         f"{over / GB:.1f} GB over the {budget / GB:.1f} GB budget: {term}"
     )
 
@@ -568,6 +572,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "source": profile.source,
             "memory_bytes": profile.memory_bytes,
             "fragmentation": profile.fragmentation,
+            "fragmentation_by_policy": dict(profile.fragmentation_by_policy),
             "context_reserve_bytes": result.request.context_reserve_bytes,
             "assumptions": list(profile.assumptions),
             "cluster": _cluster_dict(result.request.cluster_for(profile))

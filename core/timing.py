@@ -68,6 +68,7 @@ from core.op_time import (
     ops_time,
 )
 from core.pipeline import bubble_fraction
+from core.recompute import RecomputePolicy
 from core.step_ops import ForwardOps, forward_ops
 from core.trace import TracedOp
 
@@ -107,6 +108,9 @@ class HardwareProfile:
     attention_flop_per_s: float
     hbm_bytes_per_s: float
     fragmentation: float = DEFAULT_FRAGMENTATION
+    """Peak reserved over peak allocated: the box's median, else the default."""
+    fragmentation_by_policy: dict[str, float] = field(default_factory=dict)
+    """The same for each checkpoint policy kind the box measured (core.measurements.fragmentation_by_policy)."""
     attention_backward_ratio: float = ATTENTION_BACKWARD_RATIO
     host_bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
     matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
@@ -134,6 +138,18 @@ class HardwareProfile:
         """What core.op_time prices ops with."""
         return DeviceRates(self.peak_flop_per_s, self.matmul_efficiency, self.sms, self.attention_flop_per_s,
                            self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s)
+
+    def fragmentation_text(self) -> str:
+        """The fragmentation a plan margins by, as text: "1.05", and each policy's where the box measured it."""
+        if not self.fragmentation_by_policy:
+            return f"{self.fragmentation:.2f}"
+        kinds = ", ".join(f"{'every-K' if kind == 'every' else kind} {ratio:.2f}"
+                          for kind, ratio in self.fragmentation_by_policy.items())
+        return f"{self.fragmentation:.2f} (by checkpoint policy: {kinds})"
+
+    def fragmentation_for(self, policy: RecomputePolicy) -> float:
+        """The allocator's fragmentation under ``policy``: its kind's measured ratio, else the box's median."""
+        return self.fragmentation_by_policy.get(policy.kind, self.fragmentation)
 
     def price(self, ops: tuple[TracedOp, ...]) -> OpsTime:
         """Device time of ``ops`` (core.op_time): GEMMs by their shape, or on a device without a datasheet peak

@@ -234,7 +234,7 @@ def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFr
     and ``margin`` (fragmentation and the CUDA context) makes the bar end at what that rank needs.
     The most loaded rank's bar ends at the candidate's ``required_bytes``.
     """
-    factor, fragmentation = result.calibration.memory.correction, result.profile.fragmentation
+    factor = result.calibration.memory.correction
     reserve = result.request.context_reserve_bytes
     rows = []
     order = 0
@@ -246,7 +246,7 @@ def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFr
                 rows.append({"row": row, "order": order, "component": component, "gb": size * factor / GB})
             peak = round(rank.peak_bytes * factor)
             rows.append({"row": row, "order": order, "component": "margin",
-                         "gb": (round(peak * fragmentation) + reserve - peak) / GB})
+                         "gb": (round(peak * c.fragmentation) + reserve - peak) / GB})
             order += 1
     return pd.DataFrame(rows)
 

@@ -21,6 +21,7 @@ from core.measurements import (
     attention_throughput,
     calibration_from_steps,
     copy_bandwidth,
+    fragmentation_by_policy,
     matmul_curve,
     predict_step,
     profile_from_measurements,
@@ -240,3 +241,18 @@ def test_stored_steps_the_core_cannot_read_are_left_out_and_counted():
     assert calibration.time.samples == 1 and calibration.unreadable == 2
     assert "2 stored steps left out: today's core cannot read their configuration" in calibration.confidence()
     assert calibration.to_dict()["unreadable_steps"] == 2
+
+
+def test_fragmentation_is_also_read_by_policy_kind():
+    """Each policy kind's median reserved / allocated (every-K together); steps without allocator statistics or
+    with a policy that no longer reads are left out."""
+    steps = [step(recompute=policy, peak_allocated_bytes=100, peak_reserved_bytes=reserved)
+             for policy, reserved in (("none", 102), ("none", 104), ("full", 108), ("every-2", 106), ("every-4", 110))]
+    steps += [step(recompute="full", peak_allocated_bytes=None, peak_reserved_bytes=None),
+              step(recompute="sometimes", peak_allocated_bytes=100, peak_reserved_bytes=150)]
+    assert fragmentation_by_policy(steps) == pytest.approx({"every": 1.08, "full": 1.08, "none": 1.03})
+    profile = profile_from_measurements(H100, train_steps=steps)
+    assert profile.fragmentation == pytest.approx(1.07)  # every step's median, the unreadable policy's too
+    assert profile.fragmentation_for(parse_policy("every-8")) == pytest.approx(1.08)
+    assert profile.fragmentation_for(parse_policy("offload")) == profile.fragmentation  # not measured: the median
+    assert profile.fragmentation_text() == "1.07 (by checkpoint policy: every-K 1.08, full 1.08, none 1.03)"

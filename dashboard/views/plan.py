@@ -212,7 +212,7 @@ if shown is not None:
 st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence()}")
 if profile.assumptions:
     st.caption("Assumed, not measured: " + "; ".join(plain(a) for a in profile.assumptions))
-st.caption(f"Margin: peak x {profile.fragmentation:.2f} allocator fragmentation + "
+st.caption(f"Margin: peak x {profile.fragmentation_text()} allocator fragmentation + "
            f"{request.context_reserve_bytes / GB:.1f} GB {plan_notes.reserve(profile)}. GB = 1e9 bytes.")
 
 if best is not None:
@@ -323,7 +323,7 @@ st.dataframe(table[table["fits"] == "rejected"].sort_values("required_gb")[rejec
              column_config=columns.PLAN, placeholder=columns.MISSING,
              row_height=columns.WRAPPING_ROW_HEIGHT if searched else None)  # the layout column leaves less room
 if len(result.rejected):
-    st.caption(f"Needs = peak x {profile.fragmentation:.2f} fragmentation + "
+    st.caption(f"Needs = peak x {profile.fragmentation_text()} fragmentation + "
                f"{request.context_reserve_bytes / GB:.1f} GB context. What breaks the budget: the static state "
                "(parameters, gradients, master weights, optimizer state) alone, or the largest term on top of it.")
 
