@@ -5,7 +5,14 @@ from __future__ import annotations
 from agent.runner import RunReport
 from core.flops import attention_kernel_flops
 from core.hardware import HARDWARE_BY_KEY
-from db.models import AttentionResult, CollectiveResult, ElementwiseResult, MatmulResult, TrainStepResult
+from db.models import (
+    AttentionResult,
+    CollectiveResult,
+    DispatchResult,
+    ElementwiseResult,
+    MatmulResult,
+    TrainStepResult,
+)
 
 
 def summarize(report: RunReport) -> str:
@@ -47,6 +54,12 @@ def summarize(report: RunReport) -> str:
                 f"  {r.backend:<9} b{r.batch} s{r.seq_len} a{r.n_heads} d{r.head_dim}: forward "
                 f"{r.forward_median_s * 1e3:,.2f} ms = {flops / r.forward_median_s / 1e12:,.4g} TFLOP/s{bwd}"
             )
+    dispatch = {r.mode: r.median_s for r in ok if isinstance(r, DispatchResult)}
+    if dispatch:
+        what = {"forward": "a forward op", "backward": "a backward kernel",
+                "selective-checkpoint": "more an op under a selective-checkpoint context"}
+        lines.append("host dispatch (the plan's host term): " + ", ".join(
+            f"{seconds * 1e6:,.1f} us {what[mode]}" for mode, seconds in dispatch.items()))
     steps = [(c, r) for c, r in report.rows if isinstance(r, TrainStepResult) and r.status in ("ok", "oom")]
     if steps:
         lines.append(f"training steps: {'configuration':<52}{'step s':>9}{'tokens/s':>11}{'MFU':>6}"

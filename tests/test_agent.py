@@ -267,6 +267,13 @@ def test_the_host_dispatch_is_measured_per_op_in_each_mode():
     assert all(r.ops == bench_dispatch.CHAIN and len(r.samples_s) == bench_dispatch.SAMPLES for r in rows)
     assert all(r.min_s <= r.median_s <= r.max_s and r.min_s >= 0 for r in rows)
     assert rows[0].median_s > 0 and rows[1].median_s > 0
+    from agent.runner import RunReport
+    from agent.summary import summarize
+
+    cases = bench_dispatch.cases(torch.device("cpu"))
+    text = summarize(RunReport("run", "cpu", "unknown", "cpu", rows=list(zip(cases, rows, strict=True))))
+    assert (f"host dispatch (the plan's host term): {rows[0].median_s * 1e6:,.1f} us a forward op, "
+            f"{rows[1].median_s * 1e6:,.1f} us a backward kernel, ") in text
     costs = host_costs([DispatchRecord(r.mode, r.median_s) for r in rows], "this CPU")
     assert (costs.forward_op_s, costs.backward_op_s, costs.selective_checkpoint_op_s) == tuple(r.median_s for r in rows)
     assert host_costs([DispatchRecord("forward", 1e-6)], "x") is None  # all three or none
