@@ -134,7 +134,7 @@ def step_report(result: Estimate, profile: HardwareProfile, calibration: Calibra
     step_s = time.total_s * factor
     peak = profile.peak_flop_per_s.get(result.config.recipe.compute_dtype)
     use = utilization(result, result.accumulation_steps, step_s, peak)
-    return {"hardware": profile.name, "source": profile.source, "calibration_factor": factor,
+    return {"hardware": profile.name, "source": profile.source, "device": profile.device, "calibration_factor": factor,
             "step_time_s": step_s, "time_s": {k: v * factor for k, v in time.by_term().items()},
             "compute_s": time.micro_batches * time.device_s * factor, "host_s": time.micro_batches * time.host_s * factor,
             "host_bound": time.host_bound, "kernel_launches_per_micro_batch": time.launches,
@@ -149,7 +149,8 @@ def render_time(timed: dict) -> str:
     return "\n".join([
         f"time on {timed['hardware']} ({timed['source']}){calibrated}: {timed['step_time_s']:.4g} s per step, "
         f"{timed['tokens_per_s']:,.0f} tokens/s",
-        f"  {use['tflop_per_s_per_gpu']:,.1f} model TFLOP/s per GPU{mfu}; FLOPs count causal attention in full",
+        f"  {use['tflop_per_s_per_gpu']:,.1f} model TFLOP/s per {'device' if timed['device'] == 'cpu' else 'GPU'}"
+        f"{mfu}; FLOPs count causal attention in full",
         f"  compute {timed['compute_s']:.4g} s and host {timed['host_s']:.4g} s a step "
         f"({timed['kernel_launches_per_micro_batch']:,} kernels a micro-batch; "
         f"{'host-bound' if timed['host_bound'] else 'device-bound'})",
