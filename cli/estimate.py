@@ -136,7 +136,7 @@ def step_report(result: Estimate, profile: HardwareProfile, calibration: Calibra
     use = utilization(result, result.accumulation_steps, step_s, peak)
     return {"hardware": profile.name, "source": profile.source, "device": profile.device, "calibration_factor": factor,
             "step_time_s": step_s, "time_s": {k: v * factor for k, v in time.by_term().items()},
-            "compute_s": time.micro_batches * time.device_s * factor, "host_s": time.micro_batches * time.host_s * factor,
+            "compute_s": time.step_device_s * factor, "host_s": time.step_host_s * factor,
             "host_bound": time.host_bound, "kernel_launches_per_micro_batch": time.launches,
             "tokens_per_s": tokens_per_s(result.config, time) / factor, "utilization": use.to_dict(),
             "assumptions": list(profile.assumptions)}

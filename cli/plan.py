@@ -237,15 +237,13 @@ def _performance(c: Candidate, req: PlanRequest, unit: str) -> list[str]:
     use = c.utilization
     mfu = (f", MFU {use.mfu:.1%}, HFU {use.hfu:.1%} (of the {use.peak_flop_per_s / 1e12:,.0f} TFLOP/s dense peak)"
            if use.mfu is not None else "")
-    time = c.time
-    m, factor = time.micro_batches, c.step_time_s / time.total_s
-    bound = "host-bound" if time.host_bound else "device-bound"
+    bound = "host-bound" if c.time.host_bound else "device-bound"
     lines = [
         f"  {c.tokens_per_s:,.0f} tokens/s ({c.tokens_per_s / c.layout.world:,.0f} per {unit}), "
         f"{c.step_time_s:.3f} s per step",
         f"  {use.tflop_per_s_per_gpu:,.1f} model TFLOP/s per {unit}{mfu}; FLOPs count causal attention in full",
-        f"  compute {m * time.device_s * factor:.3f} s and host {m * time.host_s * factor:.3f} s a step "
-        f"({time.launches:,} kernels a micro-batch; {bound})",
+        f"  compute {c.compute_s:.3f} s and host {c.host_s:.3f} s a step ({c.time.launches:,} kernels a micro-batch; "
+        f"{bound})",
         "  step time by term: " + ", ".join(f"{k} {v:.3f} s" for k, v in c.time_by_term().items() if v),
     ]
     run = req.run_cost(c)

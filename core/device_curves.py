@@ -41,21 +41,14 @@ class DeviceCurves:
     attention_efficiency: float
     """A fused causal attention forward's executed FLOP/s over the dense bf16 peak."""
     attention_source: str
-    bandwidth_efficiency: float
+    bandwidth_efficiency: float = 0.85
     """A large copy's bytes/s (read plus written) over the datasheet bandwidth."""
-    bandwidth_source: str
-
-    @property
-    def assumed(self) -> tuple[str, ...]:
-        """The figures of this row no measurement backs."""
-        return tuple(what for what, source in (("matmul", self.matmul_source), ("attention", self.attention_source),
-                                               ("bandwidth", self.bandwidth_source)) if source.startswith("assumed"))
+    bandwidth_source: str = "assumed: as the H200's copy (0.87), rounded down"
 
 
 _HOPPER_ATTENTION = (0.56, f"{_H200_REFERENCE}: cuDNN SDPA, b1 s8192 32 heads of 128, 558 TFLOP/s executed "
                            "(the same Hopper SM as the H100's)")
-_BANDWIDTH = (0.87, f"{_H200_REFERENCE}: 4.18 of 4.8 TB/s copying 512 MiB")
-_BANDWIDTH_ASSUMED = (0.85, "assumed: as the H200's copy (0.87), rounded down")
+
 
 def _a100(form: str, shape: tuple[int, int, int], mamf_tflop_per_s: float, part: str = "") -> DeviceCurves:
     """An A100's row: its form factor's MAMF, at the burst-to-sustained ratio, and FlashAttention-2's rate."""
@@ -63,27 +56,24 @@ def _a100(form: str, shape: tuple[int, int, int], mamf_tflop_per_s: float, part:
         sms=108, matmul_shape=shape, matmul_tflop_per_s=mamf_tflop_per_s * SUSTAINED_OVER_BURST,
         matmul_source=f"{_MAMF}: A100 {form} {mamf_tflop_per_s} of 312 TFLOP/s{part}",
         attention_efficiency=0.50,
-        attention_source="FlashAttention-2 (Dao 2023): 50-73% of the A100's peak, the low end",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1])
+        attention_source="FlashAttention-2 (Dao 2023): 50-73% of the A100's peak, the low end")
 
 
 CURVES: dict[str, DeviceCurves] = {
     "h100-sxm": DeviceCurves(
         sms=132, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * SUSTAINED_OVER_BURST,
         matmul_source=f"{_MAMF}: H100 SXM 792.1 of 989 TFLOP/s",
-        attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1],
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1]),
     "h100-pcie": DeviceCurves(
         sms=114, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * 756 / 989.4 * SUSTAINED_OVER_BURST,
         matmul_source="assumed: the H100 SXM's MAMF, scaled to its peak",
-        attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction"),
     "h200": DeviceCurves(
         sms=132, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=709.8,
         matmul_source=f"{_H200_REFERENCE}: 709.8 TFLOP/s at 8192^3, the median of five, power-capped at 1,590 MHz "
                       "(a short burst reaches 776: a training step runs sustained)",
         attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1],
-        bandwidth_efficiency=_BANDWIDTH[0], bandwidth_source=_BANDWIDTH[1]),
+        bandwidth_efficiency=0.87, bandwidth_source=f"{_H200_REFERENCE}: 4.18 of 4.8 TB/s copying 512 MiB"),
     "a100-sxm-80gb": _a100("SXM", (6912, 16384, 2048), 267.9),
     "a100-pcie-80gb": _a100("PCIe", (2304, 5120, 1536), 256.4),
     "a100-sxm-40gb": _a100("SXM", (6912, 16384, 2048), 267.9, " (80GB part)"),
@@ -91,22 +81,18 @@ CURVES: dict[str, DeviceCurves] = {
     "l40s": DeviceCurves(
         sms=142, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=0.70 * 362.05,
         matmul_source="assumed: no published MAMF for the L40S",
-        attention_efficiency=0.45, attention_source="assumed: no published attention rate for the L40S",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=0.45, attention_source="assumed: no published attention rate for the L40S"),
     "rtx-4090": DeviceCurves(
         sms=128, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=0.70 * 165.2,
         matmul_source="assumed: no published MAMF for the RTX 4090",
-        attention_efficiency=0.45, attention_source="assumed: no published attention rate for the RTX 4090",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=0.45, attention_source="assumed: no published attention rate for the RTX 4090"),
     "b200": DeviceCurves(
         sms=148, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=1745.0 * SUSTAINED_OVER_BURST,
         matmul_source=f"{_MAMF}: B200 SXM 1,745 of 2,250 TFLOP/s (shape not given: taken as 8192^3)",
-        attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction"),
     "mi300x": DeviceCurves(
         sms=304, matmul_shape=(4096, 10240, 4864), matmul_tflop_per_s=781.9 * SUSTAINED_OVER_BURST,
         matmul_source=f"{_MAMF}: MI300X 781.9 of 1,307 TFLOP/s (ROCm 6.2)",
-        attention_efficiency=0.35, attention_source="assumed: below the Hopper fraction, as its GEMMs are",
-        bandwidth_efficiency=_BANDWIDTH_ASSUMED[0], bandwidth_source=_BANDWIDTH_ASSUMED[1]),
+        attention_efficiency=0.35, attention_source="assumed: below the Hopper fraction, as its GEMMs are"),
 }
 """By datasheet key (core.hardware.HARDWARE_BY_KEY): every datasheet device has a row."""

@@ -348,7 +348,7 @@ def profile_from_measurements(
     host = host_costs(dispatch, device.name)
     if host is None:
         host = HostCosts()
-        assumptions.append(f"host dispatch not measured: {HostCosts().source}")
+        assumptions.append(f"host dispatch not measured: {host.source}")
     profile = HardwareProfile(
         name=device.name,
         source="measured",

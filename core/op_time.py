@@ -38,6 +38,7 @@ constant with what it was fitted on or cited from.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from core.precision import DTYPE_BYTES
@@ -47,8 +48,8 @@ GEMM_TILE = 128
 """Output tile edge of a large cuBLAS/CUTLASS GEMM kernel on Ampere and Hopper (128 x 128 and 128 x 256 tiles
 are the common ones; the smaller makes the wave factor the milder)."""
 GEMM_K_RAMP = 128
-"""k at which a GEMM's main loop reaches half its rate: 1024^3 runs at 0.89 of an 8192^3's k factor. Fitted
-with the wave factor to the H200 reference run's bf16 shape sweep (1024^3 362, 2048^3 684, 8192^3 746 TFLOP/s)."""
+"""k at which a GEMM's main loop reaches half its rate: 1024^3 runs at 0.90 of an 8192^3's k factor. Chosen with
+the wave factor against the H200 reference run's 19 bf16 GEMMs (median 2.3% off; docs/time-model.md)."""
 KERNEL_GAP_S = 6.0e-6
 """What each kernel adds to its work: launch-to-start on a busy queue, grid ramp-up and drain. Fitted to the
 H200 reference run within 1-6 us, the range CUDA's launch latency is quoted in (the fit takes the top of it)."""
@@ -74,7 +75,8 @@ class DeviceRates:
     """What a device reaches, as the op prices need it (core.timing.HardwareProfile provides it)."""
 
     peak_flop_per_s: dict[str, float]
-    """Dense peak by dtype; empty where the device has none (a CPU): GEMMs then take ``gemm_flop_per_s``."""
+    """Dense peak by dtype; empty where the device has none (a CPU): GEMMs then take a measured rate by size
+    (``ops_time``'s ``gemm_rate``)."""
     matmul_efficiency: float
     """The shape model's anchor: a GEMM whose shape leaves every SM busy and whose k is unbounded reaches this
     fraction of the peak (``anchor_efficiency``)."""
@@ -167,7 +169,8 @@ class OpsTime:
         return OpsTime(*(getattr(self, f) + getattr(other, f) for f in self.__slots__))
 
 
-def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...], gemm_rate=None) -> OpsTime:
+def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...],
+             gemm_rate: Callable[[str, float], float] | None = None) -> OpsTime:
     """Device time of ``ops`` forward and backward. ``gemm_rate(dtype, flops)``: a measured rate by size, for a
     device without a datasheet peak."""
     gemm = attention = memory = b_gemm = b_attention = b_memory = 0.0

@@ -256,6 +256,16 @@ class Candidate:
         """The calibration's correction, as applied to ``step_time_s``."""
         return self.step_time_s / self.time.total_s
 
+    @property
+    def compute_s(self) -> float:
+        """The step's device time, calibrated like ``step_time_s``."""
+        return self.time.step_device_s * self._factor
+
+    @property
+    def host_s(self) -> float:
+        """The step's host dispatch time, calibrated like ``step_time_s``."""
+        return self.time.step_host_s * self._factor
+
     def time_by_term(self) -> dict[str, float]:
         """Seconds per step by term, calibrated like ``step_time_s``: they add up to it."""
         return {term: seconds * self._factor for term, seconds in self.time.by_term().items()}
@@ -276,8 +286,8 @@ class Candidate:
             "memory_bytes": self.estimate.memory_dict(),
             "ranks": self.estimate.ranks_list(),
             "time_s": self.time_by_term(),
-            "compute_s": self.time.micro_batches * self.time.device_s * self._factor,
-            "host_s": self.time.micro_batches * self.time.host_s * self._factor,
+            "compute_s": self.compute_s,
+            "host_s": self.host_s,
             "host_bound": self.time.host_bound,
             "kernel_launches_per_micro_batch": self.time.launches,
             "utilization": self.utilization.to_dict(),
@@ -357,6 +367,8 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     k = sqrt(L c / A), with c one block's input and A one block's activations;
     its neighbours and 2 and 4 are tried too.
     """
+    if request.recompute is not None:
+        return [request.recompute]
     layers = request.spec.n_layers
     layers = layers // request.layout.pp
     probe = activation_ledger(request.spec, request.base_config(1, RecomputePolicy("none")))
@@ -368,8 +380,6 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     policies += [RecomputePolicy("every", k) for k in ks]
     if request.allow_offload:
         policies.append(RecomputePolicy("offload"))
-    if request.recompute is not None:
-        return [request.recompute]
     offered = get_stack(request.train.stack).policies
     return [p for p in policies if p.kind in offered]
 

@@ -21,7 +21,7 @@ from core.devices import device_rules
 from core.forward_trace import new_trace, trace_block, trace_embedding, trace_head
 from core.model import ModelSpec
 from core.recompute import RecomputePolicy
-from core.trace import Dims, TracedOp
+from core.trace import Dims, Trace, TracedOp
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,8 +81,7 @@ def _block_ops(spec: ModelSpec, config: TrainConfig, device: str, moe: bool) -> 
     trace_block(tr, spec, d, config, x, param_dtype)
     cp = config.layout.cp
     # Ring attention: the rank's s / cp queries meet every key, s / cp at a time over cp steps (one kernel each).
-    return tuple(replace(op, flops=op.flops * cp, batch=op.batch) if op.kind == "attention" and cp > 1 else op
-                 for op in tr.ops if op is not None)
+    return tuple(replace(op, flops=op.flops * cp) if op.kind == "attention" and cp > 1 else op for op in _recorded(tr))
 
 
 @functools.lru_cache(maxsize=1024)
@@ -93,7 +92,7 @@ def _head_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[Traced
     x = tr.new("blocks_output", (d.b, d.rows, d.h), param_dtype)
     tr.ops = []
     trace_head(tr, spec, config, d, x, param_dtype)
-    return tuple(op for op in tr.ops if op is not None)
+    return _recorded(tr)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -102,4 +101,9 @@ def _embedding_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[T
     tr = new_trace(spec, config, device_rules(device))
     tr.ops = []
     trace_embedding(tr, spec, config, d, config.block_param_dtype)
+    return _recorded(tr)
+
+
+def _recorded(tr: Trace) -> tuple[TracedOp, ...]:
+    """The ops a trace recorded, less the places of fused kernels' other outputs (core.trace.Trace.unrecord)."""
     return tuple(op for op in tr.ops if op is not None)

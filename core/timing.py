@@ -42,7 +42,7 @@ from __future__ import annotations
 import bisect
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from core.comm import (
@@ -263,6 +263,16 @@ class StepTime:
         return self.device_s + self.host_wait_s
 
     @property
+    def step_device_s(self) -> float:
+        """Device time of the step's micro-batches: what ``plan`` reports as compute."""
+        return self.micro_batches * self.device_s
+
+    @property
+    def step_host_s(self) -> float:
+        """Host time to dispatch the step's micro-batches."""
+        return self.micro_batches * self.host_s
+
+    @property
     def total_s(self) -> float:
         return (self.micro_batches * self.per_micro_batch_s + self.accumulation_s + self.optimizer_s
                 + self.communication_s + self.bubble_s)
@@ -295,8 +305,9 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
     forward_s += forward_copy_s
     backward_s += backward_copy_s
-    launches = ops.launches + rerun_ops + blocks.backward_launches + head.backward_launches
-    host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, blocks.backward_launches + head.backward_launches)
+    backward_kernels = blocks.backward_launches + head.backward_launches
+    launches = ops.launches + rerun_ops + backward_kernels
+    host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, backward_kernels)
 
     static = estimate.static
     accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
@@ -304,23 +315,19 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
 
     m = accumulation_steps
-    partial = StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
+    compute = StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
                        host_s=host_s, host_runs_ahead=profile.host_runs_ahead, launches=launches)
-    bubble_s = float(bubble_fraction(layout, m)) * m * partial.per_micro_batch_s
-    terms: tuple[CommTerm, ...] = ()
-    exposed = 0.0
-    if layout.world > 1:
-        if cluster is None:
-            raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
-        terms = step_communication(spec, cfg, m, cluster)
-        attention_s = blocks.attention_s + blocks.backward_attention_s
-        exposed = exposed_seconds(terms, {
-            "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
-            "cp": m * attention_s,
-        })
-    return StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
-                    communication_s=exposed, bubble_s=bubble_s, communication=terms, host_s=host_s,
-                    host_runs_ahead=profile.host_runs_ahead, launches=launches)
+    bubble_s = float(bubble_fraction(layout, m)) * m * compute.per_micro_batch_s
+    if layout.world == 1:
+        return replace(compute, bubble_s=bubble_s)
+    if cluster is None:
+        raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
+    terms = step_communication(spec, cfg, m, cluster)
+    exposed = exposed_seconds(terms, {
+        "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
+        "cp": m * (blocks.attention_s + blocks.backward_attention_s),
+    })
+    return replace(compute, communication_s=exposed, bubble_s=bubble_s, communication=terms)
 
 
 def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,

@@ -279,17 +279,15 @@ def plan_title(result: Plan) -> str:
 def utilization_figures(candidate: Candidate, unit: str) -> list[tuple[str, str, str]]:
     """(label, value, what it means) of a candidate's speed against its hardware: model TFLOP/s per GPU, MFU and
     HFU, and whether the host or the device sets the pace."""
-    use, time = candidate.utilization, candidate.time
-    factor = candidate.step_time_s / time.total_s
+    use = candidate.utilization
     flops = "model FLOPs: every matmul of forward and backward, causal attention counted in full"
     return [
         (f"model TFLOP/s per {unit}", f"{use.tflop_per_s_per_gpu:,.1f}", flops),
         ("MFU / HFU", "-" if use.mfu is None else f"{use.mfu:.1%} / {use.hfu:.1%}",
          "model FLOPs (HFU: with recompute) over the dense datasheet peak of the compute dtype"),
-        ("compute a step", seconds_text(time.micro_batches * time.device_s * factor),
+        ("compute a step", seconds_text(candidate.compute_s),
          "the device's kernels: forward, backward, recompute and offload"),
-        ("host a step", seconds_text(time.micro_batches * time.host_s * factor)
-         + (" (host-bound)" if time.host_bound else ""),
+        ("host a step", seconds_text(candidate.host_s) + (" (host-bound)" if candidate.time.host_bound else ""),
          "dispatching the kernels from Python; when longer than compute the step waits on it"),
     ]
 
