@@ -32,7 +32,7 @@ Step traffic: see `step_communication`.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from core.collective_ops import bus_factor, ring_steps
 from core.config import TrainConfig
@@ -116,14 +116,27 @@ def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
     return size > 1 and cluster.gpus_per_node % (stride * size) != 0
 
 
+def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
+    """Ranks of one group along ``axis`` on one node: a group of stride s holds every s-th GPU of a node."""
+    stride, size = _group(axis, layout)
+    return max(1, min(size, cluster.gpus_per_node // stride))
+
+
 def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduce") -> Link:
-    """The link a group along ``axis`` runs ``op`` at: the node's link, or across nodes the slower of
-    the node's link and the per-GPU NIC (a ring through a NIC also uses the node's link). On a mesh
-    (MI300X's Infinity Fabric) the node's link is the share the group's size reaches (Link.for_group)."""
+    """The link a group along ``axis`` runs ``op`` at: the node's link, or across nodes the slower of the
+    node's link and the NICs the group's members on one node drive together. NCCL runs one ring (or tree) per
+    NIC, rail by rail, and only a ring's node-crossing hop uses a NIC, so a group with k members a node moves
+    its bus bytes at k NICs' bandwidth (eight GPUs a node with eight NDR NICs: 400 GB/s, the 400-450 GB/s bus
+    bandwidth multi-node nccl-tests reach on H100 SXM with NDR, Saturn Cloud's cluster-validation guide), one
+    member at its one NIC's. On a mesh (MI300X's Infinity Fabric) the node's link is the share the group's size
+    reaches (Link.for_group)."""
     intra = cluster.intra.for_group(op, _group(axis, layout)[1])
     if not crosses_nodes(axis, layout, cluster):
         return intra
-    return min((cluster.inter, intra), key=lambda link: link.bytes_per_s)
+    nics = members_per_node(axis, layout, cluster)
+    inter = cluster.inter if nics == 1 else replace(
+        cluster.inter, name=f"{cluster.inter.name}, {nics} NICs a node", bytes_per_s=cluster.inter.bytes_per_s * nics)
+    return min((inter, intra), key=lambda link: link.bytes_per_s)
 
 
 # ---- parameters held by one rank ----------------------------------------------------

@@ -107,6 +107,10 @@ LINKS: tuple[Link, ...] = (
                f"ConnectX-7 for 8 GPUs); {_NCCL_HWLAT} (network)",
     ),
     Link(
+        key="roce-200g", name="RoCE v2 over 200 GbE, one NIC per GPU", bytes_per_s=25 * _GB, latency_s=14.0e-6,
+        source=f"IEEE 802.3bs 200GBASE line rate, /8; {_NCCL_HWLAT} (network; assumed equal to InfiniBand)",
+    ),
+    Link(
         key="roce-400g", name="RoCE v2 over 400 GbE, one NIC per GPU", bytes_per_s=50 * _GB, latency_s=14.0e-6,
         source=f"IEEE 802.3bs 400GBASE line rate, /8; {_NCCL_HWLAT} (network; assumed equal to InfiniBand)",
     ),

@@ -14,6 +14,7 @@ from core.comm import (
     exposed_seconds,
     group_link,
     largest_rank_parameters,
+    members_per_node,
     ring_steps,
     step_communication,
     total_seconds,
@@ -148,6 +149,19 @@ def test_a_crossing_group_runs_at_the_slower_of_nic_and_node_link():
     pcie = get_link("pcie4-x16")  # 32 GB/s, slower than an NDR NIC
     cluster = Cluster(gpus_per_node=8, intra=pcie, inter=get_link("ib-ndr"))
     assert group_link("dp", Layout(dp=16), cluster) is pcie
+
+
+def test_a_crossing_group_drives_one_nic_for_each_of_its_members_on_a_node():
+    """NCCL runs a ring per NIC and only a ring's node-crossing hop uses one: dp over 4 nodes with tp 1 has 8
+    members a node (8 NICs, 400 GB/s, under the node's 450); with tp 2, 4 (200 GB/s); with tp 8, one."""
+    assert members_per_node("dp", Layout(dp=32), FLAT) == 8
+    assert group_link("dp", Layout(dp=32), FLAT).bytes_per_s == 8 * SLOW.bytes_per_s
+    assert members_per_node("dp", Layout(tp=2, dp=16), FLAT) == 4
+    assert group_link("dp", Layout(tp=2, dp=16), FLAT).bytes_per_s == 4 * SLOW.bytes_per_s
+    assert group_link("pp", Layout(tp=2, cp=2, dp=2, pp=2), FLAT) is SLOW  # stride 8: one member a node
+    ib = Cluster(gpus_per_node=8, intra=get_link("nvlink4"), inter=get_link("ib-ndr"))
+    assert group_link("dp", Layout(dp=16), ib).bytes_per_s == 400e9  # 8 x 50 GB/s, below NVLink's 450
+    assert group_link("dp", Layout(dp=16), Cluster(gpus_per_node=8, intra=IDEAL, inter=IDEAL)) is IDEAL
 
 
 # ---- parameters per rank ------------------------------------------------------------------
