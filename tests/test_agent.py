@@ -139,17 +139,31 @@ def test_host_timer_keeps_every_sample_and_respects_its_budget():
     assert timing.min_s <= timing.median_s <= timing.max_s
 
 
-def _busy(seconds: float) -> None:
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
+class _FakeClock:
+    """agent.timer's clock, advanced only by the timed function: timing that cannot depend on the scheduler."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
 
 
-def test_calls_shorter_than_a_block_are_timed_back_to_back():
-    """A 50 us call is timed in blocks of about 1 ms; each sample is the block's time per call."""
-    timing = time_fn(lambda i: _busy(50e-6), CPU, budget_s=0.05)
-    assert 10 <= timing.calls_per_sample <= 25
-    assert 50e-6 <= timing.median_s < 100e-6
+def test_calls_shorter_than_a_block_are_timed_back_to_back(monkeypatch):
+    """A 61 us call (2^-14 s, exact in binary) is timed in blocks of about 1 ms, 17 calls; each sample is the
+    block's time per call."""
+    from agent import timer
+
+    clock = _FakeClock()
+    monkeypatch.setattr(timer, "time", clock)
+
+    def call(i: int) -> None:
+        clock.now += 2**-14
+
+    timing = time_fn(call, CPU, budget_s=0.01)
+    assert timing.calls_per_sample == 17  # ceil(1 ms / 61 us)
+    assert len(timing.samples_s) == 10  # the budget, 10 ms, spent in blocks of 1.04 ms
+    assert timing.median_s == pytest.approx(2**-14, rel=1e-9)
     details = timing.details()
     assert set(details) == {"calls_per_sample", "host"}  # no GPU: no clocks
     assert details["calls_per_sample"] == timing.calls_per_sample
