@@ -13,18 +13,25 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
   FLOPs a step (its Eq. 3: GEMMs, recompute included): the predicted figure is that count over the predicted
   step time.
 - torchtitan, docs/performance.md, Table 1 (Llama 3.1 8B on 8 H100) and the 405B run (128 H100): tokens/s per
-  GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e.
-- mosaicml/llm-foundry, scripts/train/benchmarking/README.md, "H100 80GB BF16": MPT models (scripts/train/yamls:
-  GPT blocks without biases, ALiBi in place of positions, vocabulary 50,368, FlashAttention) under Composer's
-  FSDP (FULL_SHARD, amp_bf16: fp32 parameters, bf16 compute) with its micro-batch, accumulation and activation
-  checkpointing (every block, or none); tokens/s per GPU. The rows at 2,048 tokens on one node of 8, and the
-  two 70B rows on 32 and 64 GPUs. Planned on the reference stack (plain PyTorch FSDP with autocast, as
-  Composer runs it) with a learned position table standing in for ALiBi's none (under 0.3% of the parameters).
+  GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e, on Meta's 400 Gb/s RoCE fabric.
+- mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 495218376), every row of its four BF16 tables
+  (benchmarks/data/llm_foundry_bf16.csv): MPT models of 125M-70B on 8-512 H100s and A100s (80 and 40 GB) under
+  Composer's FSDP (FULL_SHARD, or SHARD_GRAD_OP as ZeRO-2), sequences of 512-65,536 tokens, with the published
+  micro-batch, accumulation and activation checkpointing (every block, or none); tokens/s per GPU. The models are
+  those the tables count, parameter for parameter: GPT blocks with biases and LayerNorm, a learned position table of
+  the run's length, tied embeddings, vocabulary 50,368 (scripts/train/yamls/pretrain/mpt-*.yaml). Precision as
+  published: amp_bf16 with FSDP's DEFAULT mixed precision (fp32 parameters and gradient reduction, bf16 compute) is
+  amp-bf16, bf16 with PURE is bf16-pure. Planned on the reference stack (plain PyTorch FSDP, as Composer runs it),
+  on the A100 tables' "1600 Gbps node-node interconnect (RoCE)" (200 Gb/s a GPU) and NDR for the H100 tables
+  (they name none). The benchmark scripts run MPT's Triton FlashAttention (``attn_impl: triton``), a
+  FlashAttention-1-class kernel: its attention is priced at ``FA1_ERA_ATTENTION`` of the device's rate.
 """
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
+from pathlib import Path
 
 from core.config import TrainConfig
 from core.layout import Layout
@@ -49,6 +56,10 @@ class PublishedRun:
     published: float
     unit: str
     """``tflop_per_s_per_gpu`` (Megatron's Eq. 3 count) or ``tokens_per_s_per_gpu``."""
+    inter: str
+    """The network between nodes as published (core.interconnect key)."""
+    attention_rate: float = 1.0
+    """The run's attention kernel's rate over the one the device's curves assume (FlashAttention-2 class)."""
 
     @property
     def gpus(self) -> int:
@@ -96,7 +107,7 @@ def _narayanan_runs() -> list[PublishedRun]:
                              stack="megatron")
         runs.append(PublishedRun(name=f"GPT {params}", source=NARAYANAN, hardware="a100-sxm-80gb",
                                  spec=_gpt(params, layers, hidden, heads), config=config, global_batch=batch,
-                                 published=tflops, unit="tflop_per_s_per_gpu"))
+                                 published=tflops, unit="tflop_per_s_per_gpu", inter="ib-hdr"))
     return runs
 
 
@@ -111,44 +122,94 @@ def _torchtitan_runs() -> list[PublishedRun]:
                      spec=get_preset("llama3-8b"),
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=8, zero=3), stack="torchtitan"),
-                     global_batch=16, published=5762, unit="tokens_per_s_per_gpu"),
+                     global_batch=16, published=5762, unit="tokens_per_s_per_gpu", inter="roce-400g"),
         # Llama 3.1 405B on 128 H100: TP 8 x FSDP 16, local batch 2, full AC, no Float8: 109 tokens/s per GPU.
         PublishedRun(name="Llama 3.1 405B, TP 8 x FSDP 16", source=f"{TORCHTITAN}, 405B", hardware="h100-sxm",
                      spec=LLAMA31_405B,
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("full"),
                                         layout=Layout(tp=8, sp=True, dp=16, zero=3), stack="torchtitan"),
-                     global_batch=32, published=109, unit="tokens_per_s_per_gpu"),
+                     global_batch=32, published=109, unit="tokens_per_s_per_gpu", inter="roce-400g"),
     ]
 
 
-LLM_FOUNDRY = "llm-foundry benchmarking README, H100 80GB BF16"
+LLM_FOUNDRY = "llm-foundry benchmarking README"
 
-# (model, layers, d_model, heads, seq, gpus, micro-batch, accumulation, global batch, checkpointing, T/s/GPU)
-_MPT_H100 = (
-    ("760m", 24, 1536, 12, 2048, 8, 24, 2, 384, False, 63147),
-    ("1b", 24, 2048, 16, 2048, 8, 14, 1, 112, False, 45455),
-    ("3b", 32, 2560, 20, 2048, 16, 10, 3, 480, False, 24142),
-    ("7b", 32, 4096, 32, 2048, 8, 6, 1, 48, False, 10643),
-    ("13b", 40, 5120, 40, 2048, 8, 2, 1, 16, False, 4792),
-    ("30b", 48, 7168, 56, 2048, 8, 3, 21, 504, True, 2002),
-    ("70b", 80, 8192, 64, 2048, 32, 2, 16, 1024, True, 882),
-    ("70b", 80, 8192, 64, 2048, 64, 8, 4, 2048, True, 1039),
-)
+FA1_ERA_ATTENTION = 25 / 50
+"""MPT's ``attn_impl: triton`` (the benchmark scripts' default) is the Triton FlashAttention of 2022-23, a
+FlashAttention-1-class kernel: "FlashAttention ... reaching only 25-40% of the theoretical maximum FLOPs/s",
+FlashAttention-2 "50-73%" (Dao 2023, arXiv 2307.08691, abstract; A100). The low ends' ratio, as the device curves
+take FlashAttention-2's low end; on the H100 the same ratio is assumed."""
+LLM_FOUNDRY_CSV = Path(__file__).resolve().parent / "data" / "llm_foundry_bf16.csv"
+
+_MPT = {  # scripts/train/yamls/pretrain/mpt-*.yaml: (layers, d_model, heads); expansion ratio 4, vocabulary 50,368
+    "125m": (12, 768, 12), "350m": (24, 1024, 16), "760m": (24, 1536, 12), "1b": (24, 2048, 16),
+    "3b": (32, 2560, 20), "7b": (32, 4096, 32), "13b": (40, 5120, 40), "30b": (48, 7168, 56), "70b": (80, 8192, 64),
+}
+_TABLES = {  # (title, device, network: the A100 tables' "1600 Gbps node-node interconnect (RoCE)"; the H100
+    # tables name none, NDR assumed)
+    "h100-large": ("H100 80GB BF16, >= 128 GPUs", "h100-sxm", "ib-ndr"),
+    "h100": ("H100 80GB BF16", "h100-sxm", "ib-ndr"),
+    "a100-80gb": ("A100 80GB", "a100-sxm-80gb", "roce-200g"),
+    "a100-40gb": ("A100 40GB", "a100-sxm-40gb", "roce-200g"),
+}
+_PRECISION = {("amp_bf16", "DEFAULT"): "amp-bf16", ("bf16", "PURE"): "bf16-pure"}
+_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+
+
+def mpt_spec(model: str, seq_len: int) -> ModelSpec:
+    """An MPT model as the benchmark built it: GPT blocks with biases and LayerNorm, a learned position table of
+    the run's sequence length, tied embeddings (its parameter count is the table's NumParams exactly)."""
+    layers, hidden, heads = _MPT[model]
+    return ModelSpec(name=f"mpt-{model}", block="gpt", n_layers=layers, hidden=hidden, n_heads=heads,
+                     n_kv_heads=heads, ffn_hidden=4 * hidden, vocab_size=50368, max_seq_len=seq_len,
+                     tied_embeddings=True, bias="all")
+
+
+@dataclass(frozen=True, slots=True)
+class FoundryRow:
+    """One row of llm-foundry's BF16 tables, the columns the validation reads (benchmarks/data)."""
+    table: str
+    model: str
+    seq_len: int
+    gpus: int
+    mfu: float
+    micro_batch: int
+    accumulation: int
+    global_batch: int
+    tokens_per_s_per_gpu: float
+    precision: str
+    sharding: str
+    checkpointing: bool
+    num_params: int
+
+
+def foundry_rows(path: Path = LLM_FOUNDRY_CSV) -> list[FoundryRow]:
+    with path.open() as f:
+        reader = csv.DictReader(line for line in f if not line.startswith("#"))
+        return [FoundryRow(table=r["table"], model=r["model"], seq_len=int(r["seq_len"]), gpus=int(r["gpus"]),
+                           mfu=float(r["mfu"]), micro_batch=int(r["micro_batch"]),
+                           accumulation=int(r["accumulation"]), global_batch=int(r["global_batch"]),
+                           tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]),
+                           precision=_PRECISION[r["precision"], r["mp_mode"]], sharding=r["sharding"],
+                           checkpointing=r["activation_checkpointing"] == "True", num_params=int(r["num_params"]))
+                for r in reader]
 
 
 def _llm_foundry_runs() -> list[PublishedRun]:
     runs = []
-    for name, layers, hidden, heads, seq, gpus, micro, accumulation, batch, checkpointing, published in _MPT_H100:
-        assert micro * accumulation * gpus == batch, name
-        spec = ModelSpec(name=f"mpt-{name}", block="gpt", n_layers=layers, hidden=hidden, n_heads=heads,
-                         n_kv_heads=heads, ffn_hidden=4 * hidden, vocab_size=50368, max_seq_len=seq,
-                         tied_embeddings=True, bias="none")
-        config = TrainConfig(seq_len=seq, micro_batch=micro, precision="amp-bf16", optimizer="adamw",
-                             recompute=parse_policy("full" if checkpointing else "none"),
-                             layout=Layout(dp=gpus, zero=3))
-        runs.append(PublishedRun(name=f"MPT {name}, FSDP {gpus}", source=LLM_FOUNDRY, hardware="h100-sxm",
-                                 spec=spec, config=config, global_batch=batch, published=published,
-                                 unit="tokens_per_s_per_gpu"))
+    for row in foundry_rows():
+        table, hardware, inter = _TABLES[row.table]
+        assert row.micro_batch * row.accumulation * row.gpus == row.global_batch, row
+        zero = _ZERO[row.sharding]
+        config = TrainConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, precision=row.precision,
+                             optimizer="adamw", recompute=parse_policy("full" if row.checkpointing else "none"),
+                             layout=Layout(dp=row.gpus, zero=zero))
+        sharding = "FSDP" if zero == 3 else "ZeRO-2"
+        runs.append(PublishedRun(name=f"MPT {row.model}, s {row.seq_len}, {sharding} {row.gpus}",
+                                 source=f"{LLM_FOUNDRY}, {table}", hardware=hardware,
+                                 spec=mpt_spec(row.model, row.seq_len), config=config, global_batch=row.global_batch,
+                                 published=row.tokens_per_s_per_gpu, unit="tokens_per_s_per_gpu",
+                                 inter=inter, attention_rate=FA1_ERA_ATTENTION))
     return runs
 
 

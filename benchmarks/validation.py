@@ -10,6 +10,7 @@ costs of core.op_time (fitted to the H200 reference run only). tests/test_time_m
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -46,12 +47,15 @@ class Row:
         return self.ratio - 1
 
 
-def predict(run: PublishedRun) -> float:
-    """The run's published figure as the time model predicts it, uncalibrated."""
+def predict(run: PublishedRun, kernel_term: bool = True) -> float:
+    """The run's published figure as the time model predicts it, uncalibrated; ``kernel_term=False`` prices its
+    attention at the device's FlashAttention-2-class rate whatever kernel it ran."""
     profile = datasheet_profile(get_hardware(run.hardware))
+    if kernel_term and run.attention_rate != 1.0:
+        profile = dataclasses.replace(profile, attention_flop_per_s=profile.attention_flop_per_s * run.attention_rate)
     accumulation = run.global_batch // run.config.dp // run.config.micro_batch
     predicted = estimate(run.spec, run.config, profile.device, accumulation)
-    cluster = default_cluster(run.hardware) if run.gpus > 1 else None
+    cluster = default_cluster(run.hardware, inter=run.inter) if run.gpus > 1 else None
     step_s = step_time(predicted, profile, accumulation, cluster).total_s
     if run.unit == "tflop_per_s_per_gpu":
         return megatron_eq3_flops(run.spec, run.global_batch, run.config.seq_len) / step_s / run.gpus / 1e12
@@ -62,7 +66,9 @@ def _configuration(run: PublishedRun) -> str:
     lay = run.config.layout
     schedule = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
     return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp} pp {lay.pp}{schedule} dp {lay.dp} zero {lay.zero}, "
-            f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}")
+            f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
+            f"{run.config.precision}" + (f", {run.inter}" if run.gpus > 8 else "")
+            + (", FA1-class attention" if run.attention_rate != 1.0 else ""))
 
 
 def published_rows() -> list[Row]:
@@ -87,6 +93,21 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     rx, ry = ranks(xs), ranks(ys)
     n = len(xs)
     return 1 - 6 * sum((a - b) ** 2 for a, b in zip(rx, ry, strict=True)) / (n * (n * n - 1))
+
+
+def model_groups(rows: list[Row]) -> dict[tuple[str, str], list[Row]]:
+    """The published rows of one model in one table (llm-foundry's sweeps: sequence length, GPUs, micro-batch),
+    three or more."""
+    groups: dict[tuple[str, str], list[Row]] = {}
+    for run, row in zip(RUNS, rows, strict=True):
+        groups.setdefault((run.source, run.spec.name), []).append(row)
+    return {key: group for key, group in groups.items() if len(group) >= 3}
+
+
+def group_rank_correlations(rows: list[Row]) -> dict[tuple[str, str], float]:
+    """Rank correlation of predicted and published throughput within each model group."""
+    return {key: spearman([r.predicted for r in group], [r.published for r in group])
+            for key, group in model_groups(rows).items()}
 
 
 def markdown(rows: list[Row]) -> str:
@@ -116,9 +137,16 @@ def main() -> None:
     for source in sorted({r.source for r in published}):
         print(f"{source}: {_errors([r for r in published if r.source == source])}")
     print(f"all published runs: {_errors(published)}")
+    mpt = [run for run in RUNS if run.attention_rate != 1.0]
+    without = [Row(run.name, run.source, "", run.published, predict(run, kernel_term=False), "") for run in mpt]
+    print(f"llm-foundry runs with their attention at the device's FlashAttention-2-class rate: {_errors(without)}")
     print(f"H200 reference steps (step time, uncalibrated): {_errors(h200)}")
     print(f"rank correlation of predicted and measured step time over the H200 run's 22 configurations: "
           f"{spearman([r.predicted for r in h200], [r.published for r in h200]):.3f}")
+    correlations = sorted(group_rank_correlations(published).values())
+    print(f"rank correlation of predicted and published throughput within each model's sweep ({len(correlations)} "
+          f"groups of 3-11 runs): median {statistics.median(correlations):.2f}, "
+          f"{sum(c >= 0.9 for c in correlations)} of {len(correlations)} at 0.9 or more, lowest {correlations[0]:.2f}")
     for budget, outcome in regrets(h200_profile()).items():
         shown = f"{outcome.regret:.1%}" if outcome.regret is not None else outcome.outcome
         print(f"H200 regret at {budget}: {shown} (picked {outcome.recommended}; best measured that fit "

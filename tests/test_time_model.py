@@ -30,6 +30,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import h200_reference  # noqa: E402
+import published_runs  # noqa: E402
 import validation  # noqa: E402
 from published_runs import RUNS  # noqa: E402
 
@@ -187,13 +188,52 @@ def test_h200_steps_within_what_the_model_achieves():
     assert validation.spearman(predicted, measured) >= 0.99
 
 
-def test_narayanan_runs_within_what_the_model_achieves():
+def _median(values: list[float]) -> float:
+    values = sorted(values)
+    return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
+
+
+def test_narayanan_runs_within_the_issues_targets():
+    """Median 4.1%, worst 7.9% (targets 5% and 15%); all but the 529.6B run predicted faster than they ran."""
     rows = [r for r in validation.published_rows() if r.source.startswith("Narayanan")]
     assert len(rows) == 10
-    errors = sorted(abs(r.error) for r in rows)
-    assert errors[-1] <= 0.12
-    assert (errors[4] + errors[5]) / 2 <= 0.06  # 5.8%
-    assert all(r.error > 0 for r in rows)  # every one predicted faster than it ran, as the docs say
+    errors = [abs(r.error) for r in rows]
+    assert _median(errors) <= 0.042 and max(errors) <= 0.08
+    assert [r.name for r in rows if r.error < 0] == ["GPT 529.6B"]
+
+
+def test_llm_foundry_tables_within_what_the_model_achieves():
+    """Median |error| per table: A100 80GB 7.9%, A100 40GB 9.9%; every H100 run predicted 16-66% faster than it
+    ran (docs/time-model.md: the open gap)."""
+    rows = [r for r in validation.published_rows() if r.source.startswith("llm-foundry")]
+    by_table = {}
+    for r in rows:
+        by_table.setdefault(r.source.rsplit(", ", 1)[-1] if "128" not in r.source else ">= 128", []).append(r)
+    assert {k: len(v) for k, v in by_table.items()} == {">= 128": 18, "H100 80GB BF16": 52, "A100 80GB": 61,
+                                                        "A100 40GB": 78}
+    assert _median([abs(r.error) for r in by_table["A100 80GB"]]) <= 0.08
+    assert _median([abs(r.error) for r in by_table["A100 40GB"]]) <= 0.10
+    h100 = by_table["H100 80GB BF16"] + by_table[">= 128"]
+    assert min(r.error for r in h100) > 0.15 and max(r.error for r in h100) < 0.67
+
+
+def test_mpt_specs_have_the_parameters_the_benchmark_tables_count():
+    """Every llm-foundry row's NumParams, exactly: GPT blocks with biases, LayerNorm with bias, a learned
+    position table of the run's sequence length, tied embeddings."""
+    rows = published_runs.foundry_rows()
+    assert len(rows) == 209
+    for row in rows:
+        assert published_runs.mpt_spec(row.model, row.seq_len).parameters == row.num_params, row
+
+
+def test_rank_correlation_within_each_models_sweep():
+    """27 groups (one model in one table, 3-11 runs): median 0.91. The six >= 128-GPU H100 groups vary only the
+    GPU count, whose scaling loss (4-8% from 128 to 512) the model does not predict: each is -1."""
+    correlations = validation.group_rank_correlations(validation.published_rows())
+    assert len(correlations) == 27
+    assert _median(list(correlations.values())) >= 0.9
+    assert sorted(key[1] for key, rho in correlations.items() if rho < 0) == sorted(
+        f"mpt-{m}" for m in ("1b", "3b", "7b", "13b", "30b", "70b"))
 
 
 def test_the_docs_validation_table_is_what_the_model_predicts_now():
