@@ -205,6 +205,14 @@ def _flag(config: dict[str, Any], key: str, name: str, default: bool) -> bool:
     return value
 
 
+def _positive(config: dict[str, Any], key: str, name: str) -> int:
+    """A required positive JSON integer: 0 would silently mean "not set" downstream."""
+    value = _field(config, key, name)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
 def _llama_like(config: dict[str, Any], name: str, model_type: str) -> ModelSpec:
     heads = _field(config, "num_attention_heads", name)
     hidden = _field(config, "hidden_size", name)
@@ -329,11 +337,11 @@ def _experts(config: dict[str, Any], name: str, model_type: str) -> dict[str, An
     return {
         "n_experts": _field(config, experts_key, name),
         "experts_per_token": _field(config, "num_experts_per_tok", name),
-        "expert_ffn_hidden": 0 if model_type == "mixtral" else _field(config, "moe_intermediate_size", name),
+        "expert_ffn_hidden": 0 if model_type == "mixtral" else _positive(config, "moe_intermediate_size", name),
         "shared_expert_ffn_hidden": shared,
         "shared_expert_gate": bool(shared),
         # Mixtral always renormalises its top-k weights (transformers' MixtralTopKRouter); Qwen when asked.
-        "normalize_expert_weights": model_type == "mixtral" or bool(_field(config, "norm_topk_prob", name, False)),
+        "normalize_expert_weights": model_type == "mixtral" or _flag(config, "norm_topk_prob", name, False),
     }
 
 

@@ -200,7 +200,7 @@ def check_header(header: Mapping[str, Any], source: str, *, complete: bool = Tru
                               f"expected {BUNDLE_FORMAT!r})")
     if complete or "version" in header:
         version = header.get("version")
-        if version != BUNDLE_VERSION:
+        if isinstance(version, bool) or version != BUNDLE_VERSION:  # true == 1 in Python, not a version
             newer = isinstance(version, int) and version > BUNDLE_VERSION
             raise BundleError(f"{source}: bundle version {version!r}; this headroom reads version {BUNDLE_VERSION}"
                               + (" (upgrade headroom to import it)" if newer else ""))

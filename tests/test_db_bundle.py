@@ -192,6 +192,7 @@ def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, run
         (lambda b: b["runs"][2].update(uuid=b["runs"][0]["uuid"]),
          "run 3: uuid {first} appears twice in the bundle"),
         (lambda b: b.update(version=2), "bundle version 2; this headroom reads version 1 (upgrade headroom"),
+        (lambda b: b.update(version=True), "bundle version True; this headroom reads version 1"),
         (lambda b: b.update(format="something-else"), "not a Headroom bundle (format 'something-else'"),
         (lambda b: b["runs"][2]["results"]["elementwise"][0].update(gb_per_s=-3.0),
          "run 3 ({uuid}): elementwise result 1: field 'gb_per_s' must not be negative"),
@@ -207,7 +208,7 @@ def test_a_truncated_bundle_does_not_even_create_the_store(source, tmp_path, run
          "run 2 ({uuid}): train_step result 1: field 'model_spec' is not a model the core accepts: llama2-7b: "
          "n_layers 1,000,000,000,000 is beyond any trainable model"),
     ],
-    ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "format",
+    ids=["bad number", "missing field", "bad status", "unknown field", "bad time", "duplicate run", "newer", "version true", "format",
          "negative rate", "finished before started", "NUL", "lone surrogate", "beyond 64 bits", "poisoned model"],
 )
 def test_a_malformed_bundle_names_the_problem_and_writes_nothing(source, fleet, tmp_path, run_cli, damage, message):

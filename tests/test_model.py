@@ -139,6 +139,21 @@ def test_hf_config_errors_are_clear(tmp_path):
         load_hf_config(tmp_path / "missing.json")
 
 
+@pytest.mark.parametrize(("field", "value", "message"), [
+    ("moe_intermediate_size", 0, "moe_intermediate_size must be a positive integer, got 0"),
+    ("moe_intermediate_size", "768", "moe_intermediate_size must be a positive integer, got '768'"),
+    ("norm_topk_prob", "false", "norm_topk_prob must be true or false \\(a JSON boolean\\), got 'false'"),
+])
+def test_a_mixture_of_experts_config_field_of_the_wrong_kind_is_refused_not_misread(tmp_path, field, value, message):
+    """0 experts' width once sized them by intermediate_size; the string "false" read as true."""
+    qwen = json.loads((FIXTURES / "hf" / "qwen3-30b-a3b.json").read_text())
+    qwen[field] = value
+    path = tmp_path / "qwen.json"
+    path.write_text(json.dumps(qwen))
+    with pytest.raises(ConfigError, match=message):
+        load_hf_config(path)
+
+
 def test_a_model_is_named_by_its_config_or_its_directory_never_the_full_path(tmp_path):
     llama = json.loads((FIXTURES / "hf" / "llama-2-7b.json").read_text())
     llama.pop("_name_or_path", None)
