@@ -172,7 +172,6 @@ class FoundryRow:
     model: str
     seq_len: int
     gpus: int
-    mfu: float
     micro_batch: int
     accumulation: int
     global_batch: int
@@ -187,7 +186,7 @@ def foundry_rows(path: Path = LLM_FOUNDRY_CSV) -> list[FoundryRow]:
     with path.open() as f:
         reader = csv.DictReader(line for line in f if not line.startswith("#"))
         return [FoundryRow(table=r["table"], model=r["model"], seq_len=int(r["seq_len"]), gpus=int(r["gpus"]),
-                           mfu=float(r["mfu"]), micro_batch=int(r["micro_batch"]),
+                           micro_batch=int(r["micro_batch"]),
                            accumulation=int(r["accumulation"]), global_batch=int(r["global_batch"]),
                            tokens_per_s_per_gpu=float(r["tokens_per_s_per_gpu"]),
                            precision=_PRECISION[r["precision"], r["mp_mode"]], sharding=r["sharding"],

@@ -4,6 +4,7 @@ configurations, and Megatron's own FLOP formula for MFU. benchmarks/validation.p
 
 import dataclasses
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -188,17 +189,12 @@ def test_h200_steps_within_what_the_model_achieves():
     assert validation.spearman(predicted, measured) >= 0.99
 
 
-def _median(values: list[float]) -> float:
-    values = sorted(values)
-    return (values[(len(values) - 1) // 2] + values[len(values) // 2]) / 2
-
-
 def test_narayanan_runs_within_the_issues_targets():
     """Median 4.1%, worst 7.9% (targets 5% and 15%); all but the 529.6B run predicted faster than they ran."""
     rows = [r for r in validation.published_rows() if r.source.startswith("Narayanan")]
     assert len(rows) == 10
     errors = [abs(r.error) for r in rows]
-    assert _median(errors) <= 0.042 and max(errors) <= 0.08
+    assert statistics.median(errors) <= 0.042 and max(errors) <= 0.08
     assert [r.name for r in rows if r.error < 0] == ["GPT 529.6B"]
 
 
@@ -211,8 +207,8 @@ def test_llm_foundry_tables_within_what_the_model_achieves():
         by_table.setdefault(r.source.rsplit(", ", 1)[-1] if "128" not in r.source else ">= 128", []).append(r)
     assert {k: len(v) for k, v in by_table.items()} == {">= 128": 18, "H100 80GB BF16": 52, "A100 80GB": 61,
                                                         "A100 40GB": 78}
-    assert _median([abs(r.error) for r in by_table["A100 80GB"]]) <= 0.08
-    assert _median([abs(r.error) for r in by_table["A100 40GB"]]) <= 0.10
+    assert statistics.median([abs(r.error) for r in by_table["A100 80GB"]]) <= 0.08
+    assert statistics.median([abs(r.error) for r in by_table["A100 40GB"]]) <= 0.10
     h100 = by_table["H100 80GB BF16"] + by_table[">= 128"]
     assert min(r.error for r in h100) > 0.15 and max(r.error for r in h100) < 0.67
 
@@ -231,7 +227,7 @@ def test_rank_correlation_within_each_models_sweep():
     GPU count, whose scaling loss (4-8% from 128 to 512) the model does not predict: each is -1."""
     correlations = validation.group_rank_correlations(validation.published_rows())
     assert len(correlations) == 27
-    assert _median(list(correlations.values())) >= 0.9
+    assert statistics.median(list(correlations.values())) >= 0.9
     assert sorted(key[1] for key, rho in correlations.items() if rho < 0) == sorted(
         f"mpt-{m}" for m in ("1b", "3b", "7b", "13b", "30b", "70b"))
 
