@@ -29,7 +29,8 @@ Five parallel axes and a sharding stage, multiplied out as
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from core.divisors import divisors_near
@@ -102,6 +103,11 @@ class Layout:
     def expert_data_parallel(self) -> int:
         """Ranks that hold the same experts, and shard and reduce their weights: dp x cp / ep."""
         return self.dp * self.cp // self.ep
+
+    def fewest_data_parallel(self) -> Layout:
+        """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
+        dp x cp): what one rank's shapes are the same under, whatever dp is. Never spans more GPUs than this."""
+        return replace(self, dp=self.ep // math.gcd(self.ep, self.cp))
 
     @property
     def model_parallel(self) -> int:

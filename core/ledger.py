@@ -196,9 +196,9 @@ def _ledger_key(config: TrainConfig) -> TrainConfig:
     """The configuration with what one micro-batch's ledger ignores set to one value (a layout search
     shares one ledger among them): the data-parallel ranks, the pipeline schedule (the rank's layers
     carry it), and the sharding stage except whether FSDP gathers 16-bit units. Expert parallelism
-    stays: it decides which experts' weights the rank copies (dp = ep keeps the layout valid)."""
-    layout = replace(config.layout, dp=config.layout.ep, zero=3 if config.fsdp_mixed_precision else 0, schedule="1f1b",
-                     virtual_stages=1)
+    stays: it decides which experts' weights the rank copies (the fewest dp that ep allows keeps it valid)."""
+    layout = replace(config.layout.fewest_data_parallel(), zero=3 if config.fsdp_mixed_precision else 0,
+                     schedule="1f1b", virtual_stages=1)
     return replace(config, layout=layout) if layout != config.layout else config
 
 

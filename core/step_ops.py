@@ -64,7 +64,7 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
 @functools.lru_cache(maxsize=1024)
 def _plain(config: TrainConfig) -> TrainConfig:
     """The configuration without checkpointing, and without what no op's shape depends on."""
-    layout = replace(config.layout, dp=config.layout.ep, zero=3 if config.fsdp_mixed_precision else 0,
+    layout = replace(config.layout.fewest_data_parallel(), zero=3 if config.fsdp_mixed_precision else 0,
                      schedule="1f1b", virtual_stages=1, pp=1)
     return replace(config, recompute=RecomputePolicy("none"), layout=layout)
 

@@ -284,7 +284,9 @@ class Trace:
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
         out = self.new(f"{name}.out", shape, x_in.dtype)
         rows_in = _numel(x.shape[:-1])  # every row of x, before a row-parallel reduce-scatter
-        self.as_gemm(out, rows_in // stacked, out_features, x.shape[-1], stacked, x_in.dtype)
+        # Stacked experts share the rows: with fewer rows than experts, at most one expert a row runs at all.
+        groups = min(stacked, rows_in)
+        self.as_gemm(out, -(-rows_in // groups), out_features, x.shape[-1], groups, x_in.dtype)
         return self.matmul_output(out, "addmm" if bias else "mm")
 
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:

@@ -7,6 +7,7 @@ Worked by hand on Mixtral 8x7B (32 blocks, h 4,096, 8 experts of ffn 14,336, top
 """
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -26,6 +27,7 @@ from core.planner import PlanRequest, plan
 from core.precision import get_precision
 from core.presets import get_preset, resolve_model
 from core.recompute import RecomputePolicy
+from core.step_ops import forward_ops
 from core.timing import datasheet_profile
 
 MIXTRAL = get_preset("mixtral-8x7b")
@@ -242,6 +244,47 @@ def test_deepseek_v3_fits_80_gb_with_experts_split():
     split = dataclasses.replace(whole.config, layout=Layout(dp=256, zero=3, ep=64))
     assert whole.peak_bytes > 80e9
     assert estimate(spec, split).peak_bytes < 80e9
+
+
+def test_one_ranks_shapes_are_keyed_by_the_fewest_data_parallel_ranks_its_experts_allow():
+    """The ledger and the op list are shared by every dp of one layout: keyed by the fewest dp that keeps ep
+    dividing dp x cp, never by dp = ep, which with cp 1,024 and ep 2,048 spanned 2,097,152 GPUs."""
+    assert Layout(cp=1024, dp=2, zero=3, ep=2048).fewest_data_parallel() == Layout(cp=1024, dp=2, zero=3, ep=2048)
+    assert Layout(cp=2, dp=8, ep=4).fewest_data_parallel() == Layout(cp=2, dp=2, ep=4)
+    assert Layout(dp=64, ep=8).fewest_data_parallel() == Layout(dp=8, ep=8)
+    assert Layout(dp=64).fewest_data_parallel() == Layout(dp=1)
+
+
+MANY_EXPERTS = dataclasses.replace(MIXTRAL, name="mixtral-4096-experts", n_experts=4096)
+
+
+def test_fewer_routed_rows_than_experts_run_one_expert_a_row():
+    """cp 1,024 leaves 4 tokens of a 4,096-token sequence on a rank: 8 routed rows for 4,096 experts. At most
+    8 experts run, on one row each (the op list once gave each expert 8 // 4,096 = 0 rows, and a division by
+    zero)."""
+    config = mixtral(zero=3, cp=1024, dp=2, ep=2)
+    ops = forward_ops(MANY_EXPERTS, config, "cuda", layers=1)
+    (moe_block,) = [block for block, _ in ops.blocks]
+    experts = [op for op in moe_block if op.kind == "gemm" and op.name.startswith("block.moe.experts.")]
+    assert [(op.m, op.batch) for op in experts] == [(1, 8)] * 3
+    dense = forward_ops(MIXTRAL, mixtral(zero=3, dp=2, ep=2), "cuda", layers=1)
+    (dense_block,) = [block for block, _ in dense.blocks]
+    assert {(op.m, op.batch) for op in dense_block
+            if op.kind == "gemm" and op.name.startswith("block.moe.experts.")} == {(2 * 4096 // 4, 4)}
+
+
+def test_a_plan_of_4096_experts_on_2048_gpus_searches_the_layouts_asked_for(tmp_path, capsys):
+    from cli.main import main
+
+    config = json.loads((Path(__file__).parent / "fixtures" / "hf" / "mixtral-8x7b-v0.1.json").read_text())
+    path = tmp_path / "moe4k.json"
+    path.write_text(json.dumps(config | {"num_local_experts": 4096, "num_experts_per_tok": 2}))
+    assert main(["plan", "--model", str(path), "--global-batch", "4096", "--gpus", "2048", "--json"]) == 3
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["recommendation"] is None  # 23T parameters: static state alone breaks 80 GB
+    layouts = [entry["layout"] for entry in payload["layouts"]]
+    assert {layout["world"] for layout in layouts} == {2048}
+    assert {"cp": 1024, "dp": 2, "ep": 2048} in [{k: layout[k] for k in ("cp", "dp", "ep")} for layout in layouts]
 
 
 # ---- the command line, the dashboard and the exports ---------------------------------------------------------
