@@ -10,6 +10,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 from core.errors import ConfigError
@@ -110,28 +111,46 @@ def run(args: argparse.Namespace) -> int:
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
+STOP_GRACE_S = 5.0
+"""Seconds Streamlit gets to exit after a stop signal before it is killed. Its own stop has no bound: uvicorn's
+graceful shutdown waits for every browser connection to close, one whose browser stopped reading never does,
+and a second signal only asks again."""
+
 
 def serve(cmd: list[str], env: dict[str, str]) -> int:
-    """Run Streamlit until it exits, handing it every stop signal this process gets (Ctrl-C, ``kill``, a
-    closed terminal), so that stopping ``headroom dashboard`` stops the server it started and then
-    removes a bundle's temporary store. Stopped by a signal: 0; else Streamlit's exit status."""
+    """Run Streamlit until it exits, handing it the first stop signal this process gets (Ctrl-C, ``kill``, a
+    closed terminal), so that stopping ``headroom dashboard`` stops the server it started and then removes a
+    bundle's temporary store. Streamlit still running ``STOP_GRACE_S`` later, or at a second stop signal, is
+    killed (SIGKILL). Stopped by a signal: 128 + its number, as ``agent run`` (130 Ctrl-C, 143 SIGTERM, 129
+    SIGHUP); else Streamlit's exit status."""
     server = subprocess.Popen(cmd, env=env)
     stopped: list[int] = []
+    deadline = threading.Timer(STOP_GRACE_S, server.kill)
+    deadline.daemon = True
 
     def forward(signum: int, _frame) -> None:
         stopped.append(signum)
-        server.send_signal(signum)
+        if len(stopped) == 1:
+            server.send_signal(signum)
+            deadline.start()
+        else:
+            server.kill()
 
     previous = {sig: signal.signal(sig, forward) for sig in STOP_SIGNALS}
     try:
         status = server.wait()
     finally:
+        deadline.cancel()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if server.poll() is None:  # this process is leaving for another reason: take the server with it
             server.terminate()
-            server.wait()
-    return 0 if stopped else status
+            try:
+                server.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+    return 128 + stopped[0] if stopped else status
 
 
 def load_bundle(path: Path, scratch: Path) -> str:
