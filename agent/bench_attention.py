@@ -26,6 +26,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from agent.cases import Case, skipped
 from agent.sdpa import declined, kernel_label, kernels_run
 from agent.timer import time_fn
+from core.safe_text import printable
 from db.models import AttentionResult
 
 BACKENDS: dict[str, SDPBackend | None] = {
@@ -48,7 +49,7 @@ def backend_context(backend: str):
 def unsupported_reason(err: RuntimeError, caught: list[warnings.WarningMessage]) -> str:
     """torch's warnings say why each kernel declined; its error only says none was available."""
     reasons = list(dict.fromkeys(str(w.message).strip() for w in caught if str(w.message).strip()))
-    return "; ".join(reasons)[:480] if reasons else str(err).splitlines()[0][:480]
+    return printable("; ".join(reasons) if reasons else str(err).splitlines()[0])[:480]
 
 
 def measure(device: torch.device, backend: str, dtype: str, batch: int, seq_len: int, heads: int, head_dim: int,

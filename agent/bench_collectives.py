@@ -40,6 +40,7 @@ from agent.cases import Case
 from agent.launch import Launch, emit
 from agent.rank import RankInfo, add_rank_flags, join, leave
 from core.collective_ops import OPS, bus_factor
+from core.safe_text import printable
 from db.models import CollectiveResult
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
@@ -190,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
                 except (RuntimeError, AssertionError, ValueError) as err:
                     row = {"op": op, "backend": info.backend, "dtype": DTYPE[args.device_type][0],
                            "group_size": info.world, "message_bytes": size, "status": "error",
-                           "message": f"{type(err).__name__}: {str(err).strip()[:300]}"}
+                           "message": f"{type(err).__name__}: {printable(str(err).strip())[:300]}"}
                     if not isinstance(err, AssertionError):  # a collective failed: the group may be broken
                         if info.rank == 0:
                             emit(case_key(op, size), 0, row)

@@ -46,6 +46,7 @@ from core.config import TrainConfig
 from core.estimate import estimate
 from core.model import ModelSpec
 from core.precision import get_precision
+from core.safe_text import printable
 from core.timing import HardwareProfile, step_time
 from db.models import TrainStepResult
 
@@ -231,7 +232,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         }
     except torch.OutOfMemoryError as err:
         row.status = "oom"
-        row.message = str(err).splitlines()[0][:500]
+        row.message = printable(str(err).splitlines()[0])[:500]
         if device.type == "cuda":
             row.peak_allocated_bytes = max([torch.cuda.max_memory_allocated(device), *memory.peaks.values()])
             row.peak_reserved_bytes = max(torch.cuda.max_memory_reserved(device), memory.reserved)

@@ -41,6 +41,7 @@ from core.ledger import Ledger, activation_ledger
 from core.model import ModelSpec
 from core.presets import get_preset
 from core.recompute import parse_policy
+from core.safe_text import printable
 
 TOLERANCE = 0.02
 """Relative error within which ledger and probe agree (observed on CPU: 0.00%)."""
@@ -187,9 +188,9 @@ def check(case: LedgerCase, device: torch.device) -> LedgerCheck:
                     raise
                 failure = ("unsupported", unsupported_reason(err, caught))
     except torch.OutOfMemoryError as err:
-        failure = ("oom", str(err).splitlines()[0][:300])
+        failure = ("oom", printable(str(err).splitlines()[0])[:300])
     except (RuntimeError, ValueError, TypeError) as err:
-        failure = ("error", f"{type(err).__name__}: {str(err).splitlines()[0][:300] if str(err) else ''}")
+        failure = ("error", f"{type(err).__name__}: {printable(str(err).splitlines()[0])[:300] if str(err) else ''}")
     if failure is not None:
         model = tokens = targets = None
         gc.collect()

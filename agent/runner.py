@@ -34,6 +34,7 @@ from agent.fingerprint import BENCHMARK_VERSION, fingerprint
 from agent.progress import Progress
 from agent.suites import KINDS, build_cases
 from core.errors import ConfigError
+from core.safe_text import printable
 from core.timing import HardwareProfile
 from db.models import Result
 from db.profiles import build_profile
@@ -67,8 +68,9 @@ class DeviceLost(RuntimeError):
 
 
 def first_line(err: BaseException, limit: int = 500) -> str:
+    """The error's first line as a stored message may hold it: escaped (core.safe_text), at most ``limit``."""
     text = str(err).strip()
-    return text.splitlines()[0][:limit] if text else ""
+    return printable(text.splitlines()[0])[:limit] if text else ""
 
 
 def device_context(device: torch.device):

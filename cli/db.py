@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from core.safe_text import printable_lines
 from db.location import ENV_VAR, default_url
 
 if TYPE_CHECKING:
@@ -180,7 +181,7 @@ def render_info(info: dict) -> str:
         lines += [f"  {r['run_id']}  {r['device_name']} on {r['hostname']}, started {_when(r['started_at'])}, "
                   f"{r['results']} results" + (f", last at {_when(r['last_result_at'])}" if r['last_result_at'] else "")
                   for r in incomplete]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _breakdown(counts: dict[str, int]) -> str:

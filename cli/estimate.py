@@ -10,6 +10,7 @@ from cli.train_flags import add_train_flags, model_from_args, train_config
 from core.calibration import Calibration
 from core.estimate import Estimate, estimate
 from core.run_cost import utilization
+from core.safe_text import printable_lines
 from core.timing import HardwareProfile, step_time, tokens_per_s
 from core.ledger import Ledger
 from core.units import GB, GiB
@@ -122,7 +123,7 @@ def render(result: Estimate) -> str:
            ""] if len(report["ranks"]) > 1 else []),
         *(f"note: {note}" for note in report["notes"]),
     ]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def step_report(result: Estimate, profile: HardwareProfile, calibration: Calibration | None) -> dict:
@@ -146,7 +147,7 @@ def render_time(timed: dict) -> str:
     use = timed["utilization"]
     mfu = f", MFU {use['mfu']:.1%}, HFU {use['hfu']:.1%}" if use["mfu"] is not None else ""
     calibrated = f" (calibrated x{timed['calibration_factor']:.3f})" if timed["calibration_factor"] != 1 else ""
-    return "\n".join([
+    return printable_lines([
         f"time on {timed['hardware']} ({timed['source']}){calibrated}: {timed['step_time_s']:.4g} s per step, "
         f"{timed['tokens_per_s']:,.0f} tokens/s",
         f"  {use['tflop_per_s_per_gpu']:,.1f} model TFLOP/s per {'device' if timed['device'] == 'cpu' else 'GPU'}"
@@ -208,4 +209,4 @@ def render_ledger(ledger: Ledger) -> str:
     lines.append(" embedding, final norm, head and loss:")
     lines += [row(t) for t in by_layer.get(None, [])]
     lines.append(f" backward transient: {ledger.transient_bytes / 1e6:,.3f} MB (MB = 1e6 bytes)")
-    return "\n".join(lines)
+    return printable_lines(lines)

@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from cli import agent, catalog, dashboard, db, estimate, plan
 from core.errors import ConfigError
+from core.safe_text import printable
 
 COMMANDS = (estimate, plan, agent, catalog, db, dashboard)
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.handler(args) or 0
     except ConfigError as err:
-        print(f"headroom: error: {_escaped(str(err))}", file=sys.stderr)
+        print(f"headroom: error: {_one_line(err, kind=False)}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `headroom ... | head`
         return 0
@@ -78,14 +79,17 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-def _escaped(message: str) -> str:
-    """One line, whatever a value quoted in it holds (a path may contain a newline)."""
-    return message.replace("\r", "\\r").replace("\n", "\\n")
+ERROR_LIMIT = 2_000
+"""Characters of an error's line: one that quotes a value of a million characters shows its start."""
 
 
-def _one_line(err: BaseException) -> str:
-    text = " ".join(str(err).split()) or "no message"
-    return f"{type(err).__name__}: {text[:500]}"
+def _one_line(err: BaseException, kind: bool = True) -> str:
+    """The error as one line a terminal shows as written, whatever a value quoted in it holds (a path or a
+    stored name may hold a line break, ESC or U+202E: core.safe_text); ``kind``: led by the exception's type."""
+    text = printable(str(err)) or "no message"
+    if len(text) > ERROR_LIMIT:
+        text = f"{text[:ERROR_LIMIT]}... ({len(text):,} characters)"
+    return f"{type(err).__name__}: {text}" if kind else text
 
 
 if __name__ == "__main__":

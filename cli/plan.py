@@ -15,6 +15,7 @@ from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.layout_search import pinned_layout
 from core.planner import Candidate, Plan, PlanRequest, budget_note, default_budget, plan_to_dict
 from core.recompute import POLICY_NAMES, parse_policy
+from core.safe_text import printable, printable_lines
 from core.timing import HardwareProfile
 from core.units import GB, parse_budget
 from db.hardware import resolve_hardware
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         print(settings.text)
         if not settings.notes_in_text:
             for note in settings.notes:
-                print(f"note: {note}", file=sys.stderr)
+                print(printable(f"note: {note}"), file=sys.stderr)
     else:
         print(render(result, top))
         if traced is not None:
@@ -183,10 +184,10 @@ def render(result: Plan, top: int | None) -> str:
     if pinned is not None and pinned.rejection is not None:
         lines += [f"pinned: {pinned.layout}; {pinned.label}: does not fit: {pinned.rejection}",
                   *_performance(pinned, req, unit), "", *(f"  {a}" for a in result.advice)]
-        return "\n".join(lines)
+        return printable_lines(lines)
     if best is None:
         lines += [f"nothing fits ({len(result.rejected)} candidates rejected)", *(f"  {a}" for a in result.advice)]
-        return "\n".join(lines)
+        return printable_lines(lines)
     world = best.layout.world
     lines += [
         f"{'pinned' if pinned is not None else 'recommendation'}: {best.layout}; micro-batch "
@@ -228,7 +229,7 @@ def render(result: Plan, top: int | None) -> str:
         for o in result.layouts[: (top or len(result.layouts))]:
             lines.append(f"  {str(o.layout):<52} {o.why_lost(best)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]
-    return "\n".join(lines)
+    return printable_lines(lines)
 
 
 def _performance(c: Candidate, req: PlanRequest, unit: str) -> list[str]:

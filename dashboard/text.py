@@ -4,7 +4,9 @@ Streamlit renders captions, alerts and st.markdown as Markdown (raw HTML is alre
 name from a bundle such as ``[click here](https://...) ![x](https://.../p.png)`` would otherwise become a
 live link and a remote image. ``plain`` backslash-escapes what makes markup in the middle of a line
 (links and images, emphasis, code, HTML, entities, tables, headings), ``:`` (Streamlit's shortcodes and
-colour directives), ``$`` (its LaTeX) and a list marker at the start, and turns line breaks into spaces.
+colour directives), ``$`` (its LaTeX) and a list marker at the start, turns line breaks into spaces and
+writes other control and bidirectional formatting characters as escapes (core.safe_text: U+202E would
+reverse the rest of the line).
 Escapes do not stop Streamlit from making links of bare URLs in the text it renders (seen in Chromium:
 ``https\://x`` still became a link), so an invisible word joiner (U+2060) goes inside every ``://``,
 ``www.`` and ``@``. Names keep their hyphens, dots and parentheses, so "llama3.2-1b (datasheet)" reads the
@@ -17,6 +19,7 @@ import re
 from dataclasses import replace
 
 from core.calibration import Calibration, Fit
+from core.safe_text import printable
 
 _MARKUP = re.compile(r"([\\`*_\[\]<>~$&:|#!])")
 _LINKABLE = re.compile(r"(?i)(://|www\.|@)")
@@ -26,7 +29,7 @@ WORD_JOINER = "\u2060"
 
 def plain(text: object) -> str:
     """``text`` escaped so that Markdown shows it literally, on one line, and no part of it becomes a link."""
-    text = _LINKABLE.sub(lambda m: m[1][:-1] + WORD_JOINER + m[1][-1], " ".join(str(text).split()))
+    text = _LINKABLE.sub(lambda m: m[1][:-1] + WORD_JOINER + m[1][-1], printable(" ".join(str(text).split())))
     escaped = _MARKUP.sub(r"\\\1", text)
     return _LIST_MARKER.sub(lambda m: f"{m[1]}\\{m[2]}" if m[1] else f"\\{m[3]}", escaped)
 

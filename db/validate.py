@@ -5,7 +5,9 @@ columns in db.models: a field the table does not have, a missing required
 field, a value of the wrong type, a non-finite number, a string outside its
 column's ``info["choices"]``, an ``ok`` result without its measurements, a
 negative time or rate, an integer beyond 64 bits, text holding a NUL or a
-lone surrogate (neither SQLite nor PostgreSQL round-trips them), a run that
+lone surrogate (neither SQLite nor PostgreSQL round-trips them), a name
+longer than core.safe_text allows or holding a line break, control or
+bidirectional formatting character (a message may break lines), a run that
 finished before it started, a training step whose model spec the core
 refuses. Every error names the record, the field and what would be valid, so
 a bad bundle can be fixed by hand; SQLite and PostgreSQL get the same checks.
@@ -25,6 +27,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
 
+from core.safe_text import printable, text_problem
 from db.errors import StoreError
 from db.models import Base, Result, UTCDateTime
 
@@ -120,6 +123,7 @@ MAX_INTEGER = 2**63 - 1
 
 
 def _text_problem(value: str) -> str | None:
+    """What a JSON document's text may not hold: what neither back end round-trips."""
     if "\x00" in value:
         return "must not contain a NUL character"
     if value.isascii():  # no surrogate, lone or paired
@@ -163,13 +167,12 @@ def _type_problem(column: Column, value: Any) -> str | None:
     elif isinstance(kind, (String, Enum)):
         if not isinstance(value, str) or not value:
             return "must be a non-empty string"
-        if problem := _text_problem(value):
-            return problem
         choices = kind.enums if isinstance(kind, Enum) else column.info.get("choices")
         if choices and value not in choices:
             return f"must be one of {', '.join(choices)}"
         if kind.length and len(value) > kind.length:
             return f"must be at most {kind.length} characters"
+        return text_problem(value, message=column.key == "message")
     elif isinstance(kind, UTCDateTime):
         return _time_problem(value)
     elif isinstance(kind, JSON):
@@ -197,9 +200,25 @@ def _json_problem(column: Column, value: Any) -> str | None:
         return None
     if not isinstance(value, dict):
         return "must be an object"
-    if column.key == "labels" and not all(isinstance(v, str) for v in value.values()):
-        return "must map names to strings"
+    if column.key == "labels":
+        return _labels_problem(value)
     return _document_problem(value)
+
+
+MAX_LABELS = 64
+"""Labels a run may carry."""
+
+
+def _labels_problem(labels: dict) -> str | None:
+    """Why a run's labels cannot be stored: each key and value is a name (core.safe_text)."""
+    if len(labels) > MAX_LABELS:
+        return f"must hold at most {MAX_LABELS} labels (it has {len(labels):,})"
+    for key, value in labels.items():
+        if not isinstance(value, str):
+            return "must map names to strings"
+        if problem := text_problem(key) or text_problem(value):
+            return f"{problem} in label {printable(key)[:40]!r}"
+    return None
 
 
 def _seconds(values: list) -> bool:

@@ -6,6 +6,7 @@ import pandas as pd
 import streamlit as st
 
 from core.errors import ConfigError
+from core.safe_text import printable
 from dashboard import calibration, charts, columns, data
 from dashboard.notices import readable_store, store_notice
 from dashboard.text import plain, shown_calibration
@@ -20,7 +21,7 @@ if train.empty:
     st.stop()
 
 names = sorted(train["device_name"].unique())
-chosen = st.multiselect("devices", names, default=names, key="calibration_devices")
+chosen = st.multiselect("devices", names, default=names, format_func=printable, key="calibration_devices")
 train = train[train["device_name"].isin(chosen)]
 st.caption("Each point is one measured training step against the core's prediction stored with it at measurement "
            "time. Throughout: measured / predicted, and error = measured / predicted - 1 (positive: the step took "
@@ -59,7 +60,7 @@ st.caption("Every step is predicted again by today's core with the device's meas
            "flagged (a busy host, repetitions that disagree) and outliers (more than 2x from the median) are left "
            "out; the median measured / predicted of the rest is the factor plans multiply by, unless it is beyond "
            "2x, and the error left after it is the confidence plans quote.")
-device = st.selectbox("device", chosen, key="calibration_factor_device")
+device = st.selectbox("device", chosen, format_func=printable, key="calibration_factor_device")
 if device is not None:
     try:
         _, fit = data.measured(url, device)

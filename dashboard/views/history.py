@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from core.safe_text import printable
 from dashboard import charts, columns, data, history
 from dashboard.notices import readable_store, store_notice
 
@@ -19,7 +20,7 @@ names = sorted(all_runs["device_name"].unique())
 # Each multiselect's choices are carried over when its options change (a device added to the store, runs of
 # devices no longer chosen): what is still offered stays chosen; the default replaces a choice none of which is.
 st.session_state.history_devices = history.still_chosen(st.session_state.get("history_devices"), names, names[:4])
-chosen_devices = st.multiselect("devices", names, key="history_devices")
+chosen_devices = st.multiselect("devices", names, format_func=printable, key="history_devices")
 mine = figures[figures["device"].isin(chosen_devices)]
 st.caption(f"{len(mine)} of {len(figures)} runs. Key figures: best bf16 matmul (fp32 where no bf16 ran), best copy "
            "bandwidth, and tokens/s of each device's reference training step (the configuration most of its runs "
@@ -30,7 +31,8 @@ labels = {row.run_id: f"{row.device} · {row.hostname} · {row.started_at:%Y-%m-
           for row in mine.head(500).itertuples()}
 st.session_state.history_runs = history.still_chosen(st.session_state.get("history_runs"), list(labels),
                                                     list(labels)[:2])
-picked = st.multiselect("runs (newest first)", list(labels), format_func=labels.get, key="history_runs")
+picked = st.multiselect("runs (newest first)", list(labels), format_func=lambda run: printable(labels[run]),
+                        key="history_runs")
 if picked:
     st.dataframe(history.side_by_side(figures, picked), height="content", column_config=columns.SIDE_BY_SIDE)
 

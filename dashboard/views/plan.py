@@ -20,6 +20,7 @@ from core.model import ModelSpec
 from core.planner import Plan, budget_note
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
+from core.safe_text import printable
 from core.stack import STACKS
 from core.timing import HardwareProfile
 from core.units import GB
@@ -89,7 +90,7 @@ with st.sidebar:
     st.number_input("sequence length (tokens)", min_value=1, step=256, key="plan_seq_len")
     st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
     st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget")
-    st.selectbox("hardware", hardware_options, key="plan_hardware")
+    st.selectbox("hardware", hardware_options, format_func=printable, key="plan_hardware")
     st.subheader("Cluster and layout")
     st.number_input(f"GPUs to search (0 = plan this one layout; at most {MAX_GPUS})", min_value=0, step=8,
                     key="plan_gpus", help="every tp x pp x cp x dp layout and sharding stage of this many GPUs")
@@ -270,7 +271,8 @@ with st.form("compare_plan"):
     choices = st.columns(3)
     other_model = choices[0].selectbox("model preset", [planning.SAME, *PRESETS], key="other_model")
     other_budget = choices[1].text_input("budget per GPU", key="other_budget", placeholder=f"{inputs.budget} (this plan's)")
-    other_hardware = choices[2].selectbox("hardware", [planning.SAME, *hardware_options], key="other_hardware")
+    other_hardware = choices[2].selectbox("hardware", [planning.SAME, *hardware_options], format_func=printable,
+                                         key="other_hardware")
     st.form_submit_button("Compare")
 other_inputs = planning.compared_inputs(inputs, other_model, other_budget, other_hardware)
 if other_inputs is None:
