@@ -7,5 +7,15 @@ exits non-zero; any other exception is a bug and keeps its traceback.
 """
 
 
+MESSAGE_LIMIT = 1_000
+"""Characters of a message: one quoting a value of a million characters keeps the value's start."""
+
+
 class ConfigError(ValueError):
-    """Invalid user input: the message names the value and what would be valid."""
+    """Invalid user input: the message names the value and what would be valid (at most ``MESSAGE_LIMIT``
+    characters)."""
+
+    def __init__(self, message: str) -> None:
+        if len(message) > MESSAGE_LIMIT:
+            message = f"{message[:MESSAGE_LIMIT]}... ({len(message):,} characters)"
+        super().__init__(message)

@@ -123,15 +123,23 @@ def read_hf_config(path: str | Path) -> Any:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
     except (OSError, UnicodeDecodeError) as err:
         raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
+    return parse_hf_config(text, path)
+
+
+def parse_hf_config(text: str | bytes, path: Path) -> Any:
+    """The parsed JSON of a ``config.json``'s text (read from ``path``, or uploaded under that name)."""
     try:
-        config = json.loads(text)
+        return json.loads(text)
     except json.JSONDecodeError as err:
         raise ConfigError(
             f"{path}: not valid JSON ({err.msg} at line {err.lineno}, column {err.colno})"
         ) from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text, as a config.json is") from None
     except RecursionError:
         raise ConfigError(f"{path}: JSON nested too deeply to be a model config") from None
-    return config
+    except ValueError:  # an integer of more digits than Python converts (4,300)
+        raise ConfigError(f"{path}: holds an integer of thousands of digits, which no model size is") from None
 
 
 def spec_from_config_file(config: Any, path: Path) -> ModelSpec:
@@ -210,6 +218,15 @@ def _positive(config: dict[str, Any], key: str, name: str) -> int:
     value = _field(config, key, name)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name}: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def _count(config: dict[str, Any], key: str, name: str) -> int:
+    """An optional non-negative JSON integer (absent: 0), checked before arithmetic: a string times a width
+    would repeat the string."""
+    value = _field(config, key, name, 0)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name}: {key} must be a non-negative integer, got {value!r}")
     return value
 
 
@@ -376,7 +393,7 @@ def _deepseek_v3(config: dict[str, Any], name: str) -> ModelSpec:
     scoring = _field(config, "scoring_func", name, "sigmoid")
     if scoring not in ("softmax", "sigmoid"):
         raise ConfigError(f"{name}: scoring_func {scoring!r} is not softmax or sigmoid")
-    shared = _field(config, "n_shared_experts", name, 0)
+    shared = _count(config, "n_shared_experts", name)
     width = config["moe_intermediate_size"]
     spec = _llama_like(base, name, "llama")
     return replace(

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import sqlite3
 import time
 from pathlib import Path
@@ -65,12 +66,17 @@ SIDECARS = ("-wal", "-shm", "-journal")
 SUPPORTED = "sqlite:///PATH (or a plain file path) or postgresql+psycopg://USER@HOST/DATABASE"
 
 
+_PASSWORD = re.compile(r"(://[^:/@]*:)[^@]*@")
+"""The password of a URL SQLAlchemy cannot parse, to be hidden from the error that quotes it."""
+
+
 def parse_url(url: str) -> URL:
     """Parse and check a store URL; only SQLite (pysqlite) and PostgreSQL (psycopg 3) are supported."""
     try:
         parsed = make_url(url)
-    except ArgumentError:
-        raise StoreError(f"cannot read {url!r} as a store URL; use {SUPPORTED}") from None
+    except (ArgumentError, ValueError):  # ValueError: a port that is not a number ('postgresql://u@[::1')
+        shown = _PASSWORD.sub(r"\1***@", url)
+        raise StoreError(f"cannot read {shown!r} as a store URL; use {SUPPORTED}") from None
     if parsed.drivername not in ("sqlite", "sqlite+pysqlite", "postgresql+psycopg"):
         raise StoreError(f"unsupported store URL {display_url(parsed)!r}; use {SUPPORTED}")
     return parsed

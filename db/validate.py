@@ -22,7 +22,7 @@ import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, fields
-from datetime import datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
@@ -106,7 +106,7 @@ def check_record(model: type[Base], values: Mapping[str, Any], where: str, error
             continue
         problem = _type_problem(column, value)
         if problem:
-            raise error(f"{where}: field {column.key!r} {problem}, got {value!r:.80}")
+            raise error(f"{where}: field {column.key!r} {problem}, got {_shown(value)}")
         row[column.key] = _normalise(column, value)
     if issubclass(model, Result):
         _check_status(model, row, where, error)
@@ -116,6 +116,13 @@ def check_record(model: type[Base], values: Mapping[str, Any], where: str, error
     if model.__tablename__ == "train_step_results":
         _check_model_spec(row["model_spec"], where, error)
     return row
+
+
+def _shown(value: Any) -> str:
+    """The start of ``value``'s repr, as an error quotes it (an integer too long to print is named by its size)."""
+    if isinstance(value, int) and value.bit_length() > 10_000:
+        return f"an integer of about {int(value.bit_length() * math.log10(2)):,} digits"
+    return f"{value!r:.80}"
 
 
 MAX_INTEGER = 2**63 - 1
@@ -157,7 +164,7 @@ def _type_problem(column: Column, value: Any) -> str | None:
         if value > MAX_INTEGER:
             return f"must be at most {MAX_INTEGER:,} (64 bits)"
     elif isinstance(kind, Double):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             return "must be a finite number"
         if value < 0:
             return "must not be negative (every stored time, rate and fraction is)"
@@ -180,6 +187,14 @@ def _type_problem(column: Column, value: Any) -> str | None:
     return None
 
 
+def _finite(value: int | float) -> bool:
+    """Whether ``value`` is a finite number a float holds (an integer of 400 digits is not)."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def _time_problem(value: Any) -> str | None:
     if isinstance(value, str):
         try:
@@ -190,6 +205,10 @@ def _time_problem(value: Any) -> str | None:
         return "must be a time"
     if value.tzinfo is None:
         return "must carry a time zone (e.g. +00:00)"
+    try:
+        value.astimezone(timezone.utc)  # how the store keeps it
+    except OverflowError:
+        return "must fall between years 1 and 9999 in UTC"
     return None
 
 

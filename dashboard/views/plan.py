@@ -4,7 +4,6 @@ and this plan beside another with a different model preset, budget or hardware."
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, fields
 from pathlib import Path
 
@@ -14,7 +13,7 @@ from core.calibration import Calibration
 from core.config import ATTENTIONS
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
-from core.hf_config import SUPPORTED, spec_from_config_file
+from core.hf_config import SUPPORTED, parse_hf_config, spec_from_config_file
 from core.interconnect import LINKS_BY_KEY
 from core.model import ModelSpec
 from core.planner import Plan, budget_note
@@ -149,7 +148,8 @@ try:
         if uploaded is None:
             st.info("Upload a config.json to plan for it.")
             st.stop()
-        spec = spec_from_config_file(json.loads(uploaded.getvalue()), Path(uploaded.name))
+        path = Path(uploaded.name)
+        spec = spec_from_config_file(parse_hf_config(uploaded.getvalue(), path), path)
     else:
         spec = planning.dimensions_spec(inputs)
     profile, calibration = data.hardware(url, inputs.hardware)
