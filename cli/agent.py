@@ -12,6 +12,7 @@ import threading
 
 from cli.train_flags import add_train_flags, layout_from_args, model_from_args, train_config
 from core.errors import ConfigError
+from core.safe_text import MAX_LABELS, text_problem
 from core.layout import Layout
 from core.stack import STACKS, get_stack
 
@@ -22,6 +23,8 @@ MAX_LOCAL_RANKS = 64
 than gloo measures anything with. Checked before anything is launched."""
 MAX_STEPS = 1000
 """Timed steps per configuration: past a few, more only take longer."""
+MAX_SWEEP = 256
+"""Configurations one ``agent train`` measures (micro-batches x policies, each listed once)."""
 MAX_ACCUMULATION = 4096
 """Micro-batches per optimizer step: 4,096 micro-batches of one sequence each is 4,096 sequences per rank per
 step, more than training runs accumulate."""
@@ -84,12 +87,19 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
+    """``--label K=V`` as a run's labels, checked as the store checks them (core.safe_text) before anything
+    runs."""
     labels = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigError(f"label {item!r} is not KEY=VALUE, e.g. --label rack=b7")
+            raise ConfigError(f"label {item[:80]!r} is not KEY=VALUE, e.g. --label rack=b7")
+        for part, text in (("key", key.strip()), ("value", value.strip())):
+            if text and (problem := text_problem(text)):
+                raise ConfigError(f"label {part} {text[:80]!r} {problem}")
         labels[key.strip()] = value.strip()
+    if len(labels) > MAX_LABELS:
+        raise ConfigError(f"{len(labels)} labels: a run carries at most {MAX_LABELS}")
     return labels
 
 
@@ -289,7 +299,7 @@ def _ints(text: str, flag: str) -> list[int]:
         raise ConfigError(f"{flag} {text!r} is not a comma-separated list of integers, e.g. 1,2,4") from None
     if not values or min(values) <= 0:
         raise ConfigError(f"{flag} {text!r} must list positive integers")
-    return values
+    return list(dict.fromkeys(values))  # each once, in the order given
 
 
 def _policies(text: str) -> list[str]:
@@ -297,7 +307,7 @@ def _policies(text: str) -> list[str]:
     policies = [p.strip() for p in text.split(",") if p.strip()]
     if not policies:
         raise ConfigError(f"--recompute {text!r} names no policy; e.g. none,full or every-2")
-    return policies
+    return list(dict.fromkeys(policies))
 
 
 @stoppable
@@ -318,6 +328,11 @@ def run_train(args: argparse.Namespace) -> int:
     if not 0 < args.steps <= MAX_STEPS or not 0 < args.accumulation <= MAX_ACCUMULATION:
         raise ConfigError(f"--steps must be 1 to {MAX_STEPS} and --accumulation 1 to {MAX_ACCUMULATION:,}, got "
                           f"{args.steps:,} and {args.accumulation:,}")
+    labels = parse_labels(args.label)
+    micro_batches, policies = _ints(args.micro_batch, "--micro-batch"), _policies(args.recompute)
+    if len(micro_batches) * len(policies) > MAX_SWEEP:
+        raise ConfigError(f"--micro-batch x --recompute is {len(micro_batches):,} x {len(policies):,} configurations; "
+                          f"a sweep measures at most {MAX_SWEEP}")
     spec = model_from_args(args)
     precision = args.precision or ("amp-bf16" if device.type == "cuda" else "fp32")
     layout = train_layout(args, device)
@@ -336,8 +351,8 @@ def run_train(args: argparse.Namespace) -> int:
             config=train_config(args, precision=precision, micro_batch=micro, recompute=policy, layout=layout),
             accumulation_steps=args.accumulation, steps=args.steps,
         )
-        for micro in _ints(args.micro_batch, "--micro-batch")
-        for policy in _policies(args.recompute)
+        for micro in micro_batches
+        for policy in policies
     ]
     for setup in setups:
         setup.config.check_model(spec)
@@ -351,8 +366,11 @@ def run_train(args: argparse.Namespace) -> int:
             from agent import train_ranks
 
             cases = train_ranks.cases(setups, device.type, provider)  # one launch for them all
+        if not args.quiet:
+            print(f"measuring {len(setups)} configurations (micro-batch {','.join(map(str, micro_batches))} x "
+                  f"recompute {','.join(policies)}), {args.steps} steps each, into {store.url}", file=sys.stderr)
         try:
-            report = run_suite(store, device, "train", labels=parse_labels(args.label), quiet=args.quiet, cases=cases)
+            report = run_suite(store, device, "train", labels=labels, quiet=args.quiet, cases=cases)
         except KeyboardInterrupt as stop:
             return interrupted(stop, "the run", store.url)
         except DeviceLost as lost:

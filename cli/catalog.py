@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from core.hardware import DTYPES, HARDWARE, HardwareSpec, match_device
+from core.errors import ConfigError
+from core.hardware import DTYPES, HARDWARE, HardwareSpec, keys_containing, match_device
 from core.presets import PRESETS
 from core.units import GB
 
@@ -41,6 +42,9 @@ def run_models(args: argparse.Namespace) -> int:
 def run_hardware(args: argparse.Namespace) -> int:
     if args.match:
         found = match_device(args.match)
+        if found.spec is None and len(rows := keys_containing(args.match)) > 1:
+            raise ConfigError(f"{args.match!r} could be any of {', '.join(rows)}; give the device name as torch "
+                              "reports it, e.g. 'NVIDIA H100 80GB HBM3'")
         if args.json:
             print(json.dumps({"name": args.match, "key": found.key,
                               "datasheet": hardware_document(found.spec) if found.spec else None}, indent=2))

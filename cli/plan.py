@@ -77,6 +77,9 @@ def global_batch(args: argparse.Namespace) -> int:
         return args.global_batch
     if args.seq_len <= 0:
         raise ConfigError(f"seq-len must be a positive integer, got {args.seq_len}")
+    if args.global_tokens <= 0:
+        raise ConfigError(f"--global-tokens must be a positive number of tokens (a multiple of --seq-len "
+                          f"{args.seq_len}), got {args.global_tokens}")
     if args.global_tokens % args.seq_len:
         raise ConfigError(
             f"--global-tokens {args.global_tokens} is not a multiple of --seq-len {args.seq_len}; "

@@ -293,10 +293,17 @@ def for_rank(prediction: Estimate, global_rank: int) -> Estimate:
     return next(k for k in kinds if k.rank.first == (stage == 0) and k.rank.last == (stage == layout.pp - 1))
 
 
+MAX_ACCUMULATION_STEPS = 2**24
+"""Micro-batches per optimizer step at most: the largest global batch planned (core.planner.MAX_GLOBAL_BATCH)
+in micro-batches of one sequence."""
+
+
 def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumulation_steps: int = 1) -> Estimate:
     """The most loaded rank of the layout (its ``ranks`` hold every rank kind's estimate)."""
-    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) or accumulation_steps <= 0:
-        raise ConfigError(f"accumulation steps must be a positive integer, got {accumulation_steps!r}")
+    if isinstance(accumulation_steps, bool) or not isinstance(accumulation_steps, int) \
+            or not 0 < accumulation_steps <= MAX_ACCUMULATION_STEPS:
+        raise ConfigError(f"accumulation steps must be an integer from 1 to {MAX_ACCUMULATION_STEPS:,}, got "
+                          f"{accumulation_steps!r}")
     config.check_model(spec)
     check_micro_batches(config.layout, accumulation_steps)
     flops = step_flops(spec, config, device)

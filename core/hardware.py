@@ -159,6 +159,12 @@ def match_device(device_name: str) -> DeviceMatch:
     return DeviceMatch(device_name, None)
 
 
+def keys_containing(part: str) -> list[str]:
+    """The datasheet keys holding ``part`` (any case, spaces as hyphens): ``h100`` is h100-sxm and h100-pcie."""
+    wanted = "-".join(part.lower().split())
+    return [k for k in HARDWARE_BY_KEY if wanted and wanted in k]
+
+
 def get_hardware(key: str) -> HardwareSpec:
     """A datasheet row by key (``h100-sxm``, any case), by a device name torch would report, or by a part
     of one key only (``4090``, ``mi300``)."""
@@ -168,7 +174,7 @@ def get_hardware(key: str) -> HardwareSpec:
     matched = match_device(key).spec
     if matched is not None:
         return matched
-    containing = [k for k in HARDWARE_BY_KEY if wanted and wanted in k]
+    containing = keys_containing(key)
     if len(containing) == 1:
         return HARDWARE_BY_KEY[containing[0]]
     if containing:

@@ -9,7 +9,8 @@ an index row over 2,704 bytes, and a name of ``NAME_LIMIT`` characters is at mos
 What may be shown (`printable`): text already stored, or quoted in an error, goes to a terminal with every
 control character (a newline that would start a fake row, ESC that recolours it, BEL) and every bidirectional
 formatting character (U+202E, which reverses what follows) written as an escape, so the screen shows the
-characters the text holds.
+characters the text holds; so is a lone surrogate, which no terminal's encoding can write. A value quoted
+with ``repr`` (``{value!r}``, as errors quote them) is escaped already.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ NAME_LIMIT = 256
 """Characters a stored name may hold: more than any device, host, version or label needs."""
 MESSAGE_LIMIT = 4_096
 """Characters a stored message may hold."""
+MAX_LABELS = 64
+"""Labels a run may carry, each key and value a name."""
 
 _BIDI = "\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
 """Arabic letter mark, left-to-right and right-to-left marks, embeddings, overrides and isolates."""
-_UNSHOWABLE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}]")
+_UNSHOWABLE = re.compile(f"[\x00-\x1f\x7f-\x9f{_BIDI}\ud800-\udfff]")
+"""What `printable` escapes: controls, bidirectional formatting, and lone surrogates (no terminal encodes them)."""
 _UNSTORABLE_IN_MESSAGE = re.compile(f"[\x00-\x08\x0b-\x1f\x7f-\x9f{_BIDI}]")
 """A message may hold line breaks and tabs, nothing else that moves or recolours the screen."""
 _ESCAPES = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
@@ -37,15 +41,14 @@ def text_problem(value: str, *, message: bool = False) -> str | None:
         return f"must be at most {limit:,} characters (it has {len(value):,})"
     if "\x00" in value:
         return "must not contain a NUL character"
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return "must not contain a lone surrogate (it is not text)"
     if (_UNSTORABLE_IN_MESSAGE if message else _UNSHOWABLE).search(value):
         what = "a control" if message else "a line break, a control"
         return f"must not contain {what} or a bidirectional formatting character"
-    if value.isascii():
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must not contain a lone surrogate (it is not text)"
     return None
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
 
-from core.safe_text import printable, text_problem
+from core.safe_text import MAX_LABELS, text_problem
 from db.errors import StoreError
 from db.models import Base, Result, UTCDateTime
 
@@ -224,10 +224,6 @@ def _json_problem(column: Column, value: Any) -> str | None:
     return _document_problem(value)
 
 
-MAX_LABELS = 64
-"""Labels a run may carry."""
-
-
 def _labels_problem(labels: dict) -> str | None:
     """Why a run's labels cannot be stored: each key and value is a name (core.safe_text)."""
     if len(labels) > MAX_LABELS:
@@ -236,7 +232,7 @@ def _labels_problem(labels: dict) -> str | None:
         if not isinstance(value, str):
             return "must map names to strings"
         if problem := text_problem(key) or text_problem(value):
-            return f"{problem} in label {printable(key)[:40]!r}"
+            return f"{problem} in label {key[:40]!r}"
     return None
 
 

@@ -24,6 +24,7 @@ SPOOF = "NVIDIA H100 80GB HBM3\nNVIDIA FAKE 1 9 \x1b[31mred\x07 \u202eevil\r"
 def test_printable_escapes_what_moves_or_recolours_a_terminal_and_keeps_the_rest():
     assert printable(SPOOF) == "NVIDIA H100 80GB HBM3\\nNVIDIA FAKE 1 9 \\x1b[31mred\\x07 \\u202eevil\\r"
     assert printable("Grafikkarte für München \u00b5s \U0001f680\ttab") == "Grafikkarte für München \u00b5s \U0001f680\\ttab"
+    assert printable("a\ud800") == "a\\ud800"
     assert printable("\x85\u061c\u200e\u200f\u202a\u2066\u2069\x7f") == "\\x85\\u061c\\u200e\\u200f\\u202a\\u2066\\u2069\\x7f"
     assert printable_lines(["a", "b\nc", ""]) == "a\nb\\nc\n"
 
@@ -109,11 +110,18 @@ def test_an_error_quoting_a_huge_value_is_one_bounded_line(capsys, monkeypatch):
     def refuse(args):
         raise ConfigError(message)
 
+    def fail(args):
+        raise RuntimeError(message)
+
     monkeypatch.setattr(cli_main, "build_parser", _parser_calling(refuse))
     assert cli_main.main([]) == 2
+    assert capsys.readouterr().err == f"headroom: error: {message[:1000]}... ({len(message):,} characters)\n"
+    monkeypatch.setattr(cli_main, "build_parser", _parser_calling(fail))
+    assert cli_main.main([]) == 1
     shown = printable(message)
-    assert capsys.readouterr().err == (f"headroom: error: {shown[:cli_main.ERROR_LIMIT]}... "
-                                       f"({len(shown):,} characters)\n")
+    assert capsys.readouterr().err == (f"headroom: internal error: RuntimeError: {shown[:cli_main.ERROR_LIMIT]}... "
+                                       f"({len(shown):,} characters); please report it (rerun with HEADROOM_DEBUG=1 "
+                                       "for the traceback)\n")
 
 
 def _parser_calling(handler):
