@@ -54,6 +54,7 @@ from db.bundle_file import (
     BUNDLE_VERSION,
     HEADER_KEYS,
     BundleCounts,
+    BundleFile,
     bundle_target,
     check_header,
     dump_bundle,
@@ -233,14 +234,19 @@ def check_file(path: Path) -> int:
 def import_file(path: Path, url: str | None) -> tuple[ImportReport, str]:
     """Import the bundle file at ``path`` into the store at ``url``: the report and the store's URL.
 
-    The file is read twice, a run at a time: once to check it whole, before
-    the store is even opened (a bad bundle creates no store), then to write
-    it in one transaction. Memory holds a run, whatever the bundle's size.
+    The file is opened once and read through twice, a run at a time (a pipe
+    from a copy taken on the first reading: db.bundle_file.BundleFile): once
+    to check it whole, before the store is even opened (a bad bundle creates
+    no store), then to write it in one transaction. Memory holds a run,
+    whatever the bundle's size.
     """
-    check_file(path)
-    with open_destination(url) as store:  # a new store is removed again if the import fails
-        store.verify()
-        return write_runs(store, check_runs(read_runs(path), str(path)), str(path)), store.url
+    source = str(path)
+    with BundleFile(path) as bundle:
+        for _ in check_runs(bundle.runs(), source):
+            pass
+        with open_destination(url) as store:  # a new store is removed again if the import fails
+            store.verify()
+            return write_runs(store, check_runs(bundle.runs(), source), source), store.url
 
 
 def _check_run(document: Any, where: str) -> CheckedRun:

@@ -7,6 +7,8 @@ bundle written in pieces equals one written whole.
 Reading (`read_runs`) walks the top-level object itself and hands each
 element of ``"runs"`` to the standard library's JSON decoder, a document at a
 time, from a file read in 1 MiB pieces and, for gzip, decompressed as it goes.
+A file is opened once: a pipe or a FIFO, read twice by ``db import``, is
+copied as it is first read (`BundleFile`).
 The header (``format``, ``version``) is checked as soon as it is read; keys
 may come in any order, as any JSON tool may reorder them. What no exported
 bundle holds is refused before it fills memory: a gzip file that expands more
@@ -21,6 +23,7 @@ from __future__ import annotations
 import codecs
 import gzip
 import io
+import itertools
 import json
 import os
 import re
@@ -49,6 +52,8 @@ GZIP_LEVEL = 6
 _HEADER_CHARS = 1 << 20
 """The longest key or header value read (they are a few characters in any bundle)."""
 _CHUNK = 1 << 20
+_SPOOL = 16 << 20
+"""A stream read twice is kept in memory up to this many bytes, in a temporary file beyond (`BundleFile`)."""
 _GZIP_MAGIC = b"\x1f\x8b"
 _SPACE = re.compile(r"[ \t\n\r]*")
 
@@ -162,15 +167,16 @@ def bundle_target(path: Path) -> Path:
                           ) from None
     if stat.S_ISREG(mode):
         return target
-    kind = "a directory" if stat.S_ISDIR(mode) else _NODE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+    kind = "a directory" if stat.S_ISDIR(mode) else NODE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
     shown = f"{path} (a symlink to {target})" if os.path.islink(path) else str(path)
     example = target / "results.json.gz" if stat.S_ISDIR(mode) else "results.json.gz"
     raise BundleError(f"cannot write bundle {shown}: it is {kind}, which the bundle would replace; PATH must be "
                       f"a regular file or a new file name, such as {example}")
 
 
-_NODE_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-               stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket"}
+NODE_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+              stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFSOCK: "a socket"}
+"""What a file that is neither regular nor a directory is, by its `stat.S_IFMT`, as messages name it."""
 
 
 # ---- reading ---------------------------------------------------------------------
@@ -182,14 +188,87 @@ def read_runs(path: Path) -> Iterator[Any]:
     The header is checked as it is read, and once more at the end (a bundle
     without ``format`` is found out there); a caller that has taken every run
     without an error has read a whole, well-formed bundle. The runs themselves
-    are not checked here (db.bundle.check_runs does that).
+    are not checked here (db.bundle.check_runs does that). The file is read
+    once; `BundleFile` reads a bundle through twice.
     """
-    source = str(path)
-    reader = _Reader(_file_bytes(path), source)
-    try:
-        yield from _bundle(reader, source)
-    except UnicodeDecodeError:
-        raise BundleError(f"{source}: not UTF-8 text, so not a bundle; nothing imported") from None
+    with BundleFile(path, again=False) as bundle:
+        yield from bundle.runs()
+
+
+class BundleFile:
+    """A bundle file opened once and read through as often as a caller asks (`runs`): ``db import`` checks it
+    whole, then writes it.
+
+    A regular file is read again from the start of its own descriptor. What
+    can be read only once (a pipe, /dev/stdin, a FIFO, ``<(...)``) is copied
+    as its first reading goes, in memory up to `_SPOOL` and in a temporary
+    file beyond, and read again from the copy; ``again=False`` keeps no copy.
+    """
+
+    def __init__(self, path: Path, *, again: bool = True) -> None:
+        self.path = path
+        try:
+            self._file = path.open("rb")
+        except (OSError, ValueError) as err:  # ValueError: a name with a NUL, which no file has
+            raise _unreadable(path, err) from None
+        info = os.fstat(self._file.fileno())
+        regular = stat.S_ISREG(info.st_mode)
+        self._size = info.st_size if regular else None  # a stream's: known once it has been read through
+        self._copy = tempfile.SpooledTemporaryFile(_SPOOL) if again and not regular else None
+        self._started = False
+
+    def runs(self) -> Iterator[Any]:
+        """The bundle's run documents from its start, as `read_runs` gives them."""
+        if self._size is not None:
+            f = self._file if self._copy is None else self._copy
+            f.seek(0)
+            chunks = _chunks(f, self.path)
+        elif self._started:
+            raise RuntimeError(f"{self.path} is a stream read once, and its first reading did not reach the end")
+        else:
+            self._started = True
+            chunks = self._first_reading()
+        source = str(self.path)
+        reader = _Reader(_unpacked(chunks, self._size, self.path), source)
+        try:
+            yield from _bundle(reader, source)
+        except UnicodeDecodeError:
+            raise BundleError(f"{source}: not UTF-8 text, so not a bundle; nothing imported") from None
+
+    def _first_reading(self) -> Iterator[bytes]:
+        """A stream's pieces, each written to the copy (if kept) as it passes; its size known at the end."""
+        size = 0
+        for chunk in _chunks(self._file, self.path):
+            if self._copy is not None:
+                self._keep(chunk)
+            size += len(chunk)
+            yield chunk
+        if self._copy is not None:
+            self._keep(b"")
+            self._size = size
+
+    def _keep(self, chunk: bytes) -> None:
+        """Add ``chunk`` to the copy; an empty one flushes it (so a full disk is said here, not on the next read)."""
+        try:
+            if chunk:
+                self._copy.write(chunk)
+            else:
+                self._copy.flush()
+        except OSError as err:
+            raise BundleError(f"cannot read bundle {str(self.path)!r}: no room for the copy of it kept to read "
+                              f"again ({err.strerror or err} in {tempfile.gettempdir()}); set TMPDIR to a "
+                              "folder with room, or give a regular file") from None
+
+    def close(self) -> None:
+        self._file.close()
+        if self._copy is not None:
+            self._copy.close()
+
+    def __enter__(self) -> BundleFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def check_header(header: Mapping[str, Any], source: str, *, complete: bool = True) -> None:
@@ -310,6 +389,11 @@ class _Reader:
             except RecursionError:
                 raise BundleError(f"{self._source}: {what}: JSON nested too deeply to be a bundle; "
                                   "nothing imported") from None
+            except BundleError:  # a constant no bundle carries (NaN, Infinity), refused while it was read
+                raise
+            except ValueError:  # an integer of more digits than Python converts
+                raise BundleError(f"{self._source}: {what}: an integer of more than 4,300 digits, which no field "
+                                  "holds; nothing imported") from None
             if end == len(self.text) and not self.eof:  # a number may go on in the next piece
                 self._grow(limit, what, None)
                 continue
@@ -366,35 +450,51 @@ class _Reader:
         raise BundleError(f"{self._source}: {name} is not a number a bundle may carry; nothing imported")
 
 
-def _file_bytes(path: Path) -> Iterator[bytes]:
-    """The bytes of the file at ``path`` in pieces, decompressed when it is gzip (recognised by its magic)."""
-    try:
-        with path.open("rb") as f:
-            if f.peek(2)[:2] == _GZIP_MAGIC:
-                yield from _gunzip(f, os.fstat(f.fileno()).st_size, path)
-            else:
-                while chunk := f.read(_CHUNK):
-                    yield chunk
-    except (OSError, ValueError) as err:  # ValueError: a name with a NUL, which no file has
-        raise BundleError(f"cannot read bundle {str(path)!r}: {getattr(err, 'strerror', None) or err}") from None
+def _unreadable(path: Path, err: Exception) -> BundleError:
+    return BundleError(f"cannot read bundle {str(path)!r}: {getattr(err, 'strerror', None) or err}")
 
 
-def _gunzip(f: IO[bytes], size: int, path: Path) -> Iterator[bytes]:
-    """Every gzip member of ``f`` decompressed in pieces, refused as soon as it outgrows MAX_EXPANSION."""
-    limit, total = max(MAX_EXPANSION * size, 16 * _CHUNK), 0
+def _chunks(f: IO[bytes], path: Path) -> Iterator[bytes]:
+    """``f`` read in pieces from where it stands to its end."""
+    while True:
+        try:
+            chunk = f.read(_CHUNK)
+        except OSError as err:
+            raise _unreadable(path, err) from None
+        if not chunk:
+            return
+        yield chunk
+
+
+def _unpacked(chunks: Iterator[bytes], size: int | None, path: Path) -> Iterator[bytes]:
+    """The bytes of ``chunks``, decompressed when they are gzip (recognised by the magic the first piece starts with)."""
+    first = next(chunks, b"")
+    if first[:2] == _GZIP_MAGIC:
+        yield from _gunzip(itertools.chain([first], chunks), size, path)
+    else:
+        yield from itertools.chain([first], chunks)
+
+
+def _gunzip(chunks: Iterator[bytes], size: int | None, path: Path) -> Iterator[bytes]:
+    """Every gzip member of ``chunks`` decompressed in pieces, refused as soon as it outgrows MAX_EXPANSION times
+    ``size``, or for a stream of unknown size the bytes of it read so far."""
+    read = total = 0
     inflate, pending = zlib.decompressobj(16 + zlib.MAX_WBITS), b""
     try:
         while True:
-            if not pending and not (pending := f.read(_CHUNK)):
-                break
+            if not pending:
+                if not (pending := next(chunks, b"")):
+                    break
+                read += len(pending)
             if inflate.eof:  # another member follows
                 inflate = zlib.decompressobj(16 + zlib.MAX_WBITS)
             piece = inflate.decompress(pending, _CHUNK)
             pending = inflate.unused_data if inflate.eof else inflate.unconsumed_tail
             total += len(piece)
-            if total > limit:
-                raise BundleError(f"{path}: expands more than {MAX_EXPANSION}x its {size:,} bytes, which "
-                                  "no exported bundle does (a decompression bomb?); nothing imported")
+            if total > max(MAX_EXPANSION * (read if size is None else size), 16 * _CHUNK):
+                its = f"its {size:,} bytes" if size is not None else f"the {read:,} bytes of it read so far"
+                raise BundleError(f"{path}: expands more than {MAX_EXPANSION}x {its}, which no exported bundle "
+                                  "does (a decompression bomb?); nothing imported")
             yield piece
         if not inflate.eof:
             yield inflate.flush()

@@ -31,6 +31,7 @@ import hashlib
 import json
 import os
 import sqlite3
+import stat
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -44,6 +45,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from db.bundle_file import NODE_KINDS
 from db.engine import (
     SIDECARS,
     check_sqlite_file,
@@ -81,6 +83,7 @@ def open_store(url: str | None = None, mode: Mode = "read") -> Store:
     parsed = parse_url(resolve_url(url))
     path = sqlite_file(parsed)
     if path is not None:
+        _refuse_node(path)
         check_sqlite_file(path, write=write)
     engine = make_engine(parsed, write=write)
     try:
@@ -94,6 +97,19 @@ def open_store(url: str | None = None, mode: Mode = "read") -> Store:
         engine.dispose()
         raise
     return Store(engine, mode=mode, upgraded_from=upgraded_from)
+
+
+def _refuse_node(path: Path) -> None:
+    """Refuse a FIFO, a device or a socket as a store file before anything opens it: opening a FIFO waits for
+    a writer, forever for ``db info``, and SQLite keeps a store only in a regular file."""
+    try:
+        mode = path.stat().st_mode
+    except (OSError, ValueError):  # missing, or a name no file can have: check_sqlite_file says which
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        kind = NODE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise StoreError(f"{path} is {kind}, not a store file; --db expects a regular file such as results.db, "
+                         "or a new file name")
 
 
 @contextmanager
