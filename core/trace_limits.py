@@ -14,8 +14,18 @@ TRACE_POLICIES = ("none", "full")
 """What transformers' own checkpointing gives: nothing, or every decoder layer (``full``)."""
 
 
+MAX_TRACED_LAYERS = 1024
+"""Decoder layers a trace follows at most: it builds and runs every one in one process (about 0.03 s each on
+this project's 2-core CI machine, after 5 s of start: 280 layers took 13 s, 10,000 ran past 600 s and 2.3 GB),
+and 1,024 is eight times the deepest published model's 126 (Llama 3.1 405B)."""
+
+
 def trace_refusal(config: TrainConfig, spec: ModelSpec | None = None) -> str | None:
     """Why ``config`` (of ``spec``, where it is known) cannot be traced, or None."""
+    if spec is not None and spec.n_layers > MAX_TRACED_LAYERS:
+        return (f"--trace builds and runs every layer of transformers' model in one process: {spec.name}'s "
+                f"{spec.n_layers:,} layers are more than the {MAX_TRACED_LAYERS:,} it follows; leave out --trace (the "
+                "analytic ledger has no such limit)")
     if spec is not None and spec.attention_softcap and config.attention == "flash":
         return (f"--trace runs transformers' attention on the meta device: {spec.name}'s soft-capped attention has "
                 "no SDPA form, and its flash attention (FlashAttention 2) needs CUDA; trace --attention standard "

@@ -140,6 +140,20 @@ def test_what_cannot_be_traced_says_why():
         trace({**LLAMA, "model_type": "no-such-model"}, "x", TrainConfig(seq_len=64, precision="fp32"), "cuda")
 
 
+def test_a_model_deeper_than_a_trace_follows_is_refused_before_it_is_built(run_cli, tmp_path):
+    """A 10,000-layer config (within the model's limits) ran 600 s at 2.3 GB under --trace."""
+    from core.trace_limits import MAX_TRACED_LAYERS
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**LLAMA, "num_hidden_layers": 10_000}))
+    result = run_cli("estimate", "--model", str(path), "--trace", "--precision", "fp32")
+    assert result.returncode == 2
+    assert result.stderr == (f"headroom: error: --trace builds and runs every layer of transformers' model in one "
+                             f"process: tmp_path_name's 10,000 layers are more than the {MAX_TRACED_LAYERS:,} it "
+                             "follows; leave out --trace (the analytic ledger has no such limit)\n"
+                             .replace("tmp_path_name", tmp_path.name))
+
+
 def test_estimate_trace_from_a_model_directory(run_cli, tmp_path):
     (tmp_path / "tiny-llama").mkdir()
     (tmp_path / "tiny-llama" / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "acme/tiny-llama"}))
