@@ -7,13 +7,28 @@ import json
 import sys
 
 from cli.search_status import SearchStatus
-from cli.train_flags import add_train_flags, layout_from_args, layout_values, model_from_args, pinned_axes, train_config
+from cli.train_flags import (
+    add_train_flags,
+    layout_from_args,
+    layout_values,
+    model_from_args,
+    pinned_axes,
+    train_config,
+)
+from core import search_work
 from core.advice import plan_and_advise
 from core.errors import ConfigError
 from core.export import EXPORTERS, export
 from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
 from core.layout_search import pinned_layout
-from core.planner import Candidate, Plan, PlanRequest, budget_note, default_budget, plan_to_dict
+from core.planner import (
+    Candidate,
+    Plan,
+    PlanRequest,
+    budget_note,
+    default_budget,
+    plan_to_dict,
+)
 from core.recompute import POLICY_NAMES, parse_policy
 from core.safe_text import printable, printable_lines
 from core.timing import HardwareProfile
@@ -152,6 +167,13 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.recommendation is not None else NOTHING_FITS
 
 
+def unsearched_text(result: Plan) -> str:
+    """What a search cut short by its work bound left out, and how to search the rest."""
+    return (f"the search stopped at its work bound ({search_work.LIMIT:,} candidates) after {len(result.layouts):,} "
+            f"layouts, simplest first; {result.unsearched:,} left untried: pin --tp, --pp or --cp, or plan fewer "
+            "GPUs, to search them")
+
+
 def render(result: Plan, top: int | None) -> str:
     req, profile, best = result.request, result.profile, result.recommendation
     spec = req.spec
@@ -190,6 +212,8 @@ def render(result: Plan, top: int | None) -> str:
         return printable_lines(lines)
     if best is None:
         lines += [f"nothing fits ({len(result.rejected)} candidates rejected)", *(f"  {a}" for a in result.advice)]
+        if result.unsearched:
+            lines.append(f"  {unsearched_text(result)}")
         return printable_lines(lines)
     world = best.layout.world
     lines += [
@@ -229,6 +253,8 @@ def render(result: Plan, top: int | None) -> str:
         )
     if req.gpus is not None:
         lines += ["", f"layouts: {len(result.layouts)} searched; the best of each, and why it lost:"]
+        if result.unsearched:
+            lines.append(f"  {unsearched_text(result)}")
         for o in result.layouts[: (top or len(result.layouts))]:
             lines.append(f"  {str(o.layout):<52} {o.why_lost(best)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]

@@ -29,7 +29,15 @@ from core.calibration import Calibration
 from core.divisors import divisors
 from core.errors import ConfigError
 from core.layout_search import candidate_layouts
-from core.planner import Plan, PlanRequest, SearchProgress, evaluate, plan, policies_worth_trying
+from core.planner import (
+    Plan,
+    PlanRequest,
+    SearchProgress,
+    evaluate,
+    plan,
+    policies_worth_trying,
+)
+from core.search_work import bounded_search, current_work
 from core.timing import HardwareProfile
 from core.units import GB
 
@@ -45,9 +53,10 @@ def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration:
     """The plan, with advice when nothing fits (``time_limit_s``, ``progress``: see core.planner.plan). A
     search cut short gets no advice: what the untried layouts would do is unknown, so the plan says how many
     are left. ``progress`` also hears of the searches the advice makes, each named by the change it tries."""
-    result = plan(request, profile, calibration, time_limit_s=time_limit_s, progress=progress)
-    if result.recommendation is None and not result.unsearched:
-        result = replace(result, advice=advise_nothing_fits(result, progress))
+    with bounded_search():  # the plan and its advice share one work bound
+        result = plan(request, profile, calibration, time_limit_s=time_limit_s, progress=progress)
+        if result.recommendation is None and not result.unsearched:
+            result = replace(result, advice=advise_nothing_fits(result, progress))
     return result
 
 
@@ -72,7 +81,9 @@ def _more_gpus(request: PlanRequest, multiplier: int, gpus_per_node: int) -> Ite
 
 
 def _could_fit(request: PlanRequest, base: Plan) -> bool:
-    """Does the lightest candidate of some layout of the request fit? (Bad splits: no.)"""
+    """Does the lightest candidate of some layout of the request fit? (Bad splits, or no work left: no.)"""
+    if current_work().exhausted:
+        return False
     try:
         if request.gpus is not None:
             cluster = request.cluster_for(base.profile)
@@ -88,10 +99,14 @@ def _could_fit(request: PlanRequest, base: Plan) -> bool:
 
 
 def _fitting_plans(base: Plan, progress: SearchProgress | None = None) -> Iterator[tuple[str, Plan]]:
-    """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily)."""
+    """The changes, least disruptive first, that fit, each with its plan (one at a time, lazily), until the
+    work bound is spent (core.search_work)."""
     request = base.request
+    work = current_work()
 
     def planned(label: str, make: Variant) -> Iterator[tuple[str, Plan]]:
+        if work.exhausted:
+            return
         try:
             variant = make()
             if not _could_fit(variant, base):
@@ -101,7 +116,7 @@ def _fitting_plans(base: Plan, progress: SearchProgress | None = None) -> Iterat
             result = plan(variant, base.profile, base.calibration, progress=told)
         except ConfigError:
             return
-        if result.recommendation is not None:
+        if result.recommendation is not None and not result.unsearched:  # a variant's search cut short: unknown
             yield label, result
 
     if request.gpus is None and request.dp > 1:
@@ -156,6 +171,10 @@ def advise_nothing_fits(base: Plan, progress: SearchProgress | None = None) -> t
             f"smallest change that fits: {label} (then {best.label}{layout}, "
             f"{best.required_bytes / GB:.1f} GB, {best.tokens_per_s:,.0f} tokens/s)"
         )
+        return tuple(lines)
+    if (work := current_work()).exhausted:
+        lines.append(f"the advice stopped at the search's work bound ({work.limit:,} candidates) before a change "
+                     "that fits: try more GPUs (--gpus) or a shorter --seq-len by hand")
         return tuple(lines)
     lines.append(
         f"no single change tried fits (up to {MAX_GPU_MULTIPLIER}x the GPUs on any parallel axis"

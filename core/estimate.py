@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
 from fractions import Fraction
-from itertools import pairwise
 from typing import Any
 
 from core.config import TrainConfig
@@ -19,7 +18,13 @@ from core.errors import ConfigError
 from core.flops import StepFlops, step_flops
 from core.layout import Layout
 from core.ledger import Ledger, activation_ledger
-from core.memory import StaticMemory, fsdp_units, rank_matmul_weights, static_memory
+from core.memory import (
+    StaticMemory,
+    fsdp_units,
+    largest_neighbours,
+    rank_matmul_weights,
+    static_memory,
+)
 from core.model import ModelSpec
 from core.pipeline import RankKind, check_micro_batches, rank_kinds
 from core.precision import optimizer_step_transient_bytes
@@ -92,11 +97,10 @@ class Estimate:
         if self.config.zero < 3 or self.config.dp * self.config.layout.cp == 1:
             return 0, 0
         units = fsdp_units(self.spec, self.config.layout, self.rank)
-        pairs = [a + b for a, b in pairwise(units)] or list(units)
         compute = self.config.recipe.activation_bytes
         reduce = self.config.recipe.grad_bytes
-        gathered = max(pairs) * compute
-        return gathered, gathered + max(units) * (compute + reduce)
+        gathered = largest_neighbours(units) * compute
+        return gathered, gathered + max(size for size, _ in units) * (compute + reduce)
 
     @property
     def _static_at_loss(self) -> int:

@@ -194,9 +194,11 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
         if config.dropout > 0 or not stack.early_stop:
             return blocks
         size, n = policy.segment_layers(spec.n_layers), spec.n_layers
-        ends = [min(start + size, n) - 1 for start in range(0, n, size)]
-        trailing = {moe: _unsaved_last_matmul(spec, b, s, moe) for moe in {spec.is_moe_layer(end) for end in ends}}
-        return blocks - sum(trailing[spec.is_moe_layer(end)] for end in ends)
+        segments = -(-n // size)  # each ends at layer min((k + 1) x size, n) - 1
+        dense_ends = min(segments, spec.dense_layers // size) if spec.is_moe else segments
+        moe_ends = segments - dense_ends
+        return (blocks - dense_ends * (_unsaved_last_matmul(spec, b, s, False) if dense_ends else 0)
+                - moe_ends * (_unsaved_last_matmul(spec, b, s, True) if moe_ends else 0))
     rules = device_rules(device)
     fused = rules.fused_sdpa(config.attention, config.dropout,
                              fp32=get_precision(config.precision).compute_dtype == "fp32",

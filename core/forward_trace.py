@@ -49,12 +49,18 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     # tensor the model makes once (a RoPE table, a mask), are no template.
     templates: dict[tuple, int] = {}
     run: list[int] = []  # the segments replayed in a row from one template: template, first start, count
-    for i, start in enumerate(range(0, n, size)):
+    starts = range(0, n, size)
+    i = 0
+    while i < len(starts):
+        index, start = i, starts[i]
         end = min(start + size, n)
         kinds = _segment_kinds(tr, spec, start, end)
         if (template := templates.get(kinds)) is not None and run and run[0] == template:
-            run[2] += 1
+            alike = _alike_from(tr, spec, start, size, n)  # a 10,000-layer rank replays its run in one step
+            run[2] += alike
+            i += alike
             continue
+        i += 1
         if run:
             x = tr.repeat_segments(*run, size, x)
             run = []
@@ -63,7 +69,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
             continue
         shared = len(tr.shared)
         x = _segment(tr, spec, d, cfg, x, param_dtype, start, end)
-        if i and len(tr.shared) == shared:
+        if index and len(tr.shared) == shared:
             templates[kinds] = start
     if run:
         x = tr.repeat_segments(*run, size, x)
@@ -174,6 +180,17 @@ def _segment(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, para
         x = trace_block(tr, spec, d, cfg, x, param_dtype)
     tr.offloading = False
     return x
+
+
+def _alike_from(tr: Trace, spec: ModelSpec, start: int, size: int, n: int) -> int:
+    """Segments from ``start`` on in a row whose kinds (`_segment_kinds`) are the one at ``start``'s: every full
+    segment past the dense blocks of a mixture of experts, when a window's pattern repeats within a segment's
+    length (or there is none); else this one."""
+    windowed = tr.stack.transformers_modules and spec.sliding_window_pattern > 1
+    if start + size > n or (spec.is_moe and start < spec.dense_layers) \
+            or (windowed and size % spec.sliding_window_pattern):
+        return 1
+    return (n - start) // size
 
 
 def _segment_kinds(tr: Trace, spec: ModelSpec, start: int, end: int) -> tuple:

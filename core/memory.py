@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
+from itertools import pairwise
 
 from core.config import TrainConfig
 from core.errors import ConfigError
@@ -121,17 +122,24 @@ def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
     return (blocks + head) // layout.tp
 
 
-def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[int, ...]:
-    """Parameters of each unit FSDP gathers on one rank, in forward order: the embedding (first
-    stage), each block, the final norm and head (last stage), as torchtitan wraps a Llama."""
+def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[tuple[int, int], ...]:
+    """The units FSDP gathers on one rank, in forward order, as (parameters of a unit, units of that size in a
+    row): the embedding (first stage), the blocks, the final norm and head (last stage), as torchtitan wraps a
+    Llama. Runs, not units: a 10,000-block rank is three or four runs, whatever a plan asks of them."""
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    units = [block for moe, n in _rank_blocks(spec, rank).items() for block in [_rank_block(spec, layout, moe)] * n]
+    runs = [(_rank_block(spec, layout, moe), n) for moe, n in _rank_blocks(spec, rank).items() if n]
     if rank.first:
-        units.insert(0, words + spec.embedding_parameters() - spec.vocab_size * spec.hidden)
+        runs.insert(0, (words + spec.embedding_parameters() - spec.vocab_size * spec.hidden, 1))
     if rank.last:
         head = words if not spec.tied_embeddings or not rank.first else 0
-        units.append(spec.norm_parameters() + head)
-    return tuple(units)
+        runs.append((spec.norm_parameters() + head, 1))
+    return tuple(runs)
+
+
+def largest_neighbours(runs: tuple[tuple[int, int], ...]) -> int:
+    """The largest sum of two units in a row (the one unit's size where there is one), of `fsdp_units`."""
+    pairs = [2 * size for size, n in runs if n > 1] + [a + b for (a, _), (b, _) in pairwise(runs)]
+    return max(pairs, default=max((size for size, _ in runs), default=0))
 
 
 @functools.lru_cache(maxsize=64)  # a plan asks once per candidate; the answer is the model's and the ranks'

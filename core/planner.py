@@ -43,6 +43,7 @@ from core.model import ModelSpec
 from core.precision import get_precision
 from core.recompute import RecomputePolicy
 from core.run_cost import RunCost, Utilization, check_run, utilization
+from core.search_work import SearchWork, bounded_search, charge
 from core.stack import get_stack
 from core.timing import HardwareProfile, StepTime, step_time, tokens_per_s
 from core.units import GB
@@ -314,7 +315,10 @@ class Plan:
     layouts: tuple[LayoutOutcome, ...] = field(default=())
     """Every layout searched, best first (one entry without a search)."""
     unsearched: int = 0
-    """Layouts left untried when the search ran out of its time limit (`plan`'s ``time_limit_s``)."""
+    """Layouts left untried when the search ran out of its time limit (`plan`'s ``time_limit_s``) or its work
+    bound (core.search_work): ``stopped_at`` says which."""
+    stopped_at: str = ""
+    """``time limit`` or ``work bound`` where the search stopped short, else empty."""
 
     @property
     def recommendation(self) -> Candidate | None:
@@ -395,6 +399,7 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
              micro_batch: int, policy: RecomputePolicy) -> Candidate:
     accumulation = request.per_rank_batch // micro_batch
     est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device, accumulation)
+    charge()
     cluster = request.cluster_for(profile) if request.layout.world > 1 else None
     time = step_time(est, profile, accumulation, cluster)
     step_s = time.total_s * calibration.time.correction
@@ -445,14 +450,20 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
          time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
     """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
 
-    ``time_limit_s`` bounds a layout search (a dashboard page's work): once it is spent no further layout
-    is tried, and the plan counts the ones left (`Plan.unsearched`). Layouts are tried simplest first
+    ``time_limit_s`` bounds a layout search (a dashboard page's work), and core.search_work bounds every
+    search's work: once either is spent no further layout is tried, and the plan counts the ones left
+    (`Plan.unsearched`, `Plan.stopped_at`). Layouts are tried simplest first
     (fewest ranks one model is split over, then the lowest sharding stage), so a search cut short has
     tried the ones a near tie would recommend. ``progress`` hears of each layout tried. No advice: when
     nothing fits, ``core.advice.plan_and_advise`` says what would.
     """
-    calibration = calibration or uncalibrated(profile.name)
-    unsearched = 0
+    with bounded_search() as work:
+        return _plan(request, profile, calibration or uncalibrated(profile.name), time_limit_s, progress, work)
+
+
+def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, time_limit_s: float | None,
+          progress: SearchProgress | None, work: SearchWork) -> Plan:
+    unsearched, stopped_at = 0, ""
     if request.gpus is None:
         outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
         fitting = [c for c in evaluated if c.rejection is None]
@@ -466,8 +477,9 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
         fitting, rejected, outcomes = [], [], []
         started = time.monotonic()
         for tried, layout in enumerate(layouts):
-            if time_limit_s is not None and outcomes and time.monotonic() - started > time_limit_s:
-                unsearched = len(layouts) - tried
+            if outcomes and (work.exhausted or time_limit_s is not None
+                             and time.monotonic() - started > time_limit_s):
+                unsearched, stopped_at = len(layouts) - tried, "work bound" if work.exhausted else "time limit"
                 break
             sub = replace(request.on_layout(layout), cluster=cluster)
             if micro_batches(sub):  # interleaving needs micro-batches in groups of pp
@@ -481,7 +493,7 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
     fitting.sort(key=lambda c: _rank(c, fastest))
     outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
     return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes),
-                unsearched=unsearched)
+                unsearched=unsearched, stopped_at=stopped_at)
 
 
 def _seconds(s: float) -> str:
@@ -603,6 +615,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
              "why": o.why_lost(best)}
             for o in result.layouts
         ],
+        "unsearched": {"layouts": result.unsearched, "stopped_at": result.stopped_at} if result.unsearched else None,
         "advice": list(result.advice),
     }
 

@@ -370,7 +370,7 @@ def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, f
     ranks = config.dp * config.layout.cp
     if config.zero < 3 or ranks == 1:
         return 0.0, 0.0
-    parameters = sum(fsdp_units(estimate.spec, config.layout, estimate.rank))
+    parameters = sum(size * n for size, n in fsdp_units(estimate.spec, config.layout, estimate.rank))
     compute, reduce = config.recipe.activation_bytes, config.recipe.grad_bytes
     gather = 2 * parameters * compute * (1 + 1 / ranks)  # copy-in of the shard, copy-out of the whole, r + w
     reduce_copies = 2 * parameters * reduce * (1 + 1 / ranks)  # the whole into the buffer, the shard out

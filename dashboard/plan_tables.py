@@ -34,7 +34,7 @@ def recommendation_text(result: Plan) -> str:
     if best is None:
         where = f" on any layout of {result.request.gpus} GPUs" if result.request.gpus is not None else ""
         if result.unsearched:
-            where = f" on the {count(len(result.layouts), 'layout')} of {result.request.gpus} GPUs tried in time"
+            where = f" on the {count(len(result.layouts), 'layout')} of {result.request.gpus} GPUs tried"
         return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget{where}"
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "

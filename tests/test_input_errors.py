@@ -13,7 +13,7 @@ import pytest
 from cli.main import main
 from db.errors import StoreError
 from db.store import open_store
-from tests.db_support import record_run, row_counts, sqlite_url, postgres_url, store_url  # noqa: F401
+from tests.db_support import postgres_url, record_run, row_counts, sqlite_url, store_url  # noqa: F401
 
 
 def test_a_store_url_that_does_not_parse_is_refused_without_its_password(capsys):

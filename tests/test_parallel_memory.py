@@ -15,6 +15,7 @@ from core.memory import (
     fsdp_first_shard_parameters,
     fsdp_units,
     korthikanti_layer_activations,
+    largest_neighbours,
     rank_parameters,
     static_memory,
     static_memory_of,
@@ -189,11 +190,14 @@ def test_fsdp_gathers_two_neighbouring_units_not_the_whole_model():
     """amp-bf16 under FSDP: no autocast copy of the whole model, two bf16 units gathered instead."""
     config = TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3))
     result = estimate(LLAMA, config, "cuda")
-    units = fsdp_units(LLAMA, config.layout, result.rank)
-    assert units[0] == LLAMA.embedding_parameters() and len(units) == LLAMA.n_layers + 2
+    runs = fsdp_units(LLAMA, config.layout, result.rank)
+    block = (LLAMA.parameters - 2 * 32000 * 4096 - 4096) // 32  # its norms: 2 x 4,096 in a block, 4,096 at the end
+    assert runs == ((LLAMA.embedding_parameters(), 1), (block, 32), (4096 + 32000 * 4096, 1))
     forward, backward = result.gathered_parameter_bytes
-    assert forward == 2 * (2 * units[1])  # two 202M-parameter blocks, bf16 (more than the 131M embedding + one)
-    assert backward == forward + max(units) * (2 + 4)
+    assert forward == 2 * (2 * block)  # two 202M-parameter blocks, bf16 (more than the 131M embedding + one)
+    assert backward == forward + block * (2 + 4)
+    assert largest_neighbours(((5, 1), (3, 1))) == 8 and largest_neighbours(((7, 1),)) == 7
+    assert largest_neighbours(((1, 1), (3, 4), (2, 1))) == 6
     assert result.autocast_cache_bytes == 0 and result.weight_copy_bytes == 0
     # Every dim 0 of llama2-7b (32000, 4096, 11008) splits evenly over 8: no padding, N / 8 exactly.
     first_shard = sum(math.prod(shape) // 8 for shape in LLAMA.parameter_shapes())

@@ -12,11 +12,24 @@ import sys
 import pytest
 
 from core.errors import ConfigError
-from core.safe_text import MESSAGE_LIMIT, NAME_LIMIT, printable, printable_lines, text_problem
+from core.safe_text import (
+    MESSAGE_LIMIT,
+    NAME_LIMIT,
+    printable,
+    printable_lines,
+    text_problem,
+)
 from dashboard.text import plain
 from db.errors import StoreError
 from db.store import open_store
-from tests.db_support import fingerprint, record_run, row_counts, sqlite_url, postgres_url, store_url  # noqa: F401
+from tests.db_support import (  # noqa: F401
+    fingerprint,
+    postgres_url,
+    record_run,
+    row_counts,
+    sqlite_url,
+    store_url,
+)
 
 SPOOF = "NVIDIA H100 80GB HBM3\nNVIDIA FAKE 1 9 \x1b[31mred\x07 \u202eevil\r"
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from core import search_work
 from core.calibration import Calibration
 from core.config import ATTENTIONS
 from core.errors import ConfigError
@@ -185,10 +186,13 @@ if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
 for model_note in request.train.model_notes(spec):  # a context extended; what the config asks and is not counted
     st.info(plain(model_note) + ".")
 if result.unsearched:
-    st.warning(f"The search stopped at this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s: "
-               f"{plan_tables.count(len(result.layouts), 'layout')} tried, simplest first, {result.unsearched} left "
-               "untried. "
-               f"`headroom plan --gpus {request.gpus}` searches every one.")
+    limit = (f"this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s" if result.stopped_at == "time limit"
+             else f"its work bound ({search_work.LIMIT:,} candidates)")
+    st.warning(f"The search stopped at {limit}: {plan_tables.count(len(result.layouts), 'layout')} tried, simplest "
+               f"first, {result.unsearched} left untried. "
+               + (f"`headroom plan --gpus {request.gpus}` searches on without a time limit."
+                  if result.stopped_at == "time limit" else "Pin tensor, pipeline or context parallelism to search "
+                                                            "the rest."))
 pinned = result.pinned
 shown = best or pinned
 if best is None:
