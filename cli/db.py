@@ -16,6 +16,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cli.stop import stoppable
 from core.safe_text import printable_lines
 from db.location import ENV_VAR, default_url
 
@@ -78,7 +79,10 @@ def run_upgrade(args: argparse.Namespace) -> int:
     return 0
 
 
+@stoppable
 def run_export(args: argparse.Namespace) -> int:
+    """SIGTERM or SIGHUP stops an export as Ctrl-C does (cli.stop.stoppable): the temporary file is removed,
+    PATH left as it was, and the exit status is 128 + the signal."""
     from db.bundle import export_file
     from db.store import open_store
 

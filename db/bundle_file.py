@@ -21,6 +21,7 @@ The format itself is described in db/bundle.py.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import io
 import itertools
@@ -92,7 +93,6 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
     """
     compress = path.name.endswith(".gz") if compress is None else compress
     target = bundle_target(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         _keep_mode(fd, target)
@@ -108,8 +108,9 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
+    except BaseException:  # Ctrl-C and cli.stop.Stopped (SIGTERM, SIGHUP) too: PATH is left as it was
+        with contextlib.suppress(FileNotFoundError):  # stopped just after the rename: the bundle is whole
+            os.unlink(tmp)
         raise
     return counts
 
@@ -149,7 +150,8 @@ def bundle_target(path: Path) -> Path:
     file: a directory, a device (``/dev/full``), a FIFO or a socket is refused
     with `BundleError` (exit status 2) and left as it is. A symlink is
     followed, as a shell's ``>`` does: the file it points to is replaced and
-    the link kept (the same rules apply to that file).
+    the link kept (the same rules apply to that file). A missing directory
+    is refused, not created.
     """
     if "\x00" in str(path):
         raise BundleError(f"cannot write bundle {str(path)!r}: a file name cannot hold a NUL")
@@ -157,6 +159,9 @@ def bundle_target(path: Path) -> Path:
         target = Path(os.path.realpath(path))
         mode = target.stat().st_mode
     except FileNotFoundError:
+        if not target.parent.is_dir():
+            raise BundleError(f"cannot write bundle {_shown(path, target)}: directory {target.parent} does not "
+                              "exist; create it first, or give PATH in a directory that exists") from None
         return target
     except UnicodeEncodeError:
         raise BundleError(f"cannot write bundle {str(path)[:200]!r}: a file name cannot hold a lone surrogate; "
@@ -168,10 +173,14 @@ def bundle_target(path: Path) -> Path:
     if stat.S_ISREG(mode):
         return target
     kind = "a directory" if stat.S_ISDIR(mode) else NODE_KINDS.get(stat.S_IFMT(mode), "not a regular file")
-    shown = f"{path} (a symlink to {target})" if os.path.islink(path) else str(path)
     example = target / "results.json.gz" if stat.S_ISDIR(mode) else "results.json.gz"
-    raise BundleError(f"cannot write bundle {shown}: it is {kind}, which the bundle would replace; PATH must be "
-                      f"a regular file or a new file name, such as {example}")
+    raise BundleError(f"cannot write bundle {_shown(path, target)}: it is {kind}, which the bundle would replace; "
+                      f"PATH must be a regular file or a new file name, such as {example}")
+
+
+def _shown(path: Path, target: Path) -> str:
+    """``path`` as messages name it: with the file it leads to when it is a symlink."""
+    return f"{path} (a symlink to {target})" if os.path.islink(path) else str(path)
 
 
 NODE_KINDS = {stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
@@ -382,8 +391,6 @@ class _Reader:
             try:
                 value, end = self._json.raw_decode(self.text, self.pos)
             except json.JSONDecodeError as err:
-                if self.eof:
-                    raise self.syntax(err.msg, err.pos) from None
                 self._grow(limit, what, err)
                 continue
             except RecursionError:
@@ -403,12 +410,19 @@ class _Reader:
             return value
 
     def _grow(self, limit: int, what: str, err: json.JSONDecodeError | None) -> None:
+        """Read on into a value not yet whole; ``err``: the decoder's error on what is held, None for a number
+        that may go on. Over ``limit`` what is held is refused as too long, unless broken inside (`_broken`)."""
         held = len(self.text) - self.pos
-        if held > limit:
-            if err is not None and err.pos < len(self.text) - _CHUNK:  # broken well before the end of what is read
-                raise self.syntax(err.msg, err.pos)
-            raise self._too_long(what, limit)
+        if held > limit and not (err is not None and self._broken(err)):
+            raise self._too_long(what, limit) from None
+        if err is not None and (self.eof or held > limit):
+            raise self.syntax(err.msg, err.pos) from None
         self._read(max(held, _CHUNK))  # double what is held: a long value is parsed a few times, not per piece
+
+    def _broken(self, err: json.JSONDecodeError) -> bool:
+        """Whether ``err`` is a fault inside the text rather than the text ending: one well before the end of
+        what is read. A string the text ends in is said where it starts, however far back, so it never is."""
+        return not err.msg.startswith("Unterminated string") and err.pos < len(self.text) - _CHUNK
 
     def _too_long(self, what: str, limit: int) -> BundleError:
         return BundleError(f"{self._source}: {what} is longer than {limit:,} characters of JSON, more than any "

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from cli.agent import Stopped, stop_signals
+from cli.stop import Stopped, stop_signals
 from db import queries
 from db.errors import StoreError
 from db.store import open_store

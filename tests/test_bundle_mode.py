@@ -75,6 +75,7 @@ def test_db_export_writes_a_new_bundle_0644_under_umask_022(tmp_path, umask, run
         record_run(store, 0)
     umask(0o022)
     bundle = tmp_path / "out" / "results.json.gz"
+    bundle.parent.mkdir()  # an export creates no directory
     result = run_cli("db", "export", str(bundle), "--db", str(store_path))
     assert result.returncode == 0, result.stderr
     assert mode(bundle) == 0o644
