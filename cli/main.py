@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
     """argparse, but a usage error is one line on stderr (exit 2), as every other input error is."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"{self.prog}: error: {_bounded(message)} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -86,10 +86,14 @@ ERROR_LIMIT = 2_000
 def _one_line(err: BaseException, kind: bool = True) -> str:
     """The error as one line a terminal shows as written, whatever a value quoted in it holds (a path or a
     stored name may hold a line break, ESC or U+202E: core.safe_text); ``kind``: led by the exception's type."""
-    text = printable(str(err)) or "no message"
-    if len(text) > ERROR_LIMIT:
-        text = f"{text[:ERROR_LIMIT]}... ({len(text):,} characters)"
+    text = _bounded(str(err)) or "no message"
     return f"{type(err).__name__}: {text}" if kind else text
+
+
+def _bounded(message: str) -> str:
+    """``message`` escaped for a terminal (core.safe_text) and cut to ``ERROR_LIMIT`` characters."""
+    text = printable(message)
+    return f"{text[:ERROR_LIMIT]}... ({len(text):,} characters)" if len(text) > ERROR_LIMIT else text
 
 
 if __name__ == "__main__":

@@ -19,15 +19,25 @@ from hypothesis import strategies as st
 
 from cli.main import build_parser, main
 
+HARDENING = ("9" * 5000, "x" * 100_000, "a\nb", "\x1b[31mred\x07", "\r", ",".join(["1"] * 5000),
+             "postgresql://u:pw@[::1", "2" * 400 + ".5")
+"""What the third hardening round added: more digits than Python converts, long text, a line break, terminal
+escapes, 5,000 duplicates, a URL that does not parse, a 400-digit number."""
 ADVERSARIAL = st.one_of(
     st.sampled_from(["0", "-1", "-0", "1e400", "nan", "inf", "-inf", "", " ", "1.5", "0x10", "10" * 20,
                      str(2**63), str(10**12), "٣", "\u202e8", "\x00", "\ud800", "🙂", "..", "/", "a" * 5000,
-                     "80", "80GB", "1e-400GB", "none", "every-0", "every-99999", "true", "{}", "[]"]),
+                     "80", "80GB", "1e-400GB", "none", "every-0", "every-99999", "true", "{}", "[]",
+                     *HARDENING]),
     st.text(min_size=1, max_size=12),
     st.integers(min_value=-(10**20), max_value=10**20).map(str),
 )
 """Huge, zero, negative, NaN, infinities, wrong types, unicode (digits of another script, bidi controls,
-NUL, a lone surrogate), and random text."""
+NUL, a lone surrogate), more digits than Python converts, long text, line breaks and terminal escapes, a
+list of 5,000 duplicates, a URL that does not parse, and random text."""
+UNSHOWN = {"\x1b", "\x07", "\r", "\u202e", "\x00"}
+"""What no line of stderr holds raw: a value quoted in an error is escaped (core.safe_text)."""
+LINE_LIMIT = 2_200
+"""An error line's characters at most: a quoted value is cut (core.errors.MESSAGE_LIMIT, cli.main.ERROR_LIMIT)."""
 
 BASE = {
     ("estimate",): ["--model", "bench-llama-tiny", "--seq-len", "64"],
@@ -118,9 +128,28 @@ def test_an_adversarial_value_is_refused_in_one_line_or_accepted(command, option
     monkeypatch.setattr("agent.runner.run_suite", _accept)
     monkeypatch.setattr("cli.dashboard.serve", _accept)
     argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option, value]
-    status, err = run(argv)
-    assert "Traceback" not in err and "internal error" not in err, (argv, err)
+    _check(command, argv, *run(argv))
+
+
+@pytest.mark.parametrize("command, option", CASES, ids=[f"{' '.join(c)} {o}" for c, o in CASES])
+def test_every_option_takes_the_hardening_values_in_one_bounded_line(command, option, tmp_path, monkeypatch):
+    """Every option, deterministically, with each value the third hardening round added (more digits than
+    Python converts, long text, line breaks, terminal escapes, 5,000 duplicates, a URL that does not parse)."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
+    monkeypatch.delenv("HEADROOM_DB", raising=False)
+    monkeypatch.setattr("agent.runner.run_suite", _accept)
+    monkeypatch.setattr("cli.dashboard.serve", _accept)
+    for value in HARDENING:
+        argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option,
+                                                                                    value]
+        _check(command, argv, *run(argv))
+
+
+def _check(command: tuple[str, ...], argv: list[str], status: int, err: str) -> None:
+    assert "Traceback" not in err and "internal error" not in err, (argv, err[:300])
     no_match = command == ("hardware",) and status == 1 and err == ""  # grep's convention, README says so
-    assert status in (0, 2, 3) or no_match, (argv, status, err)
+    assert status in (0, 2, 3) or no_match, (argv, status, err[:300])
     if status == 2:
-        assert err.startswith("headroom") and err.count("\n") == 1, (argv, err)
+        assert err.startswith("headroom") and err.count("\n") == 1, (argv, err[:300])
+        assert len(err) <= LINE_LIMIT and not UNSHOWN & set(err), (argv, err[:300])
