@@ -61,3 +61,22 @@ def test_what_is_still_chosen():
     assert still_chosen([3, 9, 4], [5, 4, 3], [5, 4]) == [3, 4]  # what is still offered, in its order
     assert still_chosen([9], [5, 4, 3], [5, 4]) == [5, 4]  # nothing left: the default again
     assert still_chosen([], [5, 4, 3], [5, 4]) == []  # emptied by the user: stays empty
+
+
+def test_a_stored_name_that_would_reverse_its_label_is_shown_escaped(tmp_path, monkeypatch):
+    """A store written before names were checked: U+202E in a device name reversed the rest of its run's label."""
+    import sqlite3
+
+    path = tmp_path / "old.db"
+    with open_store(f"sqlite:///{path}", mode="write") as store:
+        record_run(store, device_name="GPU A")
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE fingerprints SET device_name = ?", ("GPU \u202eA\nB",))
+    monkeypatch.setenv("HEADROOM_DB", f"sqlite:///{path}")
+    at = AppTest.from_file(APP, default_timeout=120)
+    at.switch_page("views/history.py")
+    at.run()
+    assert not at.exception
+    assert at.multiselect(key="history_devices").options == ["GPU \\u202eA\\nB"]
+    (label,) = at.multiselect(key="history_runs").options
+    assert label.startswith("GPU \\u202eA\\nB · gpu-07 · ") and "\u202e" not in label

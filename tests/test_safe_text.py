@@ -150,3 +150,21 @@ def _parser_calling(handler):
 
 def test_a_page_shows_a_bidi_override_instead_of_obeying_it():
     assert plain("run \u202eb7 \x1b[31m") == "run \\\\u202eb7 \\\\x1b\\[31m"
+
+
+def test_a_merge_from_a_store_holding_an_old_overlong_name_is_refused_by_field(tmp_path, postgres_url, capsys):
+    """SQLite took a 1,000,000-character device name before names were checked; PostgreSQL's index refused it,
+    failing `db merge` whole with a driver error. Now the merge's check names the field, and writes nothing."""
+    from cli.main import main
+
+    source = tmp_path / "old.db"
+    record_run(open_store(f"sqlite:///{source}", mode="write"))
+    with sqlite3.connect(source) as connection:
+        connection.execute("UPDATE fingerprints SET device_name = ?", ("X" * 1_000_000,))
+    destination = open_store(postgres_url, mode="write")
+    record_run(destination, seed=1)
+    before = row_counts(destination)
+    assert main(["db", "merge", f"sqlite:///{source}", "--db", postgres_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "field 'device_name' must be at most 256 characters (it has 1,000,000)" in err
+    assert row_counts(destination) == before
