@@ -4,6 +4,7 @@ advice a plan gives when nothing fits shares the plan's bound."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,9 +12,14 @@ import pytest
 import core.search_work
 from core.advice import plan_and_advise
 from core.config import TrainConfig
+from core.estimate import estimate
+from core.flops import _unsaved_last_matmul, recompute_flops, step_flops
 from core.hardware import get_hardware
+from core.layout import Layout
+from core.memory import fsdp_units
 from core.planner import PlanRequest, plan
 from core.presets import get_preset
+from core.recompute import parse_policy
 from core.search_work import bounded_search
 from core.timing import datasheet_profile
 from core.units import GB
@@ -62,3 +68,39 @@ def test_the_command_line_says_where_a_search_stopped(run_cli, monkeypatch):
 def test_a_whole_search_says_nothing_of_a_bound(run_cli, gpus):
     args = ["plan", "--model", "llama3-8b", "--global-batch", "64", "--json"] + (["--gpus", str(gpus)] if gpus else [])
     assert json.loads(run_cli(*args).stdout)["unsearched"] is None
+
+
+DEEP = dataclasses.replace(get_preset("bench-llama-tiny"), name="deep", n_layers=10_000)
+
+
+@pytest.mark.parametrize("policy", ["full", "every-3", "every-7"])
+def test_a_deep_models_candidate_does_not_walk_its_layers(policy, monkeypatch):
+    """A candidate of 10,000 layers once walked them in three places (27 ms a candidate, a plan at every maximum
+    past 120 s): its trace now replays the run of like segments in one step, its FSDP units are runs, and its
+    recomputed FLOPs count segments by arithmetic. Counted, not timed."""
+    import core.forward_trace
+
+    kinds = []
+    counted = core.forward_trace._segment_kinds
+    monkeypatch.setattr(core.forward_trace, "_segment_kinds", lambda *a: kinds.append(a) or counted(*a))
+    config = TrainConfig(seq_len=64, recompute=parse_policy(policy), layout=Layout(dp=8, zero=3))
+    result = estimate(DEEP, config)
+    assert len(kinds) <= 10  # a handful of segments looked at (first, template, run, last), not 10,000
+    assert len(fsdp_units(DEEP, config.layout, result.rank)) == 3  # the embedding, 10,000 blocks, the head
+    assert result.ledger.repeats and result.ledger.repeats[-1].end <= DEEP.n_layers
+
+
+@pytest.mark.parametrize(("n_layers", "dense"), [(10, 0), (10, 3), (61, 3), (7, 6)])
+@pytest.mark.parametrize("every", [1, 2, 3, 4, 7])
+def test_recomputed_flops_by_arithmetic_equal_those_counted_segment_by_segment(n_layers, dense, every):
+    """Every segment of full or every-K recompute skips its last block's unsaved trailing matmul (core.flops):
+    counted per segment end, as the code once did, for dense models and mixtures with dense leading blocks."""
+    spec = dataclasses.replace(get_preset("mixtral-8x7b"), n_layers=n_layers, dense_layers=dense) if dense else \
+        dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=n_layers)
+    policy = parse_policy("full" if every == 1 else f"every-{every}")
+    config = TrainConfig(seq_len=64, recompute=policy)
+    size = policy.segment_layers(n_layers)
+    ends = [min(start + size, n_layers) - 1 for start in range(0, n_layers, size)]
+    blocks = step_flops(spec, config, "cuda", recompute=0).blocks_forward
+    expected = blocks - sum(_unsaved_last_matmul(spec, 1, 64, spec.is_moe_layer(end)) for end in ends)
+    assert recompute_flops(spec, config) == expected
