@@ -71,7 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
     )
-    train.add_argument("--model", required=True, help="preset name, a HuggingFace config.json, or a model directory holding one")
+    train.add_argument("--model", required=True, help="preset name, a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision])")
     add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None)
     train.add_argument("--nproc", type=int, default=None,
                        help="local processes, one per GPU (default: tp x dp x pp x cp; --nproc alone means --dp)")

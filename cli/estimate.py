@@ -23,7 +23,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Account memory (per rank) and FLOPs (per micro-batch) of one training step. "
         "Example: headroom estimate --model llama2-7b --seq-len 4096 --recompute full",
     )
-    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, or a model directory holding one")
+    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
     add_train_flags(p)
     p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
     p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")

@@ -48,7 +48,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs (and expert "
         "parallelism for a mixture of experts); --tp/--pp/--cp/--dp/--zero/--sp/--ep pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
     )
-    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, or a model directory holding one")
+    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free")
     batch = p.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")

@@ -10,22 +10,23 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
+from cli.hf_fetch import config_file
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.estimate import Estimate
-from core.hf_config import hf_model_name, read_hf_config
+from core.hf_config import read_hf_config
 from core.model import ModelSpec
 from core.planner import Candidate, Plan
-from core.presets import hf_config_path
 from core.trace_limits import trace_refusal
 
 
 def traceable_path(model: str) -> Path:
-    """The config.json ``--model`` names; a preset is refused (the trace builds transformers' model from a config)."""
-    path = hf_config_path(model)
+    """The config.json ``--model`` names (a path, or a hub id's); a preset is refused (the trace builds
+    transformers' model from a config)."""
+    path = config_file(model)
     if path is None:
         raise ConfigError(f"--trace builds the model from its HuggingFace config: --model {model!r} is a preset; "
-                          "give a config.json or a model directory")
+                          "give a config.json, a model directory or a HuggingFace model id")
     return path
 
 
@@ -49,7 +50,7 @@ def traced_report(model: str, config: TrainConfig, result: Estimate) -> dict:
     raw = read_hf_config(path)
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a JSON object with model fields, got {type(raw).__name__}")
-    traced = trace(raw, hf_model_name(raw, path), config, result.device)
+    traced = trace(raw, result.spec.name, config, result.device)
     return traced.to_dict() | {"analytic_saved_bytes": result.ledger.saved_bytes,
                                "differences": differences(traced, result.ledger)}
 

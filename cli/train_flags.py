@@ -11,13 +11,13 @@ import re
 from dataclasses import fields, replace
 from typing import Literal
 
+from cli.hf_fetch import resolve
 from core.config import ATTENTIONS, TrainConfig
 from core.errors import ConfigError
 from core.layout import SCHEDULES, Layout
 from core.model import ModelSpec
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.recompute import POLICY_NAMES, parse_policy
-from core.presets import resolve_model
 from core.stack import FORMER_NAMES, STACKS
 
 Many = Literal["one", "list", "none"]
@@ -85,8 +85,9 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """``--model`` resolved (core.presets.resolve_model), at ``--capacity-factor`` when given."""
-    spec = resolve_model(args.model)
+    """``--model`` resolved (core.presets.resolve_model; a hub id the cache lacks fetched, cli.hf_fetch), at
+    ``--capacity-factor`` when given."""
+    spec = resolve(args.model)
     factor = getattr(args, "capacity_factor", None)
     if factor is None:
         return spec

@@ -16,6 +16,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from core.errors import ConfigError
+from core.hf_cache import ModelId, NotCached, cached_config, parse_model_id
 from core.model import ModelSpec
 
 
@@ -94,14 +95,26 @@ def _is_dir(name: str) -> bool:
 
 
 def resolve_model(name_or_path: str) -> ModelSpec:
-    """A preset name, a path to a HuggingFace-style config.json, or a model directory holding one (as
-    downloaded from a model hub)."""
-    path = hf_config_path(name_or_path)
-    if path is None:
-        return get_preset(name_or_path)
+    """A path to a HuggingFace-style config.json, or a model directory holding one (as downloaded from a
+    model hub); a hub id (``org/name[@revision]``) the local hub cache holds (core.hf_cache: else `NotCached`);
+    or a preset name."""
     from core.hf_config import load_hf_config
 
-    return load_hf_config(path)
+    path = hf_config_path(name_or_path)
+    if path is not None:
+        return load_hf_config(path)
+    if (model := parse_model_id(name_or_path)) is not None:
+        if (cached := cached_config(model)) is None:
+            raise NotCached(model)
+        return hub_model(model, cached)
+    return get_preset(name_or_path)
+
+
+def hub_model(model: ModelId, config: Path) -> ModelSpec:
+    """The model of a hub id's config.json, named by the id."""
+    from core.hf_config import load_hf_config
+
+    return replace(load_hf_config(config), name=str(model))
 
 
 def hf_config_path(name_or_path: str) -> Path | None:
