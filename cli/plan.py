@@ -26,8 +26,10 @@ from core.planner import (
     Plan,
     PlanRequest,
     budget_note,
+    budget_share,
     default_budget,
     plan_to_dict,
+    whole_device_budget,
 )
 from core.recompute import POLICY_NAMES, parse_policy
 from core.safe_text import printable, printable_lines
@@ -59,8 +61,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
     p.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
     p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
-    p.add_argument("--interconnect", default=DEFAULT_INTER_NODE_LINK, choices=list(LINKS_BY_KEY),
-                   help=f"link between nodes, per GPU (default {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
+    p.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
+                   help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
+                        "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
+                        f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
     p.add_argument("--micro-batch", type=int, default=None,
                    help="pin the micro-batch (sequences per forward/backward pass per rank; default: the planner "
                         "tries every one that divides the per-rank batch)")
@@ -199,7 +203,9 @@ def render(result: Plan, top: int | None) -> str:
                          + f"; nodes on {c.inter.name}")
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"
-        + (f"; all the {profile.name} holds" if req.budget_bytes == profile.memory_bytes else "") + "); margin: peak x "
+        + (f"; {share}" if (share := budget_share(req.budget_bytes, profile)) else "")
+        + (f": --budget {whole_device_budget(profile)} for all of it" if req.budget_bytes < profile.memory_bytes
+           else "") + "); margin: peak x "
         f"{profile.fragmentation_text()} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
         f"confidence: {result.calibration.confidence()}",
         *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),

@@ -135,6 +135,35 @@ INTRA_NODE_LINK: dict[str, str] = {
 """Hardware key (core.hardware) -> the link between GPUs of one node."""
 
 DEFAULT_INTER_NODE_LINK = "ib-ndr"
+"""Between nodes of a device without a row in ``INTER_NODE_LINK`` (a CPU, a GPU with no datasheet row)."""
+
+INTER_NODE_LINK: dict[str, str] = {
+    # NVIDIA's reference nodes, one NIC per GPU: DGX A100 8 x HDR (ConnectX-6), DGX H100/H200/B200 8 x NDR
+    # (ConnectX-7), as the links' sources say; the PCIe cards of a generation as its SXM nodes.
+    "a100-sxm-80gb": "ib-hdr",
+    "a100-sxm-40gb": "ib-hdr",
+    "a100-pcie-80gb": "ib-hdr",
+    "a100-pcie-40gb": "ib-hdr",
+    "h100-sxm": "ib-ndr",
+    "h100-pcie": "ib-ndr",
+    "h200": "ib-ndr",
+    "b200": "ib-ndr",
+    # Assumed: MI300X platforms ship 400 Gb/s Ethernet NICs; L40S and RTX 4090 servers 200 Gb/s Ethernet.
+    "mi300x": "roce-400g",
+    "l40s": "roce-200g",
+    "rtx-4090": "roce-200g",
+}
+"""Hardware key (core.hardware) -> the link between nodes a plan assumes unless told (``--interconnect``): the
+network of the GPU's generation."""
+
+
+def default_inter_node_link(device: str) -> str:
+    """The link between nodes of ``device`` (a datasheet key or a device name torch reports) by its generation
+    (`INTER_NODE_LINK`), else ``DEFAULT_INTER_NODE_LINK``."""
+    try:
+        return INTER_NODE_LINK.get(get_hardware(device).key, DEFAULT_INTER_NODE_LINK)
+    except ConfigError:
+        return DEFAULT_INTER_NODE_LINK
 
 
 def get_link(key: str) -> Link:
@@ -171,19 +200,20 @@ class Cluster:
                                   f"use get_link() with one of {', '.join(LINKS_BY_KEY)}")
 
 
-def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK,
+def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str | None = None,
                     measured: CollectiveCurves | None = None) -> Cluster:
-    """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (NDR by default)."""
+    """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (by default its generation's
+    network, `default_inter_node_link`)."""
     spec = get_hardware(hardware_key)
-    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]), inter=get_link(inter),
-                   measured=measured)
+    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]),
+                   inter=get_link(inter or default_inter_node_link(spec.key)), measured=measured)
 
 
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"
 """The link assumed inside a node for a device with no datasheet row (a CPU, an unknown GPU)."""
 
 
-def cluster_for(device: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK,
+def cluster_for(device: str, gpus_per_node: int = 8, inter: str | None = None,
                 measured: CollectiveCurves | None = None) -> Cluster:
     """``default_cluster`` for a datasheet device; for any other, PCIe Gen4 inside a node, said so.
 
@@ -194,5 +224,5 @@ def cluster_for(device: str, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_
     except ConfigError:
         link = get_link(FALLBACK_INTRA_NODE_LINK)
         assumed = "" if measured else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
-        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter), assumed=assumed,
-                       measured=measured)
+        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter or DEFAULT_INTER_NODE_LINK),
+                       assumed=assumed, measured=measured)

@@ -67,6 +67,22 @@ def default_budget(profile: HardwareProfile) -> int:
     return min(DEFAULT_BUDGET_BYTES, profile.memory_bytes)
 
 
+def budget_share(budget_bytes: int, profile: HardwareProfile) -> str:
+    """The budget against what the device holds: "all the h100-sxm holds", or, on a device that holds more,
+    "80.0 of the 141.0 GB the h200 holds" (the default budget plans 80 GB of a bigger card); empty over it
+    (`budget_note` says that)."""
+    if budget_bytes == profile.memory_bytes:
+        return f"all the {profile.name} holds"
+    if budget_bytes < profile.memory_bytes:
+        return f"{budget_bytes / GB:.1f} of the {profile.memory_bytes / GB:.1f} GB the {profile.name} holds"
+    return ""
+
+
+def whole_device_budget(profile: HardwareProfile) -> str:
+    """The budget that plans all of the device, as ``--budget`` takes it (rounded down to 0.1 GB)."""
+    return f"{math.floor(profile.memory_bytes / GB * 10) / 10:g}GB"
+
+
 def budget_note(budget_bytes: int, profile: HardwareProfile) -> str | None:
     """Said when the budget is more than the device holds: such a plan is for a device that does not exist."""
     if budget_bytes <= profile.memory_bytes:

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from core.collective_curves import CollectiveCurves
 from core.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
     CommTerm,
@@ -52,12 +53,11 @@ from core.comm import (
     step_communication,
 )
 from core.config import TrainConfig
+from core.device_curves import CURVES
 from core.errors import ConfigError
 from core.estimate import Estimate
-from core.collective_curves import CollectiveCurves
-from core.device_curves import CURVES
 from core.hardware import HardwareSpec
-from core.interconnect import DEFAULT_INTER_NODE_LINK, Cluster, cluster_for
+from core.interconnect import Cluster, cluster_for
 from core.memory import fsdp_units
 from core.op_time import (
     KERNEL_GAP_S,
@@ -128,9 +128,9 @@ class HardwareProfile:
     collectives: CollectiveCurves | None = None
     """Collective times measured over the box's devices (core.collective_curves); None: datasheet links."""
 
-    def cluster(self, gpus_per_node: int = 8, inter: str = DEFAULT_INTER_NODE_LINK) -> Cluster:
-        """Nodes of this device: its datasheet links (core.interconnect.cluster_for), with the measured
-        collectives inside a node where the box recorded them."""
+    def cluster(self, gpus_per_node: int = 8, inter: str | None = None) -> Cluster:
+        """Nodes of this device: its datasheet links (core.interconnect.cluster_for; between nodes ``inter``, else
+        its generation's network), with the measured collectives inside a node where the box recorded them."""
         return cluster_for(self.name, gpus_per_node, inter, self.collectives)
 
     @property

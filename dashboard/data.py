@@ -151,6 +151,13 @@ def devices(url: str) -> list[str]:
 
 
 @_by_version
+def gpu_devices(url: str) -> list[str]:
+    """Measured GPU names (device type cuda), sorted: the Plan page starts on the first."""
+    with store(url).session() as session:
+        return sorted(set(session.scalars(select(Fingerprint.device_name).where(Fingerprint.device_type == "cuda"))))
+
+
+@_by_version
 def runs(url: str) -> pd.DataFrame:
     """One row per run: identity, device, software stack, status; newest first."""
     query = (
@@ -228,7 +235,8 @@ def key_figures(url: str) -> pd.DataFrame:
     The best matmul rate per run and dtype and the best copy bandwidth per run are taken in SQL
     (GROUP BY): a run's figure is the maximum of its rows, so the database hands over one row per
     run instead of every result."""
-    from dashboard.history import MATMUL_DTYPES, key_figures as compute
+    from dashboard.history import MATMUL_DTYPES
+    from dashboard.history import key_figures as compute
 
     m, e = MatmulResult, ElementwiseResult
     best_matmul = (select(m.run_id, m.dtype, func.max(m.tflop_per_s).label("tflop_per_s"))

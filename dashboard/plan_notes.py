@@ -12,7 +12,13 @@ from core.hardware import HARDWARE
 from core.interconnect import LINKS_BY_KEY, Cluster
 from core.presets import PRESETS
 from core.timing import HardwareProfile
-from dashboard.planning import AUTO, DATASHEET_PREFIX, MEASURED_PREFIX, PlanInputs, _axis_text
+from dashboard.planning import (
+    AUTO,
+    DATASHEET_PREFIX,
+    MEASURED_PREFIX,
+    PlanInputs,
+    _axis_text,
+)
 from dashboard.text import plain
 
 
@@ -38,8 +44,9 @@ def known_hardware(raw: str, options: Sequence[str]) -> str | None:
 
 def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str]) -> list[Fallback]:
     """The inputs' model preset, hardware and interconnect that the page does not offer, each with the value
-    planned instead (the default, or the store's first measured device) and a warning that names the unknown
-    value and the valid ones. A bare hardware name that one option carries is that option, without a warning."""
+    planned instead (the default) and a warning that names the unknown
+    value and the valid ones. A bare hardware name that one option carries is that option, without a warning.
+    Unknown hardware is replaced by the documented default (datasheet h100-sxm), never by a measured device."""
     found: list[Fallback] = []
     if inputs.model not in PRESETS:
         default = PlanInputs().model
@@ -48,8 +55,8 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
             f"instead. Presets: {', '.join(PRESETS)} (`headroom models` lists their sizes); pick one in the "
             "sidebar, or give a config.json or dimensions.")))
     hardware = known_hardware(inputs.hardware, options)
-    if hardware is None:
-        fallback = options[0] if measured else PlanInputs().hardware
+    if hardware is None:  # the documented default, never another device (a store's CPU is no GPU's stand-in)
+        fallback = PlanInputs().hardware
         stored = ", ".join(plain(name) for name in measured) or "none"
         found.append(Fallback("hardware", fallback, (
             f"The URL names the hardware '{plain(inputs.hardware)}', which is neither a device measured in this "
@@ -57,11 +64,11 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
             f"datasheet rows (`headroom hardware`): {', '.join(hw.key for hw in HARDWARE)}.")))
     elif hardware != inputs.hardware:
         found.append(Fallback("hardware", hardware, ""))
-    if inputs.interconnect not in LINKS_BY_KEY:
+    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
         default = PlanInputs().interconnect
         found.append(Fallback("interconnect", default, (
-            f"The URL names the interconnect '{plain(inputs.interconnect)}', which is not one: planning "
-            f"{default} instead. Interconnects: {', '.join(LINKS_BY_KEY)}.")))
+            f"The URL names the interconnect '{plain(inputs.interconnect)}', which is not one: planning the "
+            f"GPU generation's network instead. Interconnects: {', '.join(LINKS_BY_KEY)}.")))
     return found
 
 

@@ -27,15 +27,11 @@ from core.calibration import Calibration
 from core.config import TrainConfig
 from core.errors import ConfigError
 from core.hardware import HARDWARE
-from core.interconnect import (
-    DEFAULT_INTER_NODE_LINK,
-    LINKS_BY_KEY,
-    Cluster,
-)
+from core.interconnect import LINKS_BY_KEY, Cluster
 from core.layout import SCHEDULES, Layout
 from core.layout_search import PINNABLE, pinned_layout
 from core.model import ModelSpec
-from core.planner import Plan, PlanRequest
+from core.planner import DEFAULT_BUDGET_BYTES, Plan, PlanRequest, default_budget
 from core.presets import get_preset
 from core.recompute import parse_policy
 from core.stack import stack_name
@@ -88,13 +84,16 @@ class PlanInputs:
     seq_len: int = 2048
     """``headroom plan --seq-len``'s default."""
     global_batch: int = 64
-    budget: str = "80GB"
+    budget: str = ""
+    """Per GPU, as ``--budget`` takes it; empty: ``headroom plan``'s default, 80 GB or all of a smaller card
+    (core.planner.default_budget)."""
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
     gpus: int = 0
     """Search every layout of this many GPUs; 0 plans the one layout the axes give."""
     gpus_per_node: int = 8
-    interconnect: str = DEFAULT_INTER_NODE_LINK
-    """core.interconnect key of the link between nodes."""
+    interconnect: str = ""
+    """core.interconnect key of the link between nodes; empty: the hardware generation's network
+    (core.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
     # The Layout's fields (core.layout_search.PINNABLE), each AUTO or a value that pins it.
     tp: str = AUTO
     sp: str = AUTO
@@ -265,9 +264,9 @@ def build_cluster(inputs: PlanInputs, profile: HardwareProfile) -> Cluster:
     """The hardware's own link inside a node (a stated stand-in when it has no datasheet row), the chosen
     interconnect between nodes (HardwareProfile.cluster: datasheet links, with the device's measured
     collectives inside a node where the store has them)."""
-    if inputs.interconnect not in LINKS_BY_KEY:
+    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
         raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
-    return profile.cluster(inputs.gpus_per_node, inputs.interconnect)
+    return profile.cluster(inputs.gpus_per_node, inputs.interconnect or None)
 
 
 def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile | None = None) -> PlanRequest:
@@ -287,8 +286,10 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile 
                         attention=inputs.attention, stack=inputs.stack, layout=layout)
     search = inputs.gpus > 0
     cluster = build_cluster(inputs, profile) if profile is not None and (search or layout.world > 1) else None
+    budget = parse_budget(inputs.budget) if inputs.budget.strip() else \
+        default_budget(profile) if profile is not None else DEFAULT_BUDGET_BYTES
     return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,
-                       budget_bytes=parse_budget(inputs.budget), allow_offload=inputs.offload,
+                       budget_bytes=budget, allow_offload=inputs.offload,
                        gpus=inputs.gpus if search else None, pinned=pinned_axes(inputs) if search else frozenset(),
                        cluster=cluster, **configuration_pins(inputs))
 

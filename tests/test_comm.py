@@ -23,10 +23,13 @@ from core.config import TrainConfig
 from core.errors import ConfigError
 from core.hardware import HARDWARE
 from core.interconnect import (
+    DEFAULT_INTER_NODE_LINK,
+    INTER_NODE_LINK,
     INTRA_NODE_LINK,
     LINKS,
     Cluster,
     Link,
+    cluster_for,
     default_cluster,
     get_link,
 )
@@ -109,9 +112,16 @@ def test_every_link_has_a_source_and_a_per_direction_rate():
 
 def test_every_gpu_has_a_default_cluster():
     assert set(INTRA_NODE_LINK) == {hw.key for hw in HARDWARE}
+    assert set(INTER_NODE_LINK) == {hw.key for hw in HARDWARE}
+    generation = {"a100": "ib-hdr", "h100": "ib-ndr", "h200": "ib-ndr", "b200": "ib-ndr", "mi300x": "roce-400g",
+                  "l40s": "roce-200g", "rtx-4090": "roce-200g"}
     for hw in HARDWARE:
         cluster = default_cluster(hw.key)
-        assert cluster.gpus_per_node == 8 and cluster.inter.key == "ib-ndr"
+        assert cluster.gpus_per_node == 8 and cluster.inter.key == generation[hw.key.split("-sxm")[0]
+                                                                                .split("-pcie")[0]], hw.key
+    assert default_cluster("NVIDIA A100-SXM4-80GB").inter.key == "ib-hdr"  # a name torch reports
+    assert cluster_for("AMD EPYC 9454").inter.key == DEFAULT_INTER_NODE_LINK  # no datasheet row
+    assert default_cluster("a100-sxm-80gb", inter="ib-ndr").inter.key == "ib-ndr"  # --interconnect wins
     assert default_cluster("h100-sxm").intra.key == "nvlink4"
     assert default_cluster("NVIDIA H100 PCIe").intra.key == "pcie5-x16"
     assert default_cluster("l40s", 4).intra.key == "pcie4-x16"
@@ -357,7 +367,7 @@ def test_on_infinity_fabric_a_group_reaches_one_64_gb_link_per_peer():
     assert group_link("pp", Layout(pp=8), fabric, "send_recv").bytes_per_s == per_link  # one neighbour
     assert group_link("cp", Layout(cp=4), fabric, "all_to_all").bytes_per_s == 3 * per_link
     # Across nodes the NIC (50 GB/s) is slower than the 7 links a 16-rank ring drives inside each node.
-    assert group_link("dp", Layout(dp=16), fabric).key == "ib-ndr"
+    assert group_link("dp", Layout(dp=16), fabric).key == "roce-400g"  # MI300X nodes on 400 GbE
     # NVSwitch gives any group all of NVLink.
     switch = default_cluster("h100-sxm")
     assert group_link("tp", Layout(tp=2), switch, "all_gather") is switch.intra

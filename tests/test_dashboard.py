@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from dashboard import plan_tables, planning
+from dashboard.text import plain
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -193,14 +194,20 @@ def test_changing_the_budget_changes_the_recommendation(tmp_path, monkeypatch):
     assert at.query_params["budget"] == ["40GB"] or at.query_params["budget"] == "40GB"
 
 
-def test_a_budget_beyond_the_devices_memory_is_flagged(tmp_path, monkeypatch):
+def test_the_budget_follows_the_card_and_one_beyond_it_is_flagged(tmp_path, monkeypatch):
     at = render("plan", str(tmp_path / "none.db"), monkeypatch)
     at.selectbox(key="plan_hardware").set_value("datasheet: rtx-4090").run()
+    assert not at.exception and not at.warning
+    assert at.markdown[0].value.endswith("budget 24.0 GB per GPU")  # all of a smaller card, as `headroom plan`
+    at.text_input(key="plan_budget").set_value("80GB").run()
     assert not at.exception
     assert [str(w.value) for w in at.warning] == [
         "The 80.0 GB budget is more than the 24.0 GB the rtx-4090 holds; a budget of at most 24.0GB plans for it."]
-    at.text_input(key="plan_budget").set_value("24GB").run()
-    assert not at.exception and not at.warning
+    at.text_input(key="plan_budget").set_value("")
+    at.selectbox(key="plan_hardware").set_value("datasheet: h200").run()
+    assert not at.exception and at.markdown[0].value.endswith("budget 80.0 GB per GPU")
+    assert plain("Budget: 80.0 of the 141.0 GB the h200 holds; set the budget to 141GB to plan all of it.") in [
+        c.value for c in at.caption]
 
 
 def test_changing_the_model_changes_the_recommendation(tmp_path, monkeypatch):

@@ -172,7 +172,7 @@ def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
     inputs = EIGHT_RANKS
     same = planning.SAME
     assert planning.compared_inputs(inputs, same, "", same) is None
-    assert planning.compared_inputs(inputs, "llama2-7b", " 80GB ", "datasheet: h100-sxm") is None  # nothing differs
+    assert planning.compared_inputs(inputs, "llama2-7b", "  ", "datasheet: h100-sxm") is None  # nothing differs
     assert planning.compared_inputs(inputs, same, "40GB", same) == inputs.with_(budget="40GB")
     assert planning.compared_inputs(inputs, "llama3-8b", "", "datasheet: h200") == \
         inputs.with_(model="llama3-8b", hardware="datasheet: h200")

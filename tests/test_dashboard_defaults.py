@@ -11,12 +11,11 @@ import pytest
 from cli.main import build_parser
 from cli.plan import SINGLE_GPU
 from cli.train_flags import layout_from_args
-from core.hardware import get_hardware
-from core.interconnect import FALLBACK_INTRA_NODE_LINK, get_link
+from core.hardware import HARDWARE, get_hardware
+from core.interconnect import FALLBACK_INTRA_NODE_LINK, INTER_NODE_LINK, get_link
 from core.layout import Layout
 from core.planner import default_budget, plan_to_dict
 from core.timing import datasheet_profile
-from core.units import parse_budget
 from dashboard import plan_tables, planning
 
 pytest.importorskip("streamlit")
@@ -39,10 +38,9 @@ def test_the_page_takes_headroom_plans_defaults():
         (args.seq_len, args.precision, args.optimizer, args.attention, args.stack) == \
         (2048, "amp-bf16", "adamw", "flash", "reference")
     assert inputs.hardware == planning.DATASHEET_PREFIX + args.hardware
-    assert (inputs.gpus, inputs.gpus_per_node, inputs.interconnect, inputs.offload) == \
-        (0, args.gpus_per_node, args.interconnect, args.offload)
-    assert args.gpus is None and args.budget is None
-    assert parse_budget(inputs.budget) == default_budget(datasheet_profile(get_hardware(args.hardware)))
+    assert (inputs.gpus, inputs.gpus_per_node, inputs.interconnect or None, inputs.offload) == \
+        (0, args.gpus_per_node, args.interconnect, args.offload)  # no interconnect: the generation's network
+    assert args.gpus is None and args.budget is None and inputs.budget == ""  # no budget: the card's default
     # An axis given alone: the page fills the others as the command does (sp stays off under tp 2).
     for flags, axes in ((("--tp", "2"), {"tp": "2"}), (("--pp", "2", "--schedule", "interleaved"),
                                                       {"pp": "2", "schedule": "interleaved"}),
@@ -100,3 +98,21 @@ def test_a_cpu_is_described_as_a_cpu(smoke_store, monkeypatch):
         f"and the store holds no collectives measured on it); nodes on {get_link('ib-ndr').name}."]
     assert "GPU" not in " ".join(str(s.value) for s in at.success)
     assert any(str(c.value).endswith("GB runtime reserve. GB = 1e9 bytes.") for c in at.caption)
+
+
+@pytest.mark.parametrize("hardware", [hw.key for hw in HARDWARE])
+def test_on_every_datasheet_device_the_page_and_the_command_default_alike(hardware, run_cli):
+    """The budget follows the card (80 GB, or all of a smaller one) and the network between nodes the GPU's
+    generation, on the page as in `headroom plan`: the same request, hardware and cluster in the JSON."""
+    inputs = planning.PlanInputs(model="bench-llama-tiny", seq_len=64, global_batch=16, gpus=16,
+                                 hardware=planning.DATASHEET_PREFIX + hardware)
+    page = plan_to_dict(planning.make_plan(inputs, planning.resolve_preset(inputs.model),
+                                           *planning.datasheet_hardware(inputs.hardware)))
+    result = run_cli("plan", "--model", "bench-llama-tiny", "--seq-len", "64", "--global-batch", "16", "--gpus", "16",
+                     "--hardware", hardware, "--json")
+    assert result.returncode in (0, 3), result.stderr
+    command = json.loads(result.stdout)
+    assert command["request"] == page["request"] and command["hardware"] == page["hardware"]
+    profile = datasheet_profile(get_hardware(hardware))
+    assert page["request"]["budget_bytes"] == default_budget(profile) == min(80 * 10**9, profile.memory_bytes)
+    assert page["hardware"]["cluster"]["inter"] == INTER_NODE_LINK[hardware]

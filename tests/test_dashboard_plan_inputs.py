@@ -4,7 +4,6 @@ ignored (or to apply to the pipelined layouts only)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from core.hardware import HARDWARE
@@ -45,13 +44,16 @@ def test_an_unknown_hardware_in_the_url_is_named_with_the_choices(tmp_path, monk
         "The URL names the hardware 'datasheet\\: h999', which is neither a device measured in this store nor a "
         "datasheet row: planning datasheet\\: h100-sxm instead. Measured in this store: none; datasheet rows "
         f"(`headroom hardware`): {DATASHEET_ROWS}.",
-        "The URL names the interconnect 'carrier-pigeon', which is not one: planning ib-ndr instead. "
-        f"Interconnects: {', '.join(LINKS_BY_KEY)}."]
+        "The URL names the interconnect 'carrier-pigeon', which is not one: planning the GPU generation's network "
+        f"instead. Interconnects: {', '.join(LINKS_BY_KEY)}."]
     assert at.selectbox(key="plan_hardware").value == "datasheet: h100-sxm"
-    assert at.selectbox(key="plan_interconnect").value == "ib-ndr"
+    assert at.selectbox(key="plan_interconnect").value == ""  # auto: an H100's NDR
 
 
-def test_a_measured_device_the_store_lacks_is_named_with_the_stores_devices(smoke_store, monkeypatch):
+def test_a_measured_device_the_store_lacks_is_named_and_replaced_by_the_documented_default(smoke_store,
+                                                                                           monkeypatch):
+    """Never by another device: the smoke store's CPU once stood in for the GPU the URL named (129 tokens/s "per
+    GPU")."""
     from dashboard.text import plain
 
     monkeypatch.setenv("HEADROOM_DB", smoke_store.url)
@@ -60,12 +62,11 @@ def test_a_measured_device_the_store_lacks_is_named_with_the_stores_devices(smok
                             "hardware": "measured: NVIDIA B300"})
     at.run()
     assert not at.exception
-    fallback = planning.MEASURED_PREFIX + smoke_store.device_name
     assert warnings(at) == [
         f"The URL names the hardware 'measured\\: NVIDIA B300', which is neither a device measured in this store nor "
-        f"a datasheet row: planning {plain(fallback)} instead. Measured in this store: "
+        f"a datasheet row: planning datasheet\\: h100-sxm instead. Measured in this store: "
         f"{plain(smoke_store.device_name)}; datasheet rows (`headroom hardware`): {DATASHEET_ROWS}."]
-    assert at.selectbox(key="plan_hardware").value == fallback
+    assert at.selectbox(key="plan_hardware").value == planning.PlanInputs().hardware
 
 
 def test_a_bare_hardware_name_is_its_option(tmp_path, monkeypatch):
@@ -130,3 +131,24 @@ def test_a_pinned_configuration_that_does_not_fit_is_shown_with_its_time(tmp_pat
     assert labels[:8] == ["tokens/s (all ranks)", "step time", "needs per GPU", "headroom", "model TFLOP/s per GPU",
                           "MFU / HFU", "compute a step", "host a step"]
     assert at.metric[3].value.startswith("-")  # headroom: over the budget
+
+
+def test_the_page_starts_on_the_stores_own_gpu(tmp_path, smoke_store, monkeypatch):
+    """A store with a measured GPU (a GPU check's bundle) plans on it; a store of CPU runs alone (the quick start's
+    smoke store) keeps the documented default, as does a URL that names the hardware."""
+    from db.store import open_store
+    from tests.db_support import record_run
+
+    url = f"sqlite:///{tmp_path / 'gpu.db'}"
+    with open_store(url, mode="write") as store:
+        record_run(store)  # NVIDIA H100 80GB HBM3, one result of each kind
+    for store_url, query, expected in (
+            (url, {}, planning.MEASURED_PREFIX + "NVIDIA H100 80GB HBM3"),
+            (url, {"hardware": "h200"}, "datasheet: h200"),
+            (smoke_store.url, {}, PlanInputs().hardware)):
+        monkeypatch.setenv("HEADROOM_DB", store_url)
+        at = AppTest.from_file(APP, default_timeout=300)
+        at.query_params.update({"model": "bench-llama-small", "seq_len": "128", **query})
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+        assert at.selectbox(key="plan_hardware").value == expected and warnings(at) == [], (query, warnings(at))

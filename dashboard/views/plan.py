@@ -17,7 +17,7 @@ from core.export import EXPORTERS, export
 from core.hf_config import SUPPORTED, parse_hf_config, spec_from_config_file
 from core.interconnect import LINKS_BY_KEY
 from core.model import ModelSpec
-from core.planner import Plan, budget_note
+from core.planner import Plan, budget_note, budget_share, whole_device_budget
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from core.presets import PRESETS
 from core.safe_text import printable
@@ -55,7 +55,10 @@ hardware_options = planning.hardware_options(measured_devices)
 # Seed the widgets once per session from the URL (a shared plan), then keep them. A model, hardware or
 # interconnect the page does not offer is replaced, with a warning that lasts until another is picked.
 if "plan_inputs" not in st.session_state:
-    st.session_state.plan_inputs = PlanInputs.from_query(st.query_params.to_dict())
+    query = st.query_params.to_dict()
+    if "hardware" not in query and state.ok and (gpus := data.gpu_devices(url)):
+        query["hardware"] = planning.MEASURED_PREFIX + gpus[0]  # a store's own GPU before any datasheet
+    st.session_state.plan_inputs = PlanInputs.from_query(query)
     st.session_state.plan_url_warnings = {}  # field -> (the value planned instead, the warning)
 seed: PlanInputs = st.session_state.plan_inputs
 for name, value in asdict(seed).items():
@@ -89,15 +92,17 @@ with st.sidebar:
                                 help="each expert takes at most ceil(t k / E x C) rows, drops the rest and is padded")
     st.number_input("sequence length (tokens)", min_value=1, step=256, key="plan_seq_len")
     st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
-    st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget")
+    st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget",
+                  placeholder="80GB, or all of a smaller card")
     st.selectbox("hardware", hardware_options, format_func=printable, key="plan_hardware")
     st.subheader("Cluster and layout")
     st.number_input(f"GPUs to search (0 = plan this one layout; at most {MAX_GPUS})", min_value=0, step=8,
                     key="plan_gpus", help="every tp x pp x cp x dp layout and sharding stage of this many GPUs")
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
-    st.selectbox("inter-node interconnect (per GPU)", list(LINKS_BY_KEY), key="plan_interconnect",
-                 format_func=lambda key: f"{key}: {LINKS_BY_KEY[key].name}")
+    st.selectbox("inter-node interconnect (per GPU)", ["", *LINKS_BY_KEY], key="plan_interconnect",
+                 format_func=lambda key: f"{key}: {LINKS_BY_KEY[key].name}" if key
+                 else "auto: the GPU generation's network")
     st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or without a GPU count takes "
                f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without --gpus.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
@@ -183,6 +188,9 @@ if request.cluster is not None:
     st.caption(plan_notes.cluster_text(request.cluster, profile))
 if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
     st.warning(plain(over_budget[0].upper() + over_budget[1:]) + ".")
+elif request.budget_bytes < profile.memory_bytes:
+    st.caption(plain(f"Budget: {budget_share(request.budget_bytes, profile)}; set the budget to "
+                     f"{whole_device_budget(profile)} to plan all of it."))
 for model_note in request.train.model_notes(spec):  # a context extended; what the config asks and is not counted
     st.info(plain(model_note) + ".")
 if result.unsearched:
@@ -274,7 +282,8 @@ st.subheader("Compare with another plan")
 with st.form("compare_plan"):
     choices = st.columns(3)
     other_model = choices[0].selectbox("model preset", [planning.SAME, *PRESETS], key="other_model")
-    other_budget = choices[1].text_input("budget per GPU", key="other_budget", placeholder=f"{inputs.budget} (this plan's)")
+    other_budget = choices[1].text_input("budget per GPU", key="other_budget",
+                                         placeholder=f"{request.budget_bytes / GB:g}GB (this plan's)")
     other_hardware = choices[2].selectbox("hardware", [planning.SAME, *hardware_options], format_func=printable,
                                          key="other_hardware")
     st.form_submit_button("Compare")
