@@ -8,6 +8,7 @@ import sys
 
 from cli.stop import Stopped, stoppable
 from cli.train_flags import (
+    POLICIES_HELP,
     add_train_flags,
     layout_from_args,
     model_from_args,
@@ -70,6 +71,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "here, and refused. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
+        epilog=POLICIES_HELP,
     )
     train.add_argument("--model", required=True, help="preset name, a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision])")
     add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None)

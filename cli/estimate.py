@@ -6,13 +6,18 @@ import argparse
 import json
 from dataclasses import asdict
 
-from cli.train_flags import add_train_flags, model_from_args, train_config
+from cli.train_flags import (
+    POLICIES_HELP,
+    add_train_flags,
+    model_from_args,
+    train_config,
+)
 from core.calibration import Calibration
 from core.estimate import Estimate, estimate
+from core.ledger import Ledger
 from core.run_cost import utilization
 from core.safe_text import printable_lines
 from core.timing import HardwareProfile, step_time, tokens_per_s
-from core.ledger import Ledger
 from core.units import GB, GiB
 
 
@@ -22,21 +27,27 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="memory and FLOPs of one training configuration",
         description="Account memory (per rank) and FLOPs (per micro-batch) of one training step. "
         "Example: headroom estimate --model llama2-7b --seq-len 4096 --recompute full",
+        epilog=POLICIES_HELP,
     )
-    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
-    add_train_flags(p)
-    p.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
-    p.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
-    p.add_argument("--hardware", default=None,
-                   help="also predict the step's time on this device: a device measured in the store (its name) or "
-                        "a datasheet key from `headroom hardware` (default: memory and FLOPs only)")
-    p.add_argument("--db", help="result store URL for measured hardware (default: HEADROOM_DB or the default store)")
-    p.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
-    p.add_argument("--trace", action="store_true",
-                   help="also build the model from its config.json with HuggingFace transformers on the meta device "
-                   "and list what one forward keeps for backward, against the analytic ledger (needs torch and "
-                   "transformers; --precision fp32 or a bf16 recipe, --recompute none or full)")
-    p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
+    model = p.add_argument_group("model")
+    model.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
+    training = p.add_argument_group("training")
+    layout = p.add_argument_group("layout")
+    add_train_flags(p, training=training, axes=layout)
+    training.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: with more than one, gradients exist while the next micro-batch runs (default 1)")
+    hardware = p.add_argument_group("hardware")
+    hardware.add_argument("--device", default="cuda", choices=("cuda", "cpu", "meta"), help="target device: what autograd saves differs by device (default cuda)")
+    hardware.add_argument("--hardware", default=None,
+                          help="also predict the step's time on this device: a device measured in the store (its name) "
+                               "or a datasheet key from `headroom hardware` (default: memory and FLOPs only)")
+    hardware.add_argument("--db", help="result store URL for measured hardware (default: HEADROOM_DB or the default store)")
+    output = p.add_argument_group("output")
+    output.add_argument("--ledger", action="store_true", help="also print every tensor kept for backward")
+    output.add_argument("--trace", action="store_true",
+                        help="also build the model from its config.json with HuggingFace transformers on the meta "
+                        "device and list what one forward keeps for backward, against the analytic ledger (needs "
+                        "torch and transformers; --precision fp32 or a bf16 recipe, --recompute none or full)")
+    output.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
     p.set_defaults(handler=run)
 
 

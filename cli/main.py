@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import textwrap
 from typing import NoReturn
 
 from cli import agent, catalog, dashboard, db, estimate, plan
@@ -19,8 +20,27 @@ from core.safe_text import printable
 COMMANDS = (estimate, plan, agent, catalog, db, dashboard)
 
 
+class Formatter(argparse.HelpFormatter):
+    """argparse's, but a description or epilog keeps its line breaks: each line is wrapped to the terminal on
+    its own, an indented one under its own indent (a list of definitions)."""
+
+    def _fill_text(self, text: str, width: int, indent: str) -> str:
+        lines = []
+        for line in text.splitlines():
+            own = line[:len(line) - len(line.lstrip())]
+            lead, hang = indent + own, indent + own + ("  " if own else "")  # a definition hangs under its term
+            lines.append(textwrap.fill(line.strip(), width, initial_indent=lead, subsequent_indent=hang)
+                         if line.strip() else "")
+        return "\n".join(lines)
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr (exit 2), as every other input error is."""
+    """argparse, but a usage error is one line on stderr (exit 2), as every other input error is, and help keeps
+    the line breaks of its descriptions (`Formatter`)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("formatter_class", Formatter)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {_bounded(message)} (see {self.prog} --help)\n")

@@ -8,6 +8,7 @@ import sys
 
 from cli.search_status import SearchStatus
 from cli.train_flags import (
+    POLICIES_HELP,
     add_train_flags,
     layout_from_args,
     layout_values,
@@ -49,45 +50,54 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "checkpoint policy by predicted tokens/s, explain the winner and every rejection. With --gpus N, search "
         "every tensor x pipeline x context x data-parallel layout and sharding stage of N GPUs (and expert "
         "parallelism for a mixture of experts); --tp/--pp/--cp/--dp/--zero/--sp/--ep pin an axis. Example: headroom plan --model llama3-70b --seq-len 8192 --global-batch 512 --gpus 64",
+        epilog=POLICIES_HELP,
     )
-    p.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
-    add_train_flags(p, micro_batch="none", recompute="none", layout="free")
-    batch = p.add_mutually_exclusive_group(required=True)
+    model = p.add_argument_group("model")
+    model.add_argument("--model", required=True, help="preset name (see `headroom models`), a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision]: the local hub cache, else fetched)")
+    training = p.add_argument_group("training", "the run the plan is for")
+    batch = training.add_mutually_exclusive_group(required=True)
     batch.add_argument("--global-batch", type=int, help="sequences per optimizer step, all ranks together")
     batch.add_argument("--global-tokens", type=int, help="tokens per optimizer step, all ranks together (a multiple of --seq-len)")
-    p.add_argument("--budget", help="memory per GPU with its unit, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; a bare "
-                                    "number is refused; default 80GB, or the device's memory where it has less)")
-    p.add_argument("--hardware", default="h100-sxm", help="a device measured in the store (its name) or a datasheet key from `headroom hardware` (default h100-sxm)")
-    p.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
-    p.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
-    p.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
-    p.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
-                   help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
-                        "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
-                        f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
-    p.add_argument("--micro-batch", type=int, default=None,
-                   help="pin the micro-batch (sequences per forward/backward pass per rank; default: the planner "
-                        "tries every one that divides the per-rank batch)")
-    p.add_argument("--accumulation", type=int, default=None,
-                   help="pin the micro-batches per optimizer step (the micro-batch is then the per-rank batch over "
-                        "it; default: chosen with the micro-batch)")
-    p.add_argument("--recompute", default=None,
-                   help=f"pin the checkpoint policy, one of {', '.join(POLICY_NAMES)} (default: the planner tries "
-                        "those the stack offers). With --micro-batch or --accumulation on one layout, the plan "
-                        "evaluates exactly that configuration and reports it even when it does not fit")
-    p.add_argument("--train-tokens", type=int, default=None,
-                   help="tokens the whole run trains on: the plan adds its wall time and GPU-hours")
-    p.add_argument("--gpu-hour-price", type=float, default=None,
-                   help="price of one GPU-hour (any currency; needs --train-tokens): the plan adds the run's cost")
-    p.add_argument("--offload", action="store_true", help="also consider offloading activations to host memory")
-    p.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
-    p.add_argument("--trace", action="store_true",
-                   help="also trace the recommendation (or the closest candidate) with HuggingFace transformers on "
-                   "the meta device from the model's config.json and say whether it fits with the traced "
-                   "activations (needs torch and transformers; --precision fp32 or a bf16 recipe; the "
-                   "recommendation on one rank's whole model under none or full checkpointing)")
-    p.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
-    p.add_argument("--export", choices=list(EXPORTERS), metavar="FORMAT", help=f"print the recommendation as settings for {', '.join(EXPORTERS)}")
+    hardware = p.add_argument_group("hardware")
+    hardware.add_argument("--hardware", default="h100-sxm", help="a device measured in the store (its name) or a datasheet key from `headroom hardware` (default h100-sxm)")
+    hardware.add_argument("--budget", help="memory per GPU with its unit, e.g. 80GB, 80GiB, 81920MiB (GB = 1e9 bytes; a bare "
+                                           "number is refused; default 80GB, or the device's memory where it has less)")
+    hardware.add_argument("--db", help="result store URL for measured hardware and calibration (default: HEADROOM_DB or the default store)")
+    layout = p.add_argument_group("layout", "with --gpus every layout of that many GPUs is searched and an axis given "
+                                            "is pinned; without it, the one layout the axes give")
+    layout.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
+    layout.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
+    layout.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
+                        help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
+                             "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
+                             f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
+    add_train_flags(p, micro_batch="none", recompute="none", layout="free", training=training, axes=layout)
+    pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
+                                                 "you already have")
+    pins.add_argument("--micro-batch", type=int, default=None,
+                      help="pin the micro-batch (sequences per forward/backward pass per rank; default: the planner "
+                           "tries every one that divides the per-rank batch)")
+    pins.add_argument("--accumulation", type=int, default=None,
+                      help="pin the micro-batches per optimizer step (the micro-batch is then the per-rank batch over "
+                           "it; default: chosen with the micro-batch)")
+    pins.add_argument("--recompute", default=None,
+                      help=f"pin the checkpoint policy, one of {', '.join(POLICY_NAMES)} (below; default: the planner "
+                           "tries those the stack offers). With --micro-batch or --accumulation on one layout, the plan "
+                           "evaluates exactly that configuration and reports it even when it does not fit")
+    pins.add_argument("--offload", action="store_true", help="also consider offloading activations to host memory")
+    output = p.add_argument_group("output")
+    output.add_argument("--train-tokens", type=int, default=None,
+                        help="tokens the whole run trains on: the plan adds its wall time and GPU-hours")
+    output.add_argument("--gpu-hour-price", type=float, default=None,
+                        help="price of one GPU-hour (any currency; needs --train-tokens): the plan adds the run's cost")
+    output.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
+    output.add_argument("--trace", action="store_true",
+                        help="also trace the recommendation (or the closest candidate) with HuggingFace transformers on "
+                        "the meta device from the model's config.json and say whether it fits with the traced "
+                        "activations (needs torch and transformers; --precision fp32 or a bf16 recipe; the "
+                        "recommendation on one rank's whole model under none or full checkpointing)")
+    output.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
+    output.add_argument("--export", choices=list(EXPORTERS), metavar="FORMAT", help=f"print the recommendation as settings for {', '.join(EXPORTERS)}")
     p.set_defaults(handler=run)
 
 

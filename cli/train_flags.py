@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import re
 from dataclasses import fields, replace
-from typing import Literal
+from typing import Any, Literal
 
 from cli.hf_fetch import resolve
 from core.config import ATTENTIONS, TrainConfig
@@ -17,7 +17,7 @@ from core.errors import ConfigError
 from core.layout import SCHEDULES, Layout
 from core.model import ModelSpec
 from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
-from core.recompute import POLICY_NAMES, parse_policy
+from core.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
 from core.stack import FORMER_NAMES, STACKS
 
 Many = Literal["one", "list", "none"]
@@ -29,22 +29,24 @@ so (``-5GB`` became "expected one argument", which names no valid value); 3.13's
 option of these commands starts with a digit."""
 
 
-def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
-                    layout: Literal["fixed", "free", "none"] = "fixed", precision_default: str | None = "amp-bf16") -> None:
-    """Add the training-configuration flags.
+def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
+                    layout: Literal["fixed", "free", "none"] = "fixed", precision_default: str | None = "amp-bf16",
+                    training: Any = None, axes: Any = None) -> None:
+    """Add the training-configuration flags, in the ``training`` and ``axes`` argument groups (else the parser).
 
     ``micro_batch`` / ``recompute``: one value, a comma-separated list (the agent's sweep), or no flag
     (the planner chooses). ``layout``: ``fixed`` (every axis defaults to 1), ``free`` (an axis left
     out is the planner's to choose; ``--tp 2`` pins it) or ``none`` (single device). A value that starts
     with a minus sign and a digit reaches its flag's own check (`NEGATIVE_VALUE`).
     """
-    p._negative_number_matcher = NEGATIVE_VALUE  # argparse's own attribute; an unknown one on other versions is inert
+    parser._negative_number_matcher = NEGATIVE_VALUE  # argparse's own attribute; inert on versions without it
+    p = training or parser
     p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
     if micro_batch == "one":
         p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")
     elif micro_batch == "list":
         p.add_argument("--micro-batch", default="1", help="micro-batch size(s), comma-separated (default 1)")
-    policies = "|".join(POLICY_NAMES)
+    policies = "|".join(POLICY_NAMES) + " (see the policies below)"
     if recompute == "one":
         p.add_argument("--recompute", default="none", help=f"activation checkpointing: {policies} (default none)")
     elif recompute == "list":
@@ -64,6 +66,7 @@ def add_train_flags(p: argparse.ArgumentParser, *, micro_batch: Many = "one", re
                         + "; ".join(f"{s.name} ({s.summary})" for s in STACKS.values()) + " (default reference)")
     if layout == "none":
         return
+    p = axes or parser
     free = layout == "free"
     what = {"tp": "tensor-parallel ranks", "pp": "pipeline stages", "cp": "context-parallel ranks (ring attention)",
             "dp": "data-parallel ranks"}
@@ -147,3 +150,8 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )
+
+
+POLICIES_HELP = "checkpoint policies (--recompute):\n" + "\n".join(
+    f"  {name}: {meaning}" for name, meaning in POLICY_MEANINGS.items())
+"""The epilog of every command that takes --recompute: each policy defined."""

@@ -21,6 +21,15 @@ from core.errors import ConfigError
 
 PolicyKind = Literal["none", "full", "every", "selective", "op-selective", "offload"]
 POLICY_NAMES = ("none", "full", "every-K", "selective", "op-selective", "offload")
+POLICY_MEANINGS = {
+    "none": "every block's activations live until its backward",
+    "full": "each block keeps only its input and runs its forward again in backward",
+    "every-K": "each segment of K blocks keeps only its input and runs again in backward (every-1 is full)",
+    "selective": "the attention core alone (QK^T, softmax, dropout, PV) runs again in backward",
+    "op-selective": "matmul and attention outputs are kept, the cheap elementwise ops around them run again",
+    "offload": "everything is kept, in host memory (torch's save_on_cpu)",
+}
+"""What each policy keeps and reruns, as ``--help`` defines them."""
 
 
 @dataclass(frozen=True, slots=True)
