@@ -13,11 +13,11 @@ import sys
 import textwrap
 from typing import NoReturn
 
-from cli import agent, catalog, dashboard, db, estimate, plan
+from cli import agent, catalog, completion, dashboard, db, estimate, plan
 from core.errors import ConfigError
 from core.safe_text import printable
 
-COMMANDS = (estimate, plan, agent, catalog, db, dashboard)
+COMMANDS = (estimate, plan, agent, catalog, db, dashboard, completion)
 
 
 class Formatter(argparse.HelpFormatter):

@@ -52,6 +52,7 @@ BASE = {
     ("agent", "run"): ["--suite", "smoke", "--device", "cpu"],
     ("agent", "train"): ["--model", "bench-llama-tiny", "--seq-len", "64", "--device", "cpu"],
     ("dashboard",): [],
+    ("completion",): ["bash"],
 }
 """Each command with a valid invocation; the fuzz replaces one option's value at a time, or the positional
 argument (the first word after the command)."""
