@@ -12,11 +12,13 @@ from core.units import format_duration
 class Progress:
     """ETA scales the remaining cases' expected times by how fast the finished ones actually went."""
 
-    def __init__(self, expected_s: list[float], stream: TextIO = sys.stderr, quiet: bool = False) -> None:
+    def __init__(self, expected_s: list[float], stream: TextIO | None = None, quiet: bool = False) -> None:
+        """``stream``: where it writes, by default the ``sys.stderr`` of the moment it is made (a default bound
+        when the module was imported can be a stream closed since, a test's captured stderr)."""
         self.expected_s = expected_s
-        self.stream = stream
+        self.stream = stream = stream or sys.stderr
         self.quiet = quiet
-        self.tty = stream.isatty()
+        self.tty = not quiet and stream.isatty()
         self.done = 0
         self.started = time.perf_counter()
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -141,7 +140,7 @@ def run_suite(
     only: tuple[str, ...] = KINDS,
     labels: Mapping[str, str] | None = None,
     quiet: bool = False,
-    stream: TextIO = sys.stderr,
+    stream: TextIO | None = None,
     cases: list[Case] | None = None,
     deadline: float | None = None,
 ) -> RunReport:

@@ -15,7 +15,8 @@ A measured device comes with its calibration; a datasheet row with None.
 
 Importing this module loads no SQLAlchemy, and neither does a datasheet row
 resolved while no store exists (no ``url``, no ``HEADROOM_DB``, no default
-file): planning from datasheets on a laptop needs no database.
+file), or while a SQLite store holds no device by that name (read with
+sqlite3, db.device_names): planning from datasheets needs no ORM.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from core.calibration import Calibration
 from core.errors import ConfigError
 from core.hardware import get_hardware
 from core.timing import HardwareProfile, datasheet_profile
+from db.device_names import could_name, sqlite_device_names
 from db.location import nothing_recorded
 
 if TYPE_CHECKING:
@@ -68,6 +70,8 @@ def _measured(name: str, url: str | None, store: Store | None) -> tuple[Measured
     """(the device ``name`` means with its calibration, else None; the store's device names when none matched)."""
     if store is None and nothing_recorded(url):
         return None, []
+    if store is None and (names := sqlite_device_names(url)) is not None and not could_name(names, name):
+        return None, names  # no measured device by that name: the store need not be opened
     from db.store import open_store  # SQLAlchemy, only once a store may hold the device
 
     if store is not None:

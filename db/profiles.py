@@ -28,7 +28,6 @@ from sqlalchemy.orm import Session
 from core.calibration import Calibration
 from core.collective_curves import CollectiveRecord
 from core.errors import ConfigError
-from core.stack import stack_name
 from core.measurements import (
     AttentionRecord,
     DeviceRecord,
@@ -39,7 +38,9 @@ from core.measurements import (
     calibration_from_steps,
     profile_from_measurements,
 )
+from core.stack import stack_name
 from core.timing import HardwareProfile
+from db.device_names import matching_names
 from db.location import nothing_recorded
 from db.models import (
     AttentionResult,
@@ -70,15 +71,10 @@ def find_device(session: Session, name: str) -> str | None:
         return session.scalars(
             select(Fingerprint.device_name).join(Run, Run.fingerprint_id == Fingerprint.id).order_by(Run.started_at.desc())
         ).first()
-    names = device_names(session)
-    wanted = name.strip().lower()
-    exact = [n for n in names if n.lower() == wanted]
-    if exact:
-        return exact[0]
-    partial = [n for n in names if wanted in n.lower()]
-    if len(partial) > 1:
-        raise ConfigError(f"--hardware {name!r} matches several measured devices: {'; '.join(partial)}; give the full name")
-    return partial[0] if partial else None
+    found = matching_names(device_names(session), name)
+    if len(found) > 1:
+        raise ConfigError(f"--hardware {name!r} matches several measured devices: {'; '.join(found)}; give the full name")
+    return found[0] if found else None
 
 
 def _ok_rows(model, device_name: str, *columns) -> Select:

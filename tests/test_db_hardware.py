@@ -74,3 +74,31 @@ def test_planning_from_a_store_loads_no_migration_tooling(measured_url):
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.split() == ["measured", "['sqlalchemy']"]
+
+
+def test_a_datasheet_plan_beside_a_store_reads_its_names_without_the_orm(measured_url, tmp_path):
+    """`plan --hardware h100-sxm` with a store present (every user after the quick start) imported SQLAlchemy to
+    learn that no measured device goes by that name: 3x `estimate`'s time. sqlite3 reads the names instead; a
+    name that may be measured still opens the store properly."""
+    code = (
+        "import sys\nfrom db.hardware import resolve_hardware\n"
+        f"profile, calibration = resolve_hardware(sys.argv[1], {measured_url!r})\n"
+        "print(profile.source, 'sqlalchemy' in sys.modules)"
+    )
+    for name, expected in (("h100-sxm", "datasheet False"), ("h100", "measured True"), ("latest", "measured True")):
+        result = subprocess.run([sys.executable, "-c", code, name], capture_output=True, text=True, check=True,
+                                timeout=120)
+        assert result.stdout.split() == expected.split(), name
+
+
+def test_the_names_a_sqlite_store_holds_or_none_where_sqlite3_cannot_tell(measured_url, tmp_path):
+    from db.device_names import could_name, matching_names, sqlite_device_names
+
+    names = sqlite_device_names(measured_url)
+    assert names == ["NVIDIA H100 80GB HBM3"]
+    assert matching_names(names, "nvidia h100 80gb hbm3") == names and matching_names(names, "H100") == names
+    assert could_name(names, "latest") and not could_name(names, "h100-sxm")
+    (tmp_path / "garbage.db").write_bytes(b"not a database at all" * 100)
+    for url in ("postgresql+psycopg://u@h/x", str(tmp_path / "missing.db"), str(tmp_path / "garbage.db"),
+                f"sqlite:///{tmp_path / 'missing.db'}?mode=ro"):
+        assert sqlite_device_names(url) is None, url
