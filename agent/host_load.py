@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,3 +102,30 @@ def verdict(start: Mark, end: Mark, samples: Sequence[float], threads: int) -> d
         "threads": threads, "cpus": os.cpu_count(), "window_s": window,
         "other_cpu_fraction": other, "spread": disagree, "busy": bool(why), "why": why,
     }
+
+
+SETTLE_WINDOW_S = 1.0
+"""How long each look at the host's load lasts while waiting for it to settle."""
+
+
+def wait_until_quiet(limit_s: float, load: Callable[[], float | None] | None = None,
+                     clock: Callable[[], float] = time.monotonic) -> tuple[bool, float, float | None]:
+    """Look at the host window by window until other processes use at most ``BUSY_OTHER_FRACTION`` of the
+    CPUs, for at most ``limit_s``: (quiet, seconds waited, the last window's share). ``load`` measures one
+    window (by default `window_load`); a host whose load cannot be read counts as quiet."""
+    load = load or window_load
+    started = clock()
+    while True:
+        share = load()
+        waited = clock() - started
+        if share is None or share <= BUSY_OTHER_FRACTION:
+            return True, waited, share
+        if waited >= limit_s:
+            return False, waited, share
+
+
+def window_load(window_s: float = SETTLE_WINDOW_S) -> float | None:
+    """Other processes' share of the CPUs over the next ``window_s`` (None where /proc/stat is not read)."""
+    start = mark()
+    time.sleep(window_s)
+    return other_cpu_fraction(start, mark())

@@ -28,7 +28,8 @@ def summarize(report: RunReport) -> str:
         reasons = sorted({why for r in busy for why in r.details["host"]["why"]})
         lines.append(f"busy host: {len(busy)} of {len(ok)} results were measured while the host was busy "
                      f"({'; '.join(reasons[:3])}{'; ...' if len(reasons) > 3 else ''}); their figures may be "
-                     "low: flagged in details.host.busy, rerun on a quiet box")
+                     "low: flagged noisy (details.host.busy; noisy training steps are left out of calibration); "
+                     "rerun on a quiet box, or with --settle 120 to wait up to two minutes for the CPUs to free up")
     matmuls = [r for r in ok if isinstance(r, MatmulResult)]
     if matmuls:
         lines.append("matmul, best per dtype:")

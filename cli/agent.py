@@ -56,6 +56,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                      help="processes for the collective benchmarks, one per device (default: every visible GPU "
                      "when there are two or more; on a CPU none unless given, e.g. --nproc 2 for gloo)")
     run.add_argument("--label", action="append", default=[], metavar="K=V", help="tag the run, e.g. --label rack=b7 (repeatable)")
+    run.add_argument("--settle", type=float, default=0, metavar="SECONDS",
+                     help="on a shared box or a laptop: first wait up to SECONDS for other processes to leave the "
+                          "CPUs (at most 25%% of them, looked at each second), then measure; results taken while the "
+                          f"host is busy are kept but flagged noisy (default 0: start at once; at most {MAX_SETTLE_S:,})")
     run.add_argument("--quiet", action="store_true", help="no progress output; print only the summary")
     run.add_argument("--json", action="store_true",
                      help="print what was measured as a bundle (the format of `headroom db export`) instead of the summary")
@@ -184,10 +188,14 @@ def run_agent(args: argparse.Namespace) -> int:
     jobs = [(device, None) for device in targets if per_device]
     if "collectives" in only and ranks > 1:  # one run over the box's devices, filed under the first
         jobs.append((targets[0], bench_collectives.cases(targets[0].type, ranks)))
+    if not 0 <= args.settle <= MAX_SETTLE_S:
+        raise ConfigError(f"--settle must be 0 to {MAX_SETTLE_S:,} seconds, got {args.settle:g}")
     failed, reports = False, []
     with open_store(args.db, mode="write") as store:
         if not args.quiet:
             print(f"recording into {store.url}", file=sys.stderr)
+        if args.settle:
+            settle(args.settle, args.quiet)
         for device, cases in jobs:
             try:
                 report = run_suite(store, device, args.suite, only=per_device, labels=labels, quiet=args.quiet,
@@ -203,6 +211,24 @@ def run_agent(args: argparse.Namespace) -> int:
         if args.json:
             print_runs(store, reports)
     return 1 if failed else 0
+
+
+MAX_SETTLE_S = 3600
+"""The longest ``--settle`` waits for a quiet host: an hour."""
+
+
+def settle(limit_s: float, quiet: bool) -> None:
+    """Wait up to ``limit_s`` for other processes to leave the CPUs (agent.host_load), saying what it found."""
+    from agent.host_load import BUSY_OTHER_FRACTION, wait_until_quiet
+
+    if not quiet:
+        print(f"waiting up to {limit_s:g} s for other processes to use at most {BUSY_OTHER_FRACTION:.0%} of the "
+              "CPUs", file=sys.stderr)
+    calm, waited, share = wait_until_quiet(limit_s)
+    if not quiet or not calm:
+        what = f"other processes used {share:.0%} of the CPUs" if share is not None else "its load cannot be read"
+        print(f"host {'quiet' if calm else 'still busy'} after {waited:.0f} s ({what})"
+              + ("" if calm else ": measuring anyway, and what the host disturbs is flagged noisy"), file=sys.stderr)
 
 
 def print_runs(store, reports) -> None:

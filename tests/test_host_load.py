@@ -101,5 +101,34 @@ def test_the_summary_says_when_results_were_taken_on_a_busy_host():
     text = summarize(report)
     assert "busy host: 1 of 2 results were measured while the host was busy (other processes used 60% of the " \
            "CPUs)" in text
+    assert "--settle 120 to wait up to two minutes" in text
     report.rows = [(None, row(False))]
     assert "busy host" not in summarize(report)
+
+
+def _clock(step_s: float):
+    """A clock each look at the load advances by ``step_s`` (the look's window), and nothing else."""
+    now = [0.0]
+
+    def load_then_tick(shares):
+        def load():
+            now[0] += step_s
+            return next(shares)
+        return load
+
+    return (lambda: now[0]), load_then_tick
+
+
+def test_settling_waits_window_by_window_until_the_host_is_quiet():
+    clock, looking = _clock(1.0)
+    assert host_load.wait_until_quiet(60, looking(iter([0.9, 0.6, 0.2, 0.9])), clock) == (True, 3.0, 0.2)
+    clock, looking = _clock(1.0)
+    assert host_load.wait_until_quiet(2.5, looking(iter([0.9, 0.8, 0.7, 0.6, 0.5])), clock) == (False, 3.0, 0.7)
+    clock, looking = _clock(1.0)
+    assert host_load.wait_until_quiet(10, looking(iter([None])), clock) == (True, 1.0, None)  # load unreadable
+
+
+def test_settle_takes_seconds_within_an_hour(run_cli):
+    for value in ("-1", "3601", "nan"):
+        result = run_cli("agent", "run", "--suite", "smoke", "--device", "cpu", "--settle", value)
+        assert result.returncode == 2 and "--settle must be 0 to 3,600 seconds" in result.stderr, value
