@@ -39,9 +39,9 @@ def sqlite_device_names(url: str | None) -> list[str] | None:
     if prefix is None or "?" in text:
         return None
     path = Path(text[len(prefix):])
-    if not path.is_file():
-        return None
     try:
+        if not path.is_file():  # a name too long to be a file raises: the caller's open says so properly
+            return None
         with contextlib.closing(sqlite3.connect(f"file:{quote(str(path))}?mode=ro", uri=True, timeout=1.0)) as db:
             rows = db.execute("SELECT DISTINCT device_name FROM fingerprints").fetchall()
     except (sqlite3.Error, OSError):
