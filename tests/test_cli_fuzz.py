@@ -3,8 +3,8 @@ one line with exit status 2.
 
 The commands run in this process (``cli.main.main``), each call under an alarm, in a scratch working
 directory (a path-like value may name a file). ``agent run``, ``agent train`` and ``dashboard`` check their
-input and then start a measurement or a server: there the fuzz stops them (`Accepted`), since what it tests
-is that every value is refused or taken before any work starts.
+input and then start a measurement (``--settle``'s wait for a quiet host first) or a server: there the fuzz
+stops them (`Accepted`), since what it tests is that every value is refused or taken before any work starts.
 """
 
 from __future__ import annotations
@@ -127,6 +127,7 @@ def test_an_adversarial_value_is_refused_in_one_line_or_accepted(command, option
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
     monkeypatch.setattr("agent.runner.run_suite", _accept)
+    monkeypatch.setattr("cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
     monkeypatch.setattr("cli.dashboard.serve", _accept)
     argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option, value]
     _check(command, argv, *run(argv))
@@ -140,6 +141,7 @@ def test_every_option_takes_the_hardening_values_in_one_bounded_line(command, op
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
     monkeypatch.setattr("agent.runner.run_suite", _accept)
+    monkeypatch.setattr("cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
     monkeypatch.setattr("cli.dashboard.serve", _accept)
     for value in HARDENING:
         argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option,
