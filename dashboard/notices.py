@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import shlex
+
 import streamlit as st
 
 from dashboard.data import StoreState
 from db.errors import StoreError
 
 AGENT_COMMAND = "headroom agent run --suite quick"
+
+
+def agent_command(url: str) -> str:
+    """The agent's command that fills the store at ``url``: with ``--db`` unless it is the default file (its
+    password hidden: a page never shows one)."""
+    from db.engine import display_url
+    from db.location import default_url
+
+    return AGENT_COMMAND if url == default_url() else f"{AGENT_COMMAND} --db {shlex.quote(display_url(url))}"
 
 
 def store_notice(state: StoreState) -> None:
@@ -17,7 +28,7 @@ def store_notice(state: StoreState) -> None:
             f"No measurements yet in `{state.url}`. Run the benchmark agent on each GPU box "
             "(`--suite smoke --device cpu` on a machine without a GPU), then reload:"
         )
-        st.code(AGENT_COMMAND, language="sh")
+        st.code(agent_command(state.url), language="sh")
         st.caption("Planning from datasheets works without any measurement (Plan page).")
     elif state.status == "outdated":
         st.warning("This store was written by an older headroom. The dashboard only reads and never migrates; "

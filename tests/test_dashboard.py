@@ -60,8 +60,8 @@ def test_every_page_runs_without_a_store(page, tmp_path, monkeypatch):
     if page == "plan":
         assert "micro-batch" in recommendation(at)  # planning from datasheets still works
         assert "planning from datasheets" in shown
-    else:
-        assert "headroom agent run --suite quick" in shown
+    else:  # the command that fills the store the page shows, --db included
+        assert f"headroom agent run --suite quick --db sqlite:///{path}" in shown
     assert not path.exists(), "the dashboard must never create a store"
 
 
@@ -73,7 +73,7 @@ def test_every_page_runs_on_an_empty_store(page, tmp_path, monkeypatch):
     if page == "plan":
         assert "micro-batch" in recommendation(at)
     else:
-        assert "headroom agent run --suite quick" in texts(at)
+        assert f"headroom agent run --suite quick --db {url}" in texts(at)
 
 
 @pytest.mark.parametrize("page", PAGES)
@@ -370,3 +370,15 @@ def test_a_stored_name_with_markdown_is_shown_as_text(markup_store, monkeypatch)
     assert not plan.exception
     shown = texts(plan)
     assert f"**{escaped}** (measured)" in shown and "[click here](" not in shown
+
+
+def test_the_empty_store_hint_names_the_store_it_fills(monkeypatch, tmp_path):
+    from dashboard.notices import AGENT_COMMAND, agent_command
+    from db.location import default_url
+
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
+    assert agent_command(default_url()) == AGENT_COMMAND  # the default file needs no --db
+    assert agent_command("postgresql+psycopg://planner:secret@db.example/headroom") == \
+        "headroom agent run --suite quick --db 'postgresql+psycopg://planner:***@db.example/headroom'"
+    assert agent_command(f"sqlite:///{tmp_path / 'my store.db'}") == \
+        f"headroom agent run --suite quick --db 'sqlite:///{tmp_path / 'my store.db'}'"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import streamlit as st
 
 from core.hardware import DTYPES
-from dashboard import charts, data, roofs
+from dashboard import charts, data, plan_tables, roofs
 from dashboard.notices import readable_store, store_notice
 from dashboard.text import plain
 
@@ -27,7 +27,7 @@ measured_dtypes = [d for d in DTYPES if d in set(matmul["dtype"])]
 st.caption(
     f"{plain(device)} ({device_type}); datasheet: {spec.name + ' — ' + spec.source if spec else 'none (CPU or unknown device)'}. "
     f"{len(matmul)} matmul, {len(attention)} attention and {len(elementwise)} elementwise results "
-    f"from {run_rows['device_name'].eq(device).sum()} runs."
+    f"from {plan_tables.count(int(run_rows['device_name'].eq(device).sum()), 'run')}."
 )
 if not measured_dtypes and spec is None:
     st.info("No matmul measurements for this device yet.")
