@@ -38,6 +38,7 @@ from db.models import (
     Run,
     TrainStepResult,
 )
+from db.profiles import device_names
 from db.store import Store, open_store
 
 TTL_S = 3600
@@ -144,17 +145,11 @@ def _with_run(model, *columns, device: str | None = None):
 
 
 @_by_version
-def devices(url: str) -> list[str]:
-    """Measured device names, sorted."""
+def devices(url: str, device_type: str | None = None) -> list[str]:
+    """Measured device names, sorted; of one device type where given (``cuda``: the Plan page starts on the
+    first GPU)."""
     with store(url).session() as session:
-        return sorted(set(session.scalars(select(Fingerprint.device_name))))
-
-
-@_by_version
-def gpu_devices(url: str) -> list[str]:
-    """Measured GPU names (device type cuda), sorted: the Plan page starts on the first."""
-    with store(url).session() as session:
-        return sorted(set(session.scalars(select(Fingerprint.device_name).where(Fingerprint.device_type == "cuda"))))
+        return device_names(session, device_type)
 
 
 @_by_version

@@ -60,9 +60,12 @@ recorded it: the box as it is now (its driver, clocks and software), and a bound
 long its history. A box that runs the standard suite nightly covers seven weeks."""
 
 
-def device_names(session: Session) -> list[str]:
-    """Every measured device's name, sorted."""
-    return sorted(set(session.scalars(select(Fingerprint.device_name))))
+def device_names(session: Session, device_type: str | None = None) -> list[str]:
+    """Every measured device's name, sorted; of one device type (``cuda``: the GPUs) where given."""
+    query = select(Fingerprint.device_name)
+    if device_type is not None:
+        query = query.where(Fingerprint.device_type == device_type)
+    return sorted(set(session.scalars(query)))
 
 
 def find_device(session: Session, name: str) -> str | None:

@@ -32,7 +32,7 @@ from db.models import (
     Run,
     TrainStepResult,
 )
-from db.store import Store
+from db.store import Store, open_store
 
 PG_ADMIN_URL = os.environ.get("HEADROOM_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WRITER = Path(__file__).with_name("db_writer.py")
@@ -126,6 +126,15 @@ def postgres_url() -> Iterator[str]:
         with admin.connect() as connection:
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
         admin.dispose()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path) -> str:
+    """A destination store that already holds one run."""
+    url = f"sqlite:///{tmp_path / 'fleet.db'}"
+    with open_store(url, mode="write") as store:
+        record_run(store, seed=7, hostname="fleet-1")
+    return url
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

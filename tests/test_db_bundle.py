@@ -24,6 +24,7 @@ from db.errors import BundleError
 from db.store import open_store
 from tests.db_support import (  # noqa: F401
     fingerprint,
+    fleet,
     postgres_url,
     record_run,
     results,
@@ -136,15 +137,6 @@ def test_a_running_run_is_replaced_only_by_a_finished_copy_of_itself(source, tar
 
 
 # ---- bad bundles write nothing ----------------------------------------------------------
-
-
-@pytest.fixture
-def fleet(tmp_path) -> str:
-    """A destination store that already holds one run."""
-    url = f"sqlite:///{tmp_path / 'fleet.db'}"
-    with open_store(url, mode="write") as store:
-        record_run(store, seed=7, hostname="fleet-1")
-    return url
 
 
 def _refused(run_cli, bundle: Path, fleet: str, message: str) -> None:

@@ -19,7 +19,7 @@ import pytest
 
 from db.bundle import export_file
 from db.store import open_store
-from tests.db_support import record_run, row_counts
+from tests.db_support import fleet, record_run, row_counts  # noqa: F401  (fleet: a fixture)
 
 TIMEOUT_S = 120
 """Far longer than any of these commands takes; only a reader that blocks reaches it."""
@@ -34,15 +34,6 @@ def bundle(tmp_path) -> bytes:
         record_run(store, seed=2, hostname="gpu-08")
         export_file(store, tmp_path / "box.json")
     return (tmp_path / "box.json").read_bytes()
-
-
-@pytest.fixture
-def fleet(tmp_path) -> str:
-    """A destination store that already holds one run."""
-    url = f"sqlite:///{tmp_path / 'fleet.db'}"
-    with open_store(url, mode="write") as store:
-        record_run(store, seed=7, hostname="fleet-1")
-    return url
 
 
 def _headroom(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:

@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import re
 import sqlite3
-import subprocess
-import sys
 
 import pytest
 
@@ -95,22 +93,18 @@ def _spoofed_store(tmp_path) -> str:
     return f"sqlite:///{path}"
 
 
-def _headroom(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_db_info_and_plan_show_a_stored_name_as_the_characters_it_holds(tmp_path):
+def test_db_info_and_plan_show_a_stored_name_as_the_characters_it_holds(tmp_path, headroom):
     url = _spoofed_store(tmp_path)
-    info = _headroom("db", "info", "--db", url)
+    info = headroom("db", "info", "--db", url)
     assert info.returncode == 0, info.stderr
     (row,) = [line for line in info.stdout.splitlines() if "NVIDIA" in line]
     assert row.startswith("NVIDIA H100 80GB HBM3\\nNVIDIA FAKE 1 9 \\x1b[31mred\\x07 \\u202eevil\\rgpu-07 ")
-    plan = _headroom("plan", "--model", "llama3.2-1b", "--global-batch", "8", "--db", url, "--hardware", "NVIDIA H100")
+    plan = headroom("plan", "--model", "llama3.2-1b", "--global-batch", "8", "--db", url, "--hardware", "NVIDIA H100")
     assert plan.returncode == 0, plan.stderr
     assert "hardware: NVIDIA H100 80GB HBM3\\nNVIDIA FAKE 1 9 \\x1b[31mred\\x07 \\u202eevil\\r (measured)" in plan.stdout
     for text in (info.stdout, plan.stdout, plan.stderr):
         assert not {"\x1b", "\x07", "\r", "\u202e"} & set(text)
-    missing = _headroom("plan", "--model", "llama3.2-1b", "--global-batch", "8", "--db", url, "--hardware", "nope")
+    missing = headroom("plan", "--model", "llama3.2-1b", "--global-batch", "8", "--db", url, "--hardware", "nope")
     assert missing.returncode == 2 and missing.stderr.count("\n") == 1
     assert "NVIDIA H100 80GB HBM3\\nNVIDIA FAKE 1 9 \\x1b[31mred\\x07 \\u202eevil\\r" in missing.stderr
 

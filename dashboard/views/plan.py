@@ -56,7 +56,7 @@ hardware_options = planning.hardware_options(measured_devices)
 # interconnect the page does not offer is replaced, with a warning that lasts until another is picked.
 if "plan_inputs" not in st.session_state:
     query = st.query_params.to_dict()
-    if "hardware" not in query and state.ok and (gpus := data.gpu_devices(url)):
+    if "hardware" not in query and state.ok and (gpus := data.devices(url, "cuda")):
         query["hardware"] = planning.MEASURED_PREFIX + gpus[0]  # a store's own GPU before any datasheet
     st.session_state.plan_inputs = PlanInputs.from_query(query)
     st.session_state.plan_url_warnings = {}  # field -> (the value planned instead, the warning)
