@@ -39,6 +39,17 @@ def text_problem(value: str, *, message: bool = False) -> str | None:
     limit = MESSAGE_LIMIT if message else NAME_LIMIT
     if len(value) > limit:
         return f"must be at most {limit:,} characters (it has {len(value):,})"
+    if problem := unstorable(value):
+        return problem
+    if (_UNSTORABLE_IN_MESSAGE if message else _UNSHOWABLE).search(value):
+        what = "a control" if message else "a line break, a control"
+        return f"must not contain {what} or a bidirectional formatting character"
+    return None
+
+
+def unstorable(value: str) -> str | None:
+    """What no stored text may hold, in a field or inside a JSON document: what neither SQLite nor PostgreSQL
+    round-trips (a NUL, a lone surrogate); None when it holds neither."""
     if "\x00" in value:
         return "must not contain a NUL character"
     if not value.isascii():
@@ -46,9 +57,6 @@ def text_problem(value: str, *, message: bool = False) -> str | None:
             value.encode("utf-8")
         except UnicodeEncodeError:
             return "must not contain a lone surrogate (it is not text)"
-    if (_UNSTORABLE_IN_MESSAGE if message else _UNSHOWABLE).search(value):
-        what = "a control" if message else "a line break, a control"
-        return f"must not contain {what} or a bidirectional formatting character"
     return None
 
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
 
-from core.safe_text import MAX_LABELS, text_problem
+from core.safe_text import MAX_LABELS, text_problem, unstorable
 from db.errors import StoreError
 from db.models import Base, Result, UTCDateTime
 
@@ -127,19 +127,6 @@ def _shown(value: Any) -> str:
 
 MAX_INTEGER = 2**63 - 1
 """The largest integer both stores hold (SQLite INTEGER, PostgreSQL BIGINT)."""
-
-
-def _text_problem(value: str) -> str | None:
-    """What a JSON document's text may not hold: what neither back end round-trips."""
-    if "\x00" in value:
-        return "must not contain a NUL character"
-    if value.isascii():  # no surrogate, lone or paired
-        return None
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        return "must not contain a lone surrogate (it is not text)"
-    return None
 
 
 def _check_model_spec(spec: Any, where: str, error: type[StoreError]) -> None:
@@ -254,7 +241,7 @@ def _document_problem(value: Any) -> str | None:
     if kind is float:
         return None if math.isfinite(value) else "must hold only finite numbers"
     if kind is str:
-        return _text_problem(value)
+        return unstorable(value)
     if kind is int:
         return None if -MAX_INTEGER - 1 <= value <= MAX_INTEGER else "must hold only 64-bit integers"
     if value is None or kind is bool:
@@ -264,12 +251,12 @@ def _document_problem(value: Any) -> str | None:
     if isinstance(value, int) and not isinstance(value, bool):
         return None if -MAX_INTEGER - 1 <= value <= MAX_INTEGER else "must hold only 64-bit integers"
     if isinstance(value, str):
-        return _text_problem(value)
+        return unstorable(value)
     if isinstance(value, dict):
         for k, v in value.items():
             if not isinstance(k, str):
                 return "must have text keys"
-            if problem := _text_problem(k) or _document_problem(v):
+            if problem := unstorable(k) or _document_problem(v):
                 return problem
     if isinstance(value, list):
         for v in value:
