@@ -9,7 +9,7 @@ A backend that cannot run a shape is recorded as skipped with torch's own
 reasons (the warnings it gives before "No available kernel"); running out of
 memory is ``oom``, not a missing backend. Achieved FLOP/s (the summary, the
 dashboard's roofline) follow FlashAttention's convention
-(core.flops.attention_kernel_flops): 4 b s^2 h forward, halved for causal
+(headroom.core.memory.flops.attention_kernel_flops): 4 b s^2 h forward, halved for causal
 attention, whose masked half fused kernels skip.
 """
 
@@ -23,11 +23,11 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from agent.cases import Case, skipped
-from agent.sdpa import declined, kernel_label, kernels_run
-from agent.timer import time_fn
-from core.safe_text import printable
-from db.models import AttentionResult
+from headroom.agent.cases import Case, skipped
+from headroom.agent.sdpa import declined, kernel_label, kernels_run
+from headroom.agent.timer import time_fn
+from headroom.core.safe_text import printable
+from headroom.db.models import AttentionResult
 
 BACKENDS: dict[str, SDPBackend | None] = {
     "default": None,

@@ -8,7 +8,7 @@ Run by the agent as one launch of torch's launcher, one process per GPU
   gathered output, reduce-scatter's full input, all-to-all's per-rank input,
   send/recv's per-rank buffer (each rank sends to the next and receives from
   the previous, a ring);
-- ``algbw = S / t`` and ``busbw = algbw x bus_factor`` (core.comm.bus_factor:
+- ``algbw = S / t`` and ``busbw = algbw x bus_factor`` (headroom.core.timing.comm.bus_factor:
   all-reduce 2(n-1)/n, all-gather, reduce-scatter and all-to-all (n-1)/n,
   send/recv 1), the figure to compare with a link's per-direction bandwidth.
 
@@ -19,8 +19,8 @@ when its last rank is. The calls per block are sized on a warm-up so one
 block lasts about ``BLOCK_S``, and agreed between ranks. Before timing, each
 op's output is checked against the arithmetic it must do.
 
-Rank side: ``python -m agent.bench_collectives`` under torch's launcher;
-parent side: `cases`, whose rows arrive through agent.launch.
+Rank side: ``python -m headroom.agent.bench_collectives`` under torch's launcher;
+parent side: `cases`, whose rows arrive through headroom.agent.launch.
 """
 
 from __future__ import annotations
@@ -36,12 +36,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from agent.cases import Case
-from agent.launch import Launch, emit
-from agent.rank import RankInfo, add_rank_flags, join, leave
-from core.collective_ops import OPS, bus_factor
-from core.safe_text import printable
-from db.models import CollectiveResult
+from headroom.agent.cases import Case
+from headroom.agent.launch import Launch, emit
+from headroom.agent.rank import RankInfo, add_rank_flags, join, leave
+from headroom.core.safe_text import printable
+from headroom.core.timing.collective_ops import OPS, bus_factor
+from headroom.db.models import CollectiveResult
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 GPU_SIZES = tuple(KiB * 4**i for i in range(11))  # 1 KiB .. 1 GiB
@@ -217,7 +217,7 @@ def cases(device_type: str, group_size: int, *, timeout_s: float | None = None,
     if timeout_s is None:
         timeout_s = 120 + 10 * per_case * len(ops) * len(message_sizes)
     args = ["--device-type", device_type, "--ops", *ops, "--sizes", *map(str, message_sizes)]
-    launch = Launch("agent.bench_collectives", group_size, args, timeout_s=timeout_s,
+    launch = Launch("headroom.agent.bench_collectives", group_size, args, timeout_s=timeout_s,
                     env={"OMP_NUM_THREADS": "1"} if device_type == "cpu" else None)
     dtype = DTYPE[device_type][0]
     backend = "nccl" if device_type == "cuda" else "gloo"

@@ -1,5 +1,5 @@
 """What the host pays to dispatch eager PyTorch: a forward op, a backward kernel, and an op under a
-selective-checkpoint context (the time model's host costs, core.op_time.HostCosts).
+selective-checkpoint context (the time model's host costs, headroom.core.timing.op_time.HostCosts).
 
 A chain of ``CHAIN`` products by a scalar runs on a tensor of ``ELEMENTS`` elements that requires grad, so
 autograd records every op and the device's own work (a few microseconds a kernel) never sets the pace:
@@ -24,10 +24,14 @@ import time
 from collections.abc import Callable
 
 import torch
-from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+from torch.utils.checkpoint import (
+    CheckpointPolicy,
+    checkpoint,
+    create_selective_checkpoint_contexts,
+)
 
-from agent.cases import Case
-from db.models import DISPATCH_MODES, DispatchResult
+from headroom.agent.cases import Case
+from headroom.db.models import DISPATCH_MODES, DispatchResult
 
 CHAIN = 256
 """Ops in one sample: enough that the clock's resolution and the call's own overhead vanish."""

@@ -16,10 +16,10 @@ import functools
 
 import torch
 
-from agent.cases import Case
-from agent.operands import random_normal
-from agent.timer import cpu_cache_bytes, time_fn
-from db.models import ElementwiseResult
+from headroom.agent.cases import Case
+from headroom.agent.operands import random_normal
+from headroom.agent.timer import cpu_cache_bytes, time_fn
+from headroom.db.models import ElementwiseResult
 
 # op -> (elements of N read plus written, the call). Copy, add, ReLU and GELU write into a
 # preallocated output (out= variants with kernels of their own), so no allocation is timed.

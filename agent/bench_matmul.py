@@ -9,7 +9,7 @@ assumes), and the flag is kept in the row's details. Shapes: a square sweep,
 plus the GEMMs of transformer layers (q/o projection, k/v projection, MLP up
 and down, logits) for a few presets and token counts.
 
-Inputs are random normal (agent.operands). Every call reads operands no other call of the
+Inputs are random normal (headroom.agent.operands). Every call reads operands no other call of the
 last twice-the-L2 bytes read: one allocation holds as many operand sets as
 that takes (hundreds for a small GEMM), and call i uses set i mod sets.
 """
@@ -21,12 +21,12 @@ import math
 
 import torch
 
-from agent.cases import Case, skipped
-from agent.fingerprint import datasheet_spec
-from agent.operands import random_normal
-from agent.timer import l2_bytes, time_fn
-from core.presets import get_preset
-from db.models import MatmulResult
+from headroom.agent.cases import Case, skipped
+from headroom.agent.fingerprint import datasheet_spec
+from headroom.agent.operands import random_normal
+from headroom.agent.timer import l2_bytes, time_fn
+from headroom.core.specs.presets import get_preset
+from headroom.db.models import MatmulResult
 
 TORCH_DTYPES = {"fp32": torch.float32, "tf32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 CPU_FP16_MAX_DIM = 256

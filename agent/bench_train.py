@@ -14,7 +14,7 @@ the same configuration are stored beside the measurements.
 Precision recipes: ``fp32``; ``amp-bf16`` (fp32 parameters, forward under
 ``torch.autocast``); ``bf16-pure`` (the model in bf16; torch's optimizers keep
 their state in the parameters' dtype, so this trainer holds 8 B/param where the
-core's recipe (core/precision.py) assumes fp32 state at 12: its static prediction is
+core's recipe (core/specs/precision.py) assumes fp32 state at 12: its static prediction is
 an upper bound here). ``bf16-master`` needs a master-copy optimizer the agent
 does not have: such rows are recorded as skipped, with that reason.
 
@@ -35,20 +35,20 @@ from dataclasses import dataclass
 
 import torch
 
-from agent import host_load
-from agent.cases import Case, skipped
-from agent.fingerprint import datasheet_spec
-from agent.model import Decoder
-from agent.probe import probe
-from agent.safety import refusal
-from agent.sdpa import kernel_label, kernels_run
-from core.config import TrainConfig
-from core.estimate import estimate
-from core.model import ModelSpec
-from core.precision import get_precision
-from core.safe_text import printable
-from core.timing import HardwareProfile, step_time
-from db.models import TrainStepResult
+from headroom.agent import host_load
+from headroom.agent.cases import Case, skipped
+from headroom.agent.fingerprint import datasheet_spec
+from headroom.agent.model import Decoder
+from headroom.agent.probe import probe
+from headroom.agent.safety import refusal
+from headroom.agent.sdpa import kernel_label, kernels_run
+from headroom.core.memory.estimate import estimate
+from headroom.core.safe_text import printable
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import get_precision
+from headroom.core.timing.step import HardwareProfile, step_time
+from headroom.db.models import TrainStepResult
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

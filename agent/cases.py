@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from db.models import Result
+from headroom.db.models import Result
 
 
 @dataclass(frozen=True, slots=True)

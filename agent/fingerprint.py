@@ -18,10 +18,10 @@ import subprocess
 
 import torch
 
-from agent.clocks import gpu_uuid
-from agent.topology import read_topology
-from core.hardware import HardwareSpec, match_device
-from db.models import Fingerprint
+from headroom.agent.clocks import gpu_uuid
+from headroom.agent.topology import read_topology
+from headroom.core.specs.hardware import HardwareSpec, match_device
+from headroom.db.models import Fingerprint
 
 BENCHMARK_VERSION = "3"
 """Changes whenever a measurement method changes, so old and new numbers are never compared blindly.
@@ -67,7 +67,7 @@ def nvidia_smi(gpu: str) -> dict[str, str]:
 
 @functools.cache
 def topology() -> dict:
-    """The box's GPU topology (agent.topology), read once per process."""
+    """The box's GPU topology (headroom.agent.topology), read once per process."""
     return read_topology()
 
 

@@ -2,16 +2,16 @@
 
 transformers builds the model from its config on the meta device (no
 weights, no memory), one forward of a micro-batch runs under the saved-tensor
-probe (agent.probe), and every tensor kept for backward is listed with its
+probe (headroom.agent.probe), and every tensor kept for backward is listed with its
 layer. Any architecture transformers implements can be traced, whether or
-not the analytic ledger (core.ledger) models it.
+not the analytic ledger (headroom.core.memory.ledger) models it.
 
 Meta has no attention kernels: ``F.scaled_dot_product_attention`` falls back
 to its math path there, which keeps the attention probabilities (b a s^2).
 The trace routes each call to the fused kernel the target device would run,
 whose meta implementation has the real kernel's outputs, so autograd keeps
 what that kernel keeps (q, k, v, output, log-sum-exp) under the device's
-rules (core.devices): on a CPU the flash kernel (any dtype, grouped k/v
+rules (headroom.core.specs.devices): on a CPU the flash kernel (any dtype, grouped k/v
 heads, an explicit mask; dropout sends it to math), on CUDA flash for 16-bit
 inputs (fp32 runs math), with dropout inside the kernel. Which CUDA kernel
 takes an explicit mask (transformers' sliding-window layers) has not been
@@ -42,14 +42,14 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from agent.ledger_check import DTYPE_NAMES
-from agent.probe import ProbedTensor, ProbeResult, probe
-from core.config import Attention, TrainConfig
-from core.devices import DEVICE_RULES, DeviceRules
-from core.errors import ConfigError
-from core.ledger import Ledger
-from core.precision import get_precision
-from core.trace_limits import trace_refusal
+from headroom.agent.ledger_check import DTYPE_NAMES
+from headroom.agent.probe import ProbedTensor, ProbeResult, probe
+from headroom.core.errors import ConfigError
+from headroom.core.memory.ledger import Ledger
+from headroom.core.memory.trace_limits import trace_refusal
+from headroom.core.specs.config import Attention, TrainConfig
+from headroom.core.specs.devices import DEVICE_RULES, DeviceRules
+from headroom.core.specs.precision import get_precision
 
 MASKED_CUDA_SDPA = ("transformers hands SDPA an explicit mask here (a sliding-window layer, the sequence at least as "
                     "long as the window): which CUDA kernel takes it, and what that keeps, has not been measured on a "
@@ -61,7 +61,7 @@ _LAYER = re.compile(r"\.(?:layers|h|layer|blocks)\.(\d+)(?:\.|$)")
 
 @dataclass(frozen=True, slots=True)
 class TracedTensor:
-    """One storage kept for backward, in the analytic ledger's JSON shape (core.trace.SavedTensor)."""
+    """One storage kept for backward, in the analytic ledger's JSON shape (headroom.core.memory.trace.SavedTensor)."""
 
     name: str
     """The submodule that saved it and the op that made it, e.g. ``model.layers.0.mlp.act_fn.silu``."""

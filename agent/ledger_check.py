@@ -1,7 +1,7 @@
 """The activation ledger against what autograd really keeps, on the device at hand.
 
-``core.ledger`` predicts, tensor by tensor, what one micro-batch of the
-agent's decoder keeps for backward; ``agent.probe`` measures it. On the CPU
+``headroom.core.memory.ledger`` predicts, tensor by tensor, what one micro-batch of the
+agent's decoder keeps for backward; ``headroom.agent.probe`` measures it. On the CPU
 the two agree byte for byte (tests/test_ledger.py). On a GPU the core relies
 on CUDA rules no CPU can show: fused SDPA kernels and the tensors each keeps,
 1-byte dropout masks, fp32 softmax under autocast, the fused RMSNorm, and
@@ -30,18 +30,18 @@ from dataclasses import dataclass, field
 
 import torch
 
-from agent.bench_attention import backend_context, unsupported_reason
-from agent.bench_train import TrainSetup, build_model, forward_loss
-from agent.model import Decoder
-from agent.probe import ProbeResult, probe
-from agent.sdpa import declined, kernel_label, kernels_run
-from core.config import TrainConfig
-from core.devices import device_rules
-from core.ledger import Ledger, activation_ledger
-from core.model import ModelSpec
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.safe_text import printable
+from headroom.agent.bench_attention import backend_context, unsupported_reason
+from headroom.agent.bench_train import TrainSetup, build_model, forward_loss
+from headroom.agent.model import Decoder
+from headroom.agent.probe import ProbeResult, probe
+from headroom.agent.sdpa import declined, kernel_label, kernels_run
+from headroom.core.memory.ledger import Ledger, activation_ledger
+from headroom.core.safe_text import printable
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.devices import device_rules
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 
 TOLERANCE = 0.02
 """Relative error within which ledger and probe agree (observed on CPU: 0.00%)."""
@@ -64,7 +64,7 @@ class LedgerCase:
     backend: str = "default"
     """SDPA backend forced while probing: ``default`` (SDPA's own choice), flash, efficient, cudnn, math."""
     stack: str = "reference"
-    """Whose checkpointing applies the policy (core.stack)."""
+    """Whose checkpointing applies the policy (headroom.core.specs.stack)."""
 
     @property
     def spec(self) -> ModelSpec:

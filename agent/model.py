@@ -28,10 +28,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from agent.recompute import apply_blocks, checkpointed
-from core.model import ModelSpec
-from core.recompute import RecomputePolicy, parse_policy
-from core.stack import get_stack
+from headroom.agent.recompute import apply_blocks, checkpointed
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.recompute import RecomputePolicy, parse_policy
+from headroom.core.specs.stack import get_stack
 
 ATTENTION_KINDS = ("flash", "standard")
 
@@ -331,7 +331,7 @@ class Decoder(nn.Module):
             raise ValueError(f"{spec.name}: llama blocks have no dropout")
         self.spec = spec
         self.recompute = parse_policy(recompute) if isinstance(recompute, str) else recompute
-        self.stack = stack  # whose checkpointing applies the policy (agent.recompute)
+        self.stack = stack  # whose checkpointing applies the policy (headroom.agent.recompute)
         selective = self.recompute.recomputes_attention
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden)
         self.positions = None if spec.rotary else nn.Embedding(spec.max_seq_len, spec.hidden)

@@ -17,7 +17,7 @@ Tensor parallelism (Megatron, Shoeybi et al. 2019) with DTensor
   between blocks hold s/tp tokens per rank.
 
 How the column-parallel linears take their input is the stack's
-(core.stack.Stack.splits_column_inputs). The reference hands each a plain
+(headroom.core.specs.stack.Stack.splits_column_inputs). The reference hands each a plain
 tensor, which it makes a replicated DTensor of its own: backward all-reduces
 each linear's input gradient whole. torchtitan hands the attention and the
 MLP a DTensor (``PrepareModuleInput`` keeps it one): the linears' partial
@@ -53,8 +53,8 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from agent.model import Block, Decoder
-from core.stack import get_stack
+from headroom.agent.model import Block, Decoder
+from headroom.core.specs.stack import get_stack
 
 Units = Literal["blocks", "torchtitan"]
 UNITS: tuple[str, ...] = ("blocks", "torchtitan")

@@ -17,7 +17,7 @@ than one stage per rank and is not run here.
 
 `SavedLive` counts the activation bytes autograd holds at each moment of a
 step, so the micro-batches a stage keeps in flight (the schedule's memory
-claim: all m under GPipe, pp - i under 1F1B, core.pipeline) are measured,
+claim: all m under GPipe, pp - i under 1F1B, headroom.core.memory.pipeline) are measured,
 not assumed.
 """
 
@@ -30,12 +30,12 @@ from collections.abc import Iterable, Iterator
 import torch
 from torch import nn
 
-from agent import bench_train
-from agent.model import Decoder, embed_tokens, token_loss
-from agent.probe import storage_key
-from agent.recompute import apply_blocks
-from core.errors import ConfigError
-from core.layout import Layout
+from headroom.agent import bench_train
+from headroom.agent.model import Decoder, embed_tokens, token_loss
+from headroom.agent.probe import storage_key
+from headroom.agent.recompute import apply_blocks
+from headroom.core.errors import ConfigError
+from headroom.core.specs.layout import Layout
 
 SCHEDULES = ("gpipe", "1f1b")
 """The pipeline schedules the agent runs (torch's ScheduleGPipe and Schedule1F1B)."""
@@ -62,7 +62,7 @@ def check_pipeline(layout: Layout, tied_embeddings: bool, micro_batches: int | N
 class Stage(nn.Module):
     """One pipeline stage of a Decoder: its blocks, with the embedding on the first stage and the final
     norm and head on the last. Takes token ids (first stage) or the previous stage's hidden states and
-    returns hidden states, or the logits on the last stage (the schedule runs the loss, agent.model.token_loss)."""
+    returns hidden states, or the logits on the last stage (the schedule runs the loss, headroom.agent.model.token_loss)."""
 
     def __init__(self, decoder: Decoder, index: int, stages: int, autocast: bool) -> None:
         super().__init__()
@@ -109,7 +109,7 @@ def schedule(stage_module: Stage, index: int, stages: int, device: torch.device,
 class PipelineTrainer:
     """This rank's stage, its optimizer and the schedule that runs a step's micro-batches through it.
 
-    The same surface as agent.train_ranks.Trainer: ``model`` (the stage), ``optimizer``,
+    The same surface as headroom.agent.train_ranks.Trainer: ``model`` (the stage), ``optimizer``,
     ``forward_backward`` (one step's micro-batches, forward and backward) and ``loss`` (one micro-batch
     through this stage alone, for the saved-tensor probe).
     """
@@ -188,7 +188,7 @@ def profiled_waits() -> Iterator[None]:
     """The schedule's waits on its point-to-point sends and receives, as ``c10d::`` profiler spans.
 
     torch's schedules wait on gloo's send and receive handles without a profiler event, so the host
-    view of agent.comm_time would see no communication; on CUDA the NCCL kernels show it already.
+    view of headroom.agent.comm_time would see no communication; on CUDA the NCCL kernels show it already.
     """
     from torch.distributed.pipelining import schedules
 

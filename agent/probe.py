@@ -43,7 +43,7 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from agent.heap import older_objects_frozen
+from headroom.agent.heap import older_objects_frozen
 
 _WRAPPERS: tuple[tuple[str, str, str], ...] = (
     ("torch.distributed.tensor", "DTensor", "_local_tensor"),
@@ -254,7 +254,7 @@ def _young_garbage_collected() -> Iterator[None]:
 
     Such a storage is garbage the collector has not reached yet, not something backward needs, so whether
     it counts must not depend on when the collector last ran. (A buffer a collective's backend still holds
-    is another matter: agent.rank.settled.) The collection walks only what the block made (agent.heap):
+    is another matter: headroom.agent.rank.settled.) The collection walks only what the block made (headroom.agent.heap):
     a probe runs hundreds of times in a test process that holds half a million objects.
     """
     with older_objects_frozen():

@@ -6,7 +6,7 @@ import sys
 import time
 from typing import TextIO
 
-from core.units import format_duration
+from headroom.core.units import format_duration
 
 
 class Progress:

@@ -18,7 +18,7 @@ same.
 - ``offload``: the blocks' saved tensors move to host memory
   (``torch.autograd.graph.save_on_cpu``).
 
-Under the ``torchtitan`` stack (core.stack) ``full`` and ``op-selective`` are
+Under the ``torchtitan`` stack (headroom.core.specs.stack) ``full`` and ``op-selective`` are
 torchtitan's own (torchtitan 0.3, ``torchtitan/distributed/activation_checkpoint.py``):
 ``FullAC`` checkpoints each block with ``early_stop=False``; ``SelectiveAC``
 saves the outputs of ``torchtitan_saved()`` ops except every second ``aten.mm``
@@ -39,7 +39,7 @@ from torch.utils.checkpoint import (
     create_selective_checkpoint_contexts,
 )
 
-from core.recompute import RecomputePolicy
+from headroom.core.specs.recompute import RecomputePolicy
 
 aten = torch.ops.aten
 

@@ -1,6 +1,6 @@
 """Run a suite on one device and record every result as it finishes.
 
-Each case's row is committed on its own (db.store), so a run killed at any
+Each case's row is committed on its own (headroom.db.store), so a run killed at any
 point keeps what finished. A case that raises is recorded, not fatal:
 out-of-memory as ``oom``, anything else as ``error`` with its message, and
 the suite goes on. Ctrl-C marks the run ``aborted`` and keeps its results.
@@ -27,17 +27,17 @@ from typing import TextIO
 
 import torch
 
-from agent import heap
-from agent.cases import Case
-from agent.fingerprint import BENCHMARK_VERSION, fingerprint
-from agent.progress import Progress
-from agent.suites import KINDS, build_cases
-from core.errors import ConfigError
-from core.safe_text import printable
-from core.timing import HardwareProfile
-from db.models import Result
-from db.profiles import build_profile
-from db.store import Store
+from headroom.agent import heap
+from headroom.agent.cases import Case
+from headroom.agent.fingerprint import BENCHMARK_VERSION, fingerprint
+from headroom.agent.progress import Progress
+from headroom.agent.suites import KINDS, build_cases
+from headroom.core.errors import ConfigError
+from headroom.core.safe_text import printable
+from headroom.core.timing.step import HardwareProfile
+from headroom.db.models import Result
+from headroom.db.profiles import build_profile
+from headroom.db.store import Store
 
 
 @dataclass(slots=True)
@@ -67,7 +67,7 @@ class DeviceLost(RuntimeError):
 
 
 def first_line(err: BaseException, limit: int = 500) -> str:
-    """The error's first line as a stored message may hold it: escaped (core.safe_text), at most ``limit``."""
+    """The error's first line as a stored message may hold it: escaped (headroom.core.safe_text), at most ``limit``."""
     text = str(err).strip()
     return printable(text.splitlines()[0])[:limit] if text else ""
 

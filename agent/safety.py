@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from core.estimate import Estimate
+from headroom.core.memory.estimate import Estimate
 
 CPU_HEADROOM = 0.9
 """Share of the available host memory a CPU step may plan to use."""

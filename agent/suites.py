@@ -13,7 +13,7 @@ A CPU runs every suite at smoke sizes: its numbers are labelled CPU and
 never mixed with GPU results, and bigger shapes would only take longer.
 
 Collectives need several ranks: every suite measures them over ``ranks``
-local processes (one per GPU: agent.bench_collectives), which the agent asks
+local processes (one per GPU: headroom.agent.bench_collectives), which the agent asks
 for when a box has more than one GPU, or when told to on a CPU.
 """
 
@@ -24,13 +24,20 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from agent import bench_attention, bench_collectives, bench_dispatch, bench_elementwise, bench_matmul, bench_train
-from agent.cases import Case
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.timing import HardwareProfile
+from headroom.agent import (
+    bench_attention,
+    bench_collectives,
+    bench_dispatch,
+    bench_elementwise,
+    bench_matmul,
+    bench_train,
+)
+from headroom.agent.cases import Case
+from headroom.core.errors import ConfigError
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.step import HardwareProfile
 
 KINDS = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
 

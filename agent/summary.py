@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from agent.runner import RunReport
-from core.flops import attention_kernel_flops
-from core.hardware import HARDWARE_BY_KEY
-from db.models import (
+from headroom.agent.runner import RunReport
+from headroom.core.memory.flops import attention_kernel_flops
+from headroom.core.specs.hardware import HARDWARE_BY_KEY
+from headroom.db.models import (
     AttentionResult,
     CollectiveResult,
     DispatchResult,

@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from agent import host_load
-from agent.clocks import read_clocks
+from headroom.agent import host_load
+from headroom.agent.clocks import read_clocks
 
 BLOCK_S = 1e-3
 """Target wall time of one timed block of calls."""
@@ -58,7 +58,7 @@ class Timing:
     extra: dict[str, Any] = field(default_factory=dict)
     """More about the method, e.g. whether blocks were CUDA graphs."""
     host: dict[str, Any] | None = None
-    """The host while the samples were taken (agent.host_load.verdict): threads, load, spread, busy."""
+    """The host while the samples were taken (headroom.agent.host_load.verdict): threads, load, spread, busy."""
 
     @property
     def median_s(self) -> float:

@@ -11,18 +11,18 @@ under torch's own parallelism, as torchtitan applies it to Llama:
   without autocast, as torchtitan's FSDP does). torch has no ZeRO-2 of its
   own: ``zero 2`` is refused.
 - ``tp``: DTensor ``parallelize_module`` over the blocks and the vocabulary
-  (agent.parallel.parallelize_decoder), with sequence parallelism when
+  (headroom.agent.parallel.parallelize_decoder), with sequence parallelism when
   ``sp``; with ``dp`` as well, a 2-D mesh (tp innermost) and FSDP2 over dp.
 
 - ``pp``: the decoder cut into stages and run by torch's GPipe or 1F1B
-  schedule (agent.pipeline_stages), a pipeline alone (tp, cp, dp 1); each
+  schedule (headroom.agent.pipeline_stages), a pipeline alone (tp, cp, dp 1); each
   rank also reports the micro-batches its stage held in flight.
 
 Context parallelism is not run here (the core plans it; the agent measures
 it on no box yet): such a layout is refused by name.
 
 Each rank reports its own row: step times, the exposed communication within
-a step (agent.comm_time, from two profiled steps after the timed ones), its
+a step (headroom.agent.comm_time, from two profiled steps after the timed ones), its
 peak memory (CUDA), the bytes one forward keeps for backward (agent/probe.py,
 counting a DTensor by its local shard), and its parameter, gradient and
 optimizer-state bytes as stored. The parent adds the core's prediction for
@@ -34,7 +34,7 @@ imports and NCCL initialisation, on a CPU most of a small step's time. A
 rank that fails a setup ends its launch; the setups after it get a new one.
 Each row says where in its launch it ran (``details.setup_in_launch``).
 
-Rank side: ``python -m agent.train_ranks`` under torch's launcher; parent
+Rank side: ``python -m headroom.agent.train_ranks`` under torch's launcher; parent
 side: `cases`.
 """
 
@@ -54,18 +54,18 @@ from collections.abc import Sequence
 
 import torch
 
-from agent import bench_train
-from agent.cases import Case, skipped
-from agent.launch import Launch, LaunchFailed, emit
-from agent.rank import RankInfo, add_rank_flags, join, leave, settled
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.estimate import estimate, for_rank
-from core.layout import Layout
-from core.model import ModelSpec
-from core.recompute import parse_policy
-from core.timing import step_time
-from db.models import TrainStepResult
+from headroom.agent import bench_train
+from headroom.agent.cases import Case, skipped
+from headroom.agent.launch import Launch, LaunchFailed, emit
+from headroom.agent.rank import RankInfo, add_rank_flags, join, leave, settled
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate, for_rank
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.step import step_time
+from headroom.db.models import TrainStepResult
 
 PROFILED_STEPS = 2
 STEP_MARK = "headroom.step"
@@ -82,7 +82,7 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
         raise ConfigError(f"the agent trains tensor, pipeline and data parallelism; ep {layout.ep} is planned by "
                           "the core but not measured: use ep 1")
     if layout.pp > 1:
-        from agent.pipeline_stages import check_pipeline
+        from headroom.agent.pipeline_stages import check_pipeline
 
         check_pipeline(layout, spec is not None and spec.tied_embeddings, micro_batches)
         return
@@ -141,7 +141,7 @@ class Trainer:
     def context(self):
         """Where forward and backward run: under loss_parallel when the logits are vocabulary-sharded."""
         if self.vocabulary_parallel:
-            from agent.parallel import vocabulary_loss
+            from headroom.agent.parallel import vocabulary_loss
 
             return vocabulary_loss()
         return contextlib.nullcontext()
@@ -155,9 +155,9 @@ class Trainer:
 
 
 def build(setup: bench_train.TrainSetup, info: RankInfo):
-    """This rank's Trainer, or its agent.pipeline_stages.PipelineTrainer under pipeline parallelism."""
+    """This rank's Trainer, or its headroom.agent.pipeline_stages.PipelineTrainer under pipeline parallelism."""
     if setup.config.layout.pp > 1:
-        from agent import pipeline_stages
+        from headroom.agent import pipeline_stages
 
         return pipeline_stages.build(setup, info.rank, info.device)
     return _build(setup, info)
@@ -166,7 +166,7 @@ def build(setup: bench_train.TrainSetup, info: RankInfo):
 def _build(setup: bench_train.TrainSetup, info: RankInfo) -> Trainer:
     from torch.distributed.device_mesh import init_device_mesh
 
-    from agent.parallel import parallelize_decoder, shard_fully
+    from headroom.agent.parallel import parallelize_decoder, shard_fully
 
     cfg, layout, device = setup.config, setup.config.layout, info.device
     torch.manual_seed(0)  # every rank starts from the same weights and keeps its shard of them
@@ -209,7 +209,7 @@ def _groups(model: torch.nn.Module) -> list[dict]:
 
 def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind ``tensors`` (a DTensor counts its local shard)."""
-    from agent.parallel import local_tensor
+    from headroom.agent.parallel import local_tensor
 
     seen: dict[int, int] = {}
     for t in tensors:
@@ -228,9 +228,9 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
     """This rank's row (the fields the rank measures)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from agent.comm_time import exposed_s
-    from agent.parallel import local_tensor
-    from agent.probe import probe
+    from headroom.agent.comm_time import exposed_s
+    from headroom.agent.parallel import local_tensor
+    from headroom.agent.probe import probe
 
     cfg, layout, device = setup.config, setup.config.layout, info.device
     trainer = build(setup, info)
@@ -315,7 +315,7 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
 def _pipeline_waits(pipelined: bool):
     if not pipelined:
         return contextlib.nullcontext()
-    from agent.pipeline_stages import profiled_waits
+    from headroom.agent.pipeline_stages import profiled_waits
 
     return profiled_waits()
 
@@ -396,7 +396,7 @@ def cases(setups: Sequence[bench_train.TrainSetup], device_type: str, profile=No
     collectives where it has them); without a profile only memory is predicted. ``timeout_s`` bounds
     each setup: a launch with no result for that long is killed.
     """
-    from agent.safety import refusal
+    from headroom.agent.safety import refusal
 
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     planned = []
@@ -467,7 +467,7 @@ class Launches:
     """
 
     def __init__(self, setups: dict[int, bench_train.TrainSetup], device_type: str, timeout_s: float,
-                 module: str = "agent.train_ranks") -> None:
+                 module: str = "headroom.agent.train_ranks") -> None:
         self.setups, self.device_type, self.timeout_s, self.module = setups, device_type, timeout_s, module
         self.launch: Launch | None = None
         self.indices: list[int] = []

@@ -20,20 +20,16 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 from collections import defaultdict
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import torch
 
-import torch  # noqa: E402
-
-from agent.bench_elementwise import streaming_elements  # noqa: E402
-from agent.runner import run_suite  # noqa: E402
-from db.models import ElementwiseResult, MatmulResult  # noqa: E402
-from db.store import open_store  # noqa: E402
+from headroom.agent.bench_elementwise import streaming_elements
+from headroom.agent.runner import run_suite
+from headroom.db.models import ElementwiseResult, MatmulResult
+from headroom.db.store import open_store
 
 CPU = torch.device("cpu")
 MATMUL_N = 512

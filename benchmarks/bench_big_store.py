@@ -21,10 +21,8 @@ from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from benchmarks.big_store import build_store  # noqa: E402
-from benchmarks.peak_memory import run_headroom  # noqa: E402
+from benchmarks.big_store import build_store
+from benchmarks.peak_memory import run_headroom
 
 PLAN = ("plan", "--model", "llama3-8b", "--global-batch", "256", "--dp", "8", "--zero", "3", "--hardware", "latest")
 

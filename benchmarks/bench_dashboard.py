@@ -25,30 +25,28 @@ import argparse
 import copy
 import os
 import random
-import sys
 import tempfile
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
+import streamlit as st
+from streamlit.testing.v1 import AppTest
 
-import streamlit as st  # noqa: E402
-from streamlit.testing.v1 import AppTest  # noqa: E402
-
-from core.presets import get_preset  # noqa: E402
-from dashboard import data  # noqa: E402
-from db.bundle import export_bundle, import_bundle  # noqa: E402
-from db.models import (  # noqa: E402
+from headroom.core.specs.presets import get_preset
+from headroom.dashboard import data
+from headroom.db.bundle import export_bundle, import_bundle
+from headroom.db.models import (
     AttentionResult,
     ElementwiseResult,
     Fingerprint,
     MatmulResult,
     TrainStepResult,
 )
-from db.store import open_store  # noqa: E402
+from headroom.db.store import open_store
+
+ROOT = Path(__file__).resolve().parents[1]
 
 DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA L40S", "NVIDIA GeForce RTX 4090")
 PAGES = ("plan", "hardware", "history", "calibration")
@@ -120,7 +118,7 @@ def fill(url: str, n_runs: int, n_devices: int, seed: int) -> float:
                         result[key] *= rng.uniform(0.98, 1.02) * slow
         runs.append(run)
     bundle = {"format": "headroom-bundle", "version": 1, "schema_revision": None, "runs": runs}
-    from db.migrate import head
+    from headroom.db.migrate import head
 
     bundle["schema_revision"] = head()
     started = time.perf_counter()

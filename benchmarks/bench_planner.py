@@ -24,13 +24,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from core.advice import plan_and_advise
-from core.config import TrainConfig
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.planner import PlanRequest, plan, plan_to_dict
-from core.presets import get_preset
-from core.timing import datasheet_profile
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.planner import PlanRequest, plan, plan_to_dict
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.step import datasheet_profile
 
 REFERENCE_BUNDLE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
 
@@ -80,7 +80,7 @@ def targets() -> None:
         advised = _best_s(lambda request=request: plan_and_advise(request, profile))
         n = len(result.candidates) + len(result.rejected)
         print(f"{label:<36}{n:>11}{bare * 1e3:>9.1f}{advised * 1e3:>13.1f}{target:>11}")
-    cli = [sys.executable, "-m", "cli.main"]
+    cli = [sys.executable, "-m", "headroom.cli.main"]
     estimate_s = _best_s(lambda: subprocess.run([*cli, "estimate", "--model", "llama3-8b"], capture_output=True))
     plan_s = _best_s(lambda: subprocess.run([*cli, "plan", "--model", "llama3-8b", "--dp", "8", "--zero", "3",
                                              "--global-batch", "64", "--hardware", "h100-sxm"], capture_output=True))

@@ -12,7 +12,7 @@ For each backend it prints
 - the insert rate of a bundle import of the same results (one transaction,
   batched inserts), the path of ``headroom db import`` and ``merge``;
 - the time of "best bf16 TFLOP/s per device over the last 90 days"
-  (`db.queries.best_tflop_per_s`), median over ``--repeats`` runs.
+  (`headroom.db.queries.best_tflop_per_s`), median over ``--repeats`` runs.
 
 Runs start evenly over the last 180 days, so the query keeps about half of
 them. SQLite writes to a temporary directory; PostgreSQL gets a new database
@@ -25,21 +25,17 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import sys
 import tempfile
 import time
 import uuid
 from datetime import datetime, timedelta, timezone
-from pathlib import Path
 
 from sqlalchemy import create_engine, text
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from db.bundle import export_bundle, import_bundle  # noqa: E402
-from db.models import Fingerprint, MatmulResult  # noqa: E402
-from db.queries import best_tflop_per_s  # noqa: E402
-from db.store import open_store  # noqa: E402
+from headroom.db.bundle import export_bundle, import_bundle
+from headroom.db.models import Fingerprint, MatmulResult
+from headroom.db.queries import best_tflop_per_s
+from headroom.db.store import open_store
 
 DEVICES = ("NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H200", "NVIDIA L40S", "NVIDIA GeForce RTX 4090")
 DTYPES = ("fp32", "tf32", "bf16", "fp16")

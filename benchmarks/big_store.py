@@ -14,8 +14,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from db.bundle import check_runs, read_runs, write_runs
-from db.store import open_store
+from headroom.db.bundle import check_runs, read_runs, write_runs
+from headroom.db.store import open_store
 
 REFERENCE = Path(__file__).resolve().parents[1] / "tests" / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
 _TIMES = ("started_at", "finished_at", "recorded_at")

@@ -23,8 +23,8 @@ import statistics
 
 from sqlalchemy import select
 
-from db.models import Fingerprint, Run, TrainStepResult
-from db.store import open_store
+from headroom.db.models import Fingerprint, Run, TrainStepResult
+from headroom.db.store import open_store
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""Fit the time model's kernel gap and host costs (core.op_time) to the H200 reference run, and print them.
+"""Fit the time model's kernel gap and host costs (headroom.core.timing.op_time) to the H200 reference run, and print them.
 
     python benchmarks/fit_time_constants.py
 
@@ -6,7 +6,7 @@ The only constants of the time model fitted to data, and the only data they are 
 tests/data/reference without offload (llama3.2-1b, s 2048, micro-batches 1-8, every checkpoint policy). Each
 constant is tried over a grid, one at a time, for a few rounds, keeping the value with the least sum of squared
 log(measured / predicted). Offload's host bandwidth is solved from the two offload steps alone. What this prints
-is what core/op_time.py and core/timing.py state, rounded; docs/time-model.md says so.
+is what core/timing/op_time.py and core/timing/step.py state, rounded; docs/time-model.md says so.
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import math
 
 from h200_reference import config_of, h200_profile, predicted_s, train_steps
 
-from core.estimate import estimate
-from core.model import ModelSpec
-from core.op_time import HostCosts
-from core.timing import step_time
+from headroom.core.memory.estimate import estimate
+from headroom.core.specs.model import ModelSpec
+from headroom.core.timing.op_time import HostCosts
+from headroom.core.timing.step import step_time
 
 GRIDS = {
     "kernel_gap_s": [g * 1e-6 for g in (1, 2, 3, 4, 5, 6)],

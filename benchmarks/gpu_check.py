@@ -53,8 +53,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from checkout import use_checkout  # noqa: E402
+
+use_checkout()
 
 GRACE_S = 30
 """A part may run this long past its budget (finishing the case it is in) before it is killed."""
@@ -69,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-PRELOAD = ["agent.check.parts", "agent.suites", "agent.train_ranks", "agent.bench_collectives", "db.bundle"]
+PRELOAD = ["headroom.agent.check.parts", "headroom.agent.suites", "headroom.agent.train_ranks", "headroom.agent.bench_collectives", "headroom.db.bundle"]
 """What the part processes' server imports once (none of it initialises CUDA)."""
 
 
@@ -83,7 +85,7 @@ def part_process(name: str, device: str, store: str, budget_s: float, result: st
     sys.stderr.reconfigure(line_buffering=True)
     import torch
 
-    from agent.check.parts import PARTS, Context
+    from headroom.agent.check.parts import PARTS, Context
 
     context = Context(torch.device(device), store, time.perf_counter() + budget_s)
     summary = PARTS[name][0](context)
@@ -133,10 +135,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
 
-    from agent.check.parts import PARTS
-    from agent.check.report import Rows, markdown, summary
-    from db.bundle import export_file
-    from db.store import open_store
+    from headroom.agent.check.parts import PARTS
+    from headroom.agent.check.report import Rows, markdown, summary
+    from headroom.db.bundle import export_file
+    from headroom.db.store import open_store
 
     device = args.device or ("cuda:0" if torch.cuda.is_available() else "cpu")
     gpu = torch.device(device).type == "cuda"

@@ -4,7 +4,7 @@ steps predicted again now, and the planner's regret recomputed from the stored s
     python benchmarks/h200_reference.py
 
 prints each step's predicted and measured time (uncalibrated: the datasheet and the cited curves of
-core.device_curves; then calibrated on the same steps, in-sample), and the regret at 80 GB and at the tight
+headroom.core.timing.device_curves; then calibrated on the same steps, in-sample), and the regret at 80 GB and at the tight
 budget. Imported by benchmarks/validation.py and tests/test_time_model.py.
 """
 
@@ -14,24 +14,30 @@ import dataclasses
 import gzip
 import json
 import statistics
-import sys
 from functools import cache
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from core.calibration import Calibration, Observation, calibrate, uncalibrated  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.estimate import estimate  # noqa: E402
-from core.hardware import get_hardware  # noqa: E402
-from core.measurements import TrainStepRecord, allocator_fragmentation, fragmentation_by_policy  # noqa: E402
-from core.model import ModelSpec  # noqa: E402
-from core.op_time import HostCosts  # noqa: E402
-from core.planner import PlanRequest, plan  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
-from core.regret import MeasuredConfig, Regret, regret, tight_budget  # noqa: E402
-from core.timing import HardwareProfile, datasheet_profile, step_time  # noqa: E402
-from core.units import GB  # noqa: E402
+from headroom.core.measured.calibration import (
+    Calibration,
+    Observation,
+    calibrate,
+    uncalibrated,
+)
+from headroom.core.measured.measurements import (
+    TrainStepRecord,
+    allocator_fragmentation,
+    fragmentation_by_policy,
+)
+from headroom.core.memory.estimate import estimate
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.planning.regret import MeasuredConfig, Regret, regret, tight_budget
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.op_time import HostCosts
+from headroom.core.timing.step import HardwareProfile, datasheet_profile, step_time
+from headroom.core.units import GB
 
 BUNDLE = Path(__file__).resolve().parent.parent / "tests" / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
 
@@ -64,7 +70,7 @@ def predicted_s(row: dict, profile: HardwareProfile) -> float:
 def h200_profile(host: HostCosts | None = None, kernel_gap_s: float | None = None) -> HardwareProfile:
     """The H200's datasheet profile and the cited curves, with the allocator's fragmentation the run measured
     (the median of peak reserved / peak allocated over its steps, and over each policy's, as a measured profile
-    takes them: core.measurements), and other host costs or kernel gap where given (the fit's trials)."""
+    takes them: headroom.core.measured.measurements), and other host costs or kernel gap where given (the fit's trials)."""
     profile = datasheet_profile(get_hardware("h200"))
     steps = [TrainStepRecord(model_name=r["model_name"], model_spec=r["model_spec"], seq_len=r["seq_len"],
                              micro_batch=r["micro_batch"], accumulation_steps=r["accumulation_steps"],

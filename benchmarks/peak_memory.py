@@ -24,7 +24,7 @@ def _peak(path=sys.argv[1]):
         out.write(next(line.split()[1] for line in status if line.startswith('VmHWM:')))
 atexit.register(_peak)
 sys.argv = ['headroom', *sys.argv[2:]]
-runpy.run_module('cli.main', run_name='__main__')
+runpy.run_module('headroom.cli.main', run_name='__main__')
 """
 
 

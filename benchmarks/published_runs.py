@@ -33,11 +33,11 @@ import csv
 from dataclasses import dataclass
 from pathlib import Path
 
-from core.config import TrainConfig
-from core.layout import Layout
-from core.model import ModelSpec
-from core.presets import get_preset
-from core.recompute import parse_policy
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 
 NARAYANAN = "Narayanan et al. 2021 (arXiv 2104.04473), Table 1"
 TORCHTITAN = "torchtitan docs/performance.md"
@@ -48,7 +48,7 @@ class PublishedRun:
     name: str
     source: str
     hardware: str
-    """Datasheet key (core.hardware)."""
+    """Datasheet key (headroom.core.specs.hardware)."""
     spec: ModelSpec
     config: TrainConfig
     global_batch: int
@@ -57,7 +57,7 @@ class PublishedRun:
     unit: str
     """``tflop_per_s_per_gpu`` (Megatron's Eq. 3 count) or ``tokens_per_s_per_gpu``."""
     inter: str
-    """The network between nodes as published (core.interconnect key)."""
+    """The network between nodes as published (headroom.core.specs.interconnect key)."""
     attention_rate: float = 1.0
     """The run's attention kernel's rate over the one the device's curves assume (FlashAttention-2 class)."""
 

@@ -3,8 +3,8 @@
     python benchmarks/validation.py            # the table docs/time-model.md shows, and the targets
     python benchmarks/validation.py --markdown # the table alone, as docs/time-model.md holds it
 
-Uncalibrated throughout: datasheet peaks and the cited curves of core.device_curves; the kernel gap and host
-costs of core.op_time (fitted to the H200 reference run only). tests/test_time_model.py recomputes every row.
+Uncalibrated throughout: datasheet peaks and the cited curves of headroom.core.timing.device_curves; the kernel gap and host
+costs of headroom.core.timing.op_time (fitted to the H200 reference run only). tests/test_time_model.py recomputes every row.
 """
 
 from __future__ import annotations
@@ -18,15 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from h200_reference import h200_profile, label, predicted_s, regrets, train_steps  # noqa: E402
-from published_runs import RUNS, PublishedRun, megatron_eq3_flops  # noqa: E402
+from h200_reference import h200_profile, label, predicted_s, regrets, train_steps
+from published_runs import RUNS, PublishedRun, megatron_eq3_flops
 
-from core.estimate import estimate  # noqa: E402
-from core.hardware import get_hardware  # noqa: E402
-from core.interconnect import default_cluster  # noqa: E402
-from core.timing import datasheet_profile, step_time  # noqa: E402
+from headroom.core.memory.estimate import estimate
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.interconnect import default_cluster
+from headroom.core.timing.step import datasheet_profile, step_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,11 +156,11 @@ def main() -> None:
 def _pinned_plan_timing() -> str:
     """A pinned plan in process: llama3-70b at 8,192 tokens on tp 8 x pp 4 x dp 2 (64 H100s), micro-batch 1 under
     full recompute, the first time (nothing cached for it) and the best of ten more."""
-    from core.config import TrainConfig
-    from core.layout import Layout
-    from core.planner import PlanRequest, plan
-    from core.presets import get_preset
-    from core.recompute import parse_policy
+    from headroom.core.planning.planner import PlanRequest, plan
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.layout import Layout
+    from headroom.core.specs.presets import get_preset
+    from headroom.core.specs.recompute import parse_policy
 
     request = PlanRequest(spec=get_preset("llama3-70b"), global_batch=64, micro_batch=1,
                           recompute=parse_policy("full"),

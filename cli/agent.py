@@ -6,18 +6,18 @@ import argparse
 import dataclasses
 import sys
 
-from cli.stop import Stopped, stoppable
-from cli.train_flags import (
+from headroom.cli.stop import Stopped, stoppable
+from headroom.cli.train_flags import (
     POLICIES_HELP,
     add_train_flags,
     layout_from_args,
     model_from_args,
     train_config,
 )
-from core.errors import ConfigError
-from core.layout import Layout
-from core.safe_text import MAX_LABELS, text_problem
-from core.stack import STACKS, get_stack
+from headroom.core.errors import ConfigError
+from headroom.core.safe_text import MAX_LABELS, text_problem
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.stack import STACKS, get_stack
 
 SUITE_NAMES = ("smoke", "quick", "standard", "full")
 KIND_NAMES = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
@@ -93,7 +93,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
-    """``--label K=V`` as a run's labels, checked as the store checks them (core.safe_text) before anything
+    """``--label K=V`` as a run's labels, checked as the store checks them (headroom.core.safe_text) before anything
     runs."""
     labels = {}
     for item in items:
@@ -175,10 +175,10 @@ def interrupted(stop: KeyboardInterrupt, run: str, url: str) -> int:
 
 @stoppable
 def run_agent(args: argparse.Namespace) -> int:
-    from agent import bench_collectives
-    from agent.runner import DeviceLost, run_suite
-    from agent.summary import summarize
-    from db.store import open_store
+    from headroom.agent import bench_collectives
+    from headroom.agent.runner import DeviceLost, run_suite
+    from headroom.agent.summary import summarize
+    from headroom.db.store import open_store
 
     only = parse_kinds(args.only)
     labels = parse_labels(args.label)
@@ -218,8 +218,8 @@ MAX_SETTLE_S = 3600
 
 
 def settle(limit_s: float, quiet: bool) -> None:
-    """Wait up to ``limit_s`` for other processes to leave the CPUs (agent.host_load), saying what it found."""
-    from agent.host_load import BUSY_OTHER_FRACTION, wait_until_quiet
+    """Wait up to ``limit_s`` for other processes to leave the CPUs (headroom.agent.host_load), saying what it found."""
+    from headroom.agent.host_load import BUSY_OTHER_FRACTION, wait_until_quiet
 
     if not quiet:
         print(f"waiting up to {limit_s:g} s for other processes to use at most {BUSY_OTHER_FRACTION:.0%} of the "
@@ -233,7 +233,7 @@ def settle(limit_s: float, quiet: bool) -> None:
 
 def print_runs(store, reports) -> None:
     """``--json``: the runs just measured, as `headroom db export` writes them."""
-    from db.bundle import print_runs
+    from headroom.db.bundle import print_runs
 
     print_runs(store, [r.run_id for r in reports], sys.stdout)
 
@@ -249,7 +249,7 @@ def nothing_measured(report) -> bool:
 
 def device_lost(lost, device, url: str) -> int:
     """The run broke the CUDA context: show what it recorded, say why it stopped, exit 1."""
-    from agent.summary import summarize
+    from headroom.agent.summary import summarize
 
     if lost.report is not None:
         print(summarize(lost.report))
@@ -278,10 +278,10 @@ def _policies(text: str) -> list[str]:
 
 @stoppable
 def run_train(args: argparse.Namespace) -> int:
-    from agent import bench_train
-    from agent.runner import DeviceLost, profile_from_store, run_suite
-    from agent.summary import summarize
-    from db.store import open_store
+    from headroom.agent import bench_train
+    from headroom.agent.runner import DeviceLost, profile_from_store, run_suite
+    from headroom.agent.summary import summarize
+    from headroom.db.store import open_store
 
     if not get_stack(args.stack).measured:
         measured = " or ".join(s.name for s in STACKS.values() if s.measured)
@@ -308,7 +308,7 @@ def run_train(args: argparse.Namespace) -> int:
                           f"loss_parallel, the reference's); measure --stack reference, or plan it (headroom plan "
                           f"--stack {args.stack})")
     if layout.world > 1:  # what the agent cannot run is refused first, by name
-        from agent import train_ranks
+        from headroom.agent import train_ranks
 
         train_ranks.check_layout(layout, spec, args.accumulation)
     setups = [
@@ -323,13 +323,13 @@ def run_train(args: argparse.Namespace) -> int:
     for setup in setups:
         setup.config.check_model(spec)
     with open_store(args.db, mode="write") as store:
-        from agent.fingerprint import device_name
+        from headroom.agent.fingerprint import device_name
 
         provider = profile_from_store(store, device_name(device))
         if layout.world == 1:
             cases = [bench_train.case(setup, provider) for setup in setups]
         else:
-            from agent import train_ranks
+            from headroom.agent import train_ranks
 
             cases = train_ranks.cases(setups, device.type, provider)  # one launch for them all
         if not args.quiet:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import argparse
 import json
 
-from core.errors import ConfigError
-from core.hardware import DTYPES, HARDWARE, HardwareSpec, keys_containing, match_device
-from core.presets import PRESETS
-from core.units import GB
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hardware import (
+    DTYPES,
+    HARDWARE,
+    HardwareSpec,
+    keys_containing,
+    match_device,
+)
+from headroom.core.specs.presets import PRESETS
+from headroom.core.units import GB
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:

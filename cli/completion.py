@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cli.main import build_parser
+    from headroom.cli.main import build_parser
 
     commands = leaf_commands(build_parser())
     print({"bash": bash_script, "zsh": zsh_script, "fish": fish_script}[args.shell](commands))
@@ -49,7 +49,7 @@ class Option:
 
 
 def _suggested(flags: tuple[str, ...]) -> tuple[str, ...]:
-    from core.presets import PRESETS
+    from headroom.core.specs.presets import PRESETS
 
     return tuple(PRESETS) if "--model" in flags else ()
 

@@ -13,7 +13,7 @@ import tempfile
 import threading
 from pathlib import Path
 
-from core.errors import ConfigError
+from headroom.core.errors import ConfigError
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         raise ConfigError("the dashboard needs its extra: pip install 'headroom[dashboard]'") from None
     env = dict(os.environ)
     if args.db:
-        from db.location import resolve_url
+        from headroom.db.location import resolve_url
 
         env["HEADROOM_DB"] = resolve_url(args.db)  # refuses what no store can be named (a NUL, not UTF-8)
     with tempfile.TemporaryDirectory(prefix="headroom-bundle-") as scratch:
@@ -155,7 +155,7 @@ def serve(cmd: list[str], env: dict[str, str]) -> int:
 
 def load_bundle(path: Path, scratch: Path) -> str:
     """A store in ``scratch`` holding the bundle's runs; its URL. A bad bundle is refused before anything is written."""
-    from db.bundle import import_file
+    from headroom.db.bundle import import_file
 
     report, url = import_file(path, f"sqlite:///{scratch / 'bundle.db'}")
     print(f"headroom dashboard: {path}: {report}", flush=True)

@@ -16,12 +16,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cli.stop import stoppable
-from core.safe_text import printable_lines
-from db.location import ENV_VAR, default_url
+from headroom.cli.stop import stoppable
+from headroom.core.safe_text import printable_lines
+from headroom.db.location import ENV_VAR, default_url
 
 if TYPE_CHECKING:
-    from db.store import Store
+    from headroom.db.store import Store
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_info(args: argparse.Namespace) -> int:
-    from db.store import open_store
+    from headroom.db.store import open_store
 
     with open_store(args.db, mode="read") as store:
         info = store_info(store)
@@ -66,7 +66,7 @@ def run_info(args: argparse.Namespace) -> int:
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
-    from db.store import open_store
+    from headroom.db.store import open_store
 
     with open_store(args.db, mode="write") as store:
         store.verify()  # "nothing to do" would otherwise pass a damaged store whose damage no upgrade step read
@@ -81,10 +81,10 @@ def run_upgrade(args: argparse.Namespace) -> int:
 
 @stoppable
 def run_export(args: argparse.Namespace) -> int:
-    """SIGTERM or SIGHUP stops an export as Ctrl-C does (cli.stop.stoppable): the temporary file is removed,
+    """SIGTERM or SIGHUP stops an export as Ctrl-C does (headroom.cli.stop.stoppable): the temporary file is removed,
     PATH left as it was, and the exit status is 128 + the signal."""
-    from db.bundle import export_file
-    from db.store import open_store
+    from headroom.db.bundle import export_file
+    from headroom.db.store import open_store
 
     with open_store(args.db, mode="read") as store:
         counts = export_file(store, args.path, compress=True if args.gzip else None)
@@ -93,7 +93,7 @@ def run_export(args: argparse.Namespace) -> int:
 
 
 def run_import(args: argparse.Namespace) -> int:
-    from db.bundle import import_file
+    from headroom.db.bundle import import_file
 
     report, url = import_file(args.path, args.db)  # checked whole before the store is opened
     print(f"{args.path} -> {url}: {report}")
@@ -103,11 +103,11 @@ def run_import(args: argparse.Namespace) -> int:
 def run_merge(args: argparse.Namespace) -> int:
     """The source is checked whole before the destination is opened (a damaged source creates no store), and
     a damaged store is named as the merge's source or destination."""
-    from db.bundle import merge_stores
-    from db.engine import display_url
-    from db.errors import DamagedStoreError, StoreError
-    from db.location import resolve_url
-    from db.store import open_destination, open_store, same_store
+    from headroom.db.bundle import merge_stores
+    from headroom.db.engine import display_url
+    from headroom.db.errors import DamagedStoreError, StoreError
+    from headroom.db.location import resolve_url
+    from headroom.db.store import open_destination, open_store, same_store
 
     if (both := same_store(args.source, args.db)) is not None:
         raise StoreError(f"source and destination are the same store: SRC_URL {display_url(resolve_url(args.source))} "
@@ -130,7 +130,7 @@ def store_info(store: Store) -> dict:
     """What ``headroom db info`` reports, as a JSON document."""
     from sqlalchemy import text
 
-    from db import queries
+    from headroom.db import queries
 
     with store.session() as session:
         statuses = queries.runs_by_status(session)
@@ -152,7 +152,7 @@ def _journal(store: Store, session) -> str:
     where ``PRAGMA journal_mode`` would say DELETE of a WAL store."""
     from sqlalchemy import text
 
-    from db.engine import read_only_file_system, sqlite_file
+    from headroom.db.engine import read_only_file_system, sqlite_file
 
     path = sqlite_file(store.engine.url)
     if store.mode == "read" and path is not None and read_only_file_system(path):

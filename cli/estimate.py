@@ -6,19 +6,19 @@ import argparse
 import json
 from dataclasses import asdict
 
-from cli.train_flags import (
+from headroom.cli.train_flags import (
     POLICIES_HELP,
     add_train_flags,
     model_from_args,
     train_config,
 )
-from core.calibration import Calibration
-from core.estimate import Estimate, estimate
-from core.ledger import Ledger
-from core.run_cost import utilization
-from core.safe_text import printable_lines
-from core.timing import HardwareProfile, step_time, tokens_per_s
-from core.units import GB, GiB
+from headroom.core.measured.calibration import Calibration
+from headroom.core.memory.estimate import Estimate, estimate
+from headroom.core.memory.ledger import Ledger
+from headroom.core.safe_text import printable_lines
+from headroom.core.timing.run_cost import utilization
+from headroom.core.timing.step import HardwareProfile, step_time, tokens_per_s
+from headroom.core.units import GB, GiB
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     config = train_config(args)
     timed = None
     if args.hardware is not None:
-        from db.hardware import resolve_hardware
+        from headroom.db.hardware import resolve_hardware
 
         profile, calibration = resolve_hardware(args.hardware, args.db)
         if args.device != profile.device:
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         timed = step_report(result, profile, calibration)
     traced = None
     if args.trace:
-        from cli.trace import render_trace, traced_report
+        from headroom.cli.trace import render_trace, traced_report
 
         traced = traced_report(args.model, config, result)
     if args.json:

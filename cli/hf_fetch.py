@@ -1,6 +1,6 @@
 """``--model org/name``: what the local hub cache lacks, fetched from the HuggingFace Hub (config.json only).
 
-core.hf_cache reads the cache; this fetches into it with huggingface_hub (``pip install huggingface_hub``, an
+headroom.core.specs.hf_cache reads the cache; this fetches into it with huggingface_hub (``pip install huggingface_hub``, an
 optional dependency transformers brings too), which reads the token a gated or private model needs from
 ``HF_TOKEN`` (or what ``huggingface-cli login`` saved) and stays offline under ``HF_HUB_OFFLINE=1``. Each
 failure is one line saying what would work.
@@ -11,16 +11,21 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from core.errors import ConfigError
-from core.hf_cache import NotCached, cached_config, hub_cache, parse_model_id
-from core.model import ModelSpec
-from core.presets import hf_config_path, hub_model, resolve_model
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hf_cache import (
+    NotCached,
+    cached_config,
+    hub_cache,
+    parse_model_id,
+)
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import hf_config_path, hub_model, resolve_model
 
 TOKEN_HINT = "huggingface_hub reads the token from HF_TOKEN, or from `huggingface-cli login`"
 
 
 def resolve(model: str) -> ModelSpec:
-    """``--model`` as core.presets.resolve_model reads it, a hub id the cache lacks fetched first."""
+    """``--model`` as headroom.core.specs.presets.resolve_model reads it, a hub id the cache lacks fetched first."""
     try:
         return resolve_model(model)
     except NotCached as missing:

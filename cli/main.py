@@ -13,9 +13,9 @@ import sys
 import textwrap
 from typing import NoReturn
 
-from cli import agent, catalog, completion, dashboard, db, estimate, plan
-from core.errors import ConfigError
-from core.safe_text import printable
+from headroom.cli import agent, catalog, completion, dashboard, db, estimate, plan
+from headroom.core.errors import ConfigError
+from headroom.core.safe_text import printable
 
 COMMANDS = (estimate, plan, agent, catalog, db, dashboard, completion)
 
@@ -105,13 +105,13 @@ ERROR_LIMIT = 2_000
 
 def _one_line(err: BaseException, kind: bool = True) -> str:
     """The error as one line a terminal shows as written, whatever a value quoted in it holds (a path or a
-    stored name may hold a line break, ESC or U+202E: core.safe_text); ``kind``: led by the exception's type."""
+    stored name may hold a line break, ESC or U+202E: headroom.core.safe_text); ``kind``: led by the exception's type."""
     text = _bounded(str(err)) or "no message"
     return f"{type(err).__name__}: {text}" if kind else text
 
 
 def _bounded(message: str) -> str:
-    """``message`` escaped for a terminal (core.safe_text) and cut to ``ERROR_LIMIT`` characters."""
+    """``message`` escaped for a terminal (headroom.core.safe_text) and cut to ``ERROR_LIMIT`` characters."""
     text = printable(message)
     return f"{text[:ERROR_LIMIT]}... ({len(text):,} characters)" if len(text) > ERROR_LIMIT else text
 

@@ -6,8 +6,8 @@ import argparse
 import json
 import sys
 
-from cli.search_status import SearchStatus
-from cli.train_flags import (
+from headroom.cli.search_status import SearchStatus
+from headroom.cli.train_flags import (
     POLICIES_HELP,
     add_train_flags,
     layout_from_args,
@@ -16,13 +16,12 @@ from cli.train_flags import (
     pinned_axes,
     train_config,
 )
-from core import search_work
-from core.advice import plan_and_advise
-from core.errors import ConfigError
-from core.export import EXPORTERS, export
-from core.interconnect import DEFAULT_INTER_NODE_LINK, LINKS_BY_KEY, Cluster
-from core.layout_search import pinned_layout
-from core.planner import (
+from headroom.core.errors import ConfigError
+from headroom.core.exports import EXPORTERS, export
+from headroom.core.planning import search_work
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.layout_search import pinned_layout
+from headroom.core.planning.planner import (
     Candidate,
     Plan,
     PlanRequest,
@@ -32,11 +31,16 @@ from core.planner import (
     plan_to_dict,
     whole_device_budget,
 )
-from core.recompute import POLICY_NAMES, parse_policy
-from core.safe_text import printable, printable_lines
-from core.timing import HardwareProfile
-from core.units import GB, parse_budget
-from db.hardware import resolve_hardware
+from headroom.core.safe_text import printable, printable_lines
+from headroom.core.specs.interconnect import (
+    DEFAULT_INTER_NODE_LINK,
+    LINKS_BY_KEY,
+    Cluster,
+)
+from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
+from headroom.core.timing.step import HardwareProfile
+from headroom.core.units import GB, parse_budget
+from headroom.db.hardware import resolve_hardware
 
 SINGLE_GPU = {"tp": 1, "pp": 1, "cp": 1, "dp": 1, "zero": 0, "sp": False}
 """Axes the flags leave free, without --gpus: today's one fixed layout."""
@@ -70,7 +74,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
                         help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
                              "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
-                             f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/interconnect.py for every row's source")
+                             f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/specs/interconnect.py for every row's source")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free", training=training, axes=layout)
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")
@@ -143,7 +147,7 @@ def run(args: argparse.Namespace) -> int:
         train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,
     )
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
-        from cli.trace import traceable
+        from headroom.cli.trace import traceable
 
         traceable(args.model, request.train, request.spec)
     status = SearchStatus()
@@ -153,7 +157,7 @@ def run(args: argparse.Namespace) -> int:
         status.close()
     traced = None
     if args.trace:
-        from cli.trace import plan_trace_report, render_plan_trace
+        from headroom.cli.trace import plan_trace_report, render_plan_trace
 
         traced = plan_trace_report(args.model, result)
     top = args.top or None

@@ -13,14 +13,14 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from core.units import format_duration
+from headroom.core.units import format_duration
 
 ERASE = "\r\033[K"
 """Carriage return, then erase to the end of the line (ANSI)."""
 
 
 class SearchStatus:
-    """A ``core.planner.SearchProgress`` that draws one line: ``searching layouts of 512 GPUs: 312/832, about
+    """A ``headroom.core.planning.planner.SearchProgress`` that draws one line: ``searching layouts of 512 GPUs: 312/832, about
     24s left``. What is left is the layouts left at the pace of those done so far in this search; the pace
     restarts with each search (the advice's searches are named by the change they try)."""
 

@@ -1,4 +1,4 @@
-"""``--trace`` on ``headroom estimate`` and ``headroom plan``: the traced ledger (agent.hf_trace) beside the
+"""``--trace`` on ``headroom estimate`` and ``headroom plan``: the traced ledger (headroom.agent.hf_trace) beside the
 analytic one.
 
 Imported only when asked for; torch and transformers, which a planner's laptop may not have, only when a trace
@@ -10,14 +10,14 @@ from __future__ import annotations
 from fractions import Fraction
 from pathlib import Path
 
-from cli.hf_fetch import config_file
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.estimate import Estimate
-from core.hf_config import read_hf_config
-from core.model import ModelSpec
-from core.planner import Candidate, Plan
-from core.trace_limits import trace_refusal
+from headroom.cli.hf_fetch import config_file
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import Estimate
+from headroom.core.memory.trace_limits import trace_refusal
+from headroom.core.planning.planner import Candidate, Plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hf_config import read_hf_config
+from headroom.core.specs.model import ModelSpec
 
 
 def traceable_path(model: str) -> Path:
@@ -43,7 +43,7 @@ def traced_report(model: str, config: TrainConfig, result: Estimate) -> dict:
     analytic ledger's, and where the two part."""
     path = traceable(model, config, result.spec)
     try:
-        from agent.hf_trace import differences, trace
+        from headroom.agent.hf_trace import differences, trace
     except ImportError as err:
         raise ConfigError(f"--trace needs torch and transformers ({err}): "
                           "pip install 'headroom[agent,frameworks]'") from None

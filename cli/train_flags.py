@@ -1,6 +1,6 @@
 """The flags of a training configuration, declared once for ``estimate``, ``plan`` and ``agent train``.
 
-Each flag maps to a field of core.config.TrainConfig or core.layout.Layout;
+Each flag maps to a field of headroom.core.specs.config.TrainConfig or headroom.core.specs.layout.Layout;
 `train_config` builds the configuration back from parsed arguments.
 """
 
@@ -11,14 +11,14 @@ import re
 from dataclasses import fields, replace
 from typing import Any, Literal
 
-from cli.hf_fetch import resolve
-from core.config import ATTENTIONS, TrainConfig
-from core.errors import ConfigError
-from core.layout import SCHEDULES, Layout
-from core.model import ModelSpec
-from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
-from core.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
-from core.stack import FORMER_NAMES, STACKS
+from headroom.cli.hf_fetch import resolve
+from headroom.core.errors import ConfigError
+from headroom.core.specs.config import ATTENTIONS, TrainConfig
+from headroom.core.specs.layout import SCHEDULES, Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from headroom.core.specs.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
+from headroom.core.specs.stack import FORMER_NAMES, STACKS
 
 Many = Literal["one", "list", "none"]
 LAYOUT_AXES = ("tp", "pp", "cp", "dp")
@@ -88,7 +88,7 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
-    """``--model`` resolved (core.presets.resolve_model; a hub id the cache lacks fetched, cli.hf_fetch), at
+    """``--model`` resolved (headroom.core.specs.presets.resolve_model; a hub id the cache lacks fetched, headroom.cli.hf_fetch), at
     ``--capacity-factor`` when given."""
     spec = resolve(args.model)
     factor = getattr(args, "capacity_factor", None)

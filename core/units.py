@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from core.errors import ConfigError
+from headroom.core.errors import ConfigError
 
 KB, MB, GB, TB = 10**3, 10**6, 10**9, 10**12
 KiB, MiB, GiB, TiB = 2**10, 2**20, 2**30, 2**40

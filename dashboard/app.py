@@ -10,8 +10,8 @@ from pathlib import Path
 
 import streamlit as st
 
-from dashboard.notices import store_failed
-from db.errors import StoreError
+from headroom.dashboard.notices import store_failed
+from headroom.db.errors import StoreError
 
 PAGES = Path(__file__).with_name("views")
 

@@ -3,7 +3,7 @@
 Predictions are the ones stored with each step at measurement time
 (``predicted_*`` columns). Memory compares peak allocated bytes where the
 device reports them (CUDA) and saved-activation bytes otherwise (CPU, where
-torch has no allocator statistics). One convention, core.calibration's:
+torch has no allocator statistics). One convention, headroom.core.measured.calibration's:
 ``ratio`` is measured / predicted and ``error`` is ratio - 1 (positive: the
 step took more than predicted).
 """
@@ -14,8 +14,8 @@ import math
 
 import pandas as pd
 
-from core.measurements import TrainStepRecord
-from core.units import GB
+from headroom.core.measured.measurements import TrainStepRecord
+from headroom.core.units import GB
 
 
 def memory_points(train: pd.DataFrame) -> pd.DataFrame:
@@ -43,8 +43,8 @@ def time_points(train: pd.DataFrame) -> pd.DataFrame:
 
 
 def noisy(train: pd.DataFrame) -> pd.Series:
-    """Why each step's timing cannot be trusted, "" where it can: core.measurements.TrainStepRecord.noisy, the
-    rule by which core.calibration leaves a step out of the step-time (and communication) factor. The agent
+    """Why each step's timing cannot be trusted, "" where it can: headroom.core.measured.measurements.TrainStepRecord.noisy, the
+    rule by which headroom.core.measured.calibration leaves a step out of the step-time (and communication) factor. The agent
     found the host busy, or the slowest repetition took more than its median again."""
     def reason(row) -> str:
         record = TrainStepRecord(

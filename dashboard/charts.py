@@ -13,7 +13,7 @@ import altair as alt
 import numpy as np
 import pandas as pd
 
-from core.roofline import attainable_flop_per_s
+from headroom.core.timing.roofline import attainable_flop_per_s
 
 Chart = alt.Chart | alt.LayerChart
 
@@ -55,7 +55,7 @@ COMPONENT_COLORS = {
     "activations": "#f58518", "logits": "#54a24b", "forward transient": "#e45756", "backward transient": "#ff9d98",
     "optimizer transient": "#d6616b", "margin": "#bab0ac",
 }
-"""One colour per memory component (core.estimate's peak components, underscores read as spaces, and the margin),
+"""One colour per memory component (headroom.core.memory.estimate's peak components, underscores read as spaces, and the margin),
 in stacking order: static state first, then what a step adds, the margin last; fixed so every memory chart reads
 alike."""
 
@@ -90,9 +90,9 @@ def build_peak_bar_chart(components: pd.DataFrame, budget_gb: float, row: str = 
 def build_candidates_chart(candidates: pd.DataFrame, budget_gb: float,
                            window: tuple[float, float]) -> alt.LayerChart:
     """Throughput vs memory required of the candidates, fitting and rejected, over ``window`` (GB of required
-    memory: where the choice is made, dashboard.plan_tables.decision_window), with the budget line.
+    memory: where the choice is made, headroom.dashboard.plan_tables.decision_window), with the budget line.
 
-    ``candidates`` holds the rows inside the window (dashboard.plan_tables.in_window); tokens/s starts where they
+    ``candidates`` holds the rows inside the window (headroom.dashboard.plan_tables.in_window); tokens/s starts where they
     do, not at 0, so candidates a few percent apart stand apart."""
     points = alt.Chart(candidates).mark_point(filled=True, size=90, opacity=0.9).encode(
         x=alt.X("required_gb:Q", title="required memory per GPU (GB)", axis=AXIS,
@@ -137,11 +137,11 @@ def labelled_rule(field: str, value: float, text: str, channel: str, side: str =
 TERM_COLORS = {"forward": "#4c78a8", "backward": "#72b7b2", "recompute": "#f58518", "offload": "#b279a2",
                "host": "#54a24b", "accumulation": "#9d755d", "optimizer": "#bab0ac", "communication": "#e45756",
                "bubble": "#eeca3b"}
-"""One colour per step-time term (dashboard.plan_tables.TIME_TERMS), fixed so two charts read alike."""
+"""One colour per step-time term (headroom.dashboard.plan_tables.TIME_TERMS), fixed so two charts read alike."""
 
 
 TIME_UNITS = ((0.1, "seconds", 1.0), (1e-4, "milliseconds", 1e3), (0.0, "microseconds", 1e6))
-"""(shortest longest bar, unit, factor): a step-time axis in the unit dashboard.plan_tables.seconds_text would pick,
+"""(shortest longest bar, unit, factor): a step-time axis in the unit headroom.dashboard.plan_tables.seconds_text would pick,
 so a tiny model's axis does not read 0.000020, 0.000040, ..."""
 
 

@@ -1,7 +1,7 @@
 """How the dashboard's tables show their columns: plain headers with units, numbers with thousands separators.
 
-Each mapping is a ``column_config`` for st.dataframe, keyed by the frame's own column names (dashboard.plan_tables,
-dashboard.calibration, dashboard.history), so the frames keep names code can use and the page shows names a
+Each mapping is a ``column_config`` for st.dataframe, keyed by the frame's own column names (headroom.dashboard.plan_tables,
+headroom.dashboard.calibration, headroom.dashboard.history), so the frames keep names code can use and the page shows names a
 reader knows. Formats are sprintf-js strings as Streamlit's NumberColumn takes them (``%,.1f``: "1,234.5"),
 or its named formats (``percent``: 0.123 -> "12.30%"). Tables with empty cells pass ``placeholder=MISSING``
 so they read "-", not "None".
@@ -51,7 +51,7 @@ PLAN = {
     "broken_by": st.column_config.TextColumn("what breaks the budget", width=280),
     "why": st.column_config.TextColumn("why not chosen", width=380),
 }
-"""Candidates and layouts (dashboard.plan_tables.candidates_frame, layouts_frame)."""
+"""Candidates and layouts (headroom.dashboard.plan_tables.candidates_frame, layouts_frame)."""
 LAYOUTS_SHOWN = ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb", "why"]
 """The layouts table's columns, so "why not chosen" has room: every layout has the search's GPU count, a missing
 rank says it does not fit, and the reason names the candidate."""
@@ -69,7 +69,7 @@ COLLECTIVES = {
     "overlappable": st.column_config.CheckboxColumn("overlappable"),
     "note": st.column_config.TextColumn("note", width="large"),
 }
-"""One step's collectives (dashboard.plan_tables.communication_frame)."""
+"""One step's collectives (headroom.dashboard.plan_tables.communication_frame)."""
 
 ERROR_STATS = {
     "steps": _whole("steps"),
@@ -80,7 +80,7 @@ ERROR_STATS = {
                               "whose repetitions spread more than their median: left out of these statistics, as "
                               "the factor plans apply leaves them out"),
 }
-"""Calibration error statistics (dashboard.calibration.error_stats)."""
+"""Calibration error statistics (headroom.dashboard.calibration.error_stats)."""
 
 STEPS = {
     "label": st.column_config.TextColumn("step", width="large"),
@@ -89,7 +89,7 @@ STEPS = {
     "error": _percent("error"),
     "noisy": st.column_config.TextColumn("left out of the factor: noisy", width="medium"),
 }
-"""Every measured step's time (dashboard.calibration.time_points)."""
+"""Every measured step's time (headroom.dashboard.calibration.time_points)."""
 
 DROPS = {
     "hostname": st.column_config.TextColumn("host"),
@@ -99,7 +99,7 @@ DROPS = {
     "change": _percent("change"),
     "uuid": st.column_config.TextColumn("run"),
 }
-"""Runs that dropped below their device's previous median (dashboard.history.timeline)."""
+"""Runs that dropped below their device's previous median (headroom.dashboard.history.timeline)."""
 
 SIDE_BY_SIDE = {"_index": st.column_config.TextColumn("", width="medium")}
-"""Runs side by side (dashboard.history.side_by_side): the row names (identity, software, key figures) in full."""
+"""Runs side by side (headroom.dashboard.history.side_by_side): the row names (identity, software, key figures) in full."""

@@ -2,14 +2,14 @@
 
 Every function takes the store URL, so the cache keys on it. The store is
 opened once per URL (`store`, a cached resource) in read mode: it never
-migrates and its engine cannot write (db.engine). Query results are cached
+migrates and its engine cannot write (headroom.db.engine). Query results are cached
 on the store's version as well (`store_version`: the newest row id of every
 table and the runs still running, a few index lookups), so a page's second
 visit costs those lookups and a box's new run or result shows on the next
 one; ``TTL_S`` only bounds how long an unused result stays in memory
 (benchmarks/bench_dashboard.py times every page with 10,000 runs).
 
-Only ``ok`` results are returned; units are as in db.models (``tflop_per_s``
+Only ``ok`` results are returned; units are as in headroom.db.models (``tflop_per_s``
 1e12 FLOP/s, ``gb_per_s`` 1e9 bytes/s, ``_bytes`` bytes, ``_s`` seconds).
 """
 
@@ -23,13 +23,13 @@ import pandas as pd
 import streamlit as st
 from sqlalchemy import func, select
 
-from core.calibration import Calibration
-from core.timing import HardwareProfile
-from dashboard.planning import DATASHEET_PREFIX, MEASURED_PREFIX
-from db.errors import OutdatedStoreError, StoreError
-from db.hardware import resolve_hardware
-from db.location import resolve_url
-from db.models import (
+from headroom.core.measured.calibration import Calibration
+from headroom.core.timing.step import HardwareProfile
+from headroom.dashboard.planning import DATASHEET_PREFIX, MEASURED_PREFIX
+from headroom.db.errors import OutdatedStoreError, StoreError
+from headroom.db.hardware import resolve_hardware
+from headroom.db.location import resolve_url
+from headroom.db.models import (
     RESULT_MODELS,
     AttentionResult,
     ElementwiseResult,
@@ -38,8 +38,8 @@ from db.models import (
     Run,
     TrainStepResult,
 )
-from db.profiles import device_names
-from db.store import Store, open_store
+from headroom.db.profiles import device_names
+from headroom.db.store import Store, open_store
 
 TTL_S = 3600
 MAX_ENTRIES = 64
@@ -71,8 +71,8 @@ def store(url: str) -> Store:
 
     A query meets damage only in the pages it reads: without the check, the Plan page planned on a store
     damaged in its fingerprints' pages without a word, while History stopped with a traceback. Every page
-    now says the same (dashboard.notices); damage that appears while the server runs is met by the queries,
-    and dashboard.app shows it the same way."""
+    now says the same (headroom.dashboard.notices); damage that appears while the server runs is met by the queries,
+    and headroom.dashboard.app shows it the same way."""
     opened = open_store(url, mode="read")
     try:
         opened.verify()
@@ -198,7 +198,7 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     """ok training steps with what was measured (the step time's median, fastest and slowest repetition, and
     ``host_busy``, the agent's verdict on the host) and what the core predicted at measurement time."""
     t = TrainStepResult
-    busy = t.details[("host", "busy")].as_boolean().label("host_busy")  # as db.profiles reads it (NULL: older rows)
+    busy = t.details[("host", "busy")].as_boolean().label("host_busy")  # as headroom.db.profiles reads it (NULL: older rows)
     query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
                       t.precision, t.optimizer, t.median_s, t.min_s, t.max_s, busy, t.tokens_per_s, t.mfu,
                       t.peak_allocated_bytes, t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
@@ -208,14 +208,14 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
 
 @_by_version
 def measured(url: str, device: str) -> tuple[HardwareProfile, Calibration]:
-    """The device's measured HardwareProfile and its calibration (db.hardware.resolve_hardware, from the store only)."""
+    """The device's measured HardwareProfile and its calibration (headroom.db.hardware.resolve_hardware, from the store only)."""
     return resolve_hardware(device, url, source="measured", store=store(url))
 
 
 def hardware(url: str, option: str) -> tuple[HardwareProfile, Calibration | None]:
     """A Plan-page hardware option: "measured: NAME" from the store (cached), "datasheet: KEY" from the table.
 
-    The same resolution as ``headroom plan --hardware`` (db.hardware), told
+    The same resolution as ``headroom plan --hardware`` (headroom.db.hardware), told
     which source the option names. ConfigError when it names nothing known.
     """
     if option.startswith(MEASURED_PREFIX):
@@ -225,13 +225,13 @@ def hardware(url: str, option: str) -> tuple[HardwareProfile, Calibration | None
 
 @_by_version
 def key_figures(url: str) -> pd.DataFrame:
-    """dashboard.history.key_figures over the whole store (one row per run), cached: the History page's base.
+    """headroom.dashboard.history.key_figures over the whole store (one row per run), cached: the History page's base.
 
     The best matmul rate per run and dtype and the best copy bandwidth per run are taken in SQL
     (GROUP BY): a run's figure is the maximum of its rows, so the database hands over one row per
     run instead of every result."""
-    from dashboard.history import MATMUL_DTYPES
-    from dashboard.history import key_figures as compute
+    from headroom.dashboard.history import MATMUL_DTYPES
+    from headroom.dashboard.history import key_figures as compute
 
     m, e = MatmulResult, ElementwiseResult
     best_matmul = (select(m.run_id, m.dtype, func.max(m.tflop_per_s).label("tflop_per_s"))

@@ -6,8 +6,8 @@ import shlex
 
 import streamlit as st
 
-from dashboard.data import StoreState
-from db.errors import StoreError
+from headroom.dashboard.data import StoreState
+from headroom.db.errors import StoreError
 
 AGENT_COMMAND = "headroom agent run --suite quick"
 
@@ -15,8 +15,8 @@ AGENT_COMMAND = "headroom agent run --suite quick"
 def agent_command(url: str) -> str:
     """The agent's command that fills the store at ``url``: with ``--db`` unless it is the default file (its
     password hidden: a page never shows one)."""
-    from db.engine import display_url
-    from db.location import default_url
+    from headroom.db.engine import display_url
+    from headroom.db.location import default_url
 
     return AGENT_COMMAND if url == default_url() else f"{AGENT_COMMAND} --db {shlex.quote(display_url(url))}"
 
@@ -41,7 +41,7 @@ def store_notice(state: StoreState) -> None:
 
 def readable_store() -> str:
     """The store URL when it can be read; otherwise explain why and stop the page."""
-    from dashboard.data import store_state, store_url
+    from headroom.dashboard.data import store_state, store_url
 
     url = store_url()
     state = store_state(url)
@@ -54,8 +54,8 @@ def readable_store() -> str:
 def store_failed(err: StoreError) -> None:
     """A page stopped by a store error that a query met (damage that appeared after the store was opened and
     checked): its message, which names the store and what is wrong. The store is closed, so the next visit
-    opens it again and checks it whole (dashboard.data.store)."""
-    from dashboard.data import store, store_url
+    opens it again and checks it whole (headroom.dashboard.data.store)."""
+    from headroom.dashboard.data import store, store_url
 
     try:
         store(store_url()).close()  # the cached one: its connections go now, not when it is collected

@@ -1,25 +1,25 @@
 """What the Plan page says about its inputs rather than plans from them: a shared URL's value the page does not
 offer, a pipeline schedule that no pipeline runs, and the cluster in words that fit the device (a CPU is not a
-GPU on NVLink). Each returns Markdown, with user-given and stored text made plain (dashboard.text)."""
+GPU on NVLink). Each returns Markdown, with user-given and stored text made plain (headroom.dashboard.text)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from core.errors import ConfigError
-from core.hardware import HARDWARE
-from core.interconnect import LINKS_BY_KEY, Cluster
-from core.presets import PRESETS
-from core.timing import HardwareProfile
-from dashboard.planning import (
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hardware import HARDWARE
+from headroom.core.specs.interconnect import LINKS_BY_KEY, Cluster
+from headroom.core.specs.presets import PRESETS
+from headroom.core.timing.step import HardwareProfile
+from headroom.dashboard.planning import (
     AUTO,
     DATASHEET_PREFIX,
     MEASURED_PREFIX,
     PlanInputs,
     _axis_text,
 )
-from dashboard.text import plain
+from headroom.dashboard.text import plain
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,9 +75,9 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
 def pipeline_note(inputs: PlanInputs) -> str | None:
     """What a pinned pipeline schedule or virtual-stage count does when pp is not pinned above 1, or None.
 
-    Without a GPU count an auto pp plans pp 1, which runs no pipeline: the page drops them (dashboard.planning.
+    Without a GPU count an auto pp plans pp 1, which runs no pipeline: the page drops them (headroom.dashboard.planning.
     build_layout) and says so. With one, the search applies them to the layouts it gives a pipeline and runs
-    the others (pp 1) without one (core.layout_search)."""
+    the others (pp 1) without one (headroom.core.planning.layout_search)."""
     try:
         pinned = [axis for axis in ("schedule", "virtual_stages") if _axis_text(axis, getattr(inputs, axis)) != AUTO]
         pp = _axis_text("pp", inputs.pp)
@@ -95,7 +95,7 @@ def pipeline_note(inputs: PlanInputs) -> str | None:
 
 
 def reserve(profile: HardwareProfile) -> str:
-    """What the memory kept back beside the peak is for (core.planner's context reserve)."""
+    """What the memory kept back beside the peak is for (headroom.core.planning.planner's context reserve)."""
     return "CUDA context" if profile.device == "cuda" else "runtime reserve"
 
 

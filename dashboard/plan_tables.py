@@ -1,7 +1,7 @@
 """The Plan page's results as text and tables: what a plan recommends, its candidates, layouts, time terms,
 each rank's memory and communication, and two plans or two layouts side by side.
 
-Each function takes a core.planner.Plan (what dashboard.planning.make_plan returns) and gives what the page
+Each function takes a headroom.core.planning.planner.Plan (what headroom.dashboard.planning.make_plan returns) and gives what the page
 shows: a sentence, a figure's text or a pandas frame a chart or table draws (dashboard/charts.py,
 dashboard/views/plan.py). Nothing here plans.
 """
@@ -12,10 +12,10 @@ from collections.abc import Mapping
 
 import pandas as pd
 
-from core.errors import ConfigError
-from core.planner import Candidate, LayoutOutcome, Plan
-from core.timing import HardwareProfile
-from core.units import GB
+from headroom.core.errors import ConfigError
+from headroom.core.planning.planner import Candidate, LayoutOutcome, Plan
+from headroom.core.timing.step import HardwareProfile
+from headroom.core.units import GB
 
 
 def unit(profile: HardwareProfile) -> str:
@@ -66,7 +66,7 @@ def candidates_frame(result: Plan) -> pd.DataFrame:
     """Every candidate, fitting ones ranked first (rank 1 = recommendation), rejected ones with their reason.
 
     ``over_gb`` is how far a rejected candidate is over the budget and ``broken_by`` the term that broke it (the
-    end of core.planner.rejection_reason's text), so a table can show both without cutting the reason short."""
+    end of headroom.core.planning.planner.rejection_reason's text), so a table can show both without cutting the reason short."""
     budget = result.request.budget_bytes
     rows = []
     for rank, c in enumerate((*result.candidates, *result.rejected), 1):
@@ -111,7 +111,7 @@ def peak_components_frame(result: Plan, candidates: list[Candidate]) -> pd.DataF
 
 
 def closest_rejected(result: Plan) -> Candidate | None:
-    """The rejected candidate needing the least memory: the one core.advice names "the closest candidate"."""
+    """The rejected candidate needing the least memory: the one headroom.core.planning.advice names "the closest candidate"."""
     return min(result.rejected, key=lambda c: c.required_bytes) if result.rejected else None
 
 
@@ -167,7 +167,7 @@ def in_window(table: pd.DataFrame, window: tuple[float, float]) -> pd.Series:
 
 TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "host", "accumulation", "optimizer",
                                "communication", "bubble")
-"""core.timing.StepTime.by_term's keys, in the order the stacked bar draws them."""
+"""headroom.core.timing.step.StepTime.by_term's keys, in the order the stacked bar draws them."""
 
 
 def shown_candidate(outcome: LayoutOutcome) -> Candidate:
@@ -211,7 +211,7 @@ def layouts_frame(result: Plan) -> pd.DataFrame:
 
 
 def time_terms_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
-    """Each candidate's step by term, calibrated (core.planner.Candidate.time_by_term), seconds.
+    """Each candidate's step by term, calibrated (headroom.core.planning.planner.Candidate.time_by_term), seconds.
 
     The terms add up to ``step_time_s``: forward, backward, recompute and offload of every
     micro-batch, gradient accumulation, the optimizer, communication left exposed after
@@ -252,7 +252,7 @@ def rank_memory_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFr
 
 
 def communication_frame(candidate: Candidate) -> pd.DataFrame:
-    """Every collective of the candidate's step (core.comm.CommTerm), before overlap."""
+    """Every collective of the candidate's step (headroom.core.timing.comm.CommTerm), before overlap."""
     return pd.DataFrame([
         {"axis": t.axis, "op": t.op, "message_mb": t.message_bytes / 1e6, "calls": t.calls, "group": t.group_size,
          "link": t.link_key, "seconds": t.seconds, "overlappable": t.overlappable, "note": t.note}

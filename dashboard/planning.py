@@ -13,7 +13,7 @@ configuration, fitting or not, as ``headroom plan`` does. Without
 a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
 `ONE_LAYOUT`. `build_request` is the one place inputs become a TrainConfig,
 a Layout and a Cluster. What a plan shows, as text and tables, lives
-in dashboard.plan_tables.
+in headroom.dashboard.plan_tables.
 """
 
 from __future__ import annotations
@@ -22,22 +22,27 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
-from core.advice import plan_and_advise
-from core.calibration import Calibration
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hardware import HARDWARE
-from core.interconnect import LINKS_BY_KEY, Cluster
-from core.layout import SCHEDULES, Layout
-from core.layout_search import PINNABLE, pinned_layout
-from core.model import ModelSpec
-from core.planner import DEFAULT_BUDGET_BYTES, Plan, PlanRequest, default_budget
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.stack import stack_name
-from core.timing import HardwareProfile
-from core.units import parse_budget
-from db.hardware import resolve_hardware
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Calibration
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.layout_search import PINNABLE, pinned_layout
+from headroom.core.planning.planner import (
+    DEFAULT_BUDGET_BYTES,
+    Plan,
+    PlanRequest,
+    default_budget,
+)
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import HARDWARE
+from headroom.core.specs.interconnect import LINKS_BY_KEY, Cluster
+from headroom.core.specs.layout import SCHEDULES, Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.stack import stack_name
+from headroom.core.timing.step import HardwareProfile
+from headroom.core.units import parse_budget
+from headroom.db.hardware import resolve_hardware
 
 MODEL_SOURCES = ("preset", "dimensions", "config.json")
 DATASHEET_PREFIX = "datasheet: "
@@ -47,13 +52,13 @@ MAX_GPUS = 4096
 """The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: 469 layouts,
 6-9 s on one quiet core); `headroom plan --gpus` has none."""
 PAGE_TIME_LIMIT_S = 10.0
-"""A search on the page tries layouts, simplest first, for this long at most (core.planner.plan's time
+"""A search on the page tries layouts, simplest first, for this long at most (headroom.core.planning.planner.plan's time
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
 ONE_LAYOUT: dict[str, Any] = {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1,
                               "dp": 1, "zero": 0}
 """What an axis left on auto takes without a GPU count: what ``headroom plan`` takes for a flag left out
-without ``--gpus`` (cli.plan.SINGLE_GPU and cli.train_flags: one GPU, sp off, 1f1b; virtual stages 2 under
+without ``--gpus`` (headroom.cli.plan.SINGLE_GPU and headroom.cli.train_flags: one GPU, sp off, 1f1b; virtual stages 2 under
 the interleaved schedule), so the page and the command plan the same layout from the same inputs
 (tests/test_dashboard_defaults.py holds them together)."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES)}
@@ -80,21 +85,21 @@ class PlanInputs:
     expert_ffn_hidden: int = 0
     """Inner width of each expert; 0: ffn_hidden."""
     capacity_factor: float = 0.0
-    """Each expert's capacity, ceil(t k / E x C) rows, padded; 0: dropless (core.model.ModelSpec)."""
+    """Each expert's capacity, ceil(t k / E x C) rows, padded; 0: dropless (headroom.core.specs.model.ModelSpec)."""
     seq_len: int = 2048
     """``headroom plan --seq-len``'s default."""
     global_batch: int = 64
     budget: str = ""
     """Per GPU, as ``--budget`` takes it; empty: ``headroom plan``'s default, 80 GB or all of a smaller card
-    (core.planner.default_budget)."""
+    (headroom.core.planning.planner.default_budget)."""
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
     gpus: int = 0
     """Search every layout of this many GPUs; 0 plans the one layout the axes give."""
     gpus_per_node: int = 8
     interconnect: str = ""
-    """core.interconnect key of the link between nodes; empty: the hardware generation's network
-    (core.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
-    # The Layout's fields (core.layout_search.PINNABLE), each AUTO or a value that pins it.
+    """headroom.core.specs.interconnect key of the link between nodes; empty: the hardware generation's network
+    (headroom.core.specs.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
+    # The Layout's fields (headroom.core.planning.layout_search.PINNABLE), each AUTO or a value that pins it.
     tp: str = AUTO
     sp: str = AUTO
     pp: str = AUTO
@@ -108,7 +113,7 @@ class PlanInputs:
     optimizer: str = "adamw"
     attention: str = "flash"
     stack: str = "reference"
-    """The training stack whose kernels and checkpointing the plan follows (core.stack)."""
+    """The training stack whose kernels and checkpointing the plan follows (headroom.core.specs.stack)."""
     offload: bool = False
     # A configuration to evaluate, each AUTO (the planner's to choose) or a value that pins it, as `headroom plan
     # --micro-batch / --accumulation / --recompute` do.
@@ -173,7 +178,7 @@ def hardware_options(measured: list[str]) -> list[str]:
 
 
 def datasheet_hardware(option: str) -> tuple[HardwareProfile, Calibration | None]:
-    """A "datasheet: KEY" option's profile (db.hardware.resolve_hardware; the store is never read)."""
+    """A "datasheet: KEY" option's profile (headroom.db.hardware.resolve_hardware; the store is never read)."""
     return resolve_hardware(option.removeprefix(DATASHEET_PREFIX), source="datasheet")
 
 
@@ -255,7 +260,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
     if not search:
         for axis, value in ONE_LAYOUT.items():
             values.setdefault(axis, value)
-        if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (dashboard.plan_notes says so)
+        if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (headroom.dashboard.plan_notes says so)
             values.update(schedule="1f1b", virtual_stages=1)
     return pinned_layout(values) if search else Layout(**values)
 

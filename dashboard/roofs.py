@@ -3,9 +3,9 @@
 Intensities (FLOP per byte of device memory traffic), per measurement kind:
 
 - matmul (m x k)(k x n): 2mnk FLOPs over reading both operands and writing
-  the result once (core.roofline.matmul_intensity), at the dtype's element size;
+  the result once (headroom.core.timing.roofline.matmul_intensity), at the dtype's element size;
 - attention: 4 b s^2 h d FLOPs forward (QK^T and PV), halved for causal
-  attention as FlashAttention's benchmarks count it (core.flops.attention_kernel_flops:
+  attention as FlashAttention's benchmarks count it (headroom.core.memory.flops.attention_kernel_flops:
   fused kernels skip the masked half), over reading Q, K, V and writing O once;
 - elementwise: one FLOP per element (an add, a relu; a copy does none, so
   this places it, not measures it) over the op's ``bytes_moved``.
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import pandas as pd
 
-from core.flops import attention_kernel_flops
-from core.hardware import HardwareSpec, match_device
-from core.roofline import matmul_intensity
+from headroom.core.memory.flops import attention_kernel_flops
+from headroom.core.specs.hardware import HardwareSpec, match_device
+from headroom.core.timing.roofline import matmul_intensity
 
 ELEMENT_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
 

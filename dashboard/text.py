@@ -5,7 +5,7 @@ name from a bundle such as ``[click here](https://...) ![x](https://.../p.png)``
 live link and a remote image. ``plain`` backslash-escapes what makes markup in the middle of a line
 (links and images, emphasis, code, HTML, entities, tables, headings), ``:`` (Streamlit's shortcodes and
 colour directives), ``$`` (its LaTeX) and a list marker at the start, turns line breaks into spaces and
-writes other control and bidirectional formatting characters as escapes (core.safe_text: U+202E would
+writes other control and bidirectional formatting characters as escapes (headroom.core.safe_text: U+202E would
 reverse the rest of the line).
 Escapes do not stop Streamlit from making links of bare URLs in the text it renders (seen in Chromium:
 ``https\://x`` still became a link), so an invisible word joiner (U+2060) goes inside every ``://``,
@@ -18,8 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from core.calibration import Calibration, Fit
-from core.safe_text import printable
+from headroom.core.measured.calibration import Calibration, Fit
+from headroom.core.safe_text import printable
 
 _MARKUP = re.compile(r"([\\`*_\[\]<>~$&:|#!])")
 _LINKABLE = re.compile(r"(?i)(://|www\.|@)")

@@ -12,6 +12,6 @@ One concept a module:
 - ``queries``   what is stored: counts, incomplete runs, best rates per device
 - ``bundle``    export, import and merge as JSON bundles
 
-This package imports nothing at import time, so ``import db.location`` stays
+This package imports nothing at import time, so ``import headroom.db.location`` stays
 free of SQLAlchemy; import the module you need.
 """

@@ -17,7 +17,7 @@ over, and the fleet imports it. The format::
     }
 
 Result records carry every column of their table but the internal ids
-(db.models documents each field). Times are ISO 8601 with offset.
+(headroom.db.models documents each field). Times are ISO 8601 with offset.
 Export is deterministic (runs by start time then uuid, results in the order
 they were recorded), so exporting an imported bundle gives the same bytes.
 Export, import and merge stream: memory holds one run at a time, whatever
@@ -49,7 +49,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
-from db.bundle_file import (
+from headroom.db.bundle_file import (
     BUNDLE_FORMAT,
     BUNDLE_VERSION,
     HEADER_KEYS,
@@ -61,12 +61,12 @@ from db.bundle_file import (
     read_runs,
     write_bundle,
 )
-from db.engine import SIDECARS, driver_message, sqlite_file
-from db.errors import BundleError, StoreError
-from db.migrate import head
-from db.models import RESULT_MODELS, Fingerprint, Run
-from db.store import Store, fingerprint_id, insert_run, open_destination
-from db.validate import check_record, data_columns, record_values
+from headroom.db.engine import SIDECARS, driver_message, sqlite_file
+from headroom.db.errors import BundleError, StoreError
+from headroom.db.migrate import head
+from headroom.db.models import RESULT_MODELS, Fingerprint, Run
+from headroom.db.store import Store, fingerprint_id, insert_run, open_destination
+from headroom.db.validate import check_record, data_columns, record_values
 
 __all__ = ["BUNDLE_FORMAT", "BUNDLE_VERSION", "BundleCounts", "CheckedRun", "ImportReport", "check_bundle",
            "check_file", "check_runs", "export_bundle", "export_file", "export_runs", "import_bundle", "import_file",
@@ -161,7 +161,7 @@ def export_bundle(store: Store, uuids: Collection[str] | None = None) -> dict[st
 
 
 def export_file(store: Store, path: Path, *, compress: bool | None = None) -> BundleCounts:
-    """Write every run of ``store`` to the bundle file ``path`` (db.bundle_file.write_bundle), streamed.
+    """Write every run of ``store`` to the bundle file ``path`` (headroom.db.bundle_file.write_bundle), streamed.
 
     ``path`` may not be the store's own file, nor one SQLite keeps beside it
     (``-wal``, ``-shm``, ``-journal``): the bundle would replace the store.
@@ -235,7 +235,7 @@ def import_file(path: Path, url: str | None) -> tuple[ImportReport, str]:
     """Import the bundle file at ``path`` into the store at ``url``: the report and the store's URL.
 
     The file is opened once and read through twice, a run at a time (a pipe
-    from a copy taken on the first reading: db.bundle_file.BundleFile): once
+    from a copy taken on the first reading: headroom.db.bundle_file.BundleFile): once
     to check it whole, before the store is even opened (a bad bundle creates
     no store), then to write it in one transaction. Memory holds a run,
     whatever the bundle's size.
@@ -317,7 +317,7 @@ def write_runs(store: Store, runs: Iterable[CheckedRun], source: str) -> ImportR
                         results += len(rows)
     except DBAPIError as err:
         raise BundleError(f"{source}: the store refused the import ({driver_message(err)}); nothing imported") from None
-    except OSError as err:  # the store's disk failed (db.engine.sqlite_failure): the transaction was rolled back
+    except OSError as err:  # the store's disk failed (headroom.db.engine.sqlite_failure): the transaction was rolled back
         raise OSError(err.errno, f"{err.strerror or err}; nothing imported") from err
     return ImportReport(added=tuple(added), replaced=tuple(replaced), skipped=tuple(skipped), results=results)
 

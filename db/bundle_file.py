@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any, TextIO
 
-from db.errors import BundleError
+from headroom.db.errors import BundleError
 
 BUNDLE_FORMAT = "headroom-bundle"
 BUNDLE_VERSION = 1
@@ -108,7 +108,7 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
             raw.flush()
             os.fsync(raw.fileno())
         os.replace(tmp, target)
-    except BaseException:  # Ctrl-C and cli.stop.Stopped (SIGTERM, SIGHUP) too: PATH is left as it was
+    except BaseException:  # Ctrl-C and headroom.cli.stop.Stopped (SIGTERM, SIGHUP) too: PATH is left as it was
         with contextlib.suppress(FileNotFoundError):  # stopped just after the rename: the bundle is whole
             os.unlink(tmp)
         raise
@@ -197,7 +197,7 @@ def read_runs(path: Path) -> Iterator[Any]:
     The header is checked as it is read, and once more at the end (a bundle
     without ``format`` is found out there); a caller that has taken every run
     without an error has read a whole, well-formed bundle. The runs themselves
-    are not checked here (db.bundle.check_runs does that). The file is read
+    are not checked here (headroom.db.bundle.check_runs does that). The file is read
     once; `BundleFile` reads a bundle through twice.
     """
     with BundleFile(path, again=False) as bundle:

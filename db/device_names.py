@@ -14,7 +14,7 @@ import sqlite3
 from pathlib import Path
 from urllib.parse import quote
 
-from db.location import resolve_url
+from headroom.db.location import resolve_url
 
 _SQLITE = ("sqlite:///", "sqlite+pysqlite:///")
 

@@ -57,7 +57,7 @@ from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, Engine, make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError
 
-from db.errors import DamagedStoreError, StoreError
+from headroom.db.errors import DamagedStoreError, StoreError
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 SQLITE_MAGIC = b"SQLite format 3\x00"

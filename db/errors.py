@@ -1,13 +1,13 @@
 """What goes wrong with a result store, said so that a user can act on it.
 
-Every error here is a `core.errors.ConfigError`: the CLI prints it as one line
+Every error here is a `headroom.core.errors.ConfigError`: the CLI prints it as one line
 and exits with status 2, and the dashboard shows the message as it is. Each
 message names the store (password hidden) and what would make it work.
 """
 
 from __future__ import annotations
 
-from core.errors import ConfigError
+from headroom.core.errors import ConfigError
 
 
 class StoreError(ConfigError):

@@ -3,9 +3,9 @@
 One resolution, shared by ``headroom plan --hardware`` and the dashboard's Plan
 page. ``source`` says where to look:
 
-- ``auto``: the measured device ``name`` means (db.profiles.find_device: exact,
+- ``auto``: the measured device ``name`` means (headroom.db.profiles.find_device: exact,
   a unique substring, or ``latest``), else the datasheet row
-  (core.hardware.get_hardware: a key such as ``h100-sxm``, or a name torch
+  (headroom.core.specs.hardware.get_hardware: a key such as ``h100-sxm``, or a name torch
   would report). A CLI flag is this.
 - ``measured``: only the store (a dashboard option "measured: NAME").
 - ``datasheet``: only the table (a dashboard option "datasheet: KEY"); never
@@ -16,22 +16,22 @@ A measured device comes with its calibration; a datasheet row with None.
 Importing this module loads no SQLAlchemy, and neither does a datasheet row
 resolved while no store exists (no ``url``, no ``HEADROOM_DB``, no default
 file), or while a SQLite store holds no device by that name (read with
-sqlite3, db.device_names): planning from datasheets needs no ORM.
+sqlite3, headroom.db.device_names): planning from datasheets needs no ORM.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Literal
 
-from core.calibration import Calibration
-from core.errors import ConfigError
-from core.hardware import get_hardware
-from core.timing import HardwareProfile, datasheet_profile
-from db.device_names import could_name, sqlite_device_names
-from db.location import nothing_recorded
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Calibration
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.timing.step import HardwareProfile, datasheet_profile
+from headroom.db.device_names import could_name, sqlite_device_names
+from headroom.db.location import nothing_recorded
 
 if TYPE_CHECKING:
-    from db.store import Store
+    from headroom.db.store import Store
 
 Source = Literal["auto", "measured", "datasheet"]
 SOURCES: tuple[Source, ...] = ("auto", "measured", "datasheet")
@@ -45,7 +45,7 @@ def resolve_hardware(
 
     ``url`` names the store (else ``HEADROOM_DB``, else the default file);
     ``store`` is an already open one to read instead (the dashboard keeps one
-    per URL). A named store that cannot be read raises db.errors.StoreError;
+    per URL). A named store that cannot be read raises headroom.db.errors.StoreError;
     a name found nowhere raises ConfigError listing what would be valid.
     """
     if source not in SOURCES:
@@ -72,7 +72,9 @@ def _measured(name: str, url: str | None, store: Store | None) -> tuple[Measured
         return None, []
     if store is None and (names := sqlite_device_names(url)) is not None and not could_name(names, name):
         return None, names  # no measured device by that name: the store need not be opened
-    from db.store import open_store  # SQLAlchemy, only once a store may hold the device
+    from headroom.db.store import (
+        open_store,  # SQLAlchemy, only once a store may hold the device
+    )
 
     if store is not None:
         return _read(store, name)
@@ -81,7 +83,7 @@ def _measured(name: str, url: str | None, store: Store | None) -> tuple[Measured
 
 
 def _read(store: Store, name: str) -> tuple[Measured | None, list[str]]:
-    from db.profiles import device_names, measured_in
+    from headroom.db.profiles import device_names, measured_in
 
     with store.session() as session:
         measured = measured_in(session, name)

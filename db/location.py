@@ -41,7 +41,7 @@ def sqlite_url(path: str | os.PathLike[str]) -> str:
     try:
         full = Path(path).expanduser()
     except RuntimeError:  # ``~name`` of a user this system does not have
-        from core.errors import ConfigError
+        from headroom.core.errors import ConfigError
 
         user = str(path)[1:].split("/", 1)[0]
         raise ConfigError(f"store location {str(path)!r}: this system has no user {user!r} whose home "
@@ -71,7 +71,7 @@ def resolve_url(url: str | None = None) -> str:
     """The store URL from an explicit value, else ``HEADROOM_DB``, else the default file."""
     text = url or os.environ.get(ENV_VAR) or default_url()
     if "\x00" in text or not _is_text(text):
-        from core.errors import ConfigError
+        from headroom.core.errors import ConfigError
 
         raise ConfigError(f"store location {text!r} holds a NUL or bytes that are not UTF-8 text; "
                           "no SQLite file name or database URL can")

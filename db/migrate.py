@@ -28,14 +28,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from sqlalchemy import Connection, Engine, func, inspect, select, text
 from sqlalchemy.exc import DBAPIError
 
-from db.engine import display_url, driver_message
-from db.errors import OutdatedStoreError, StoreError
+from headroom.db.engine import display_url, driver_message
+from headroom.db.errors import OutdatedStoreError, StoreError
 
 if TYPE_CHECKING:
     from alembic.config import Config

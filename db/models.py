@@ -22,7 +22,7 @@ Indexes serve the questions planners ask: results of one device
 
 The classes are dataclasses (``MappedAsDataclass``): the agent builds a result
 with typed keyword arguments, ``MatmulResult(dtype="bf16", m=8192, ...)``, and
-hands it to ``db.store.Store.add_result``. A change here needs a migration in
+hands it to ``headroom.db.store.Store.add_result``. A change here needs a migration in
 ``db/migrations/versions`` (tests/test_db_migrations.py checks that the two
 agree).
 """
@@ -48,8 +48,8 @@ from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-from core.collective_ops import OPS as COLLECTIVE_OPS
-from core.hardware import DTYPES
+from headroom.core.specs.hardware import DTYPES
+from headroom.core.timing.collective_ops import OPS as COLLECTIVE_OPS
 
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "aborted")
 RESULT_STATUSES: tuple[str, ...] = ("ok", "oom", "error", "skipped")
@@ -288,12 +288,12 @@ class TrainStepResult(TimedResult):
 
     model_name: Mapped[str]
     model_spec: Mapped[dict[str, Any]] = mapped_column(_JSON)
-    """core.model.ModelSpec as a dict (dataclasses.asdict)."""
+    """headroom.core.specs.model.ModelSpec as a dict (dataclasses.asdict)."""
     seq_len: Mapped[int]
     micro_batch: Mapped[int]
     accumulation_steps: Mapped[int] = mapped_column(default=1)
     recompute: Mapped[str] = mapped_column(default="none")
-    """Activation-checkpoint policy, as core.recompute names it."""
+    """Activation-checkpoint policy, as headroom.core.specs.recompute names it."""
     attention: Mapped[str] = mapped_column(default="flash")
     precision: Mapped[str] = mapped_column(default="amp-bf16")
     optimizer: Mapped[str] = mapped_column(default="adamw")
@@ -322,11 +322,11 @@ class TrainStepResult(TimedResult):
     world_size: Mapped[int] = mapped_column(default=1, server_default="1")
     """Ranks that trained the step together, one process each."""
     layout: Mapped[dict[str, Any] | None] = mapped_column(_JSON, default=None)
-    """core.layout.Layout as a dict (tp, sp, pp, schedule, virtual_stages, cp, dp, zero, ep); None on one device."""
+    """headroom.core.specs.layout.Layout as a dict (tp, sp, pp, schedule, virtual_stages, cp, dp, zero, ep); None on one device."""
     communication_median_s: Mapped[float | None] = mapped_column(default=None)
     """Median exposed communication within a step on this rank: the time it waited for collectives, seconds."""
     predicted_communication_s: Mapped[float | None] = mapped_column(default=None)
-    """The core's exposed communication per step (core.timing.StepTime.communication_s)."""
+    """The core's exposed communication per step (headroom.core.timing.step.StepTime.communication_s)."""
 
 
 class CollectiveResult(TimedResult):
@@ -361,7 +361,7 @@ DISPATCH_MODES = ("forward", "backward", "selective-checkpoint")
 
 
 class DispatchResult(TimedResult):
-    """What the host pays to dispatch one op of eager PyTorch (samples: seconds per op; agent.bench_dispatch).
+    """What the host pays to dispatch one op of eager PyTorch (samples: seconds per op; headroom.agent.bench_dispatch).
 
     ``forward``: a forward op autograd records; ``backward``: a backward kernel; ``selective-checkpoint``: what a
     selective-checkpoint context adds to a forward op (revision 0006).

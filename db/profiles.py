@@ -1,20 +1,20 @@
-"""A device's measurements fetched from the store, as core.measurements turns them into a profile.
+"""A device's measurements fetched from the store, as headroom.core.measured.measurements turns them into a profile.
 
 ``measured_profile(name)`` looks for a device in the store whose name matches
 ``name`` (case-insensitive; exact first, else a unique substring), reads its
-``ok`` rows as core.measurements records and builds its HardwareProfile
+``ok`` rows as headroom.core.measured.measurements records and builds its HardwareProfile
 (`build_profile`) and calibration (`calibration_for`). What the rows mean
 (medians, the non-decreasing matmul curve, the fastest attention, the best
 copy, fragmentation, datasheet fallbacks, re-predicting each training step)
-is core.measurements's.
+is headroom.core.measured.measurements's.
 
 The work does not grow with the store's history. Each kind of result is
 read from the device's latest `PROFILE_RUNS` runs that recorded it, and where
-core.measurements reduces many rows to one figure, SQL does it first
+headroom.core.measured.measurements reduces many rows to one figure, SQL does it first
 (``GROUP BY``, window functions) and hands over one record per group that
 yields the same figure: the median rate of each matmul size, the median time
 of each collective size, the fastest attention of each shape, the best copy.
-tests/test_db_profiles.py checks each aggregate against core.measurements on
+tests/test_db_profiles.py checks each aggregate against headroom.core.measured.measurements on
 every row.
 """
 
@@ -25,10 +25,9 @@ import os
 from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
-from core.calibration import Calibration
-from core.collective_curves import CollectiveRecord
-from core.errors import ConfigError
-from core.measurements import (
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Calibration
+from headroom.core.measured.measurements import (
     AttentionRecord,
     DeviceRecord,
     DispatchRecord,
@@ -38,11 +37,12 @@ from core.measurements import (
     calibration_from_steps,
     profile_from_measurements,
 )
-from core.stack import stack_name
-from core.timing import HardwareProfile
-from db.device_names import matching_names
-from db.location import nothing_recorded
-from db.models import (
+from headroom.core.specs.stack import stack_name
+from headroom.core.timing.collective_curves import CollectiveRecord
+from headroom.core.timing.step import HardwareProfile
+from headroom.db.device_names import matching_names
+from headroom.db.location import nothing_recorded
+from headroom.db.models import (
     AttentionResult,
     CollectiveResult,
     DispatchResult,
@@ -52,7 +52,7 @@ from db.models import (
     Run,
     TrainStepResult,
 )
-from db.store import open_store
+from headroom.db.store import open_store
 
 PROFILE_RUNS = 50
 """A profile and its calibration read each kind of result from the device's latest this-many runs that
@@ -117,7 +117,7 @@ def device_record(session: Session, device_name: str) -> DeviceRecord:
 
 
 def matmul_records(session: Session, device_name: str) -> list[MatmulRecord]:
-    """One record per dtype and GEMM size (FLOPs): its median rate, what core.measurements.matmul_curve takes."""
+    """One record per dtype and GEMM size (FLOPs): its median rate, what headroom.core.measured.measurements.matmul_curve takes."""
     m = MatmulResult
     flops = 2 * m.m * m.n * m.k * m.batch
     medians = _medians(m, device_name, [m.dtype, flops], m.tflop_per_s * 1e12, m.tflop_per_s > 0, flops > 0)
@@ -125,7 +125,7 @@ def matmul_records(session: Session, device_name: str) -> list[MatmulRecord]:
 
 
 def attention_records(session: Session, device_name: str) -> list[AttentionRecord]:
-    """One record per shape: its fastest forward (ties: the earliest), of which core.measurements takes the
+    """One record per shape: its fastest forward (ties: the earliest), of which headroom.core.measured.measurements takes the
     fastest at the largest shape."""
     a = AttentionResult
     shape = [a.batch, a.seq_len, a.n_heads, a.head_dim]
@@ -138,7 +138,7 @@ def attention_records(session: Session, device_name: str) -> list[AttentionRecor
 
 
 def elementwise_records(session: Session, device_name: str) -> list[ElementwiseRecord]:
-    """The best copy (core.measurements.copy_bandwidth takes the best), or nothing."""
+    """The best copy (headroom.core.measured.measurements.copy_bandwidth takes the best), or nothing."""
     e = ElementwiseResult
     best = session.scalar(_ok_rows(e, device_name, func.max(e.gb_per_s)).where(e.op == "copy", e.gb_per_s > 0))
     return [ElementwiseRecord("copy", best * 1e9)] if best is not None else []
@@ -153,7 +153,7 @@ def collective_records(session: Session, device_name: str) -> list[CollectiveRec
 
 
 def dispatch_records(session: Session, device_name: str) -> list[DispatchRecord]:
-    """One record per mode: its median seconds per op, what core.measurements.host_costs takes."""
+    """One record per mode: its median seconds per op, what headroom.core.measured.measurements.host_costs takes."""
     d = DispatchResult
     medians = _medians(d, device_name, [d.mode], d.median_s, d.median_s >= 0)
     return [DispatchRecord(mode, per_op) for mode, per_op in session.execute(medians)]
@@ -185,7 +185,7 @@ def train_step_records(session: Session, device_name: str) -> list[TrainStepReco
 
 
 def build_profile(session: Session, device_name: str, steps: list[TrainStepRecord] | None = None) -> HardwareProfile:
-    """The device's profile from its stored measurements (core.measurements.profile_from_measurements);
+    """The device's profile from its stored measurements (headroom.core.measured.measurements.profile_from_measurements);
     ``steps``: its training steps, when already read."""
     device = device_record(session, device_name)
     return profile_from_measurements(

@@ -14,7 +14,13 @@ from datetime import datetime
 from sqlalchemy import BigInteger, Subquery, cast, func, select, union_all
 from sqlalchemy.orm import Session
 
-from db.models import RESULT_MODELS, Fingerprint, MatmulResult, Run, UTCDateTime
+from headroom.db.models import (
+    RESULT_MODELS,
+    Fingerprint,
+    MatmulResult,
+    Run,
+    UTCDateTime,
+)
 
 
 @dataclass(frozen=True, slots=True)

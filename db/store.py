@@ -2,8 +2,8 @@
 
 The agent's side::
 
-    from db.models import Fingerprint, MatmulResult
-    from db.store import open_store
+    from headroom.db.models import Fingerprint, MatmulResult
+    from headroom.db.store import open_store
 
     with open_store(mode="write") as store:             # --db / HEADROOM_DB / default file
         with store.recording(fingerprint, suite="standard", benchmark_version="1") as run_id:
@@ -12,7 +12,7 @@ The agent's side::
 Crash safety: `start_run` commits a run as ``running``; each `add_result`
 commits its result in its own transaction, so a writer killed at any point
 keeps every result it had added, and its run stays ``running``, which
-`db.queries.incomplete_runs` (and ``headroom db info``) reports as
+`headroom.db.queries.incomplete_runs` (and ``headroom db info``) reports as
 incomplete. `recording` finishes the run as ``completed``, ``failed`` (an
 exception) or ``aborted`` (Ctrl-C).
 
@@ -45,8 +45,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
-from db.bundle_file import NODE_KINDS
-from db.engine import (
+from headroom.db.bundle_file import NODE_KINDS
+from headroom.db.engine import (
     SIDECARS,
     check_sqlite_file,
     display_url,
@@ -57,11 +57,11 @@ from db.engine import (
     sqlite_failure,
     sqlite_file,
 )
-from db.errors import DamagedStoreError, StoreError
-from db.location import resolve_url
-from db.migrate import ensure_schema, head
-from db.models import Fingerprint, Result, Run, utcnow
-from db.validate import check_record, record_values
+from headroom.db.errors import DamagedStoreError, StoreError
+from headroom.db.location import resolve_url
+from headroom.db.migrate import ensure_schema, head
+from headroom.db.models import Fingerprint, Result, Run, utcnow
+from headroom.db.validate import check_record, record_values
 
 Mode = Literal["read", "write"]
 FinalStatus = Literal["completed", "failed", "aborted"]
@@ -69,7 +69,7 @@ FINAL_STATUSES: tuple[str, ...] = ("completed", "failed", "aborted")
 
 
 def open_store(url: str | None = None, mode: Mode = "read") -> Store:
-    """Open the store at ``url`` (else ``HEADROOM_DB``, else the default file; see db.location).
+    """Open the store at ``url`` (else ``HEADROOM_DB``, else the default file; see headroom.db.location).
 
     ``mode="write"`` creates a missing SQLite file and upgrades an older
     schema; ``mode="read"`` changes nothing and refuses a missing, empty or

@@ -1,12 +1,12 @@
 """Check one record against its table before anything is written.
 
 The writer API and bundle import share these checks, driven by the ORM
-columns in db.models: a field the table does not have, a missing required
+columns in headroom.db.models: a field the table does not have, a missing required
 field, a value of the wrong type, a non-finite number, a string outside its
 column's ``info["choices"]``, an ``ok`` result without its measurements, a
 negative time or rate, an integer beyond 64 bits, text holding a NUL or a
 lone surrogate (neither SQLite nor PostgreSQL round-trips them), a name
-longer than core.safe_text allows or holding a line break, control or
+longer than headroom.core.safe_text allows or holding a line break, control or
 bidirectional formatting character (a message may break lines), a run that
 finished before it started, a training step whose model spec the core
 refuses. Every error names the record, the field and what would be valid, so
@@ -27,9 +27,9 @@ from typing import Any
 
 from sqlalchemy import JSON, Boolean, Column, Double, Enum, Integer, String
 
-from core.safe_text import MAX_LABELS, text_problem, unstorable
-from db.errors import StoreError
-from db.models import Base, Result, UTCDateTime
+from headroom.core.safe_text import MAX_LABELS, text_problem, unstorable
+from headroom.db.errors import StoreError
+from headroom.db.models import Base, Result, UTCDateTime
 
 # Columns the store fills in itself: surrogate keys, links and the fingerprint digest.
 INTERNAL = frozenset({"id", "run_id", "fingerprint_id", "digest"})
@@ -131,8 +131,8 @@ MAX_INTEGER = 2**63 - 1
 
 def _check_model_spec(spec: Any, where: str, error: type[StoreError]) -> None:
     """A training step's model is one the core accepts: a row it refuses would stop every plan on the store."""
-    from core.errors import ConfigError
-    from core.model import ModelSpec
+    from headroom.core.errors import ConfigError
+    from headroom.core.specs.model import ModelSpec
 
     try:
         ModelSpec(**spec)
@@ -212,7 +212,7 @@ def _json_problem(column: Column, value: Any) -> str | None:
 
 
 def _labels_problem(labels: dict) -> str | None:
-    """Why a run's labels cannot be stored: each key and value is a name (core.safe_text)."""
+    """Why a run's labels cannot be stored: each key and value is a name (headroom.core.safe_text)."""
     if len(labels) > MAX_LABELS:
         return f"must hold at most {MAX_LABELS} labels (it has {len(labels):,})"
     for key, value in labels.items():

@@ -37,7 +37,7 @@ def headroom(tmp_path_factory):
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [sys.executable, "-m", "cli.main", *args], capture_output=True, text=True, timeout=300, env=env
+            [sys.executable, "-m", "headroom.cli.main", *args], capture_output=True, text=True, timeout=300, env=env
         )
 
     return run
@@ -54,7 +54,7 @@ def run_cli(monkeypatch, tmp_path_factory, capsys):
     """
     import warnings
 
-    from cli.main import main
+    from headroom.cli.main import main
 
     monkeypatch.delenv("HEADROOM_DB", raising=False)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
@@ -89,8 +89,8 @@ def smoke_store(tmp_path_factory) -> SmokeStore:
     torch = pytest.importorskip("torch")
 
     def build(folder: Path) -> list[str]:
-        from agent.runner import run_suite
-        from db.store import open_store
+        from headroom.agent.runner import run_suite
+        from headroom.db.store import open_store
 
         url = f"sqlite:///{folder / 'results.db'}"
         with open_store(url, mode="write") as store:

@@ -20,24 +20,24 @@ import pytest
 from sqlalchemy import create_engine, func, select, text
 from sqlalchemy.exc import OperationalError
 
-from core.presets import get_preset
-from db.models import (
-    CollectiveResult,
-    DispatchResult,
+from headroom.core.specs.presets import get_preset
+from headroom.db.models import (
     RESULT_MODELS,
     AttentionResult,
+    CollectiveResult,
+    DispatchResult,
     ElementwiseResult,
     Fingerprint,
     MatmulResult,
     Run,
     TrainStepResult,
 )
-from db.store import Store, open_store
+from headroom.db.store import Store, open_store
 
 PG_ADMIN_URL = os.environ.get("HEADROOM_TEST_POSTGRES", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 WRITER = Path(__file__).with_name("db_writer.py")
 LLAMA2_7B = get_preset("llama2-7b").to_dict()
-"""A training step's model as the agent stores it (every field of core.model.ModelSpec)."""
+"""A training step's model as the agent stores it (every field of headroom.core.specs.model.ModelSpec)."""
 
 
 def fingerprint(**fields) -> Fingerprint:
@@ -151,7 +151,7 @@ DAMAGE = random.Random(DAMAGE_AT).randbytes(8192)
 
 def one_run_store(path: Path) -> Path:
     """A SQLite store at ``path`` holding one recorded run."""
-    from db.store import open_store
+    from headroom.db.store import open_store
 
     with open_store(str(path), mode="write") as store:
         record_run(store)

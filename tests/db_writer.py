@@ -14,7 +14,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from db.store import open_store  # noqa: E402
+from headroom.db.store import open_store  # noqa: E402
 from tests.db_support import fingerprint, results  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""Stand-in ranks for agent.train_ranks under torch's launcher: the same protocol, no training.
+"""Stand-in ranks for headroom.agent.train_ranks under torch's launcher: the same protocol, no training.
 
 Each setup is begun and reported at once, with the rank's process id and the
 setup's place in the launch, except where the setup's ``steps`` asks for a
@@ -19,10 +19,12 @@ import os
 import sys
 import time
 
-from agent.launch import emit  # the standard library only: these ranks start in milliseconds
+from headroom.agent.launch import (
+    emit,  # the standard library only: these ranks start in milliseconds
+)
 
 
-def begin_key(index: int) -> str:  # agent.train_ranks' keys (tests/test_launch.py checks they agree)
+def begin_key(index: int) -> str:  # headroom.agent.train_ranks' keys (tests/test_launch.py checks they agree)
     return f"begin {index}"
 
 

@@ -12,7 +12,7 @@ RMSNorm's ``rsqrt`` from libdevice, which the interpreter cannot run, is ``tl.ma
 
 - ``models``: transformers' Llama patched by the function the HF Trainer calls under ``use_liger_kernel=True``
   (``transformers.integrations.liger.apply_liger_kernel``), one forward with labels under the saved-tensor
-  probe, for fp32 and bf16 with and without the Trainer's checkpointing: the traced ledger (agent.hf_trace)
+  probe, for fp32 and bf16 with and without the Trainer's checkpointing: the traced ledger (headroom.agent.hf_trace)
   of each.
 - ``loss``: Liger's fused linear cross-entropy alone, under the storage counter of tests/test_cross_entropy.py:
   the bytes alive at its forward's peak and its backward's, beyond what its forward kept.
@@ -48,11 +48,18 @@ import liger_kernel.ops.rms_norm as liger_rms_norm  # noqa: E402
 
 liger_rms_norm.rsqrt = lambda x: tl.math.rsqrt(x)  # looked up when the kernel runs, where the interpreter has it
 
-from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction  # noqa: E402
+from liger_kernel.ops.fused_linear_cross_entropy import (
+    LigerFusedLinearCrossEntropyFunction,  # noqa: E402
+)
 from transformers.integrations.liger import apply_liger_kernel  # noqa: E402
 
-from agent.hf_trace import _one_sequence_per_row, build_model, checkpoint_every_layer, ledger_of  # noqa: E402
-from agent.probe import probe  # noqa: E402
+from headroom.agent.hf_trace import (  # noqa: E402
+    _one_sequence_per_row,
+    build_model,
+    checkpoint_every_layer,
+    ledger_of,
+)
+from headroom.agent.probe import probe  # noqa: E402
 from tests.live_bytes import LiveBytes  # noqa: E402
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,

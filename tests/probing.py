@@ -2,8 +2,8 @@
 
 import torch
 
-from agent.bench_train import forward_loss
-from agent.ledger_check import build, probe_config
+from headroom.agent.bench_train import forward_loss
+from headroom.agent.ledger_check import build, probe_config
 
 run_forward = forward_loss
 __all__ = ["assert_decoder_is_the_spec", "assert_same_training", "build", "probe_config", "run_forward"]
@@ -11,7 +11,7 @@ __all__ = ["assert_decoder_is_the_spec", "assert_same_training", "build", "probe
 
 def assert_decoder_is_the_spec(spec):
     """The agent's decoder holds exactly the spec's parameters: its shapes in order, and its count. Returns it."""
-    from agent.model import Decoder
+    from headroom.agent.model import Decoder
 
     model = Decoder(spec)
     assert tuple(tuple(p.shape) for p in model.parameters()) == spec.parameter_shapes()

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import time
 
-from agent.launch import emit  # the standard library only: these ranks start in milliseconds
+from headroom.agent.launch import (
+    emit,  # the standard library only: these ranks start in milliseconds
+)
 
 if __name__ == "__main__":
     emit("pid", int(os.environ["RANK"]), {"pid": os.getpid()})

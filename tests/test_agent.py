@@ -9,12 +9,12 @@ import pytest
 torch = pytest.importorskip("torch")
 from sqlalchemy import select  # noqa: E402
 
-from agent import bench_matmul  # noqa: E402
-from agent.cases import Case  # noqa: E402
-from agent.runner import run_suite  # noqa: E402
-from agent.suites import build_cases  # noqa: E402
-from agent.timer import cpu_cache_bytes, time_fn  # noqa: E402
-from db.models import (  # noqa: E402
+from headroom.agent import bench_matmul  # noqa: E402
+from headroom.agent.cases import Case  # noqa: E402
+from headroom.agent.runner import run_suite  # noqa: E402
+from headroom.agent.suites import build_cases  # noqa: E402
+from headroom.agent.timer import cpu_cache_bytes, time_fn  # noqa: E402
+from headroom.db.models import (  # noqa: E402
     AttentionResult,
     ElementwiseResult,
     Fingerprint,
@@ -22,7 +22,7 @@ from db.models import (  # noqa: E402
     Run,
     TrainStepResult,
 )
-from db.store import open_store  # noqa: E402
+from headroom.db.store import open_store  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -106,7 +106,7 @@ def test_ctrl_c_aborts_the_run_and_keeps_finished_results(tmp_path):
 
 def test_a_broken_cuda_context_records_the_rest_as_not_run_and_fails_the_run(tmp_path, monkeypatch):
     """A sticky CUDA error surfaces when the runner settles the device after a case (simulated here)."""
-    from agent import runner
+    from headroom.agent import runner
 
     calls = []
 
@@ -140,7 +140,7 @@ def test_host_timer_keeps_every_sample_and_respects_its_budget():
 
 
 class _FakeClock:
-    """agent.timer's clock, advanced only by the timed function: timing that cannot depend on the scheduler."""
+    """headroom.agent.timer's clock, advanced only by the timed function: timing that cannot depend on the scheduler."""
 
     def __init__(self) -> None:
         self.now = 0.0
@@ -152,7 +152,7 @@ class _FakeClock:
 def test_calls_shorter_than_a_block_are_timed_back_to_back(monkeypatch):
     """A 61 us call (2^-14 s, exact in binary) is timed in blocks of about 1 ms, 17 calls; each sample is the
     block's time per call."""
-    from agent import timer
+    from headroom.agent import timer
 
     clock = _FakeClock()
     monkeypatch.setattr(timer, "time", clock)
@@ -171,7 +171,7 @@ def test_calls_shorter_than_a_block_are_timed_back_to_back(monkeypatch):
 
 
 def test_suite_kinds_are_validated():
-    from core.errors import ConfigError
+    from headroom.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match="unknown benchmark kind.*bogus.*valid: matmul, elementwise, attention, dispatch, train"):
         build_cases("smoke", CPU, ("bogus",))
@@ -192,7 +192,7 @@ def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
 
 
 def test_agent_commands_from_the_cli(run_cli, tmp_path):
-    db = f"sqlite:///{tmp_path / 'cli.db'}"
+    db = f"sqlite:///{tmp_path / 'headroom.cli.db'}"
     train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
                      "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet")
     assert train.returncode == 0, train.stderr
@@ -213,7 +213,7 @@ def test_agent_commands_from_the_cli(run_cli, tmp_path):
     (("--device", "cpu", "--only", ","), "--only ',': names no kind"),
 ])
 def test_agent_run_refuses_a_missing_device_or_unknown_kinds_before_any_work(flags, message, tmp_path, capsys):
-    from cli.main import main
+    from headroom.cli.main import main
 
     if flags[1].startswith("cuda") and torch.cuda.is_available():
         pytest.skip("a CUDA device is visible")
@@ -225,7 +225,7 @@ def test_agent_run_refuses_a_missing_device_or_unknown_kinds_before_any_work(fla
 
 @pytest.mark.parametrize("stack", ["megatron", "hf", "hf-liger"])
 def test_agent_train_refuses_a_stack_whose_kernels_its_decoder_does_not_run(stack, tmp_path, capsys):
-    from cli.main import main
+    from headroom.cli.main import main
 
     db = tmp_path / "refused.db"
     flags = ["agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--device", "cpu", "--stack", stack]
@@ -237,7 +237,7 @@ def test_agent_train_refuses_a_stack_whose_kernels_its_decoder_does_not_run(stac
 
 
 def test_agent_train_refuses_torchtitans_loss_under_tensor_parallelism(tmp_path, capsys):
-    from cli.main import main
+    from headroom.cli.main import main
 
     db = tmp_path / "refused.db"
     flags = ["agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--device", "cpu", "--nproc", "2",
@@ -250,8 +250,8 @@ def test_agent_train_refuses_torchtitans_loss_under_tensor_parallelism(tmp_path,
 
 
 def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oom_is_oom(monkeypatch):
-    from agent import bench_attention
-    from agent.runner import run_case
+    from headroom.agent import bench_attention
+    from headroom.agent.runner import run_case
 
     declined = bench_attention.measure(CPU, "efficient", "fp32", 1, 64, 2, 16, budget_s=0.01)
     assert declined.status == "skipped" and declined.message.startswith("efficient cannot run this shape here: ")
@@ -268,21 +268,21 @@ def test_an_attention_backend_that_declines_is_skipped_with_torchs_reason_and_oo
 
 
 def test_the_host_dispatch_is_measured_per_op_in_each_mode():
-    """agent.bench_dispatch on this CPU: three ok rows, one a mode, each sample seconds per op of a chain of 256,
+    """headroom.agent.bench_dispatch on this CPU: three ok rows, one a mode, each sample seconds per op of a chain of 256,
     and what the selective-checkpoint context adds never negative; the core turns them into the box's HostCosts."""
     import torch
 
-    from agent import bench_dispatch
-    from core.measurements import DispatchRecord, host_costs
-    from db.models import DISPATCH_MODES
+    from headroom.agent import bench_dispatch
+    from headroom.core.measured.measurements import DispatchRecord, host_costs
+    from headroom.db.models import DISPATCH_MODES
 
     rows = [case.measure(torch.device("cpu")) for case in bench_dispatch.cases(torch.device("cpu"))]
     assert [r.mode for r in rows] == list(DISPATCH_MODES) and all(r.status == "ok" for r in rows)
     assert all(r.ops == bench_dispatch.CHAIN and len(r.samples_s) == bench_dispatch.SAMPLES for r in rows)
     assert all(r.min_s <= r.median_s <= r.max_s and r.min_s >= 0 for r in rows)
     assert rows[0].median_s > 0 and rows[1].median_s > 0
-    from agent.runner import RunReport
-    from agent.summary import summarize
+    from headroom.agent.runner import RunReport
+    from headroom.agent.summary import summarize
 
     cases = bench_dispatch.cases(torch.device("cpu"))
     text = summarize(RunReport("run", "cpu", "unknown", "cpu", rows=list(zip(cases, rows, strict=True))))

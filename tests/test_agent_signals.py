@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from cli.stop import Stopped, stop_signals
-from db import queries
-from db.errors import StoreError
-from db.store import open_store
+from headroom.cli.stop import Stopped, stop_signals
+from headroom.db import queries
+from headroom.db.errors import StoreError
+from headroom.db.store import open_store
 
 STARTUP_S = 120
 """Bound on the agent starting its run: importing torch on a loaded 2-core box takes seconds, not minutes."""
@@ -35,7 +35,7 @@ def test_sigterm_marks_the_run_aborted_and_exits_143(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
     # A sweep of 1,000-step configurations: minutes of work, so the signal lands mid-run.
     agent = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32",
+        [sys.executable, "-m", "headroom.cli.main", "agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32",
          "--micro-batch", "1,2,4", "--recompute", "none,full", "--steps", "1000", "--device", "cpu", "--db", url],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )

@@ -5,11 +5,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from sqlalchemy import select  # noqa: E402
 
-from agent import bench_train  # noqa: E402
-from agent.runner import run_suite  # noqa: E402
-from agent.suites import TrainSweep  # noqa: E402
-from db.models import Run, TrainStepResult  # noqa: E402
-from db.store import open_store  # noqa: E402
+from headroom.agent import bench_train  # noqa: E402
+from headroom.agent.runner import run_suite  # noqa: E402
+from headroom.agent.suites import TrainSweep  # noqa: E402
+from headroom.db.models import Run, TrainStepResult  # noqa: E402
+from headroom.db.store import open_store  # noqa: E402
 
 
 def test_injected_out_of_memory_is_recorded_and_the_sweep_continues(tmp_path, monkeypatch):
@@ -36,8 +36,8 @@ def test_injected_out_of_memory_is_recorded_and_the_sweep_continues(tmp_path, mo
 
 
 def test_bf16_master_is_skipped_with_its_reason():
-    from core.config import TrainConfig
-    from core.presets import get_preset
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.presets import get_preset
 
     setup = bench_train.TrainSetup(spec=get_preset("bench-llama-tiny"), config=TrainConfig(seq_len=16, precision="bf16-master"))
     row = bench_train.measure(torch.device("cpu"), setup)

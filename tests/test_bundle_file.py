@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-import db.bundle_file as bundle_file
+import headroom.db.bundle_file as bundle_file
 from benchmarks.big_store import REFERENCE
-from db.bundle_file import dump_bundle, read_runs
-from db.errors import BundleError
+from headroom.db.bundle_file import dump_bundle, read_runs
+from headroom.db.errors import BundleError
 
 RUNS = json.loads(gzip.decompress(REFERENCE.read_bytes()))["runs"]
 """The H200 reference runs: real documents, with nested JSON, nulls, floats and long sample lists."""

@@ -11,10 +11,10 @@ import stat
 
 import pytest
 
-from db import bundle_file
-from db.bundle_file import read_runs, write_bundle
-from db.migrate import head
-from db.store import open_store
+from headroom.db import bundle_file
+from headroom.db.bundle_file import read_runs, write_bundle
+from headroom.db.migrate import head
+from headroom.db.store import open_store
 from tests.db_support import record_run
 
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from core.calibration import FAR_FACTOR, Observation, calibrate, fit_ratio
+from headroom.core.measured.calibration import (
+    FAR_FACTOR,
+    Observation,
+    calibrate,
+    fit_ratio,
+)
 
 # Fourteen steps measured 1.2-1.4x their predictions, as a quiet box's steps scatter.
 CLEAN = [Observation(None, None, 1.0 + i / 10, (1.0 + i / 10) * (1.2 + (i % 5) / 20), f"step {i}") for i in range(14)]

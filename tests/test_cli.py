@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from core.presets import get_preset
+from headroom.core.specs.presets import get_preset
 from tests.conftest import FIXTURES
 
 MEMORY_KEYS = {"parameters", "gradients", "master_weights", "optimizer_states", "activations",
@@ -161,8 +161,8 @@ def test_version_is_the_installed_package_version(headroom):
 
 
 def test_models_and_hardware_as_json(run_cli):
-    from core.hardware import HARDWARE
-    from core.presets import PRESETS
+    from headroom.core.specs.hardware import HARDWARE
+    from headroom.core.specs.presets import PRESETS
 
     models = json.loads(run_cli("models", "--json").stdout)
     assert [(m["name"], m["parameters"], m["n_layers"]) for m in models] == [
@@ -179,7 +179,7 @@ def test_models_and_hardware_as_json(run_cli):
 @pytest.mark.parametrize(("name", "key"), [("H100-SXM", "h100-sxm"), ("4090", "rtx-4090"), ("mi300", "mi300x"),
                                            ("a100-sxm-80", "a100-sxm-80gb")])
 def test_hardware_is_named_by_any_case_or_a_part_of_one_key(name, key):
-    from core.hardware import get_hardware
+    from headroom.core.specs.hardware import get_hardware
 
     assert get_hardware(name).key == key
 
@@ -194,12 +194,12 @@ def test_a_part_of_several_keys_lists_them(run_cli):
 def test_a_plan_for_a_cpu_speaks_of_devices_not_gpus():
     import dataclasses
 
-    from cli.plan import render
-    from core.advice import plan_and_advise
-    from core.config import TrainConfig
-    from core.hardware import get_hardware
-    from core.planner import PlanRequest
-    from core.timing import datasheet_profile
+    from headroom.cli.plan import render
+    from headroom.core.planning.advice import plan_and_advise
+    from headroom.core.planning.planner import PlanRequest
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.hardware import get_hardware
+    from headroom.core.timing.step import datasheet_profile
 
     request = PlanRequest(spec=get_preset("bench-llama-tiny"), train=TrainConfig(seq_len=64), global_batch=8)
     gpu = datasheet_profile(get_hardware("h100-sxm"))
@@ -335,13 +335,13 @@ def test_the_in_process_cli_reports_what_a_process_would(run_cli, monkeypatch):
     exit status is main's, argparse's exits included: a test of one clean line cannot pass by running here."""
     import warnings
 
-    import cli.catalog
+    import headroom.cli.catalog
 
     def warned(args):
         warnings.warn("a warning a user would see", UserWarning, stacklevel=2)
         print("listed")
 
-    monkeypatch.setattr(cli.catalog, "run_models", warned)
+    monkeypatch.setattr(headroom.cli.catalog, "run_models", warned)
     parser_built = run_cli("models")
     assert parser_built.returncode == 0 and parser_built.stdout == "listed\n"
     assert parser_built.stderr.count("\n") == 2 and "UserWarning: a warning a user would see" in parser_built.stderr

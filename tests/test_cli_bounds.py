@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from cli.agent import MAX_SWEEP, _ints, _policies, parse_labels
-from core.errors import ConfigError
+from headroom.cli.agent import MAX_SWEEP, _ints, _policies, parse_labels
+from headroom.core.errors import ConfigError
 
 
 def test_a_sweep_measures_each_configuration_once_in_the_order_given():

@@ -1,7 +1,7 @@
 """Every option of every command, given adversarial values: never a traceback, never a hang, and a refusal is
 one line with exit status 2.
 
-The commands run in this process (``cli.main.main``), each call under an alarm, in a scratch working
+The commands run in this process (``headroom.cli.main.main``), each call under an alarm, in a scratch working
 directory (a path-like value may name a file). ``agent run``, ``agent train`` and ``dashboard`` check their
 input and then start a measurement (``--settle``'s wait for a quiet host first) or a server: there the fuzz
 stops them (`Accepted`), since what it tests is that every value is refused or taken before any work starts.
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from cli.main import build_parser, main
+from headroom.cli.main import build_parser, main
 
 HARDENING = ("9" * 5000, "x" * 100_000, "a\nb", "\x1b[31mred\x07", "\r", ",".join(["1"] * 5000),
              "postgresql://u:pw@[::1", "2" * 400 + ".5")
@@ -35,9 +35,9 @@ ADVERSARIAL = st.one_of(
 NUL, a lone surrogate), more digits than Python converts, long text, line breaks and terminal escapes, a
 list of 5,000 duplicates, a URL that does not parse, and random text."""
 UNSHOWN = {"\x1b", "\x07", "\r", "\u202e", "\x00"}
-"""What no line of stderr holds raw: a value quoted in an error is escaped (core.safe_text)."""
+"""What no line of stderr holds raw: a value quoted in an error is escaped (headroom.core.safe_text)."""
 LINE_LIMIT = 2_200
-"""An error line's characters at most: a quoted value is cut (core.errors.MESSAGE_LIMIT, cli.main.ERROR_LIMIT)."""
+"""An error line's characters at most: a quoted value is cut (headroom.core.errors.MESSAGE_LIMIT, headroom.cli.main.ERROR_LIMIT)."""
 
 BASE = {
     ("estimate",): ["--model", "bench-llama-tiny", "--seq-len", "64"],
@@ -126,9 +126,9 @@ def test_an_adversarial_value_is_refused_in_one_line_or_accepted(command, option
     monkeypatch.chdir(tmp_path_factory.mktemp("cwd"))
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
-    monkeypatch.setattr("agent.runner.run_suite", _accept)
-    monkeypatch.setattr("cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
-    monkeypatch.setattr("cli.dashboard.serve", _accept)
+    monkeypatch.setattr("headroom.agent.runner.run_suite", _accept)
+    monkeypatch.setattr("headroom.cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
+    monkeypatch.setattr("headroom.cli.dashboard.serve", _accept)
     argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option, value]
     _check(command, argv, *run(argv))
 
@@ -140,9 +140,9 @@ def test_every_option_takes_the_hardening_values_in_one_bounded_line(command, op
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "xdg"))
     monkeypatch.delenv("HEADROOM_DB", raising=False)
-    monkeypatch.setattr("agent.runner.run_suite", _accept)
-    monkeypatch.setattr("cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
-    monkeypatch.setattr("cli.dashboard.serve", _accept)
+    monkeypatch.setattr("headroom.agent.runner.run_suite", _accept)
+    monkeypatch.setattr("headroom.cli.agent.settle", _accept)  # --settle waits for the host: the start of measuring
+    monkeypatch.setattr("headroom.cli.dashboard.serve", _accept)
     for value in HARDENING:
         argv = [*command, value, *BASE[command][1:]] if option == POSITIONAL else [*command, *BASE[command], option,
                                                                                     value]

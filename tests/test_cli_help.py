@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.recompute import POLICY_MEANINGS
+from headroom.core.specs.recompute import POLICY_MEANINGS
 
 
 @pytest.mark.parametrize("command", [("plan",), ("estimate",), ("agent", "train")])

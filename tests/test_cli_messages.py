@@ -9,8 +9,8 @@ import re
 
 import pytest
 
-from core.hf_config import SUPPORTED
-from core.model import SIZE_LIMITS
+from headroom.core.specs.hf_config import SUPPORTED
+from headroom.core.specs.model import SIZE_LIMITS
 
 TINY_LLAMA = {"model_type": "llama", "hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
               "num_hidden_layers": 2, "intermediate_size": 128, "vocab_size": 100, "max_position_embeddings": 64}

@@ -9,15 +9,15 @@ import math
 
 import pytest
 
-from agent.comm_time import host_exposed_s, kernel_exposed_s, overlap, union
-from agent.topology import parse_topology
-from core.collective_curves import CollectiveCurves, CollectiveRecord
-from core.comm import MEASURED, step_communication
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.interconnect import cluster_for
-from core.layout import Layout
-from core.presets import get_preset
+from headroom.agent.comm_time import host_exposed_s, kernel_exposed_s, overlap, union
+from headroom.agent.topology import parse_topology
+from headroom.core.errors import ConfigError
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.interconnect import cluster_for
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
+from headroom.core.timing.comm import MEASURED, step_communication
 
 KiB, MiB = 2**10, 2**20
 # A made-up all-reduce over 2 ranks: 10 us at 1 KiB, 100 us at 1 MiB, 400 us at 4 MiB; two runs at 1 MiB.

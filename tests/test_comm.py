@@ -5,8 +5,27 @@ from collections import Counter
 
 import pytest
 
-from core.collective_ops import OPS
-from core.comm import (
+from headroom.core.errors import ConfigError
+from headroom.core.memory.pipeline import rank_kinds
+from headroom.core.memory.static import rank_parameters
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import HARDWARE
+from headroom.core.specs.interconnect import (
+    DEFAULT_INTER_NODE_LINK,
+    INTER_NODE_LINK,
+    INTRA_NODE_LINK,
+    LINKS,
+    Cluster,
+    Link,
+    cluster_for,
+    default_cluster,
+    get_link,
+)
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.timing.collective_ops import OPS
+from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
     bus_factor,
     collective_seconds,
@@ -19,26 +38,7 @@ from core.comm import (
     step_communication,
     total_seconds,
 )
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hardware import HARDWARE
-from core.interconnect import (
-    DEFAULT_INTER_NODE_LINK,
-    INTER_NODE_LINK,
-    INTRA_NODE_LINK,
-    LINKS,
-    Cluster,
-    Link,
-    cluster_for,
-    default_cluster,
-    get_link,
-)
-from core.layout import Layout
-from core.memory import rank_parameters
-from core.pipeline import rank_kinds
-from core.presets import get_preset
-from core.recompute import RecomputePolicy
-from core.units import GB, GiB
+from headroom.core.units import GB, GiB
 
 IDEAL = Link(key="ideal", name="450 GB/s, no latency", bytes_per_s=450e9, latency_s=0.0, source="test")
 SLOW = Link(key="slow", name="50 GB/s, no latency", bytes_per_s=50e9, latency_s=0.0, source="test")

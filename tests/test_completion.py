@@ -10,9 +10,9 @@ import subprocess
 
 import pytest
 
-from cli.completion import leaf_commands
-from cli.main import build_parser
-from core.presets import PRESETS
+from headroom.cli.completion import leaf_commands
+from headroom.cli.main import build_parser
+from headroom.core.specs.presets import PRESETS
 
 COMMANDS = leaf_commands(build_parser())
 
@@ -30,7 +30,7 @@ def _bash_complete(script: str, *words: str) -> list[str]:
 def bash() -> str:
     if shutil.which("bash") is None:
         pytest.skip("no bash")
-    from cli.completion import bash_script
+    from headroom.cli.completion import bash_script
 
     return bash_script(COMMANDS)
 

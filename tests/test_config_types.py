@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import MESSAGE_LIMIT, ConfigError
-from core.hf_config import parse_hf_config, read_hf_config, spec_from_config_file
+from headroom.core.errors import MESSAGE_LIMIT, ConfigError
+from headroom.core.specs.hf_config import (
+    parse_hf_config,
+    read_hf_config,
+    spec_from_config_file,
+)
 
 FIXTURES = sorted((Path(__file__).parent / "fixtures" / "hf").glob("*.json"))
 WRONG = ("7", "1e3", [7], {"n": 7}, True, 10**400, -3, 0, 1.5, "x" * 100_000)

@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from core.config import TrainConfig  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.presets import get_preset  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
 from tests.live_bytes import LiveBytes  # noqa: E402
 
 SPEC = get_preset("bench-llama-tiny")  # vocabulary 512, hidden 64

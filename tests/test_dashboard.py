@@ -11,13 +11,13 @@ from pathlib import Path
 
 import pytest
 
-from dashboard import plan_tables, planning
-from dashboard.text import plain
+from headroom.dashboard import plan_tables, planning
+from headroom.dashboard.text import plain
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from db.store import open_store  # noqa: E402
+from headroom.db.store import open_store  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = ("plan", "hardware", "history", "calibration")
@@ -273,7 +273,7 @@ def test_export_snippets_come_with_download_buttons(tmp_path, monkeypatch):
     snippets = [c.value for c in at.code]
     assert any("per_device_train_batch_size=" in s for s in snippets)
     assert any("gradient_accumulation_steps" in s or "train_micro_batch_size_per_gpu" in s for s in snippets)
-    from core.export import EXPORTERS
+    from headroom.core.exports import EXPORTERS
 
     assert len(at.get("download_button")) == len(EXPORTERS)
 
@@ -284,7 +284,7 @@ REFERENCE_BUNDLE = Path(__file__).parent / "data" / "reference" / "nvidia-h200-2
 @pytest.fixture(scope="module")
 def reference_store(tmp_path_factory):
     """`headroom dashboard --bundle`'s store: the H200 reference run, loaded into a scratch SQLite file."""
-    from cli.dashboard import load_bundle
+    from headroom.cli.dashboard import load_bundle
 
     return load_bundle(REFERENCE_BUNDLE, tmp_path_factory.mktemp("bundle"))
 
@@ -328,7 +328,7 @@ def test_stopping_headroom_dashboard_stops_its_server(tmp_path):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
-    wrapper = subprocess.Popen([sys.executable, "-m", "cli.main", "dashboard", "--port", str(port)],
+    wrapper = subprocess.Popen([sys.executable, "-m", "headroom.cli.main", "dashboard", "--port", str(port)],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     try:
         deadline = time.monotonic() + 90
@@ -354,7 +354,7 @@ def test_stopping_headroom_dashboard_stops_its_server(tmp_path):
 def test_a_stored_name_with_markdown_is_shown_as_text(markup_store, monkeypatch):
     """A forged bundle's device name reaches the pages escaped: its brackets and colons are characters, so
     no link or remote image is made of it (tests/test_dashboard_browser.py checks the rendered page)."""
-    from dashboard.text import plain
+    from headroom.dashboard.text import plain
     from tests.conftest import MARKUP_NAME
 
     escaped = plain(MARKUP_NAME)
@@ -373,8 +373,8 @@ def test_a_stored_name_with_markdown_is_shown_as_text(markup_store, monkeypatch)
 
 
 def test_the_empty_store_hint_names_the_store_it_fills(monkeypatch, tmp_path):
-    from dashboard.notices import AGENT_COMMAND, agent_command
-    from db.location import default_url
+    from headroom.dashboard.notices import AGENT_COMMAND, agent_command
+    from headroom.db.location import default_url
 
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path))
     assert agent_command(default_url()) == AGENT_COMMAND  # the default file needs no --db

@@ -4,7 +4,7 @@ Needs Chromium and its driver (Debian: ``apt-get install chromium chromium-drive
 skips itself without them, except in CI (``CI`` set), where it must run.
 Screenshots of every page, whole, go to test-artifacts/.
 
-Charts render as SVG (dashboard.charts.SVG), so their axis labels and legend entries are <text> elements:
+Charts render as SVG (headroom.dashboard.charts.SVG), so their axis labels and legend entries are <text> elements:
 the test reads them, checks none is cut short ("…") or drawn outside its chart's box (a clipped legend), and
 looks for the Plan page's full candidate labels, every memory component and the budget's label.
 """
@@ -96,7 +96,7 @@ def _serving(url: str, tmp_path: Path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "cli.main", "dashboard", "--db", url, "--port", str(port)],
+        [sys.executable, "-m", "headroom.cli.main", "dashboard", "--db", url, "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     try:
@@ -133,7 +133,7 @@ def test_a_stored_name_with_markdown_renders_as_its_characters(markup_store, tmp
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from dashboard.text import WORD_JOINER
+    from headroom.dashboard.text import WORD_JOINER
     from tests.conftest import MARKUP_NAME
 
     with _serving(markup_store, tmp_path) as address:
@@ -153,7 +153,7 @@ def test_a_stored_name_with_markdown_renders_as_its_characters(markup_store, tmp
 def expected_plan() -> dict[str, set[str]]:
     """What the Plan page's charts must show in full for the default inputs (the smoke store's CPU is not the
     default hardware, so the page plans from the datasheet, as here)."""
-    from dashboard import charts, plan_tables, planning
+    from headroom.dashboard import charts, plan_tables, planning
 
     inputs = planning.PlanInputs()
     plan = planning.make_plan(inputs, planning.resolve_preset(inputs.model), *planning.datasheet_hardware(inputs.hardware))
@@ -231,7 +231,7 @@ def compare_with_another_plan(browser, by) -> None:
     from selenium.webdriver.common.keys import Keys
     from selenium.webdriver.support.ui import WebDriverWait
 
-    from dashboard.planning import PlanInputs
+    from headroom.dashboard.planning import PlanInputs
 
     model = PlanInputs().model
     budget = browser.find_element(by.CSS_SELECTOR, "input[aria-label='budget per GPU']")

@@ -1,5 +1,5 @@
 """The Calibration page marks the noisy steps that the step-time factor leaves out, so its table counts the
-steps the factor uses (core.calibration: a busy host, or repetitions spread more than their median)."""
+steps the factor uses (headroom.core.measured.calibration: a busy host, or repetitions spread more than their median)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from db.models import TrainStepResult
-from db.store import open_store
+from headroom.db.models import TrainStepResult
+from headroom.db.store import open_store
 from tests.db_support import LLAMA2_7B, fingerprint, results
 
 pytest.importorskip("streamlit")
@@ -69,7 +69,7 @@ def test_the_step_time_table_leaves_out_and_counts_the_noisy_steps_as_the_factor
 
 
 def test_noisy_follows_the_cores_rule():
-    from dashboard.calibration import error_stats, noisy, time_points
+    from headroom.dashboard.calibration import error_stats, noisy, time_points
 
     train = pd.DataFrame({
         "device_name": ["gpu"] * 4, "model_name": ["m"] * 4, "seq_len": [8] * 4, "micro_batch": [1, 2, 4, 8],

@@ -10,10 +10,18 @@ pytest.importorskip("altair")
 import altair as alt  # noqa: E402
 import pandas as pd  # noqa: E402
 
-from core.hardware import get_hardware  # noqa: E402
-from core.roofline import matmul_intensity, ridge_intensity  # noqa: E402
-from core.units import GB  # noqa: E402
-from dashboard import calibration, charts, data, history, plan_tables, planning, roofs  # noqa: E402
+from headroom.core.specs.hardware import get_hardware  # noqa: E402
+from headroom.core.timing.roofline import matmul_intensity, ridge_intensity  # noqa: E402
+from headroom.core.units import GB  # noqa: E402
+from headroom.dashboard import (  # noqa: E402
+    calibration,
+    charts,
+    data,
+    history,
+    plan_tables,
+    planning,
+    roofs,
+)
 
 
 def layers(chart) -> list[dict]:
@@ -339,8 +347,8 @@ def test_query_string_round_trip():
 def test_a_new_run_or_result_shows_on_the_next_read_without_clearing_a_cache(tmp_path):
     """Cached queries key on the store's version: a second read is served from the cache, and a run
     recorded since, or a result added to a run still running, is in the next read."""
-    from db.models import MatmulResult
-    from db.store import open_store
+    from headroom.db.models import MatmulResult
+    from headroom.db.store import open_store
     from tests.db_support import fingerprint, record_run, results
 
     url = f"sqlite:///{tmp_path / 'store.db'}"

@@ -8,15 +8,19 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser
-from cli.plan import SINGLE_GPU
-from cli.train_flags import layout_from_args
-from core.hardware import HARDWARE, get_hardware
-from core.interconnect import FALLBACK_INTRA_NODE_LINK, INTER_NODE_LINK, get_link
-from core.layout import Layout
-from core.planner import default_budget, plan_to_dict
-from core.timing import datasheet_profile
-from dashboard import plan_tables, planning
+from headroom.cli.main import build_parser
+from headroom.cli.plan import SINGLE_GPU
+from headroom.cli.train_flags import layout_from_args
+from headroom.core.planning.planner import default_budget, plan_to_dict
+from headroom.core.specs.hardware import HARDWARE, get_hardware
+from headroom.core.specs.interconnect import (
+    FALLBACK_INTRA_NODE_LINK,
+    INTER_NODE_LINK,
+    get_link,
+)
+from headroom.core.specs.layout import Layout
+from headroom.core.timing.step import datasheet_profile
+from headroom.dashboard import plan_tables, planning
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -69,7 +73,7 @@ def render_readme_plan(url: str, device: str, monkeypatch, **more: str) -> AppTe
 
 
 def test_the_readme_plan_is_the_same_on_the_page_and_the_command_line(smoke_store, run_cli, monkeypatch):
-    from db.hardware import resolve_hardware
+    from headroom.db.hardware import resolve_hardware
 
     at = render_readme_plan(smoke_store.url, smoke_store.device_name, monkeypatch)
     inputs = planning.PlanInputs(model="bench-llama-small", seq_len=128, global_batch=8, budget="4GB",
@@ -85,7 +89,7 @@ def test_the_readme_plan_is_the_same_on_the_page_and_the_command_line(smoke_stor
 def test_a_cpu_is_described_as_a_cpu(smoke_store, monkeypatch):
     """Two ranks of the smoke store's CPU: no "GPUs a node on PCIe", and the link between them is called a
     stand-in (it was "8 GPUs a node on PCIe 4.0 x16")."""
-    from dashboard.text import plain
+    from headroom.dashboard.text import plain
 
     at = render_readme_plan(smoke_store.url, smoke_store.device_name, monkeypatch, dp="2")
     header = next(str(m.value) for m in at.markdown if str(m.value).startswith("**bench-llama-small**"))

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from db.store import open_store
+from headroom.db.store import open_store
 from tests.db_support import record_run
 
 pytest.importorskip("streamlit")
@@ -55,7 +55,7 @@ def test_changing_the_devices_keeps_the_runs_still_offered(five_runs, monkeypatc
 
 
 def test_what_is_still_chosen():
-    from dashboard.history import still_chosen
+    from headroom.dashboard.history import still_chosen
 
     assert still_chosen(None, [5, 4, 3], [5, 4]) == [5, 4]  # first visit: the default
     assert still_chosen([3, 9, 4], [5, 4, 3], [5, 4]) == [3, 4]  # what is still offered, in its order

@@ -1,7 +1,7 @@
 """The Plan page on a cluster: GPU count, pins and links in the URL, the chosen layout, two layouts side by side.
 
-Expected values come from the core (core.advice.plan_and_advise on a request built here, not
-through dashboard.planning), so a test fails if the page plans something else than the CLI would.
+Expected values come from the core (headroom.core.planning.advice.plan_and_advise on a request built here, not
+through headroom.dashboard.planning), so a test fails if the page plans something else than the CLI would.
 """
 
 from __future__ import annotations
@@ -15,19 +15,19 @@ import pandas as pd
 from streamlit.dataframe_util import convert_arrow_bytes_to_pandas_df
 from streamlit.testing.v1 import AppTest
 
-from core.advice import plan_and_advise
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hardware import get_hardware
-from core.interconnect import default_cluster
-from core.layout import SINGLE, Layout
-from core.layout_search import PINNABLE
-from core.planner import Plan, PlanRequest
-from core.presets import get_preset
-from core.timing import datasheet_profile
-from core.units import GB
-from dashboard import charts, plan_tables, planning
-from dashboard.text import plain
+from headroom.core.errors import ConfigError
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.layout_search import PINNABLE
+from headroom.core.planning.planner import Plan, PlanRequest
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.interconnect import default_cluster
+from headroom.core.specs.layout import SINGLE, Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.step import datasheet_profile
+from headroom.core.units import GB
+from headroom.dashboard import charts, plan_tables, planning
+from headroom.dashboard.text import plain
 from tests.dashboard_support import render_url
 
 H100 = datasheet_profile(get_hardware("h100-sxm"))

@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from core.hardware import HARDWARE
-from core.interconnect import LINKS_BY_KEY
-from core.presets import PRESETS
-from dashboard import planning
-from dashboard.planning import PlanInputs
+from headroom.core.specs.hardware import HARDWARE
+from headroom.core.specs.interconnect import LINKS_BY_KEY
+from headroom.core.specs.presets import PRESETS
+from headroom.dashboard import planning
+from headroom.dashboard.planning import PlanInputs
 
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
@@ -54,7 +54,7 @@ def test_a_measured_device_the_store_lacks_is_named_and_replaced_by_the_document
                                                                                            monkeypatch):
     """Never by another device: the smoke store's CPU once stood in for the GPU the URL named (129 tokens/s "per
     GPU")."""
-    from dashboard.text import plain
+    from headroom.dashboard.text import plain
 
     monkeypatch.setenv("HEADROOM_DB", smoke_store.url)
     at = AppTest.from_file(APP, default_timeout=120)
@@ -103,7 +103,7 @@ def test_a_schedule_pinned_for_a_search_applies_to_its_pipelines(tmp_path, monke
 
 def test_the_page_says_what_plan_notes_beside_its_figures(tmp_path, monkeypatch):
     """A sequence beyond llama2-7b's 4,096-token window is context extension: the page says so, as plan does."""
-    from dashboard.text import plain
+    from headroom.dashboard.text import plain
 
     at = render_url(tmp_path, monkeypatch, {"model": "llama2-7b", "seq_len": "8192", "dp": "8", "zero": "3"})
     said = [str(e.value) for e in at.info if "context window" in str(e.value)]
@@ -136,7 +136,7 @@ def test_a_pinned_configuration_that_does_not_fit_is_shown_with_its_time(tmp_pat
 def test_the_page_starts_on_the_stores_own_gpu(tmp_path, smoke_store, monkeypatch):
     """A store with a measured GPU (a GPU check's bundle) plans on it; a store of CPU runs alone (the quick start's
     smoke store) keeps the documented default, as does a URL that names the hardware."""
-    from db.store import open_store
+    from headroom.db.store import open_store
     from tests.db_support import record_run
 
     url = f"sqlite:///{tmp_path / 'gpu.db'}"

@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import DBAPIError
 
-from db.store import open_store
+from headroom.db.store import open_store
 from tests.db_support import postgres_url, record_run, sqlite_url, store_url  # noqa: F401  (fixtures)
 
 

@@ -4,15 +4,15 @@ from pathlib import Path
 
 import pytest
 
-from core.roofline import attainable_flop_per_s
-from dashboard import data, roofs
+from headroom.core.timing.roofline import attainable_flop_per_s
+from headroom.dashboard import data, roofs
 
 REFERENCE_BUNDLE = Path(__file__).parent / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    from cli.dashboard import load_bundle
+    from headroom.cli.dashboard import load_bundle
 
     url = load_bundle(REFERENCE_BUNDLE, tmp_path_factory.mktemp("bundle"))
     (device,) = data.devices(url)

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-import cli.dashboard
+import headroom.cli.dashboard
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE_BUNDLE = ROOT / "tests" / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
@@ -26,8 +26,8 @@ WAIT_S = 60
 
 DRIVER = """
 import subprocess, sys
-import cli.dashboard as dashboard
-from cli.main import main
+import headroom.cli.dashboard as dashboard
+from headroom.cli.main import main
 
 grace, server, *args = sys.argv[1:]
 dashboard.STOP_GRACE_S = float(grace)
@@ -197,6 +197,6 @@ def test_a_killed_server_still_leaves_no_bundle_store_behind(tmp_path):
 
 
 def test_a_server_that_exits_by_itself_gives_its_status_and_the_handlers_back():
-    before = {sig: signal.getsignal(sig) for sig in cli.dashboard.STOP_SIGNALS}
-    assert cli.dashboard.serve([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
-    assert {sig: signal.getsignal(sig) for sig in cli.dashboard.STOP_SIGNALS} == before
+    before = {sig: signal.getsignal(sig) for sig in headroom.cli.dashboard.STOP_SIGNALS}
+    assert headroom.cli.dashboard.serve([sys.executable, "-c", "raise SystemExit(3)"], dict(os.environ)) == 3
+    assert {sig: signal.getsignal(sig) for sig in headroom.cli.dashboard.STOP_SIGNALS} == before

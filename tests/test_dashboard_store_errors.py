@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
-from db.errors import DamagedStoreError  # noqa: E402
+from headroom.db.errors import DamagedStoreError  # noqa: E402
 from tests.db_support import damaged_bytes, one_run_store  # noqa: E402
 
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
@@ -74,7 +74,7 @@ def test_a_file_that_is_not_sqlite_is_one_error_naming_it(page, tmp_path, monkey
 def test_damage_a_query_meets_later_is_one_error_too(built, tmp_path, monkeypatch):
     """A store that opened clean and is damaged while the server runs: the query that meets it stops the page
     with the store's message, not a traceback, and the store is opened (and checked) again on the next visit."""
-    from dashboard import data
+    from headroom.dashboard import data
 
     path = tmp_path / "s.db"
     path.write_bytes(built.read_bytes())

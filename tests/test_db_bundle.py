@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from db.bundle import (
+from headroom.db.bundle import (
     BUNDLE_FORMAT,
     check_runs,
     export_bundle,
@@ -20,8 +20,8 @@ from db.bundle import (
     read_runs,
     write_runs,
 )
-from db.errors import BundleError
-from db.store import open_store
+from headroom.db.errors import BundleError
+from headroom.db.store import open_store
 from tests.db_support import (  # noqa: F401
     fingerprint,
     fleet,
@@ -230,7 +230,7 @@ def test_a_decompression_bomb_is_refused_before_it_fills_memory(fleet, tmp_path,
     _refused(run_cli, tmp_path / "bomb.json.gz", fleet, f"expands more than 100x its {size:,} bytes")
     # A fresh interpreter's peak memory (VmHWM: ru_maxrss would carry this process's peak over the exec):
     # decompressing it all would add 200 MB.
-    code = ("import sys\nfrom db.bundle import check_file\nfrom db.errors import BundleError\n"
+    code = ("import sys\nfrom headroom.db.bundle import check_file\nfrom headroom.db.errors import BundleError\n"
             "try:\n    check_file(__import__('pathlib').Path(sys.argv[1]))\nexcept BundleError:\n    pass\n"
             "print(next(l.split()[1] for l in open('/proc/self/status') if l.startswith('VmHWM:')))")
     peak_kib = int(subprocess.run([sys.executable, "-c", code, str(tmp_path / "bomb.json.gz")], capture_output=True,

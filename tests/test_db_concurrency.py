@@ -8,7 +8,6 @@ insert the fingerprint they share.
 from __future__ import annotations
 
 import json
-
 import os
 import signal
 import subprocess
@@ -17,9 +16,9 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-from db import queries
-from db.models import RESULT_MODELS, MatmulResult, Run
-from db.store import open_store
+from headroom.db import queries
+from headroom.db.models import RESULT_MODELS, MatmulResult, Run
+from headroom.db.store import open_store
 from tests.db_support import (  # noqa: F401  (fixtures)
     WRITER,
     postgres_url,

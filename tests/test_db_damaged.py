@@ -23,11 +23,11 @@ import pytest
 from sqlalchemy import event, text
 from sqlalchemy.pool import Pool
 
-from db import engine as db_engine
-from db.bundle import export_bundle
-from db.bundle_file import write_bundle
-from db.migrate import head
-from db.store import open_store
+from headroom.db import engine as db_engine
+from headroom.db.bundle import export_bundle
+from headroom.db.bundle_file import write_bundle
+from headroom.db.migrate import head
+from headroom.db.store import open_store
 from tests.db_support import damaged_bytes, one_run_store, record_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -180,7 +180,7 @@ def without_write_permission(folder: Path, run_cli):
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(folder.parent)}
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([*drop, sys.executable, "-m", "cli.main", *args], check=False, capture_output=True,
+        return subprocess.run([*drop, sys.executable, "-m", "headroom.cli.main", *args], check=False, capture_output=True,
                               text=True, cwd=REPO, env=env, timeout=120)
 
     return run

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from db import bundle_file
-from db.bundle_file import MAX_RUN_CHARS, read_runs
-from db.errors import BundleError
-from db.store import open_store
+from headroom.db import bundle_file
+from headroom.db.bundle_file import MAX_RUN_CHARS, read_runs
+from headroom.db.errors import BundleError
+from headroom.db.store import open_store
 from tests.db_support import record_run
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -31,17 +31,17 @@ WAIT_S = 60
 
 STALLED_EXPORT = """
 import signal, sys, time
-import db.bundle
-from cli.main import main
+import headroom.db.bundle
+from headroom.cli.main import main
 
-real = db.bundle.export_runs
+real = headroom.db.bundle.export_runs
 
 def stalled(store, uuids=None):
     yield from real(store, uuids)
     print("ready", flush=True)
     time.sleep(600)  # the signal lands here, while the temporary file is open
 
-db.bundle.export_runs = stalled
+headroom.db.bundle.export_runs = stalled
 signal.signal(signal.SIGINT, signal.default_int_handler)  # as in a terminal, whatever this test inherited
 for sig in (signal.SIGTERM, signal.SIGHUP):
     signal.signal(sig, signal.SIG_DFL)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from db.bundle_file import read_runs
-from db.store import open_store
+from headroom.db.bundle_file import read_runs
+from headroom.db.store import open_store
 from tests.db_support import record_run, results
 
 RUNS = 2

@@ -1,4 +1,4 @@
-"""db.hardware.resolve_hardware: a measured device from the store, else a datasheet row; no database when none is needed."""
+"""headroom.db.hardware.resolve_hardware: a measured device from the store, else a datasheet row; no database when none is needed."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from core.errors import ConfigError
-from db.errors import StoreError
-from db.hardware import resolve_hardware
-from db.store import open_store
+from headroom.core.errors import ConfigError
+from headroom.db.errors import StoreError
+from headroom.db.hardware import resolve_hardware
+from headroom.db.store import open_store
 from tests.db_support import record_run, sqlite_url  # noqa: F401  (fixture)
 
 H100 = "NVIDIA H100 80GB HBM3"
@@ -55,7 +55,7 @@ def test_errors_name_what_would_be_valid(measured_url, tmp_path):
 
 def test_datasheet_planning_without_a_store_loads_no_database(tmp_path):
     code = (
-        "import sys\nfrom db.hardware import resolve_hardware\n"
+        "import sys\nfrom headroom.db.hardware import resolve_hardware\n"
         "profile, calibration = resolve_hardware('h100-sxm')\n"
         "print(profile.source, calibration, sorted(m for m in ('sqlalchemy', 'alembic') if m in sys.modules))"
     )
@@ -68,7 +68,7 @@ def test_datasheet_planning_without_a_store_loads_no_database(tmp_path):
 def test_planning_from_a_store_loads_no_migration_tooling(measured_url):
     """Readers recognise a store without Alembic (and its Mako and Pygments): only writers migrate."""
     code = (
-        "import sys\nfrom db.hardware import resolve_hardware\n"
+        "import sys\nfrom headroom.db.hardware import resolve_hardware\n"
         f"profile, calibration = resolve_hardware('h100', {measured_url!r})\n"
         "print(profile.source, sorted(m for m in ('sqlalchemy', 'alembic', 'mako', 'pygments') if m in sys.modules))"
     )
@@ -81,7 +81,7 @@ def test_a_datasheet_plan_beside_a_store_reads_its_names_without_the_orm(measure
     learn that no measured device goes by that name: 3x `estimate`'s time. sqlite3 reads the names instead; a
     name that may be measured still opens the store properly."""
     code = (
-        "import sys\nfrom db.hardware import resolve_hardware\n"
+        "import sys\nfrom headroom.db.hardware import resolve_hardware\n"
         f"profile, calibration = resolve_hardware(sys.argv[1], {measured_url!r})\n"
         "print(profile.source, 'sqlalchemy' in sys.modules)"
     )
@@ -92,7 +92,7 @@ def test_a_datasheet_plan_beside_a_store_reads_its_names_without_the_orm(measure
 
 
 def test_the_names_a_sqlite_store_holds_or_none_where_sqlite3_cannot_tell(measured_url, tmp_path):
-    from db.device_names import could_name, matching_names, sqlite_device_names
+    from headroom.db.device_names import could_name, matching_names, sqlite_device_names
 
     names = sqlite_device_names(measured_url)
     assert names == ["NVIDIA H100 80GB HBM3"]

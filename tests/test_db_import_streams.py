@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from db.bundle import export_file
-from db.store import open_store
+from headroom.db.bundle import export_file
+from headroom.db.store import open_store
 from tests.db_support import fleet, record_run, row_counts  # noqa: F401  (fleet: a fixture)
 
 TIMEOUT_S = 120
@@ -38,7 +38,7 @@ def bundle(tmp_path) -> bytes:
 
 def _headroom(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"}
-    return subprocess.run([sys.executable, "-m", "cli.main", *args], input=stdin, capture_output=True, env=env,
+    return subprocess.run([sys.executable, "-m", "headroom.cli.main", *args], input=stdin, capture_output=True, env=env,
                           timeout=TIMEOUT_S)
 
 
@@ -72,7 +72,7 @@ def test_a_gzip_bundle_from_a_process_substitution_is_imported(bundle, fleet):
     """``headroom db import <(cat bundle.json.gz)``: the shell gives a /dev/fd path to a pipe."""
     read, write = os.pipe()
     try:
-        child = subprocess.Popen([sys.executable, "-m", "cli.main", "db", "import", f"/dev/fd/{read}", "--db", fleet],
+        child = subprocess.Popen([sys.executable, "-m", "headroom.cli.main", "db", "import", f"/dev/fd/{read}", "--db", fleet],
                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, pass_fds=(read,))
     finally:
         os.close(read)
@@ -131,7 +131,7 @@ def test_dashboard_load_bundle_reads_a_fifo(bundle, tmp_path):
     """``headroom dashboard --bundle FIFO``: `load_bundle` imports it in one reading into its scratch store."""
     writer = _fifo_writer(tmp_path / "bundle.fifo", bundle)
     (tmp_path / "scratch").mkdir()
-    code = ("import sys\nfrom pathlib import Path\nfrom cli.dashboard import load_bundle\n"
+    code = ("import sys\nfrom pathlib import Path\nfrom headroom.cli.dashboard import load_bundle\n"
             "print(load_bundle(Path(sys.argv[1]), Path(sys.argv[2])))")
     result = subprocess.run([sys.executable, "-c", code, str(tmp_path / "bundle.fifo"), str(tmp_path / "scratch")],
                             capture_output=True, text=True, timeout=TIMEOUT_S)

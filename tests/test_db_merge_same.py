@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from db.store import open_store, same_store
+from headroom.db.store import open_store, same_store
 from tests.db_support import record_run
 
 

@@ -20,11 +20,11 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import MetaData, create_engine, select, text
 
-from db.errors import OutdatedStoreError, StoreError
-from db.migrate import VERSION_TABLE, alembic_config, head, revisions
-from db.models import Base, Fingerprint, TrainStepResult
-from db.store import open_store
-from db.validate import record_values
+from headroom.db.errors import OutdatedStoreError, StoreError
+from headroom.db.migrate import VERSION_TABLE, alembic_config, head, revisions
+from headroom.db.models import Base, Fingerprint, TrainStepResult
+from headroom.db.store import open_store
+from headroom.db.validate import record_values
 from tests.db_support import (  # noqa: F401
     file_state,
     postgres_url,
@@ -100,10 +100,10 @@ SAVED_CASES = [  # (precision, recompute): what the agent's smoke and quick suit
 
 
 def _agent_prediction(precision: str, recompute: str):
-    from core.config import TrainConfig
-    from core.estimate import estimate
-    from core.presets import get_preset
-    from core.recompute import parse_policy
+    from headroom.core.memory.estimate import estimate
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.presets import get_preset
+    from headroom.core.specs.recompute import parse_policy
 
     spec = get_preset("bench-llama-small")
     config = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(recompute))

@@ -1,4 +1,4 @@
-"""db/profiles.py: the aggregates SQL takes give the figures core.measurements takes from every row.
+"""db/profiles.py: the aggregates SQL takes give the figures headroom.core.measured.measurements takes from every row.
 
 The reference reads every ok row of the device with the ORM and hands it to
 the core as one record per row (what db/profiles.py did before it
@@ -13,9 +13,8 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select
 
-import db.profiles as profiles
-from core.collective_curves import CollectiveCurves, CollectiveRecord
-from core.measurements import (
+import headroom.db.profiles as profiles
+from headroom.core.measured.measurements import (
     AttentionRecord,
     DispatchRecord,
     ElementwiseRecord,
@@ -25,7 +24,8 @@ from core.measurements import (
     matmul_curve,
     profile_from_measurements,
 )
-from db.models import (
+from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
+from headroom.db.models import (
     AttentionResult,
     CollectiveResult,
     DispatchResult,
@@ -35,7 +35,7 @@ from db.models import (
     Run,
     TrainStepResult,
 )
-from db.profiles import (
+from headroom.db.profiles import (
     attention_records,
     build_profile,
     collective_records,
@@ -45,7 +45,7 @@ from db.profiles import (
     matmul_records,
     train_step_records,
 )
-from db.store import open_store
+from headroom.db.store import open_store
 from tests.db_support import LLAMA2_7B, fingerprint, postgres_url, sqlite_url, store_url  # noqa: F401
 
 H100 = "NVIDIA H100 80GB HBM3"

@@ -10,12 +10,12 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select, text
 
-from db import queries
-from db.engine import _switch_to_wal, enable_wal, make_engine, parse_url
-from db.errors import StoreError
-from db.location import default_url, resolve_url
-from db.models import Fingerprint, MatmulResult, Run, TrainStepResult
-from db.store import open_store
+from headroom.db import queries
+from headroom.db.engine import _switch_to_wal, enable_wal, make_engine, parse_url
+from headroom.db.errors import StoreError
+from headroom.db.location import default_url, resolve_url
+from headroom.db.models import Fingerprint, MatmulResult, Run, TrainStepResult
+from headroom.db.store import open_store
 from tests.db_support import (  # noqa: F401  (fixtures)
     fingerprint,
     postgres_url,
@@ -41,7 +41,7 @@ def test_location_flag_beats_env_var_beats_default(monkeypatch, tmp_path):
 
 
 def test_a_home_of_no_user_is_refused_by_name(monkeypatch):
-    from core.errors import ConfigError
+    from headroom.core.errors import ConfigError
 
     monkeypatch.setenv("HOME", "/home/someone")
     assert resolve_url("~/x.db") == "sqlite:////home/someone/x.db"
@@ -102,7 +102,7 @@ def test_the_switch_to_wal_waits_for_a_writer_sqlite_would_not_wait_for(tmp_path
 
 
 def test_a_file_locked_past_the_busy_timeout_is_named(tmp_path, monkeypatch):
-    monkeypatch.setattr("db.engine.SQLITE_BUSY_TIMEOUT_MS", 200)
+    monkeypatch.setattr("headroom.db.engine.SQLITE_BUSY_TIMEOUT_MS", 200)
     path = tmp_path / "held.db"
     holder = _locked_rollback_file(path)
     engine = make_engine(parse_url(f"sqlite:///{path}"), write=True)

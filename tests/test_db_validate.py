@@ -1,4 +1,4 @@
-"""db.validate: a record completed with its table's defaults is the row the ORM object would hold."""
+"""headroom.db.validate: a record completed with its table's defaults is the row the ORM object would hold."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from datetime import datetime
 
 import pytest
 
-from db.models import Base
-from db.validate import check_record, complete, record_values
+from headroom.db.models import Base
+from headroom.db.validate import check_record, complete, record_values
 
 MODELS = sorted((mapper.class_ for mapper in Base.registry.mappers), key=lambda model: model.__name__)
 
@@ -32,7 +32,7 @@ def test_a_record_takes_the_defaults_the_orm_gives_it(model):
 
 
 def test_each_record_gets_its_own_lists_and_dicts():
-    from db.models import Fingerprint, MatmulResult
+    from headroom.db.models import Fingerprint, MatmulResult
 
     first, second = (complete(MatmulResult, _required(MatmulResult)) for _ in range(2))
     assert first["samples_s"] == [] and first["samples_s"] is not second["samples_s"]
@@ -44,8 +44,8 @@ def test_each_record_gets_its_own_lists_and_dicts():
 @pytest.mark.parametrize("samples", [[0.1, float("nan")], [0.1, -0.1], [True], [10**400], ["0.1"], [0.1, [0.2]]],
                          ids=["nan", "negative", "bool", "beyond a float", "text", "nested"])
 def test_samples_must_be_seconds(samples):
-    from db.errors import StoreError
-    from db.models import MatmulResult
+    from headroom.db.errors import StoreError
+    from headroom.db.models import MatmulResult
 
     record = _required(MatmulResult) | {"dtype": "fp32", "m": 8, "n": 8, "k": 8, "samples_s": samples}
     with pytest.raises(StoreError, match=r"field 'samples_s' must be a list of non-negative finite numbers \(seconds\)"):

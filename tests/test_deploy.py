@@ -12,7 +12,7 @@ Commands are pulled out of each template the way its runtime would see them:
   container's ``env`` (an undefined one fails the test: Kubernetes would pass it on literally);
 - the Dockerfile: ENTRYPOINT + CMD, JSON arrays.
 
-Each argv is parsed by ``cli.main.build_parser()``, which exits on a misspelled command or flag.
+Each argv is parsed by ``headroom.cli.main.build_parser()``, which exits on a misspelled command or flag.
 """
 
 from __future__ import annotations
@@ -27,8 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from cli.agent import SUITE_NAMES, parse_labels
-from cli.main import build_parser
+from headroom.cli.agent import SUITE_NAMES, parse_labels
+from headroom.cli.main import build_parser
 
 yaml = pytest.importorskip("yaml")
 
@@ -279,7 +279,7 @@ def test_dockerfile():
     assert 'RUN pip install --no-cache-dir ".[agent,postgres]"' in text
     tomllib = pytest.importorskip("tomllib")
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {name.rstrip("*") for name in project["tool"]["setuptools"]["packages"]["find"]["include"]}
+    packages = set(project["tool"]["setuptools"]["package-dir"].values())  # the folders headroom.* installs from
     copied = set(re.findall(r"^COPY (\S+) \./\1$", text, re.MULTILINE))
     assert copied == packages, "the image must copy every package pyproject.toml installs"
     assert "COPY pyproject.toml README.md ./" in text  # the build reads both (readme = README.md)

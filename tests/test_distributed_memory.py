@@ -29,15 +29,15 @@ if not (dist.is_available() and dist.is_gloo_available()):
 
 import dataclasses  # noqa: E402
 
-from core.comm import _vocabulary_calls, step_communication  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.estimate import estimate  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.interconnect import cluster_for  # noqa: E402
-from core.precision import get_precision  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.core.memory.estimate import estimate  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.interconnect import cluster_for  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.precision import get_precision  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
+from headroom.core.timing.comm import _vocabulary_calls, step_communication  # noqa: E402
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402
@@ -375,7 +375,7 @@ def test_core_ledger_predicts_the_whole_unsharded_model(two_ranks, name):
 
 
 def _step_calls(spec, config: TrainConfig) -> Counter:
-    """core.comm's calls of one micro-batch's step by (op, message bytes)."""
+    """headroom.core.timing.comm's calls of one micro-batch's step by (op, message bytes)."""
     calls: Counter = Counter()
     for term in step_communication(spec, config, 1, cluster_for("cpu", TP)):
         calls[term.op, term.message_bytes] += term.calls
@@ -385,7 +385,7 @@ def _step_calls(spec, config: TrainConfig) -> Counter:
 @pytest.mark.parametrize("policy", POLICIES)
 @pytest.mark.parametrize("name", SHARDED)
 def test_core_counts_each_collective_of_a_tensor_parallel_step(two_ranks, name, policy):
-    """One step's collectives, as torch's profiler saw them on each rank, are core.comm's tensor-parallel
+    """One step's collectives, as torch's profiler saw them on each rank, are headroom.core.timing.comm's tensor-parallel
     terms for the reference stack: each column-parallel linear takes its input apart, so backward all-reduces
     each one's input gradient whole (q, k, v and up, and gate in a Llama block); a checkpointed block reruns
     its forward's, but for its closing one where no dropout follows it, and op-selective block by block as full
@@ -416,9 +416,9 @@ def test_core_counts_each_collective_of_a_torchtitan_tensor_parallel_step(two_ra
     """The Llama decoder as torchtitan shards it: q, k and v from one fused linear, and the attention and the
     MLP each handed one DTensor, so their linears' input gradients are reduced once each (all-reduced, or
     reduce-scattered under sequence parallelism), not once per linear as the reference's are. Under its
-    checkpointing (agent.recompute: no early stop; op-selective keeps torch's compute-intensive ops and the
+    checkpointing (headroom.agent.recompute: no early stop; op-selective keeps torch's compute-intensive ops and the
     reduce-scatters) a recompute reruns every forward collective of a block but, under op-selective, its
-    reduce-scatters. Compared call for call, size and dtype, with core.comm's terms for the torchtitan stack."""
+    reduce-scatters. Compared call for call, size and dtype, with headroom.core.timing.comm's terms for the torchtitan stack."""
     case = TP_CASES[name]
     config = dataclasses.replace(_tp_config(name), stack="torchtitan", recompute=parse_policy(policy))
     predicted = _step_calls(case.spec, config)

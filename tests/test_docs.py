@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from cli.main import build_parser
+from headroom.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
 README = (ROOT / "README.md").read_text()
@@ -34,9 +34,9 @@ def test_every_doc_is_linked_from_the_readme_and_every_link_resolves():
 
 
 def test_the_accounting_pages_worked_example_is_what_the_core_computes():
-    from core.config import TrainConfig
-    from core.estimate import estimate
-    from core.presets import get_preset
+    from headroom.core.memory.estimate import estimate
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.presets import get_preset
 
     spec = get_preset("llama3.2-1b")
     result = estimate(spec, TrainConfig(seq_len=2048, micro_batch=1), "cuda").to_dict()

@@ -13,22 +13,22 @@ from pathlib import Path
 
 import pytest
 
-from core.comm import step_communication
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.estimate import estimate
-from core.flops import step_flops
-from core.hardware import get_hardware
-from core.interconnect import Cluster, Link
-from core.layout import Layout
-from core.layout_search import candidate_layouts
-from core.advice import plan_and_advise
-from core.planner import PlanRequest, plan
-from core.precision import get_precision
-from core.presets import get_preset, resolve_model
-from core.recompute import RecomputePolicy
-from core.step_ops import forward_ops
-from core.timing import datasheet_profile
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.flops import step_flops
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.layout_search import candidate_layouts
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.interconnect import Cluster, Link
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.precision import get_precision
+from headroom.core.specs.presets import get_preset, resolve_model
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.timing.comm import step_communication
+from headroom.core.timing.step import datasheet_profile
+from headroom.core.timing.step_ops import forward_ops
 
 MIXTRAL = get_preset("mixtral-8x7b")
 BLOCK_EXPERTS = 8 * 3 * 4_096 * 14_336
@@ -157,7 +157,7 @@ def _measured_config(precision: str, policy: str, stack: str) -> TrainConfig:
 def test_core_counts_each_all_to_all_of_an_expert_parallel_step(two_ranks, precision, stack, policy):
     """Two gloo ranks, each with 2 of 4 experts in each of 2 blocks, each training its own 2 x 32 tokens
     (tests/distributed/expert_parallel.py, torchtitan's all-to-all dispatcher): every all-to-all of the step,
-    as torch's profiler saw it, is core.comm's. Each rank runs the core's count; what it sends is its t k rows
+    as torch's profiler saw it, is headroom.core.timing.comm's. Each rank runs the core's count; what it sends is its t k rows
     (dispatch forward, the combine's gradient backward), what it sends back is what it received, which the
     routing decides, so the ranks' bytes add up to ep times the core's message; forward, each dispatch is
     exactly the core's message. A recompute runs both forward ones again, early stop or not: the combine's
@@ -274,7 +274,7 @@ def test_fewer_routed_rows_than_experts_run_one_expert_a_row():
 
 
 def test_a_plan_of_4096_experts_on_2048_gpus_searches_the_layouts_asked_for(tmp_path, capsys):
-    from cli.main import main
+    from headroom.cli.main import main
 
     config = json.loads((Path(__file__).parent / "fixtures" / "hf" / "mixtral-8x7b-v0.1.json").read_text())
     path = tmp_path / "moe4k.json"
@@ -293,7 +293,7 @@ def test_a_plan_of_4096_experts_on_2048_gpus_searches_the_layouts_asked_for(tmp_
 def test_plan_pins_ep_and_estimate_refuses_it_for_a_dense_model(capsys):
     import json
 
-    from cli.main import main
+    from headroom.cli.main import main
 
     assert main(["plan", "--model", "mixtral-8x7b", "--gpus", "16", "--global-batch", "64", "--seq-len", "4096",
                  "--ep", "4", "--json"]) == 0
@@ -304,7 +304,7 @@ def test_plan_pins_ep_and_estimate_refuses_it_for_a_dense_model(capsys):
 
 
 def test_the_dashboard_pins_ep_like_any_axis():
-    from dashboard import planning
+    from headroom.dashboard import planning
 
     h100 = datasheet_profile(get_hardware("h100-sxm"))
     request = planning.build_request(planning.PlanInputs(model="mixtral-8x7b", gpus=16, ep="4"), MIXTRAL, h100)
@@ -314,7 +314,7 @@ def test_the_dashboard_pins_ep_like_any_axis():
 
 
 def test_exports_name_the_expert_parallel_degree():
-    from core.export import export
+    from headroom.core.exports import export
     from tests.test_export import flags
 
     request = PlanRequest(spec=MIXTRAL, global_batch=64, train=TrainConfig(seq_len=4096, layout=Layout(dp=16, zero=3, ep=4)))
@@ -330,7 +330,7 @@ def test_exports_name_the_expert_parallel_degree():
 
 
 def test_exports_carry_a_capacity_factor_or_say_the_framework_is_dropless():
-    from core.export import export
+    from headroom.core.exports import export
     from tests.test_export import flags
 
     capped = dataclasses.replace(MIXTRAL, capacity_factor=1.25)

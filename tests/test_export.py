@@ -2,23 +2,22 @@
 
 import ast
 import json
-import shlex
-
 import math
+import shlex
 import subprocess
 
 import pytest
 
-from core.calibration import uncalibrated
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.export import EXPORTERS, Export, export
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.planner import PlanRequest, evaluate, plan
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.timing import datasheet_profile
+from headroom.core.errors import ConfigError
+from headroom.core.exports import EXPORTERS, Export, export
+from headroom.core.measured.calibration import uncalibrated
+from headroom.core.planning.planner import PlanRequest, evaluate, plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.step import datasheet_profile
 
 PROFILE = datasheet_profile(get_hardware("h100-sxm"))
 LLAMA = get_preset("llama2-7b")  # 32 layers
@@ -316,7 +315,7 @@ def test_hf_does_not_pass_op_selective_off_as_full():
 def test_hf_names_the_attention_implementation_the_plan_counts():
     """sdpa is transformers' default; eager attention (--attention standard) must be asked for, and Gemma 2, which
     SDPA cannot soft-cap, runs flash attention only through FlashAttention 2."""
-    from core.hf_config import load_hf_config
+    from headroom.core.specs.hf_config import load_hf_config
     from tests.conftest import FIXTURES
 
     gemma2 = load_hf_config(FIXTURES / "hf" / "gemma-2-9b.json")

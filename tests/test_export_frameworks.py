@@ -14,9 +14,9 @@ import warnings
 
 import pytest
 
-from core.export import export
-from core.layout import Layout
-from core.presets import get_preset
+from headroom.core.exports import export
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
 from tests.test_export import CASES, LLAMA3, candidate, torchtitan_command
 
 MISSING = "the training frameworks the exports are checked against: pip install -e '.[frameworks]'"

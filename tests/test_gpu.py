@@ -6,8 +6,8 @@ torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
     pytest.skip("needs CUDA", allow_module_level=True)
 
-from agent.ledger_check import LedgerCase, check  # noqa: E402
-from agent.timer import time_fn  # noqa: E402
+from headroom.agent.ledger_check import LedgerCase, check  # noqa: E402
+from headroom.agent.timer import time_fn  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda:0")

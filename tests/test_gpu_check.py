@@ -10,7 +10,7 @@ import pytest
 from tests.xdist_support import once_per_run
 
 pytest.importorskip("torch")
-from db.bundle import check_runs, read_runs  # noqa: E402
+from headroom.db.bundle import check_runs, read_runs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -107,7 +107,7 @@ def test_the_masked_sdpa_probe_says_where_a_kernel_parts_from_the_rule(monkeypat
     """On a CPU the flash kernel keeps the additive mask, the output and the log-sum-exp, the CPU's rule; judged
     by CUDA's rule (which adds the generator's seed and offset) the same probe differs, and says by what."""
     torch = pytest.importorskip("torch")
-    from agent.check import masked_sdpa
+    from headroom.agent.check import masked_sdpa
 
     cpu = torch.device("cpu")
     probed = masked_sdpa.probe_masked(cpu, torch.bfloat16, 120)

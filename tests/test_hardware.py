@@ -1,7 +1,7 @@
 import pytest
 
-from core.errors import ConfigError
-from core.hardware import HARDWARE, get_hardware, match_device
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hardware import HARDWARE, get_hardware, match_device
 
 # Names as torch.cuda.get_device_name() reports them.
 KNOWN = {

@@ -1,9 +1,9 @@
-"""agent.heap: collections inside a suite free the cycles its cases make and skip everything older."""
+"""headroom.agent.heap: collections inside a suite free the cycles its cases make and skip everything older."""
 
 import gc
 import weakref
 
-from agent import heap
+from headroom.agent import heap
 
 
 class Node:

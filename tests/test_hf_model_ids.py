@@ -10,7 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from core.hf_cache import ModelId, cached_config, hub_cache, parse_model_id
+from headroom.core.specs.hf_cache import (
+    ModelId,
+    cached_config,
+    hub_cache,
+    parse_model_id,
+)
 
 FIXTURES = Path(__file__).parent / "fixtures" / "hf"
 MAIN, OLD = "a" * 40, "b" * 40

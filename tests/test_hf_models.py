@@ -14,11 +14,17 @@ import math
 
 import pytest
 
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hf_config import (DEEPSEEK_V3_DEFAULTS, GEMMA3_TEXT_DEFAULTS, LLAMA_LIKE, MIXTURES, load_hf_config,
-                            spec_from_hf_config)
-from core.presets import get_preset, resolve_model
+from headroom.core.errors import ConfigError
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hf_config import (
+    DEEPSEEK_V3_DEFAULTS,
+    GEMMA3_TEXT_DEFAULTS,
+    LLAMA_LIKE,
+    MIXTURES,
+    load_hf_config,
+    spec_from_hf_config,
+)
+from headroom.core.specs.presets import get_preset, resolve_model
 from tests.conftest import FIXTURES
 
 HF = FIXTURES / "hf"
@@ -102,9 +108,9 @@ def test_deepseek_v3_counts_its_published_671b_and_37b_activated():
 
 
 def test_deepseek_v3_is_estimated_on_data_parallelism_and_refuses_tensor_parallelism_by_name():
-    from core.config import TrainConfig
-    from core.estimate import estimate
-    from core.layout import Layout
+    from headroom.core.memory.estimate import estimate
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.layout import Layout
 
     spec = resolve_model(str(HF / "deepseek-v3.json"))
     sharded = estimate(spec, TrainConfig(seq_len=4096, layout=Layout(dp=256, zero=3)))
@@ -258,7 +264,7 @@ def test_gemma2s_soft_capping_and_sliding_windows_are_read_with_transformers_def
     (transformers' Gemma2Config defaults, the caps also in google/gemma-2-9b's config.json); Gemma 3 caps nothing
     and attends to the whole sequence every sixth layer. Where a config lists ``layer_types``, they are read."""
     transformers = pytest.importorskip("transformers")
-    from core.hf_config import SOFTCAP_DEFAULTS
+    from headroom.core.specs.hf_config import SOFTCAP_DEFAULTS
 
     defaults = transformers.Gemma2Config()
     assert SOFTCAP_DEFAULTS["gemma2"] == {"attn_logit_softcapping": defaults.attn_logit_softcapping,
@@ -297,7 +303,7 @@ def test_sliding_window_widths_are_read_with_transformers_defaults():
     Mistral's every layer is a sliding-window one; Gemma's every n-th attends to the whole sequence, and Gemma
     3's sliding-window layers rotate by RoPE tables of their own."""
     transformers = pytest.importorskip("transformers")
-    from core.hf_config import SLIDING_WINDOWS
+    from headroom.core.specs.hf_config import SLIDING_WINDOWS
 
     assert SLIDING_WINDOWS == {model_type: transformers.AutoConfig.for_model(model_type).sliding_window
                                for model_type in SLIDING_WINDOWS}
@@ -365,8 +371,8 @@ def test_the_final_caps_tanh_keeps_one_tensor_over_the_vocabulary_traced_and_cou
     """SDPA is refused for capped attention; the final cap's tanh keeps exactly one 16-bit tensor over the
     vocabulary more (b x s x V x 2 bytes), traced on meta and in the hf stack's ledger alike."""
     transformers = pytest.importorskip("transformers")
-    from agent.hf_trace import trace
-    from core.ledger import activation_ledger
+    from headroom.agent.hf_trace import trace
+    from headroom.core.memory.ledger import activation_ledger
 
     tiny = {"model_type": "gemma2", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
             "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 32, "vocab_size": 1000,

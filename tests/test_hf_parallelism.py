@@ -1,4 +1,4 @@
-"""What the HF Trainer can split a model by, as the planner sees it (core.stack): transformers' own tensor
+"""What the HF Trainer can split a model by, as the planner sees it (headroom.core.specs.stack): transformers' own tensor
 parallelism without sequence parallelism, no pipeline, and the logits gathered onto every tensor-parallel rank.
 tests/test_hf_tensor_parallel.py holds the same against two real ranks."""
 
@@ -8,15 +8,15 @@ from collections import Counter
 
 import pytest
 
-from core.comm import step_communication
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.interconnect import cluster_for
-from core.layout import Layout
-from core.layout_search import candidate_layouts
-from core.ledger import activation_ledger
-from core.presets import get_preset
-from core.recompute import parse_policy
+from headroom.core.errors import ConfigError
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.planning.layout_search import candidate_layouts
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.interconnect import cluster_for
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.comm import step_communication
 
 SPEC = get_preset("llama3-8b")
 

@@ -3,7 +3,7 @@
 One launch of torch's launcher runs tests/distributed/hf_tensor_parallel.py: each rank loads a small model of
 transformers' with ``DistributedConfig(tp_size=2)`` and records what one forward keeps for backward, the
 parameters it holds, its loss beside the whole model's, and the collectives torch's profiler saw in one
-forward and one backward. Each is held here against the ledger, core.memory and core.comm.
+forward and one backward. Each is held here against the ledger, headroom.core.memory.static and headroom.core.timing.comm.
 """
 
 from __future__ import annotations
@@ -19,13 +19,13 @@ import torch.distributed as dist  # noqa: E402
 if not (dist.is_available() and dist.is_gloo_available()):
     pytest.skip("torch was built without torch.distributed or gloo", allow_module_level=True)
 
-from agent.hf_trace import TracedLedger, differences  # noqa: E402
-from core.comm import step_communication  # noqa: E402
-from core.hf_config import spec_from_hf_config  # noqa: E402
-from core.interconnect import cluster_for  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.memory import rank_parameters  # noqa: E402
+from headroom.agent.hf_trace import TracedLedger, differences  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.memory.static import rank_parameters  # noqa: E402
+from headroom.core.specs.hf_config import spec_from_hf_config  # noqa: E402
+from headroom.core.specs.interconnect import cluster_for  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.timing.comm import step_communication  # noqa: E402
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.hf_tensor_parallel import CASES  # noqa: E402
 from tests.distributed.launch import launch  # noqa: E402

@@ -1,4 +1,4 @@
-"""The traced ledger (agent.hf_trace): transformers' own model, built from its config on the meta device.
+"""The traced ledger (headroom.agent.hf_trace): transformers' own model, built from its config on the meta device.
 
 Checked two ways: against a real CPU forward of the same model (byte for byte, tensor by tensor), and
 against the analytic ledger of the same config, whose differences are listed exactly.
@@ -13,16 +13,22 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from agent.hf_trace import (  # noqa: E402
-    _one_sequence_per_row, build_model, checkpoint_every_layer, differences, ledger_of, trace)
-from agent.probe import probe  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.errors import ConfigError  # noqa: E402
-from core.hf_config import spec_from_hf_config  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.layout_search import candidate_layouts  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.agent.hf_trace import (  # noqa: E402
+    _one_sequence_per_row,
+    build_model,
+    checkpoint_every_layer,
+    differences,
+    ledger_of,
+    trace,
+)
+from headroom.agent.probe import probe  # noqa: E402
+from headroom.core.errors import ConfigError  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.planning.layout_search import candidate_layouts  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.hf_config import spec_from_hf_config  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
 
 LLAMA = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 704, "num_hidden_layers": 2,
          "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 4096, "max_position_embeddings": 512,
@@ -142,7 +148,7 @@ def test_what_cannot_be_traced_says_why():
 
 def test_a_model_deeper_than_a_trace_follows_is_refused_before_it_is_built(run_cli, tmp_path):
     """A 10,000-layer config (within the model's limits) ran 600 s at 2.3 GB under --trace."""
-    from core.trace_limits import MAX_TRACED_LAYERS
+    from headroom.core.memory.trace_limits import MAX_TRACED_LAYERS
 
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**LLAMA, "num_hidden_layers": 10_000}))
@@ -176,7 +182,7 @@ def test_estimate_trace_from_a_model_directory(run_cli, tmp_path):
 FLASH_RNG = "the trace keeps +8 bytes; only traced: scalar uint64, 2 uint64; only analytic: scalar int64 (x2)"
 """The one part the hf stack leaves to the device rules: the trace routes 16-bit CUDA attention to the flash
 kernel, whose meta outputs keep a (2,) uint64 RNG state and an unused uint64 scalar; the analytic ledger keeps
-the two int64 scalars cuDNN and memory-efficient attention keep (measured on an H200, core.devices)."""
+the two int64 scalars cuDNN and memory-efficient attention keep (measured on an H200, headroom.core.specs.devices)."""
 
 
 @pytest.mark.parametrize("policy", ["none", "full"])
@@ -185,7 +191,7 @@ the two int64 scalars cuDNN and memory-efficient attention keep (measured on an 
 def test_the_hf_stack_is_the_trace_of_transformers_llama(device, precision, policy):
     """The analytic ledger under --stack hf keeps what transformers' own Llama keeps, tensor for tensor and layer
     by layer: its composite RMSNorm, cos and sin made once per forward, the checkpointed layers' shared inputs."""
-    config = {**LLAMA, "num_hidden_layers": 4}  # later layers replayed from a template (core.trace.Repeat)
+    config = {**LLAMA, "num_hidden_layers": 4}  # later layers replayed from a template (headroom.core.memory.trace.Repeat)
     train = TrainConfig(seq_len=128, micro_batch=2, precision=precision, recompute=parse_policy(policy), stack="hf")
     traced = trace(config, "tiny", train, device)
     analytic = activation_ledger(spec_from_hf_config(config, "t"), train, device)
@@ -360,10 +366,10 @@ def test_gemmas_norms_change_only_the_transformers_ledger():
 def planned(tmp_path, budget: int, recompute: str | None = None, **train):
     """A plan for the tiny Llama from its model directory on an H100's datasheet (``recompute``: the policy
     pinned), and --trace's report on it."""
-    from cli.trace import plan_trace_report
-    from core.hardware import get_hardware
-    from core.planner import PlanRequest, plan
-    from core.timing import datasheet_profile
+    from headroom.cli.trace import plan_trace_report
+    from headroom.core.planning.planner import PlanRequest, plan
+    from headroom.core.specs.hardware import get_hardware
+    from headroom.core.timing.step import datasheet_profile
 
     (tmp_path / "tiny").mkdir(exist_ok=True)
     (tmp_path / "tiny" / "config.json").write_text(json.dumps(LLAMA))
@@ -379,7 +385,7 @@ def test_plan_trace_checks_the_recommendation_with_the_traced_activations(tmp_pa
     """transformers' LlamaRMSNorm keeps fp32 copies the reference decoder's fused norm does not: traced, the
     recommendation needs more than planned, its margin added the planner's way; at a budget of exactly what
     was planned it no longer fits. Planned on the hf stack, the trace adds only the flash kernel's RNG bytes."""
-    from cli.trace import render_plan_trace
+    from headroom.cli.trace import render_plan_trace
 
     result, report = planned(tmp_path, 2 * 10**9)
     best = result.recommendation
@@ -425,7 +431,7 @@ def test_plan_trace_is_refused_before_planning_what_it_cannot_follow(run_cli, tm
 
 def test_an_estimate_says_whose_tensors_its_ledger_counts():
     """The hf stack's ledger is transformers' modules, checked against their trace; not the agent's decoder."""
-    from core.estimate import estimate
+    from headroom.core.memory.estimate import estimate
 
     spec = spec_from_hf_config({**SMALL, "model_type": "gemma"}, "gemma")
     notes = {stack: next(n for n in estimate(spec if stack == "hf" else spec_from_hf_config(LLAMA, "l"),

@@ -12,11 +12,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agent import host_load  # noqa: E402
-from agent.bench_elementwise import STREAM_CACHE_MULTIPLE, streaming_elements  # noqa: E402
-from agent.summary import summarize  # noqa: E402
-from agent.timer import CPU_CACHE_GUESS, cpu_cache_bytes, time_fn  # noqa: E402
-from db.models import MatmulResult  # noqa: E402
+from headroom.agent import host_load  # noqa: E402
+from headroom.agent.bench_elementwise import STREAM_CACHE_MULTIPLE, streaming_elements  # noqa: E402
+from headroom.agent.summary import summarize  # noqa: E402
+from headroom.agent.timer import CPU_CACHE_GUESS, cpu_cache_bytes, time_fn  # noqa: E402
+from headroom.db.models import MatmulResult  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -10,9 +10,9 @@ import json
 
 import pytest
 
-from cli.main import main
-from db.errors import StoreError
-from db.store import open_store
+from headroom.cli.main import main
+from headroom.db.errors import StoreError
+from headroom.db.store import open_store
 from tests.db_support import postgres_url, record_run, row_counts, sqlite_url, store_url  # noqa: F401
 
 

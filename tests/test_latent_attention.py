@@ -2,7 +2,7 @@
 
 Three small variants: queries from a latent and straight from the residual stream, and DeepSeek-V3's block
 (a leading dense block, sigmoid-scored experts and an ungated shared one). Value heads narrower than query
-and key heads send the CPU's SDPA to its math path, which the ledger follows (core.devices).
+and key heads send the CPU's SDPA to its math path, which the ledger follows (headroom.core.specs.devices).
 """
 
 import dataclasses
@@ -13,11 +13,11 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from core.config import TrainConfig  # noqa: E402
-from core.flops import step_flops  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.presets import get_preset, resolve_model  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.core.memory.flops import step_flops  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.presets import get_preset, resolve_model  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.conftest import FIXTURES  # noqa: E402
 from tests.probing import assert_decoder_is_the_spec, build, probe_config  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""agent.launch and agent.train_ranks.Launches: results as they come, a bound on every wait, and a sweep
+"""headroom.agent.launch and headroom.agent.train_ranks.Launches: results as they come, a bound on every wait, and a sweep
 of setups in as few launches as its failures allow.
 
 Launches runs tests/fake_ranks.py under torch's own launcher (each launch about 3 s on 2 cores: the
@@ -16,13 +16,13 @@ import pytest
 
 pytest.importorskip("torch")
 
-from agent.bench_train import TrainSetup  # noqa: E402
-from agent.launch import MARKER, Launch, LaunchFailed  # noqa: E402
-from agent import train_ranks  # noqa: E402
-from agent.train_ranks import Launches  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.presets import get_preset  # noqa: E402
+from headroom.agent import train_ranks  # noqa: E402
+from headroom.agent.bench_train import TrainSetup  # noqa: E402
+from headroom.agent.launch import MARKER, Launch, LaunchFailed  # noqa: E402
+from headroom.agent.train_ranks import Launches  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
 from tests import fake_ranks  # noqa: E402
 from tests.fake_ranks import BROKEN_STEPS, CRASH_STEPS, FAIL_STEPS  # noqa: E402
 

@@ -7,11 +7,11 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from core.config import TrainConfig  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.memory import korthikanti_layer_activations  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.memory.static import korthikanti_layer_activations  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.probing import probe_config  # noqa: E402
 
 POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")

@@ -1,4 +1,4 @@
-"""The hf-liger stack (core.stack): transformers' Llama under the HF Trainer's ``use_liger_kernel=True``.
+"""The hf-liger stack (headroom.core.specs.stack): transformers' Llama under the HF Trainer's ``use_liger_kernel=True``.
 
 Checked against Liger's own kernels, run on the CPU through Triton's interpreter in a process of their own
 (tests/liger_run.py): the saved-tensor probe on the patched model equals the analytic ledger tensor for tensor,
@@ -17,13 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hf_config import spec_from_hf_config
-from core.layout import Layout
-from core.ledger import activation_ledger
-from core.presets import get_preset
-from core.recompute import parse_policy
+from headroom.core.errors import ConfigError
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hf_config import spec_from_hf_config
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 from tests.xdist_support import once_per_run
 
 RUNNER = Path(__file__).with_name("liger_run.py")
@@ -45,8 +45,8 @@ def liger(tmp_path_factory) -> dict:
 
 
 def _traced(entry: dict, n_layers: int):
-    """A traced ledger back from its JSON (agent.hf_trace.TracedLedger.to_dict)."""
-    from agent.hf_trace import TracedLedger
+    """A traced ledger back from its JSON (headroom.agent.hf_trace.TracedLedger.to_dict)."""
+    from headroom.agent.hf_trace import TracedLedger
 
     return TracedLedger.from_dict(entry, n_layers)
 
@@ -58,7 +58,7 @@ def test_the_hf_liger_stack_is_what_liger_patched_llama_keeps(liger, precision, 
     """Layer by layer and tensor for tensor: Liger's RMSNorm (input, fp32 rstd), SwiGLU (gate, up), RoPE (cos and
     sin) and fused linear cross-entropy (the gradients of its input and weight, no logits, no targets)."""
     pytest.importorskip("torch")
-    from agent.hf_trace import differences
+    from headroom.agent.hf_trace import differences
 
     config = liger["llama"]
     entry = liger["models"][f"{precision} {policy}"]
@@ -136,7 +136,7 @@ def test_liger_has_no_tensor_parallelism():
 
 
 def test_the_layout_search_keeps_liger_on_one_tensor_parallel_rank():
-    from core.layout_search import candidate_layouts
+    from headroom.core.planning.layout_search import candidate_layouts
 
     spec = get_preset("llama3-8b")
     layouts = candidate_layouts(spec, TrainConfig(seq_len=4096, stack="hf-liger"), 64, 8, 8, frozenset())
@@ -147,7 +147,7 @@ def test_the_layout_search_keeps_liger_on_one_tensor_parallel_rank():
 
 def test_a_trace_under_liger_is_refused_by_name(tmp_path, capsys):
     """The trace runs transformers' own modules on meta; Liger's kernels are Triton's and cannot run there."""
-    from cli.main import main
+    from headroom.cli.main import main
 
     (tmp_path / "config.json").write_text(json.dumps({
         "model_type": "llama", "hidden_size": 64, "intermediate_size": 176, "num_hidden_layers": 2,

@@ -1,15 +1,12 @@
-"""core.measurements: plain measurement records -> HardwareProfile and Calibration, numbers worked by hand."""
+"""headroom.core.measured.measurements: plain measurement records -> HardwareProfile and Calibration, numbers worked by hand."""
 
 from __future__ import annotations
 
-
 import pytest
 
-from core.calibration import Observation
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.estimate import estimate
-from core.measurements import (
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Observation
+from headroom.core.measured.measurements import (
     UNMEASURED_BANDWIDTH_BYTES_PER_S,
     AttentionRecord,
     DeviceRecord,
@@ -27,11 +24,13 @@ from core.measurements import (
     profile_from_measurements,
     step_observations,
 )
-from core.hardware import get_hardware
-from core.op_time import anchor_efficiency
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.timing import (
+from headroom.core.memory.estimate import estimate
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.op_time import anchor_efficiency
+from headroom.core.timing.step import (
     ATTENTION_BACKWARD_RATIO,
     DEFAULT_FRAGMENTATION,
     MatmulPoint,
@@ -125,7 +124,7 @@ def test_a_cuda_device_fills_gaps_from_its_datasheet_row():
     )
     assert profile.device == "cuda" and profile.memory_bytes == 80 * 10**9  # the H100 SXM row's
     assert profile.peak_flop_per_s["bf16"] == 989.4e12
-    # No matmul measured: the datasheet row's point per dtype and its shape model's anchor (core.device_curves).
+    # No matmul measured: the datasheet row's point per dtype and its shape model's anchor (headroom.core.timing.device_curves).
     datasheet = datasheet_profile(get_hardware("h100-sxm"))
     assert profile.matmul["bf16"] == datasheet.matmul["bf16"]
     assert (profile.matmul_efficiency, profile.sms) == (datasheet.matmul_efficiency, 132)
@@ -207,10 +206,10 @@ def test_a_step_is_noisy_when_the_agent_flagged_its_host_or_its_steps_disagree(f
 
 
 def test_each_configuration_is_predicted_once(monkeypatch):
-    import core.measurements
+    import headroom.core.measured.measurements
 
     calls = []
-    monkeypatch.setattr(core.measurements, "predict_step", lambda s, p: calls.append(s) or StepPrediction(1, 1, 1.0))
+    monkeypatch.setattr(headroom.core.measured.measurements, "predict_step", lambda s, p: calls.append(s) or StepPrediction(1, 1, 1.0))
     steps = [step(), step(median_s=0.7), step(dropout=0.1), step(recompute="full")]
     assert len(step_observations(steps, PROFILE)) == 4
     assert calls == [steps[0], steps[2], steps[3]]  # the second reran the first's configuration

@@ -2,14 +2,14 @@
 
 import pytest
 
-from core.config import TrainConfig
-from core.layout import Layout
-from core.memory import (
+from headroom.core.memory.static import (
     korthikanti_layer_activations,
     static_bytes_per_parameter,
     static_memory_of,
 )
-from core.units import GB
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.units import GB
 
 
 @pytest.mark.parametrize(("seq_len", "published_gb"), [(512, 3.6), (2048, 30.6), (4096, 104.2), (8192, 380.1)])

@@ -4,10 +4,10 @@ import json
 
 import pytest
 
-from core.errors import ConfigError
-from core.hf_config import load_hf_config
-from core.model import ModelSpec
-from core.presets import PRESETS, get_preset, resolve_model
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hf_config import load_hf_config
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import PRESETS, get_preset, resolve_model
 from tests.conftest import FIXTURES
 
 # Published counts: HF model cards / the models' own parameter totals.

@@ -1,9 +1,9 @@
-"""Mixtures of experts: the agent's dropless MoE block (agent.model.Experts) against the core's accounting.
+"""Mixtures of experts: the agent's dropless MoE block (headroom.agent.model.Experts) against the core's accounting.
 
 Three small variants cover the published designs: Mixtral's (renormalised top-2, no shared expert),
 Qwen2-MoE's (a shared expert behind a sigmoid gate, top-k weights as the softmax gives them) and
 DeepSeek-V3's layout (a leading dense block, an ungated shared expert). Each is checked against
-FlopCounterMode, against the bytes autograd saves (agent.probe), exactly, and against the published
+FlopCounterMode, against the bytes autograd saves (headroom.agent.probe), exactly, and against the published
 active parameter counts through the planner's FLOPs.
 """
 
@@ -15,17 +15,22 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from core.config import TrainConfig  # noqa: E402
-from core.estimate import estimate  # noqa: E402
-from core.flops import step_flops  # noqa: E402
-from core.hardware import get_hardware  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.planner import PlanRequest, plan  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
-from core.timing import datasheet_profile  # noqa: E402
-from tests.probing import assert_decoder_is_the_spec, assert_same_training, build, probe_config  # noqa: E402
+from headroom.core.memory.estimate import estimate  # noqa: E402
+from headroom.core.memory.flops import step_flops  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.planning.planner import PlanRequest, plan  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.hardware import get_hardware  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
+from headroom.core.timing.step import datasheet_profile  # noqa: E402
+from tests.probing import (  # noqa: E402
+    assert_decoder_is_the_spec,
+    assert_same_training,
+    build,
+    probe_config,
+)
 
 TINY = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4, n_experts=4, experts_per_token=2,
                            expert_ffn_hidden=48)
@@ -173,7 +178,7 @@ def test_capacity_is_megatrons_and_a_capacity_that_drops_nothing_computes_what_d
     """Megatron-LM's get_capacity(t k, E, C) = ceil(t k / E x C): Mixtral's 4,096 tokens at C 1.25 give each of its
     8 experts 1,280 rows. At C = E / k no expert can be sent more than it takes: the padded experts then compute
     exactly the dropless output; at 0.75 tokens are dropped and the output changes."""
-    from agent.model import Experts
+    from headroom.agent.model import Experts
 
     assert dataclasses.replace(get_preset("mixtral-8x7b"), capacity_factor=1.25).expert_capacity(4096) == 1280
     spec = VARIANTS["mixtral-like"]
@@ -187,7 +192,7 @@ def test_capacity_is_megatrons_and_a_capacity_that_drops_nothing_computes_what_d
 
 
 def test_a_capacity_factor_is_refused_for_a_dense_model_and_out_of_range():
-    from core.errors import ConfigError
+    from headroom.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"bench-llama-tiny: expert sizes are given but n_experts is 0"):
         dataclasses.replace(get_preset("bench-llama-tiny"), capacity_factor=1.0)
@@ -202,7 +207,7 @@ def test_the_command_line_estimates_at_a_capacity_factor(capsys):
     each of 32 blocks."""
     import json
 
-    from cli.main import main
+    from headroom.cli.main import main
 
     forward = {}
     for factor in (None, "1.0", "1.25"):

@@ -4,7 +4,7 @@ One store is built once per session (about 35 s on 2 cores): the session's smoke
 profile, the collectives over 2 ranks (`headroom agent run --only collectives --nproc 2`, the command
 run in this process, its ranks launched), FSDP2 steps at two micro-batch sizes in one launch (`headroom
 agent train --nproc 2 --zero 3 --micro-batch 1,2`), then tensor + sequence parallelism, a 2-stage
-1F1B pipeline of 4 micro-batches and a GPipe one of 3, one launch for the three (agent.train_ranks.cases);
+1F1B pipeline of 4 micro-batches and a GPipe one of 3, one launch for the three (headroom.agent.train_ranks.cases);
 every rank its own row. Each launch is killed when its ranks go quiet for its timeout, and every
 collective runs under the process group's timeout. Tests that start processes are marked ``slow``:
 ``pytest -m "not slow"`` leaves them out for local work.
@@ -29,19 +29,19 @@ if not (dist.is_available() and dist.is_gloo_available()):
 
 from sqlalchemy import select  # noqa: E402
 
-from agent import bench_collectives, train_ranks  # noqa: E402
-from agent.bench_train import TrainSetup  # noqa: E402
-from agent.runner import run_suite  # noqa: E402
-from cli.main import main  # noqa: E402
-from core.collective_ops import bus_factor  # noqa: E402
-from core.comm import MEASURED, step_communication  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.layout import Layout  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
-from core.measurements import step_observations  # noqa: E402
-from db.profiles import find_device, measured_in, train_step_records  # noqa: E402
-from db.store import open_store  # noqa: E402
+from headroom.agent import bench_collectives, train_ranks  # noqa: E402
+from headroom.agent.bench_train import TrainSetup  # noqa: E402
+from headroom.agent.runner import run_suite  # noqa: E402
+from headroom.cli.main import main  # noqa: E402
+from headroom.core.measured.measurements import step_observations  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.timing.collective_ops import bus_factor  # noqa: E402
+from headroom.core.timing.comm import MEASURED, step_communication  # noqa: E402
+from headroom.db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
+from headroom.db.profiles import find_device, measured_in, train_step_records  # noqa: E402
+from headroom.db.store import open_store  # noqa: E402
 from tests.xdist_support import once_per_run  # noqa: E402
 
 MODEL = "bench-llama-tiny"
@@ -81,7 +81,7 @@ SWEEP = [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=accumula
     (4, Layout(pp=2)),  # 1F1B, 4 micro-batches
     (3, Layout(pp=2, schedule="gpipe")),
 )]
-"""Three setups of two ranks, measured by one launch (agent.train_ranks.Launches)."""
+"""Three setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
 
 
 def _headroom(*args: str) -> str:
@@ -156,7 +156,7 @@ def test_a_killed_rank_ends_the_launch_with_errors_not_a_hang(tmp_path):
 
 def _launch_of(case):
     """The Launch a collective case reads its row from (the closure of its measure function)."""
-    from agent.launch import Launch
+    from headroom.agent.launch import Launch
 
     cells = case.measure.func.__closure__ or ()
     return next(c.cell_contents for c in cells if isinstance(c.cell_contents, Launch))
@@ -207,7 +207,7 @@ def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
 @pytest.mark.slow
 def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight(fleet):
     """Stage 0 of a 2-stage 1F1B pipeline keeps pp - 0 = 2 micro-batches' activations at once, stage 1
-    one (core.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
+    one (headroom.core.memory.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
     rows = _steps(fleet[0], {"pp": 2, "schedule": "1f1b"})
     assert [r.prediction["rank"] for r in rows] == ["first stage", "last stage"]
     for r, in_flight in zip(rows, (2, 1), strict=True):

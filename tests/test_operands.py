@@ -3,7 +3,7 @@
 import pytest
 
 torch = pytest.importorskip("torch")
-from agent.operands import TILE_ELEMENTS, random_normal  # noqa: E402
+from headroom.agent.operands import TILE_ELEMENTS, random_normal  # noqa: E402
 
 CPU = torch.device("cpu")
 

@@ -6,11 +6,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from agent.bench_train import forward_loss, make_optimizer  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.estimate import estimate  # noqa: E402
-from core.precision import OPTIMIZER_STATE_BYTES, optimizer_step_transient_bytes  # noqa: E402
-from core.presets import get_preset  # noqa: E402
+from headroom.agent.bench_train import forward_loss, make_optimizer  # noqa: E402
+from headroom.core.memory.estimate import estimate  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.precision import (  # noqa: E402
+    OPTIMIZER_STATE_BYTES,
+    optimizer_step_transient_bytes,
+)
+from headroom.core.specs.presets import get_preset  # noqa: E402
 from tests.live_bytes import LiveBytes  # noqa: E402
 from tests.probing import build  # noqa: E402
 
@@ -54,7 +57,7 @@ def test_a_decoder_steps_at_the_predicted_optimizer_peak(precision):
     """The agent's decoder after a forward and backward: at the optimizer's step the parameters, every
     gradient and AdamW's state are alive, and foreach's copy of the second moments. The core counts the
     state in fp32 and leaves out AdamW's step counters (one fp32 scalar per parameter tensor); bf16-pure
-    under torch keeps the moments in bf16, half the core's figure (core.precision)."""
+    under torch keeps the moments in bf16, half the core's figure (headroom.core.specs.precision)."""
     spec = get_preset("bench-llama-tiny")
     config = TrainConfig(seq_len=16, micro_batch=2, precision=precision, optimizer="adamw")
     model, tokens, targets = build(spec, config)

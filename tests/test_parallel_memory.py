@@ -6,12 +6,11 @@ from fractions import Fraction
 
 import pytest
 
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.estimate import estimate
-from core.layout import Layout
-from core.ledger import activation_ledger
-from core.memory import (
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.memory.pipeline import bubble_fraction, in_flight, rank_kinds
+from headroom.core.memory.static import (
     fsdp_first_shard_parameters,
     fsdp_units,
     korthikanti_layer_activations,
@@ -20,10 +19,11 @@ from core.memory import (
     static_memory,
     static_memory_of,
 )
-from core.pipeline import bubble_fraction, in_flight, rank_kinds
-from core.presets import PRESETS, get_preset
-from core.recompute import parse_policy
-from core.units import GB
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import PRESETS, get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.units import GB
 
 GPT3 = get_preset("gpt3-175b")
 LLAMA = get_preset("llama2-7b")
@@ -228,7 +228,7 @@ TINY_VARIANTS = {
 def test_parameter_shapes_are_the_decoders(name):
     """The agent's decoder, built on the meta device, has exactly these tensors in this order."""
     torch = pytest.importorskip("torch")
-    from agent.model import Decoder
+    from headroom.agent.model import Decoder
 
     spec = TINY_VARIANTS[name]
     with torch.device("meta"):

@@ -4,16 +4,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from core.advice import plan_and_advise
-from core.calibration import Observation, calibrate
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.timing import datasheet_profile
-from core.units import GB
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Observation, calibrate
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.step import datasheet_profile
+from headroom.core.units import GB
 
 H100 = datasheet_profile(get_hardware("h100-sxm"))
 MODELS = ["gpt2-small", "bench-llama-small", "llama3.2-1b", "llama2-7b"]
@@ -112,8 +112,8 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
 
 @pytest.mark.parametrize("budget_gb", [80, 1.01], ids=["fits", "nothing fits"])
 def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(budget_gb):
-    from core.interconnect import default_cluster
-    from core.layout_search import candidate_layouts
+    from headroom.core.planning.layout_search import candidate_layouts
+    from headroom.core.specs.interconnect import default_cluster
 
     request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
                           gpus=8, budget_bytes=int(budget_gb * GB), cluster=default_cluster("h100-sxm"))
@@ -130,8 +130,8 @@ def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(
 
 def test_a_search_tells_each_layout_it_tried_and_the_advice_names_the_change_it_searches():
     """bench-llama-small on 8 GPUs in 1.01 GB: nothing fits, and the advice searches 16 GPUs."""
-    from core.interconnect import default_cluster
-    from core.layout_search import candidate_layouts
+    from headroom.core.planning.layout_search import candidate_layouts
+    from headroom.core.specs.interconnect import default_cluster
 
     request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
                           gpus=8, budget_bytes=int(1.01 * GB), cluster=default_cluster("h100-sxm"))
@@ -144,7 +144,7 @@ def test_a_search_tells_each_layout_it_tried_and_the_advice_names_the_change_it_
 
 
 def test_a_request_under_one_node_is_one_node_partly_used_and_over_one_must_be_whole_nodes():
-    from core.interconnect import default_cluster
+    from headroom.core.specs.interconnect import default_cluster
 
     spec, train = get_preset("bench-llama-small"), TrainConfig(seq_len=128)
     node = default_cluster("h100-sxm")  # 8 GPUs a node
@@ -159,7 +159,7 @@ def test_a_request_under_one_node_is_one_node_partly_used_and_over_one_must_be_w
 def test_a_pinned_interleaved_schedule_searches_the_pipeline_depths_its_layers_split_into():
     """bench-llama-small's 4 layers split over pp 2 x 2 virtual stages, not over pp 4 x 2: that depth is skipped
     (the search refused the whole request), and layouts without a pipeline keep 1F1B."""
-    from core.layout_search import candidate_layouts, pinned_layout
+    from headroom.core.planning.layout_search import candidate_layouts, pinned_layout
 
     spec = get_preset("bench-llama-small")
     train = TrainConfig(seq_len=128, layout=pinned_layout({"schedule": "interleaved", "virtual_stages": 2}))

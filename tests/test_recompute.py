@@ -7,10 +7,10 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from core.config import TrainConfig  # noqa: E402
-from core.flops import step_flops  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.core.memory.flops import step_flops  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.probing import assert_same_training, build  # noqa: E402
 
 POLICIES = ("full", "every-2", "selective", "op-selective", "offload")

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from core.config import TrainConfig
-from core.devices import device_rules
-from core.estimate import estimate
-from core.ledger import activation_ledger
-from core.model import ModelSpec
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.units import MiB
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.devices import device_rules
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.units import MiB
 
 REFERENCE = Path(__file__).parent / "data" / "reference"
 H200 = "nvidia-h200-2026-11-30"
@@ -112,8 +112,11 @@ def test_causal_attention_measured_on_the_h200_runs_under_its_peak_only_counted_
     """cuDNN's causal attention, b4 s2048 a32 d128 in 0.269 ms: 1,022 TFLOP/s with the masked half counted,
     above the H200's 989.4 TFLOP/s dense bf16 peak (NVIDIA H200 datasheet); 511 with it skipped, as the
     kernel does."""
-    from core.flops import attention_forward_flops, attention_kernel_flops
-    from core.hardware import get_hardware
+    from headroom.core.memory.flops import (
+        attention_forward_flops,
+        attention_kernel_flops,
+    )
+    from headroom.core.specs.hardware import get_hardware
 
     peak = get_hardware("h200").peak_flop_per_s["bf16"]
     rows = [r for run in _load(f"{H200}.json.gz")["runs"] for r in run["results"].get("attention", [])

@@ -4,13 +4,13 @@ import dataclasses
 
 import pytest
 
-from core.config import TrainConfig
-from core.hardware import get_hardware
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.regret import MeasuredConfig, regret, tight_budget
-from core.timing import datasheet_profile
-from core.units import GB, MB
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.planning.regret import MeasuredConfig, regret, tight_budget
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.step import datasheet_profile
+from headroom.core.units import GB, MB
 
 PROFILE = datasheet_profile(get_hardware("h100-sxm"))
 REQUEST = PlanRequest(spec=get_preset("llama3.2-1b"), train=TrainConfig(seq_len=2048), global_batch=8, budget_bytes=80 * GB)

@@ -1,7 +1,7 @@
 import pytest
 
-from core.hardware import get_hardware
-from core.roofline import (
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.timing.roofline import (
     arithmetic_intensity,
     attainable_flop_per_s,
     bound,

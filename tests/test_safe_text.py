@@ -1,4 +1,4 @@
-"""Stored text that cannot break a store or spoof a screen (core.safe_text): one limit per text field on both
+"""Stored text that cannot break a store or spoof a screen (headroom.core.safe_text): one limit per text field on both
 back ends, names on one line without control or bidirectional formatting characters, and output that shows
 what a stored name holds rather than obeying it."""
 
@@ -9,17 +9,17 @@ import sqlite3
 
 import pytest
 
-from core.errors import ConfigError
-from core.safe_text import (
+from headroom.core.errors import ConfigError
+from headroom.core.safe_text import (
     MESSAGE_LIMIT,
     NAME_LIMIT,
     printable,
     printable_lines,
     text_problem,
 )
-from dashboard.text import plain
-from db.errors import StoreError
-from db.store import open_store
+from headroom.dashboard.text import plain
+from headroom.db.errors import StoreError
+from headroom.db.store import open_store
 from tests.db_support import (  # noqa: F401
     fingerprint,
     postgres_url,
@@ -110,7 +110,7 @@ def test_db_info_and_plan_show_a_stored_name_as_the_characters_it_holds(tmp_path
 
 
 def test_an_error_quoting_a_huge_value_is_one_bounded_line(capsys, monkeypatch):
-    from cli import main as cli_main
+    from headroom.cli import main as cli_main
 
     message = f"hidden must be a positive integer, got {'9' * 1_000_000!r}\n\x1b[2J"
 
@@ -149,7 +149,7 @@ def test_a_page_shows_a_bidi_override_instead_of_obeying_it():
 def test_a_merge_from_a_store_holding_an_old_overlong_name_is_refused_by_field(tmp_path, postgres_url, capsys):
     """SQLite took a 1,000,000-character device name before names were checked; PostgreSQL's index refused it,
     failing `db merge` whole with a driver error. Now the merge's check names the field, and writes nothing."""
-    from cli.main import main
+    from headroom.cli.main import main
 
     source = tmp_path / "old.db"
     record_run(open_store(f"sqlite:///{source}", mode="write"))

@@ -1,19 +1,19 @@
 """What a layout search does to go fast without changing its answer: the cyclic collector paused
-(core.collector) and every ledger kept for the search's length (core.ledger.ledgers_kept)."""
+(headroom.core.collector) and every ledger kept for the search's length (headroom.core.memory.ledger.ledgers_kept)."""
 
 import gc
 import threading
 
 import pytest
 
-from core.collector import collector_paused
-from core.config import TrainConfig
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.ledger import _cached_ledger, activation_ledger, ledgers_kept
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.timing import datasheet_profile
+from headroom.core.collector import collector_paused
+from headroom.core.memory.ledger import _cached_ledger, activation_ledger, ledgers_kept
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.timing.step import datasheet_profile
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ def test_the_collector_is_paused_inside_and_as_it_was_after_even_on_an_error(col
 
 
 def test_a_plan_runs_with_the_collector_paused_and_leaves_it_on(collector_on, monkeypatch):
-    import core.planner as planner
+    import headroom.core.planning.planner as planner
 
     states = []
     real = planner._plan_layout

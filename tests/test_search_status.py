@@ -2,7 +2,7 @@
 
 import io
 
-from cli.search_status import ERASE, SearchStatus
+from headroom.cli.search_status import ERASE, SearchStatus
 
 
 class Terminal(io.StringIO):
@@ -66,11 +66,11 @@ def test_a_plan_on_a_terminal_draws_its_search_and_erases_it(monkeypatch, capsys
     """`headroom plan --gpus 8` with stderr on a terminal: the search is drawn, then erased before the plan."""
     import functools
 
-    import cli.plan
-    from cli.main import main
+    import headroom.cli.plan
+    from headroom.cli.main import main
 
     screen = Terminal()
-    monkeypatch.setattr(cli.plan, "SearchStatus", functools.partial(SearchStatus, screen, after_s=0.0, every_s=0.0))
+    monkeypatch.setattr(headroom.cli.plan, "SearchStatus", functools.partial(SearchStatus, screen, after_s=0.0, every_s=0.0))
     main(["plan", "--model", "bench-llama-small", "--seq-len", "128", "--global-batch", "8", "--gpus", "8"])
     lines = screen.getvalue().split(ERASE)
     assert lines[0] == lines[-1] == ""  # each line erased the last, and the last was erased

@@ -1,4 +1,4 @@
-"""A plan's work is bounded by a count, not a clock (core.search_work): a search that reaches the bound stops
+"""A plan's work is bounded by a count, not a clock (headroom.core.planning.search_work): a search that reaches the bound stops
 trying layouts, simplest first, says how many it left, and stops at the same layout on every machine; the
 advice a plan gives when nothing fits shares the plan's bound."""
 
@@ -9,20 +9,20 @@ import json
 
 import pytest
 
-import core.search_work
-from core.advice import plan_and_advise
-from core.config import TrainConfig
-from core.estimate import estimate
-from core.flops import _unsaved_last_matmul, recompute_flops, step_flops
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.memory import fsdp_units
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.search_work import bounded_search
-from core.timing import datasheet_profile
-from core.units import GB
+import headroom.core.planning.search_work
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.flops import _unsaved_last_matmul, recompute_flops, step_flops
+from headroom.core.memory.static import fsdp_units
+from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.planning.search_work import bounded_search
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.step import datasheet_profile
+from headroom.core.units import GB
 
 H100 = datasheet_profile(get_hardware("h100-sxm"))
 
@@ -35,7 +35,7 @@ def _request(gpus: int | None = 64, budget_gb: float = 80) -> PlanRequest:
 def test_a_search_past_its_bound_stops_where_it_stops_on_every_machine(monkeypatch):
     whole = plan(_request(), H100)
     assert whole.unsearched == 0 and whole.stopped_at == ""
-    monkeypatch.setattr(core.search_work, "LIMIT", 100)
+    monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 100)
     first, again = plan(_request(), H100), plan(_request(), H100)
     assert first.stopped_at == "work bound" and first.unsearched > 0
     assert len(first.layouts) + first.unsearched == len(whole.layouts)
@@ -53,7 +53,7 @@ def test_the_bound_counts_every_candidate_of_a_plan_and_its_advice():
 
 
 def test_the_command_line_says_where_a_search_stopped(run_cli, monkeypatch):
-    monkeypatch.setattr(core.search_work, "LIMIT", 100)
+    monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 100)
     text = run_cli("plan", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "512")
     assert text.returncode == 0
     (line,) = [line for line in text.stdout.splitlines() if "work bound" in line]
@@ -78,11 +78,11 @@ def test_a_deep_models_candidate_does_not_walk_its_layers(policy, monkeypatch):
     """A candidate of 10,000 layers once walked them in three places (27 ms a candidate, a plan at every maximum
     past 120 s): its trace now replays the run of like segments in one step, its FSDP units are runs, and its
     recomputed FLOPs count segments by arithmetic. Counted, not timed."""
-    import core.forward_trace
+    import headroom.core.memory.forward_trace
 
     kinds = []
-    counted = core.forward_trace._segment_kinds
-    monkeypatch.setattr(core.forward_trace, "_segment_kinds", lambda *a: kinds.append(a) or counted(*a))
+    counted = headroom.core.memory.forward_trace._segment_kinds
+    monkeypatch.setattr(headroom.core.memory.forward_trace, "_segment_kinds", lambda *a: kinds.append(a) or counted(*a))
     config = TrainConfig(seq_len=64, recompute=parse_policy(policy), layout=Layout(dp=8, zero=3))
     result = estimate(DEEP, config)
     assert len(kinds) <= 10  # a handful of segments looked at (first, template, run, last), not 10,000
@@ -93,7 +93,7 @@ def test_a_deep_models_candidate_does_not_walk_its_layers(policy, monkeypatch):
 @pytest.mark.parametrize(("n_layers", "dense"), [(10, 0), (10, 3), (61, 3), (7, 6)])
 @pytest.mark.parametrize("every", [1, 2, 3, 4, 7])
 def test_recomputed_flops_by_arithmetic_equal_those_counted_segment_by_segment(n_layers, dense, every):
-    """Every segment of full or every-K recompute skips its last block's unsaved trailing matmul (core.flops):
+    """Every segment of full or every-K recompute skips its last block's unsaved trailing matmul (headroom.core.memory.flops):
     counted per segment end, as the code once did, for dense models and mixtures with dense leading blocks."""
     spec = dataclasses.replace(get_preset("mixtral-8x7b"), n_layers=n_layers, dense_layers=dense) if dense else \
         dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=n_layers)

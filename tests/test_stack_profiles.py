@@ -1,4 +1,4 @@
-"""Training-stack profiles (core.stack): what each stack's kernels keep, against the formulas their sources give.
+"""Training-stack profiles (headroom.core.specs.stack): what each stack's kernels keep, against the formulas their sources give.
 
 The hf stack's independent check is the trace of transformers' own model (tests/test_hf_trace.py); the
 torchtitan stack's is autograd on the agent's decoder under torchtitan's policy (tests/test_torchtitan_stack.py).
@@ -6,16 +6,16 @@ torchtitan stack's is autograd on the agent's decoder under torchtitan's policy 
 
 import pytest
 
-from core.config import TrainConfig
-from core.errors import ConfigError
-from core.hardware import get_hardware
-from core.layout import Layout
-from core.ledger import activation_ledger
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.stack import STACKS, stack_name
-from core.timing import datasheet_profile
+from headroom.core.errors import ConfigError
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.stack import STACKS, stack_name
+from headroom.core.timing.step import datasheet_profile
 
 S, B = 4096, 1
 

@@ -10,22 +10,22 @@ from pathlib import Path
 
 import pytest
 
-from core.config import TrainConfig
-from core.device_curves import CURVES, SUSTAINED_OVER_BURST
-from core.errors import ConfigError
-from core.estimate import estimate
-from core.flops import step_flops
-from core.hardware import HARDWARE, get_hardware
-from core.layout import Layout
-from core.model import ModelSpec
-from core.op_time import gemm_s
-from core.planner import PlanRequest, plan, plan_to_dict
-from core.presets import get_preset
-from core.recompute import parse_policy
-from core.run_cost import RunCost
-from core.step_ops import forward_ops
-from core.timing import datasheet_profile, step_time
-from core.units import GB
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.flops import step_flops
+from headroom.core.planning.planner import PlanRequest, plan, plan_to_dict
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import HARDWARE, get_hardware
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.device_curves import CURVES, SUSTAINED_OVER_BURST
+from headroom.core.timing.op_time import gemm_s
+from headroom.core.timing.run_cost import RunCost
+from headroom.core.timing.step import datasheet_profile, step_time
+from headroom.core.timing.step_ops import forward_ops
+from headroom.core.units import GB
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -51,7 +51,7 @@ MOE = dataclasses.replace(get_preset("llama3.2-1b"), name="moe", n_experts=8, ex
 ], ids=["llama", "torchtitan", "gpt-standard", "megatron", "tp4-sp", "cp2", "moe"])
 def test_the_ops_gemms_add_up_to_the_flops_the_accounting_counts(spec, config):
     """Every matmul and attention kernel the enumeration prices, over the ranks that split a micro-batch, is
-    exactly core.flops's forward (which tests/test_torch_reference.py checks against FlopCounterMode)."""
+    exactly headroom.core.memory.flops's forward (which tests/test_torch_reference.py checks against FlopCounterMode)."""
     ops = forward_ops(spec, config, "cuda", spec.n_layers)
     priced = sum(n * sum(op.flops for op in block) for block, n in ops.blocks) + sum(op.flops for op in ops.head)
     split = config.layout.tp * config.layout.cp
@@ -78,14 +78,14 @@ ATEN_NOT_KERNELS = {"view", "_unsafe_view", "t", "transpose", "expand", "slice",
 ])
 def test_the_ops_are_the_ops_the_agents_decoder_dispatches(name, attention, dropout, precision, stack):
     """Every kernel-launching aten op of the agent's decoder's forward on a CPU, counted by a TorchDispatchMode,
-    one for one against the enumeration the time model prices (core.step_ops): norms, RoPE's tables and
+    one for one against the enumeration the time model prices (headroom.core.timing.step_ops): norms, RoPE's tables and
     rotation, casts under autocast, masks, dropout, the loss."""
     torch = pytest.importorskip("torch")
     from contextlib import nullcontext
 
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    from agent.model import Decoder
+    from headroom.agent.model import Decoder
 
     class Count(TorchDispatchMode):
         launches = 0
@@ -176,7 +176,7 @@ def test_op_selective_at_micro_batch_1_is_host_bound_on_the_h200_and_micro_batch
 
 def test_h200_steps_within_what_the_model_achieves():
     """Uncalibrated |predicted / measured - 1| median 5.3%, worst 14.4%; calibrated on the same steps (in-sample,
-    |measured / (factor x predicted) - 1| as core.calibration reports it) median 2.8%, worst 10.7%
+    |measured / (factor x predicted) - 1| as headroom.core.measured.calibration reports it) median 2.8%, worst 10.7%
     (docs/time-model.md)."""
     errors = sorted(abs(r.error) for r in validation.h200_rows())
     assert (errors[10] + errors[11]) / 2 <= 0.055 and errors[-1] <= 0.15
@@ -355,7 +355,7 @@ def test_fsdp_copies_its_units_in_and_out_of_the_collectives_buffers():
     buffer and the gathered parameters out of it (read and written: 2 P b (1 + 1/2) bytes, b the compute dtype's),
     backward the same again and the gradients into and out of the reduce-scatter's (the reduction's dtype). The
     rest of the step is ZeRO-2's."""
-    from core.interconnect import default_cluster
+    from headroom.core.specs.interconnect import default_cluster
 
     spec = get_preset("bench-llama-small")
     sharded = TrainConfig(seq_len=128, micro_batch=2, precision="bf16-pure", layout=Layout(dp=2, zero=3))

@@ -11,12 +11,12 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from agent.model import Decoder  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.flops import step_flops  # noqa: E402
-from core.model import ModelSpec  # noqa: E402
-from core.presets import PRESETS, get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
+from headroom.agent.model import Decoder  # noqa: E402
+from headroom.core.memory.flops import step_flops  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.model import ModelSpec  # noqa: E402
+from headroom.core.specs.presets import PRESETS, get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.probing import assert_decoder_is_the_spec  # noqa: E402
 
 BENCH = [name for name in PRESETS if name.startswith("bench-")]

@@ -4,7 +4,7 @@ decoder's ops.
 torchtitan 0.3 (``torchtitan/distributed/activation_checkpoint.py``): ``SelectiveAC`` caches the outputs of
 torch's compute-intensive ops but every second ``aten.mm`` of a block; ``FullAC`` checkpoints each block with
 ``early_stop=False``; its Llama 3 projects q, k and v with one linear (``wqkv``). The agent runs both policies
-(agent.recompute) on its decoder with that projection; here the ledger is held to what autograd saves under
+(headroom.agent.recompute) on its decoder with that projection; here the ledger is held to what autograd saves under
 them, byte for byte, the FLOPs to FlopCounterMode, the per-layer bytes to the policy's rule, and the whole to
 torchtitan's own Llama 3 probed under its own checkpointing.
 """
@@ -18,17 +18,17 @@ import pytest
 torch = pytest.importorskip("torch")
 from torch.utils.flop_counter import FlopCounterMode  # noqa: E402
 
-from agent.model import Decoder  # noqa: E402
-from agent.recompute import torchtitan_saved  # noqa: E402
-from core.config import TrainConfig  # noqa: E402
-from core.errors import ConfigError  # noqa: E402
-from core.flops import step_flops  # noqa: E402
-from core.hardware import get_hardware  # noqa: E402
-from core.ledger import activation_ledger  # noqa: E402
-from core.planner import PlanRequest, policies_worth_trying  # noqa: E402
-from core.presets import get_preset  # noqa: E402
-from core.recompute import parse_policy  # noqa: E402
-from core.timing import datasheet_profile  # noqa: E402
+from headroom.agent.model import Decoder  # noqa: E402
+from headroom.agent.recompute import torchtitan_saved  # noqa: E402
+from headroom.core.errors import ConfigError  # noqa: E402
+from headroom.core.memory.flops import step_flops  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.planning.planner import PlanRequest, policies_worth_trying  # noqa: E402
+from headroom.core.specs.config import TrainConfig  # noqa: E402
+from headroom.core.specs.hardware import get_hardware  # noqa: E402
+from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.recompute import parse_policy  # noqa: E402
+from headroom.core.timing.step import datasheet_profile  # noqa: E402
 from tests.probing import assert_same_training, build, probe_config  # noqa: E402
 
 LLAMA = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=4)
@@ -99,7 +99,7 @@ def test_torchtitans_own_llama3_keeps_what_the_ledger_says(policy, precision):
     pytest.importorskip("torchtitan", reason="torchtitan (the frameworks extra) is not installed")
     from torchtitan.distributed.activation_checkpoint import FullAC, SelectiveAC
 
-    from agent.probe import probe
+    from headroom.agent.probe import probe
 
     b, s = 2, 16
     torch.manual_seed(0)
@@ -221,12 +221,12 @@ def test_the_fused_projection_is_the_reference_decoders_model(name):
 def test_a_measured_step_keeps_its_stack_and_is_predicted_again_with_it(tmp_path):
     """Calibration reads which stack a step ran from its stored prediction and predicts it with that stack: a
     torchtitan per-op step's saved bytes match (the reference stack's op-selective would keep 2bs(h + f) more)."""
-    from agent import bench_train
-    from agent.fingerprint import device_name
-    from agent.runner import run_suite
-    from core.measurements import step_observations
-    from db.profiles import train_step_records
-    from db.store import open_store
+    from headroom.agent import bench_train
+    from headroom.agent.fingerprint import device_name
+    from headroom.agent.runner import run_suite
+    from headroom.core.measured.measurements import step_observations
+    from headroom.db.profiles import train_step_records
+    from headroom.db.store import open_store
 
     config = TrainConfig(seq_len=32, micro_batch=2, precision="fp32", stack="torchtitan",
                          recompute=parse_policy("op-selective"))

@@ -1,7 +1,7 @@
 import pytest
 
-from core.errors import ConfigError
-from core.units import GB, GiB, format_bytes, parse_bytes
+from headroom.core.errors import ConfigError
+from headroom.core.units import GB, GiB, format_bytes, parse_bytes
 
 
 @pytest.mark.parametrize(

@@ -6,12 +6,12 @@ repeated to every head. On a CPU the flash kernel takes the mask and keeps it,
 made additive in the inputs' dtype (tests/test_hf_trace.py checks that against
 a real forward). Which CUDA kernel takes it, and what that keeps, has not been
 measured, so the hf stack refuses such configurations on CUDA
-(core.devices.DeviceRules.fused_attention_mask).
+(headroom.core.specs.devices.DeviceRules.fused_attention_mask).
 
 This probe is the measurement that settles it: one masked call per dtype and
 sequence length (a multiple of 32 and one that is not, for kernels that pad),
 the kernel that ran, and the storages kept beyond q, k and v, against the rule
-the ledger applies on a CPU (core.attention_trace.attention_core): the mask in the inputs'
+the ledger applies on a CPU (headroom.core.memory.attention_trace.attention_core): the mask in the inputs'
 dtype, the output, an fp32 log-sum-exp per row and, on CUDA, the generator's
 seed and offset. Where every probe agrees, the rule holds on that device.
 """
@@ -24,9 +24,9 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from agent.ledger_check import DTYPE_NAMES
-from agent.probe import probe
-from agent.sdpa import kernel_label, kernels_run
+from headroom.agent.ledger_check import DTYPE_NAMES
+from headroom.agent.probe import probe
+from headroom.agent.sdpa import kernel_label, kernels_run
 
 HEADS, HEAD_DIM, WINDOW = 8, 128, 64
 """A Gemma-3-like attention (grouped k/v repeated to 8 heads of 128) and a window shorter than every probe."""

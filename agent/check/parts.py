@@ -19,24 +19,24 @@ import torch
 import torch.nn.functional as F
 from sqlalchemy import select
 
-from agent import bench_matmul, bench_train
-from agent.check import masked_sdpa
-from agent.clocks import read_clocks
-from agent.fingerprint import device_name, fingerprint
-from agent.ledger_check import LedgerCase, check
-from agent.runner import profile_from_store, run_suite
-from agent.sdpa import kernel_label, kernels_run
-from agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
-from core.config import TrainConfig
-from core.layout import Layout
-from core.planner import PlanRequest, plan
-from core.presets import get_preset
-from core.regret import MeasuredConfig, regret, tight_budget
-from core.units import GB
-from db.models import TrainStepResult
-from db.profiles import build_profile, calibration_for
-from db.store import Store, open_store
-from db.validate import record_values
+from headroom.agent import bench_matmul, bench_train
+from headroom.agent.check import masked_sdpa
+from headroom.agent.clocks import read_clocks
+from headroom.agent.fingerprint import device_name, fingerprint
+from headroom.agent.ledger_check import LedgerCase, check
+from headroom.agent.runner import profile_from_store, run_suite
+from headroom.agent.sdpa import kernel_label, kernels_run
+from headroom.agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
+from headroom.core.planning.planner import PlanRequest, plan
+from headroom.core.planning.regret import MeasuredConfig, regret, tight_budget
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.units import GB
+from headroom.db.models import TrainStepResult
+from headroom.db.profiles import build_profile, calibration_for
+from headroom.db.store import Store, open_store
+from headroom.db.validate import record_values
 
 POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
 PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
@@ -103,7 +103,7 @@ def environment(ctx: Context) -> dict[str, Any]:
 
 def ledger_cases(gpu: bool) -> list[LedgerCase]:
     """Full-size layers first (the most telling), then the small-model matrix, then forced backends."""
-    # torchtitan's checkpointing (core.stack): its per-op policy caches the CUDA attention kernels, not the CPU's.
+    # torchtitan's checkpointing (headroom.core.specs.stack): its per-op policy caches the CUDA attention kernels, not the CPU's.
     titan = [LedgerCase("llama3.2-1b" if gpu else "bench-llama-tiny", 2 if gpu else 4, 2048 if gpu else 32,
                         1 if gpu else 2, "flash", 0.0, p, x, stack="torchtitan")
              for p in ("full", "op-selective") for x in ("amp-bf16", "bf16-pure")]
@@ -247,7 +247,7 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
     """Collectives over every GPU, a 2-rank FSDP2 step and a 2-stage 1F1B pipeline of 4 micro-batches where
     there are two or more GPUs; with one GPU (or a CPU) only the 1-rank variant: a training step through
     torch's launcher, as multi-rank steps run."""
-    from agent import bench_collectives, train_ranks
+    from headroom.agent import bench_collectives, train_ranks
 
     gpus = torch.cuda.device_count() if ctx.gpu else 0
     ranks = gpus if gpus > 1 else 1
@@ -258,7 +258,7 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
         seq_len=seq_len, micro_batch=1, precision="amp-bf16" if ctx.gpu else "fp32", layout=layout))
 
     setups = [setup]
-    if ranks > 1:  # an untied model: a pipeline of a tied one is not built (agent.pipeline_stages)
+    if ranks > 1:  # an untied model: a pipeline of a tied one is not built (headroom.agent.pipeline_stages)
         setups.append(bench_train.TrainSetup(spec=get_preset("bench-llama-small"), steps=3, accumulation_steps=4,
                                              config=TrainConfig(seq_len=512, micro_batch=1, precision="amp-bf16",
                                                                 layout=Layout(pp=2))))

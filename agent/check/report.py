@@ -1,6 +1,6 @@
 """The GPU check's report: targets, per-check tables (predicted, measured, error), a summary.
 
-Errors are measured / predicted - 1 throughout, as in core.calibration (positive: more than predicted).
+Errors are measured / predicted - 1 throughout, as in headroom.core.measured.calibration (positive: more than predicted).
 
 Everything here is read back from the check's result store and the parts'
 summaries; nothing is measured. Targets (issue 16, checked only on a GPU):
@@ -11,7 +11,7 @@ summaries; nothing is measured. Targets (issue 16, checked only on a GPU):
 - copy bandwidth >= 3.9 TB/s (read + write);
 - the quick suite under 3 minutes;
 - regret <= 3% at 80 GB and at a budget that forces checkpointing, no recommendation out of memory;
-- SDPA handed an explicit mask keeps what the ledger's CPU rule says (agent.check.masked_sdpa): until it
+- SDPA handed an explicit mask keeps what the ledger's CPU rule says (headroom.agent.check.masked_sdpa): until it
   does on CUDA, the hf stack refuses transformers' masked sliding-window layers there.
 """
 
@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from db.models import (
+from headroom.db.models import (
     AttentionResult,
     ElementwiseResult,
     MatmulResult,
@@ -31,7 +31,7 @@ from db.models import (
     Run,
     TrainStepResult,
 )
-from db.store import open_store
+from headroom.db.store import open_store
 
 MEMORY_MEDIAN, MEMORY_WORST, LEDGER_TOLERANCE = 0.03, 0.08, 0.02
 MATMUL_TFLOP_PER_S, MATMUL_STABILITY, COPY_GB_PER_S = 740.0, 0.97, 3900.0

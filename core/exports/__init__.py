@@ -1,6 +1,56 @@
-"""One module per training framework that ``headroom plan --export`` writes settings for.
+"""A recommendation as settings to paste into a training framework.
 
-`core.export` is the entry point (``export``, ``EXPORTERS``); `core.exports.run`
-holds what every writer shares: the plan reduced to a `Run`, and the `Export`
-each writer returns.
+One module per framework; ``export(fmt, request, best)`` returns an `Export`: the text, in the
+framework's own format (it parses as that format with no pre-processing), and
+the notes: one sentence for each thing the format cannot express, naming the
+setting written instead and which way it moves memory or time. Every exporter
+carries the candidate's layout (tp, sp, pp and its schedule, cp, dp and the
+ZeRO stage), batch, precision, optimizer and checkpoint policy.
+
+=============  =========================  =============  =========
+format         what                       module         notes in
+=============  =========================  =============  =========
+``hf``         TrainingArguments (Py)     `huggingface`  comments
+``torchtitan`` 0.3 launch command (bash)  `torchtitan`   comments
+``megatron``   Megatron-LM arguments      `megatron`     ``notes``
+``deepspeed``  ds_config.json             `deepspeed`    ``notes``
+``lightning``  Trainer + strategy (Py)    `lightning`    comments
+=============  =========================  =============  =========
+
+Where a format has comments the text carries the notes too (``notes_in_text``);
+otherwise show ``notes`` beside it (the CLI prints them to stderr).
+`run`         holds what every writer shares: the plan reduced
+to a `Run`, and the `Export` each writer returns.
 """
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from headroom.core.errors import ConfigError
+from headroom.core.exports.deepspeed import deepspeed
+from headroom.core.exports.huggingface import huggingface
+from headroom.core.exports.lightning import lightning
+from headroom.core.exports.megatron import megatron
+from headroom.core.exports.run import Export, Run
+from headroom.core.exports.torchtitan import torchtitan
+from headroom.core.planning.planner import Candidate, PlanRequest
+
+__all__ = ["EXPORTERS", "Export", "export"]
+
+EXPORTERS: dict[str, Callable[[Run], Export]] = {
+    "hf": huggingface,
+    "torchtitan": torchtitan,
+    "megatron": megatron,
+    "deepspeed": deepspeed,
+    "lightning": lightning,
+}
+
+
+def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
+    """``best`` (a candidate of ``request``'s plan, on its own layout) as ``fmt``'s settings and notes."""
+    try:
+        writer = EXPORTERS[fmt]
+    except KeyError:
+        raise ConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORTERS)}") from None
+    return writer(Run.of(request, best))

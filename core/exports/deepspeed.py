@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from core.exports.run import Export, Run, offload_note
+from headroom.core.exports.run import Export, Run, offload_note
 
 WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
 

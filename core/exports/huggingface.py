@@ -28,8 +28,16 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
 
 from __future__ import annotations
 
-from core.config import hf_stack_covers
-from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks, stack_note
+from headroom.core.exports.run import (
+    Export,
+    Run,
+    capacity_note,
+    commented,
+    offload_note,
+    ranks,
+    stack_note,
+)
+from headroom.core.specs.config import hf_stack_covers
 
 OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused", "sgd": "sgd", "sgd-momentum": "sgd",
               "adagrad": "adagrad"}

@@ -18,8 +18,14 @@ Names checked against Lightning's ``src/lightning/pytorch/strategies``
 
 from __future__ import annotations
 
-from core.divisors import divisors
-from core.exports.run import Export, Run, capacity_note, commented, offload_note
+from headroom.core.divisors import divisors
+from headroom.core.exports.run import (
+    Export,
+    Run,
+    capacity_note,
+    commented,
+    offload_note,
+)
 
 PRECISIONS = {"fp32": "32-true", "amp-bf16": "bf16-mixed", "bf16-pure": "bf16-true", "bf16-master": "bf16-mixed",
               "bf16-fp32grad": "bf16-mixed"}

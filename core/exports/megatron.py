@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import shlex
 
-from core.exports.run import Export, Run, offload_note, ranks, stack_note
+from headroom.core.exports.run import Export, Run, offload_note, ranks, stack_note
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 """ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy."""
@@ -116,7 +116,7 @@ def megatron(run: Run) -> Export:
         notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
                      "flight: less activation memory than planned, the same bubble")
     if layout.ep > 1:  # expert-parallel ranks come out of the data-parallel ones (megatron/core/parallel_state.py)
-        # The all-to-all dispatcher is the one core.comm times; Megatron's default gathers every token instead.
+        # The all-to-all dispatcher is the one headroom.core.timing.comm times; Megatron's default gathers every token instead.
         args += ["--expert-model-parallel-size", str(layout.ep), "--moe-token-dispatcher-type", "alltoall"]
     if run.spec.capacity_factor:
         args += ["--moe-expert-capacity-factor", f"{run.spec.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]

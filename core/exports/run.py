@@ -13,12 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import ConfigError
-from core.layout import Layout
-from core.model import ModelSpec
-from core.planner import Candidate, PlanRequest
-from core.recompute import RecomputePolicy
-from core.stack import get_stack
+from headroom.core.errors import ConfigError
+from headroom.core.planning.planner import Candidate, PlanRequest
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.stack import get_stack
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,7 +26,7 @@ class Export:
     """A recommendation as one framework's settings."""
 
     format: str
-    """The exporter's name: a key of ``core.export.EXPORTERS``."""
+    """The exporter's name: a key of ``headroom.core.exports.EXPORTERS``."""
     text: str
     """The settings in the framework's own syntax; parses as that format with no pre-processing."""
     notes: tuple[str, ...]
@@ -62,7 +62,7 @@ class Run:
     policy: RecomputePolicy
     stack: str
     gpus_per_node: int = 8
-    """GPUs a node: the request's cluster's, else core.interconnect.default_cluster's 8."""
+    """GPUs a node: the request's cluster's, else headroom.core.specs.interconnect.default_cluster's 8."""
 
     @classmethod
     def of(cls, request: PlanRequest, best: Candidate) -> Run:
@@ -131,7 +131,7 @@ def capacity_note(run: Run, framework: str) -> str | None:
 
 
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
-    """When the plan follows another stack's saving rules (core.stack) than the framework runs: its kernels
+    """When the plan follows another stack's saving rules (headroom.core.specs.stack) than the framework runs: its kernels
     (RMSNorm, RoPE, SwiGLU, cross-entropy), or under sequence parallelism what backward keeps of a gathered input."""
     planned, runs = get_stack(run.stack), get_stack(stack)
     kernels = planned.kernels(run.layout.tp) != runs.kernels(run.layout.tp)

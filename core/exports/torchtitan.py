@@ -34,7 +34,15 @@ and comes last). Names checked against torchtitan 0.3.0's
 
 from __future__ import annotations
 
-from core.exports.run import Export, Run, capacity_note, commented, offload_note, ranks, stack_note
+from headroom.core.exports.run import (
+    Export,
+    Run,
+    capacity_note,
+    commented,
+    offload_note,
+    ranks,
+    stack_note,
+)
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
@@ -179,7 +187,7 @@ def torchtitan(run: Run) -> Export:
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     if layout.pp > 1:
-        # Even chunks, embeddings and head counted as no layer: headroom's split (core.pipeline).
+        # Even chunks, embeddings and head counted as no layer: headroom's split (headroom.core.memory.pipeline).
         parallelism += [
             f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
             f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}",

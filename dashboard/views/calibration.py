@@ -5,11 +5,11 @@ from __future__ import annotations
 import pandas as pd
 import streamlit as st
 
-from core.errors import ConfigError
-from core.safe_text import printable
-from dashboard import calibration, charts, columns, data
-from dashboard.notices import readable_store, store_notice
-from dashboard.text import plain, shown_calibration
+from headroom.core.errors import ConfigError
+from headroom.core.safe_text import printable
+from headroom.dashboard import calibration, charts, columns, data
+from headroom.dashboard.notices import readable_store, store_notice
+from headroom.dashboard.text import plain, shown_calibration
 
 st.title("Calibration")
 url = readable_store()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.hardware import DTYPES
-from dashboard import charts, data, plan_tables, roofs
-from dashboard.notices import readable_store, store_notice
-from dashboard.text import plain
+from headroom.core.specs.hardware import DTYPES
+from headroom.dashboard import charts, data, plan_tables, roofs
+from headroom.dashboard.notices import readable_store, store_notice
+from headroom.dashboard.text import plain
 
 st.title("Hardware")
 url = readable_store()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import streamlit as st
 
-from core.safe_text import printable
-from dashboard import charts, columns, data, history
-from dashboard.notices import readable_store, store_notice
+from headroom.core.safe_text import printable
+from headroom.dashboard import charts, columns, data, history
+from headroom.dashboard.notices import readable_store, store_notice
 
 st.title("History")
 url = readable_store()

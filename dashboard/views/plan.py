@@ -9,25 +9,34 @@ from pathlib import Path
 
 import streamlit as st
 
-from core import search_work
-from core.calibration import Calibration
-from core.config import ATTENTIONS
-from core.errors import ConfigError
-from core.export import EXPORTERS, export
-from core.hf_config import SUPPORTED, parse_hf_config, spec_from_config_file
-from core.interconnect import LINKS_BY_KEY
-from core.model import ModelSpec
-from core.planner import Plan, budget_note, budget_share, whole_device_budget
-from core.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
-from core.presets import PRESETS
-from core.safe_text import printable
-from core.stack import STACKS
-from core.timing import HardwareProfile
-from core.units import GB
-from dashboard import charts, columns, data, plan_notes, plan_tables, planning
-from dashboard.notices import store_notice
-from dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
-from dashboard.text import plain, shown_calibration
+from headroom.core.errors import ConfigError
+from headroom.core.exports import EXPORTERS, export
+from headroom.core.measured.calibration import Calibration
+from headroom.core.planning import search_work
+from headroom.core.planning.planner import (
+    Plan,
+    budget_note,
+    budget_share,
+    whole_device_budget,
+)
+from headroom.core.safe_text import printable
+from headroom.core.specs.config import ATTENTIONS
+from headroom.core.specs.hf_config import (
+    SUPPORTED,
+    parse_hf_config,
+    spec_from_config_file,
+)
+from headroom.core.specs.interconnect import LINKS_BY_KEY
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from headroom.core.specs.presets import PRESETS
+from headroom.core.specs.stack import STACKS
+from headroom.core.timing.step import HardwareProfile
+from headroom.core.units import GB
+from headroom.dashboard import charts, columns, data, plan_notes, plan_tables, planning
+from headroom.dashboard.notices import store_notice
+from headroom.dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
+from headroom.dashboard.text import plain, shown_calibration
 
 EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan_train.sh", "bash"),
                 "megatron": ("megatron_args.txt", "bash"), "deepspeed": ("ds_config.json", "json"),

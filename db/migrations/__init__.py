@@ -1,1 +1,1 @@
-"""Alembic migrations of the result store, run by db.migrate (see README.md here)."""
+"""Alembic migrations of the result store, run by headroom.db.migrate (see README.md here)."""

@@ -1,18 +1,18 @@
-"""Alembic's entry point, run by `db.migrate` on a connection it already holds.
+"""Alembic's entry point, run by `headroom.db.migrate` on a connection it already holds.
 
 The connection arrives in ``config.attributes["connection"]``, inside the
-transaction that `db.migrate.ensure_schema` opened under the write lock, so
+transaction that `headroom.db.migrate.ensure_schema` opened under the write lock, so
 every revision of an upgrade commits together or not at all.
 """
 
 from alembic import context
 
-from db.migrate import VERSION_TABLE
-from db.models import Base
+from headroom.db.migrate import VERSION_TABLE
+from headroom.db.models import Base
 
 connection = context.config.attributes.get("connection")
 if connection is None:
-    raise RuntimeError("Headroom's migrations run through db.migrate with a connection; offline mode is not supported")
+    raise RuntimeError("Headroom's migrations run through headroom.db.migrate with a connection; offline mode is not supported")
 
 context.configure(
     connection=connection,

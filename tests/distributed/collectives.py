@@ -51,7 +51,7 @@ def _descendants(event) -> set[str]:
 
 OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "reduce_scatter_tensor": "reduce_scatter",
        "all_to_all_single": "all_to_all"}
-"""torch's functional collectives (DTensor's, and the all-to-alls of expert parallelism) by the names core.comm
+"""torch's functional collectives (DTensor's, and the all-to-alls of expert parallelism) by the names headroom.core.timing.comm
 gives them."""
 
 
@@ -60,7 +60,7 @@ ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2}
 
 
 def messages(collectives: dict, world: int) -> Counter:
-    """The calls of a step's collectives (``step_collectives``) by (core.comm's op, message bytes), a message
+    """The calls of a step's collectives (``step_collectives``) by (headroom.core.timing.comm's op, message bytes), a message
     as nccl-tests sizes it: an all-gather's whole output (its input from each of ``world`` ranks), a
     reduce-scatter's, an all-reduce's and an all-to-all's whole input."""
     calls: Counter = Counter()

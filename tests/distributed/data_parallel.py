@@ -26,7 +26,6 @@ parameter order, later ones the order gradients became ready.
 
 from __future__ import annotations
 
-
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -36,11 +35,11 @@ from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from agent.model import Decoder
-from agent.parallel import local_tensor, shard_fully
-from agent.probe import probe
-from agent.rank import settled
-from core.model import ModelSpec
+from headroom.agent.model import Decoder
+from headroom.agent.parallel import local_tensor, shard_fully
+from headroom.agent.probe import probe
+from headroom.agent.rank import settled
+from headroom.core.specs.model import ModelSpec
 
 SPEC = ModelSpec(
     name="fsdp-tiny", block="llama", n_layers=3, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=176,
@@ -149,7 +148,7 @@ class _GatheredSampler(TorchDispatchMode):
 
 
 def measure_fsdp(mesh: DeviceMesh, units: str = "blocks") -> dict:
-    """FSDP2 over ``mesh`` with ``units`` (agent.parallel.shard_fully): sharded state, gathered units
+    """FSDP2 over ``mesh`` with ``units`` (headroom.agent.parallel.shard_fully): sharded state, gathered units
     and activations on this rank."""
     rank = dist.get_rank()
     model = shard_fully(_decoder(), mesh, units=units)

@@ -1,7 +1,7 @@
 """Expert parallelism on gloo ranks: the collectives of a training step whose routed experts are split over the
-ranks, checked against core.comm's ``ep`` terms.
+ranks, checked against headroom.core.timing.comm's ``ep`` terms.
 
-Each rank holds ``n_experts / ep`` of each mixture-of-experts block's routed experts (agent.model.Experts; the
+Each rank holds ``n_experts / ep`` of each mixture-of-experts block's routed experts (headroom.agent.model.Experts; the
 router, attention and everything else replicated, as a data-parallel rank holds them) and trains its own
 tokens. The tokens go to their experts' ranks and back the way torchtitan's all-to-all token dispatcher sends
 them (``AllToAllTokenDispatcher`` in torchtitan/models/common/token_dispatcher.py, and its grouped experts in
@@ -27,12 +27,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd
 
-from agent.bench_train import forward_loss
-from agent.ledger_check import build
-from agent.model import Experts
-from core.config import TrainConfig
-from core.presets import get_preset
-from core.recompute import parse_policy
+from headroom.agent.bench_train import forward_loss
+from headroom.agent.ledger_check import build
+from headroom.agent.model import Experts
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 from tests.distributed.collectives import step_collectives
 
 SPEC = dataclasses.replace(get_preset("bench-llama-tiny"), name="ep-tiny", n_layers=2, n_experts=4,

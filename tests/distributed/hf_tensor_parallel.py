@@ -16,14 +16,19 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from agent.hf_trace import DTYPES, build_model, checkpoint_every_layer, ledger_of
-from agent.parallel import local_tensor
-from agent.probe import probe
-from agent.rank import settled
-from core.config import TrainConfig
-from core.layout import Layout
-from core.precision import get_precision
-from core.recompute import parse_policy
+from headroom.agent.hf_trace import (
+    DTYPES,
+    build_model,
+    checkpoint_every_layer,
+    ledger_of,
+)
+from headroom.agent.parallel import local_tensor
+from headroom.agent.probe import probe
+from headroom.agent.rank import settled
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.precision import get_precision
+from headroom.core.specs.recompute import parse_policy
 from tests.distributed.collectives import step_collectives
 
 SMALL = {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,

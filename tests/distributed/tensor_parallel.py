@@ -17,15 +17,20 @@ from dataclasses import dataclass
 import torch
 from torch.distributed.device_mesh import DeviceMesh
 
-from agent.bench_train import forward_loss
-from agent.ledger_check import build
-from agent.parallel import local_tensor, parallelize_decoder, parallelize_tensor, vocabulary_loss
-from agent.probe import ProbedTensor, probe
-from agent.rank import settled
-from core.config import TrainConfig
-from core.model import ModelSpec
-from core.presets import get_preset
-from core.recompute import parse_policy
+from headroom.agent.bench_train import forward_loss
+from headroom.agent.ledger_check import build
+from headroom.agent.parallel import (
+    local_tensor,
+    parallelize_decoder,
+    parallelize_tensor,
+    vocabulary_loss,
+)
+from headroom.agent.probe import ProbedTensor, probe
+from headroom.agent.rank import settled
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 from tests.distributed.collectives import step_collectives
 
 
@@ -50,7 +55,7 @@ class TensorParallelCase:
 
     @property
     def whole_decoder(self) -> bool:
-        """Its step's collectives are measured with the vocabulary sharded too (agent.parallel.parallelize_decoder,
+        """Its step's collectives are measured with the vocabulary sharded too (headroom.agent.parallel.parallelize_decoder,
         as ``headroom agent train`` runs it): an untied decoder with rotary positions. Otherwise the blocks only."""
         spec = self.spec
         return spec.rotary and not spec.tied_embeddings

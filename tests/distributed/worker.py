@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def run(suites: list[str], world: int, out: Path) -> dict:
     # Imported here: each pulls in the agent's model and the core.
-    from agent.parallel import UNITS
+    from headroom.agent.parallel import UNITS
     from tests.distributed.data_parallel import measure_ddp, measure_fsdp
     from tests.distributed.tensor_parallel import cases, measure
 

@@ -5,7 +5,7 @@ Revises:
 Create Date: 2026-11-30
 
 A frozen snapshot: the column types are spelled out here instead of imported
-from db.models, so this revision creates the same tables whatever the models
+from headroom.db.models, so this revision creates the same tables whatever the models
 later become.
 """
 

@@ -4,9 +4,9 @@ Revision ID: 0006
 Revises: 0005
 Create Date: 2026-12-04
 
-The time model prices the host's dispatch of every op a step runs (core.op_time.HostCosts): a forward op, a
+The time model prices the host's dispatch of every op a step runs (headroom.core.timing.op_time.HostCosts): a forward op, a
 backward kernel, and what a selective-checkpoint context adds per op. The agent now measures the three on the
-box (agent.bench_dispatch), into a new ``dispatch_results`` table with raw samples like every other timed
+box (headroom.agent.bench_dispatch), into a new ``dispatch_results`` table with raw samples like every other timed
 result; a store without any keeps the time model's defaults.
 """
 

@@ -1,0 +1,3 @@
+"""A device's stored measurements as plain records, and the hardware profile and calibration
+they make for the time model.
+"""

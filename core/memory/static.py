@@ -1,0 +1,265 @@
+"""Static memory of a training step on one rank, and the published activation formula.
+
+All figures are bytes (ints) on one data-parallel rank. Activations of the
+model the agent trains come from the per-tensor ledger (core/memory/ledger.py); the
+formula of Korthikanti et al. is kept here as the published reference the
+ledger is compared with.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from itertools import pairwise
+
+from headroom.core.errors import ConfigError
+from headroom.core.memory.pipeline import RankKind, rank_kinds
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import get_precision, optimizer_state_bytes
+
+
+def _shard(total: int, ranks: int, sharded: bool) -> int:
+    return -(-total // ranks) if sharded else total
+
+
+@dataclass(frozen=True, slots=True)
+class StaticMemory:
+    """Bytes that live for the whole step, per rank."""
+
+    parameters: int
+    gradients: int
+    master_weights: int
+    optimizer_states: int
+    gradient_buckets: int = 0
+    """DDP's flat gradient buckets, a second copy of the gradients (``gradient_as_bucket_view=False``,
+    the default: its PyTorch documentation says the view saves "the total gradients size")."""
+
+    @property
+    def total(self) -> int:
+        return self.parameters + self.gradients + self.master_weights + self.optimizer_states + self.gradient_buckets
+
+
+def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
+    """Unsharded param + grad + master + optimizer bytes per parameter (no weight copies)."""
+    recipe = get_precision(precision)
+    return recipe.param_bytes + recipe.grad_bytes + recipe.master_bytes + optimizer_state_bytes(optimizer)
+
+
+def _rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
+    """The rank's blocks by kind: {False: dense blocks, True: mixture-of-experts blocks}. A mixture of
+    experts is planned without a pipeline (headroom.core.specs.config.TrainConfig.check_model): its rank holds every block."""
+    if not spec.is_moe:
+        return {False: rank.layers}
+    if rank.layers != spec.n_layers:
+        raise ConfigError(f"{spec.name}: a pipeline stage of {rank.layers} of its {spec.n_layers} blocks is not "
+                          "modelled for a mixture of experts")
+    return {False: spec.n_layers - spec.moe_layers, True: spec.moe_layers}
+
+
+def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
+    """One block's parameters as (split by tensor parallelism, replicated on every tp rank).
+
+    Split: the q, k, v, output and MLP weights, and the biases of column-parallel layers (q, k, v,
+    MLP up/gate). Replicated: the norms (a q or k norm is over one head, which every rank has whole)
+    and the biases of row-parallel layers (output, MLP down), which are added after the all-reduce
+    (Megatron-LM's ColumnParallelLinear/RowParallelLinear). ``moe``: a mixture-of-experts block.
+    """
+    replicated = (spec.norms_per_block * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
+                  + spec.qk_norm_parameters())
+    return spec.layer_parameters(moe) - replicated, replicated
+
+
+def _rank_block(spec: ModelSpec, layout: Layout, moe: bool) -> int:
+    """Parameters of one block on one rank: its tensor-parallel part / tp, its replicated part, and of a
+    mixture of experts' routed experts the 1/ep on this expert-parallel rank."""
+    split, replicated = _layer_split(spec, moe)
+    if moe:
+        split -= _experts_elsewhere(spec, layout)
+    return -(-split // layout.tp) + replicated
+
+
+def _experts_elsewhere(spec: ModelSpec, layout: Layout) -> int:
+    """Routed-expert parameters of one block that the other ep - 1 expert-parallel ranks hold."""
+    routed = spec.routed_expert_parameters()
+    return routed - routed // layout.ep
+
+
+def rank_expert_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
+    """The routed-expert parameters one rank holds (its 1/ep of each expert block's), which are sharded and
+    reduced over the dp x cp / ep ranks that hold the same experts rather than over all dp x cp."""
+    rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
+    return _rank_blocks(spec, rank).get(True, 0) * (spec.routed_expert_parameters() // layout.ep)
+
+
+def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
+    """Parameters one rank holds before data-parallel sharding: its stage's blocks split by tp, the
+    vocabulary-parallel embedding on the first stage, the final norm and head on the last.
+
+    With tied embeddings and a pipeline, the last stage keeps its own copy of the embedding matrix
+    for the head (Megatron-LM's word-embedding copy, its gradient all-reduced with the first stage's).
+    """
+    rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
+    t = layout.tp
+    total = sum(n * _rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items())
+    words = -(-spec.vocab_size * spec.hidden // t)
+    if rank.first:
+        total += words + (spec.embedding_parameters() - spec.vocab_size * spec.hidden)
+    if rank.last:
+        own_copy = spec.tied_embeddings and not rank.first
+        total += spec.norm_parameters() + (words if not spec.tied_embeddings or own_copy else 0)
+    return total
+
+
+def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
+    """Weights of the matmuls one rank runs (autocast copies these): its blocks' projections / tp (of the
+    routed experts its 1/ep) and the head on the last stage."""
+    head = spec.vocab_size * spec.hidden if rank.last else 0
+    blocks = sum(n * (spec.layer_matmul_weights(moe) - (_experts_elsewhere(spec, layout) if moe else 0))
+                 for moe, n in _rank_blocks(spec, rank).items())
+    return (blocks + head) // layout.tp
+
+
+def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[tuple[int, int], ...]:
+    """The units FSDP gathers on one rank, in forward order, as (parameters of a unit, units of that size in a
+    row): the embedding (first stage), the blocks, the final norm and head (last stage), as torchtitan wraps a
+    Llama. Runs, not units: a 10,000-block rank is three or four runs, whatever a plan asks of them."""
+    words = -(-spec.vocab_size * spec.hidden // layout.tp)
+    runs = [(_rank_block(spec, layout, moe), n) for moe, n in _rank_blocks(spec, rank).items() if n]
+    if rank.first:
+        runs.insert(0, (words + spec.embedding_parameters() - spec.vocab_size * spec.hidden, 1))
+    if rank.last:
+        head = words if not spec.tied_embeddings or not rank.first else 0
+        runs.append((spec.norm_parameters() + head, 1))
+    return tuple(runs)
+
+
+def largest_neighbours(runs: tuple[tuple[int, int], ...]) -> int:
+    """The largest sum of two units in a row (the one unit's size where there is one), of `fsdp_units`."""
+    pairs = [2 * size for size, n in runs if n > 1] + [a + b for (a, _), (b, _) in pairwise(runs)]
+    return max(pairs, default=max((size for size, _ in runs), default=0))
+
+
+@functools.lru_cache(maxsize=64)  # a plan asks once per candidate; the answer is the model's and the ranks'
+def fsdp_first_shard_parameters(spec: ModelSpec, ranks: int) -> int:
+    """Elements of the first rank's shards under FSDP2 over ``ranks`` ranks: sum of ceil(d0 / W) x rest.
+
+    ``fully_shard`` splits each parameter of shape (d0, *rest) along dim 0 as ``torch.chunk`` does:
+    ceil(d0 / W) rows to each rank until the rows run out, so the first rank holds a full chunk of
+    every parameter (the last may hold fewer, or none) and is the most loaded. Every rank's storage
+    is padded to that chunk, and the gradients of a unit are views of one flat buffer of the padded
+    shards. A (509, 64) embedding over 2 ranks: 255 rows, 32 elements more than 509 x 64 / 2.
+    """
+    return sum(-(-d0 // ranks) * math.prod(rest) for d0, *rest in spec.parameter_shapes())
+
+
+def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = None) -> StaticMemory:
+    """Parameters, gradients, master copy, optimizer state and DDP buckets of one rank.
+
+    Under ZeRO-3 with tp 1 and pp 1 (FSDP alone) this is the first data-parallel rank, the most loaded:
+    its padded shard of every parameter (``fsdp_first_shard_parameters``), and the gradients, master
+    copy and optimizer state of that shard (Adam's moments take the local shard's shape). With tp or
+    pp the plain division of ``static_memory_of`` is kept. Not counted: AdamW's fp32 ``step``, one
+    4-byte scalar per parameter tensor, which torch keeps on the host unless the optimizer is fused
+    or capturable (torch/optim/adam.py, ``_init_group``): where it lives depends on the optimizer's
+    implementation, which the configuration does not name.
+
+    With expert parallelism the rank's routed experts (its 1/ep of them) are sharded over the
+    dp x cp / ep ranks that hold the same experts, the rest over dp x cp, each a plain division.
+    """
+    layout = config.layout
+    if config.zero == 3 and layout.tp == 1 and layout.pp == 1 and layout.ep == 1:
+        return _unsharded(fsdp_first_shard_parameters(spec, config.dp * layout.cp), config)
+    experts = rank_expert_parameters(spec, layout, rank) if layout.ep > 1 else 0
+    static = static_memory_of(rank_parameters(spec, layout, rank) - experts, config)
+    if experts:
+        static = _sum(static, static_memory_of(experts, config, ranks=layout.expert_data_parallel))
+    if config.dp * layout.cp > 1 and config.zero == 0:
+        return replace(static, gradient_buckets=static.gradients)
+    return static
+
+
+def _unsharded(parameters: int, config: TrainConfig) -> StaticMemory:
+    """Static bytes of ``parameters`` elements held whole: parameter, gradient, master and state bytes each."""
+    recipe = get_precision(config.precision)
+    return StaticMemory(
+        parameters=parameters * recipe.param_bytes,
+        gradients=parameters * recipe.grad_bytes,
+        master_weights=parameters * recipe.master_bytes,
+        optimizer_states=parameters * optimizer_state_bytes(config.optimizer),
+    )
+
+
+def _sum(a: StaticMemory, b: StaticMemory) -> StaticMemory:
+    return StaticMemory(a.parameters + b.parameters, a.gradients + b.gradients, a.master_weights + b.master_weights,
+                        a.optimizer_states + b.optimizer_states, a.gradient_buckets + b.gradient_buckets)
+
+
+def static_memory_of(parameters: int, config: TrainConfig, ranks: int | None = None) -> StaticMemory:
+    """Static bytes per rank for a parameter count, sharded by ZeRO stage.
+
+    Stage 1 shards optimizer state and the master copy over the data-parallel
+    (times context-parallel) ranks, stage 2 also gradients, stage 3 (FSDP) also parameters (Rajbhandari
+    et al., "ZeRO", 2020, Fig. 1): ceil(N x bytes / W), a flat split of the whole. FSDP2 splits each
+    parameter instead; ``static_memory`` counts its padding from the model's shapes. ``ranks``: the
+    ranks sharing these parameters, by default dp x cp.
+    """
+    # Context-parallel ranks hold the same weights as data-parallel ones: sharding spans both.
+    whole, stage = _unsharded(parameters, config), config.zero
+    ranks = config.dp * config.layout.cp if ranks is None else ranks
+    return StaticMemory(
+        parameters=_shard(whole.parameters, ranks, stage >= 3),
+        gradients=_shard(whole.gradients, ranks, stage >= 2),
+        master_weights=_shard(whole.master_weights, ranks, stage >= 1),
+        optimizer_states=_shard(whole.optimizer_states, ranks, stage >= 1),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class LayerActivations:
+    """Bytes one block keeps for backward, split by how they scale."""
+
+    linear: int
+    """Terms linear in s (the 34 sbh of the formula)."""
+    quadratic: int
+    """Terms in s^2 (the 5 a s^2 b of the formula): scores, softmax, dropout."""
+
+    @property
+    def total(self) -> int:
+        return self.linear + self.quadratic
+
+
+def korthikanti_layer_activations(
+    seq_len: int, micro_batch: int, hidden: int, heads: int, *,
+    element_bytes: int = 2, dropout: bool = True, flash: bool = False,
+    tp: int = 1, sp: bool = False, selective: bool = False,
+) -> LayerActivations:
+    """Published per-layer activations of one tensor-parallel rank: Korthikanti et al., "Reducing
+    Activation Recomputation in Large Transformer Models" (2022), Sec. 4, tensor by tensor.
+
+    16-bit elements (e) and 1-byte dropout masks (m); sbh = s*b*h, as2b = a*s^2*b:
+      attention: QKV input e, Q and K 2e, V e, output-projection input e,
+                 output dropout mask m                       -> 5e sbh + m sbh
+                 softmax output e, attention-dropout mask m and output e  -> (2e + m) as2b
+      MLP:       up input e, GELU input 4e, down input 4e, dropout mask m -> 9e sbh + m sbh
+      norms:     two LayerNorm inputs                        -> 2e sbh
+    With e = 2, m = 1: sbh(34 + 5as/h). Without dropout the masks and the
+    dropout output go: 32 sbh + 2 as2b. Flash attention keeps no s x s tensor.
+
+    Tensor parallelism over t ranks (Table 2) splits what lies between the column- and
+    row-parallel linears, 24 sbh and every s x s term: sbh(10 + 24/t + 5as/(ht)); sequence
+    parallelism splits the other 10 too: sbh/t (34 + 5as/h). Selective recomputation drops the
+    s x s terms: sbh(10 + 24/t), or 34 sbh/t with sequence parallelism.
+    """
+    sbh = seq_len * micro_batch * hidden
+    as2b = heads * seq_len * seq_len * micro_batch
+    mask = 1 if dropout else 0
+    # Split by tp: Q, K, V, the output-projection input, GELU input and down-projection input.
+    split = sbh * 12 * element_bytes
+    # The rest: both LayerNorm inputs, the QKV and MLP inputs, two dropout masks.
+    rest = sbh * (4 * element_bytes + 2 * mask)
+    linear = split // tp + (rest // tp if sp else rest)
+    quadratic = 0 if flash or selective else as2b * ((2 * element_bytes + mask) if dropout else element_bytes) // tp
+    return LayerActivations(linear=linear, quadratic=quadratic)

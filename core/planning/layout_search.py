@@ -1,0 +1,129 @@
+"""The layouts worth trying on N GPUs: every tp x pp x cp x dp x sharding stage that divides.
+
+Rules, each a pruning that cannot lose the fastest layout or that states why:
+
+- tp stays inside a node (``tp <= gpus_per_node``): its all-reduces run every
+  layer and cannot hide; it divides the attention and key/value heads.
+- sequence parallelism is on whenever tp > 1 and the stack has it: it moves
+  the same bytes as plain tensor parallelism (Korthikanti et al. 2022,
+  Sec. 4.2.2) and keeps less.
+- pp divides the layers; with pp > 1 both ``1f1b`` and ``interleaved`` with
+  two virtual stages (when the layers split that far) are tried.
+- cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
+- dp is what is left; it must divide the global batch. The sharding stage is
+  tried from 0 to 3 when there is more than one data-parallel rank.
+- a mixture of experts is tried on data, context and expert parallelism
+  (tp 1, pp 1), ep every divisor of dp x cp that divides its experts: ep
+  trades all-to-all traffic for experts' weights held on fewer ranks, so
+  neither end dominates. Latent attention is tried on data and context
+  parallelism. Their tensor and pipeline parallelism are not modelled yet.
+- a stack without tensor parallelism (``hf-liger``, headroom.core.specs.stack) is tried at tp 1,
+  one without a pipeline (``hf``, ``hf-liger``) at pp 1, and one without
+  sequence parallelism (``hf``) with sp off.
+
+An axis the user pinned (``--tp 2``) takes only that value.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import fields
+
+from headroom.core.divisors import divisors
+from headroom.core.errors import ConfigError
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.stack import get_stack
+
+PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
+
+
+def pinned_layout(values: Mapping[str, object]) -> Layout:
+    """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
+    the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp."""
+    held = dict(values)
+    if "ep" in held and "dp" not in held:
+        held["dp"] = held["ep"]
+    return Layout(**held)  # type: ignore[arg-type]
+
+
+def candidate_layouts(spec: ModelSpec, train: TrainConfig, global_batch: int, gpus: int, gpus_per_node: int,
+                      pinned: frozenset[str]) -> list[Layout]:
+    """Every layout over exactly ``gpus`` GPUs that the model, sequence and batch can be split by."""
+    fixed = train.layout
+    unknown = pinned - set(PINNABLE)
+    if unknown:
+        raise ConfigError(f"cannot pin {', '.join(sorted(unknown))}; pinnable: {', '.join(PINNABLE)}")
+    world = 1
+    for axis in ("tp", "pp", "cp", "dp"):
+        world *= getattr(fixed, axis) if axis in pinned else 1
+    if gpus % world:
+        raise ConfigError(f"--gpus {gpus} is not a multiple of the pinned axes' product {world}; "
+                          f"use a multiple of {world} GPUs")
+    layouts = [
+        layout for layout in _layouts(spec, train, gpus, gpus_per_node, pinned)
+        if global_batch % layout.dp == 0
+    ]
+    if not layouts:
+        raise ConfigError(
+            f"no layout of {gpus} GPUs splits {spec.name} (its {spec.n_heads} heads, {spec.n_kv_heads} kv heads, "
+            f"{spec.n_layers} layers), seq-len {train.seq_len} and global batch {global_batch}"
+            + (f" with {', '.join(sorted(pinned))} pinned" if pinned else "")
+            + "; try a global batch divisible by more GPU counts, or fewer pinned axes"
+        )
+    return layouts
+
+
+def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
+             pinned: frozenset[str]) -> Iterator[Layout]:
+    fixed = train.layout
+
+    def choices(axis: str, options: list[int]) -> list[int]:
+        return [getattr(fixed, axis)] if axis in pinned else options
+
+    dense = not (spec.is_moe or spec.is_mla)
+    stack = get_stack(train.stack)
+    splits_layers = dense and stack.tensor_parallel
+    pipelines = dense and stack.pipeline_parallel
+    for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (splits_layers or t == 1)
+                             and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
+        if gpus % tp:
+            continue
+        for pp in choices("pp", [p for p in divisors(gpus // tp) if spec.n_layers % p == 0 and (pipelines or p == 1)]):
+            if (gpus // tp) % pp:
+                continue
+            for cp in choices("cp", divisors(gpus // (tp * pp))):
+                if (gpus // (tp * pp)) % cp:
+                    continue
+                dp = gpus // (tp * pp * cp)
+                if "dp" in pinned and dp != fixed.dp:
+                    continue
+                yield from _variants(spec, train, tp, pp, cp, dp, pinned)
+
+
+def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp: int,
+              pinned: frozenset[str]) -> Iterator[Layout]:
+    fixed = train.layout
+    sp = fixed.sp if "sp" in pinned else tp > 1 and get_stack(train.stack).sequence_parallel
+    if sp and tp == 1:
+        return
+    if "schedule" in pinned or "virtual_stages" in pinned:  # for the depths whose layers split that far
+        schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
+        schedules = [(schedule, v) for schedule, v in schedules if spec.n_layers % (pp * v) == 0]
+    else:
+        schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
+    zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+    if "ep" in pinned:
+        eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
+    else:
+        eps = [e for e in divisors(dp * cp) if spec.n_experts % e == 0] if spec.is_moe else [1]
+    split = (2 * cp if cp > 1 else 1) * (tp if sp else 1)
+    # Ring attention needs flash attention without an explicit mask (transformers' sliding-window layers).
+    ring = train.attention == "flash" and not train.sdpa_masked(spec)
+    if train.seq_len % split or (cp > 1 and not ring):
+        return
+    for schedule, v in schedules:
+        for zero in zeros:
+            for ep in eps:
+                yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep)

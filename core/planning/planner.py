@@ -1,0 +1,649 @@
+"""The planner: for a model, a global batch and a memory budget, what to run.
+
+On one layout (the request's), every micro-batch that divides the per-rank
+batch is tried with every checkpoint policy worth trying. Given a GPU count
+(``PlanRequest.gpus``), every layout of that many GPUs is tried
+(headroom.core.planning.layout_search): a layout whose lightest candidate (micro-batch 1, full
+recompute) does not fit is dropped with that candidate as its reason. Each candidate gets the ledger's peak memory
+and the time model's step time on the chosen hardware, both corrected by that
+hardware's calibration. A candidate fits when
+
+    required = calibrated peak x allocator fragmentation + CUDA context reserve <= budget.
+
+Fitting candidates are ranked by tokens/s, ties broken toward more headroom.
+Candidates within 1% of the fastest (below what the time model can resolve)
+are ranked first by the fewest model-parallel ranks (tp x pp x cp) and the
+lowest sharding stage: such a layout is simpler to run, and the efficiency it
+loses to smaller GEMMs and more kernel launches the datasheet model does not see.
+Every rejected one says by how much it missed and which term broke the budget;
+every layout that lost says why. When nothing fits, `headroom.core.planning.advice` says what
+dominates and the smallest change that would fit. docs/plan-contract.md is the
+user's account of all this.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from headroom.core.collector import collector_paused
+from headroom.core.divisors import divisors
+from headroom.core.errors import ConfigError
+from headroom.core.measured.calibration import Calibration, uncalibrated
+from headroom.core.memory.estimate import Estimate, estimate, layout_dict
+from headroom.core.memory.ledger import activation_ledger, ledgers_kept
+from headroom.core.planning.layout_search import candidate_layouts
+from headroom.core.planning.search_work import SearchWork, bounded_search, charge
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.interconnect import Cluster
+from headroom.core.specs.layout import MAX_GPUS, Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import get_precision
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.stack import get_stack
+from headroom.core.timing.run_cost import RunCost, Utilization, check_run, utilization
+from headroom.core.timing.step import HardwareProfile, StepTime, step_time, tokens_per_s
+from headroom.core.units import GB
+
+NEAR = 0.01
+"""Candidates this close to the fastest (relative tokens/s) count as equally fast."""
+MAX_GLOBAL_BATCH = 2**24
+"""Sequences per step at most: 16.7 million, far beyond the largest published batches (Llama 3: 16M tokens,
+i.e. 2,048 sequences of 8,192). The candidates are the batch's divisors, so the bound bounds the work."""
+DEFAULT_BUDGET_BYTES = 80 * GB
+DEFAULT_CONTEXT_RESERVE_BYTES = 1 * GB
+"""CUDA context, cuBLAS/cuDNN workspaces and NCCL buffers: about 0.5-1 GB on Hopper; the high end."""
+
+SearchProgress = Callable[[int, int, str], None]
+"""Told ``(layouts done, layouts in all, what is searched)`` after each layout of a search: a search over
+thousands of GPUs tries a thousand layouts and takes tens of seconds on one core."""
+
+
+def default_budget(profile: HardwareProfile) -> int:
+    """80 GB per device, or the device's memory where it has less: a 24 GB card is planned at 24 GB."""
+    return min(DEFAULT_BUDGET_BYTES, profile.memory_bytes)
+
+
+def budget_share(budget_bytes: int, profile: HardwareProfile) -> str:
+    """The budget against what the device holds: "all the h100-sxm holds", or, on a device that holds more,
+    "80.0 of the 141.0 GB the h200 holds" (the default budget plans 80 GB of a bigger card); empty over it
+    (`budget_note` says that)."""
+    if budget_bytes == profile.memory_bytes:
+        return f"all the {profile.name} holds"
+    if budget_bytes < profile.memory_bytes:
+        return f"{budget_bytes / GB:.1f} of the {profile.memory_bytes / GB:.1f} GB the {profile.name} holds"
+    return ""
+
+
+def whole_device_budget(profile: HardwareProfile) -> str:
+    """The budget that plans all of the device, as ``--budget`` takes it (rounded down to 0.1 GB)."""
+    return f"{math.floor(profile.memory_bytes / GB * 10) / 10:g}GB"
+
+
+def budget_note(budget_bytes: int, profile: HardwareProfile) -> str | None:
+    """Said when the budget is more than the device holds: such a plan is for a device that does not exist."""
+    if budget_bytes <= profile.memory_bytes:
+        return None
+    return (f"the {budget_bytes / GB:.1f} GB budget is more than the {profile.memory_bytes / GB:.1f} GB the "
+            f"{profile.name} holds; a budget of at most {profile.memory_bytes / GB:.1f}GB plans for it")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class PlanRequest:
+    spec: ModelSpec
+    train: TrainConfig
+    """Sequence length, precision, optimizer, attention, dropout and layout; the planner chooses the
+    micro-batch and the checkpoint policy (their values here are ignored)."""
+    global_batch: int
+    """Sequences per optimizer step, across all data-parallel ranks."""
+    budget_bytes: int = DEFAULT_BUDGET_BYTES
+    allow_offload: bool = False
+    context_reserve_bytes: int = DEFAULT_CONTEXT_RESERVE_BYTES
+    gpus: int | None = None
+    """Search every layout of this many GPUs; None: plan the one layout of ``train``."""
+    pinned: frozenset[str] = frozenset()
+    """Layout fields (headroom.core.planning.layout_search.PINNABLE) the search keeps at ``train.layout``'s value."""
+    cluster: Cluster | None = None
+    """GPUs per node and links; None: headroom.core.specs.interconnect.default_cluster of the hardware."""
+    micro_batch: int | None = None
+    """Pinned micro-batch (``--micro-batch``); None: the planner's to choose."""
+    recompute: RecomputePolicy | None = None
+    """Pinned checkpoint policy (``--recompute``); None: the planner's to choose."""
+    accumulation: int | None = None
+    """Pinned micro-batches per optimizer step (``--accumulation``): the micro-batch is the per-rank batch over it."""
+    train_tokens: int | None = None
+    """Tokens the whole run trains on (``--train-tokens``): the plan says how long and how many GPU-hours."""
+    gpu_hour_price: float | None = None
+    """Price of one GPU-hour (``--gpu-hour-price``), in any currency: the plan prices the run."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
+            raise ConfigError(f"global batch must be a positive number of sequences, got {self.global_batch!r}")
+        if self.global_batch > MAX_GLOBAL_BATCH:
+            raise ConfigError(f"global batch {self.global_batch:,} sequences is beyond any training run "
+                              f"(at most {MAX_GLOBAL_BATCH:,})")
+        if self.gpus is not None and (isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus <= 0):
+            raise ConfigError(f"gpus must be a positive integer, got {self.gpus!r}")
+        if self.gpus is not None and self.gpus > MAX_GPUS:
+            raise ConfigError(f"--gpus {self.gpus:,} is beyond any cluster (at most {MAX_GPUS:,})")
+        self.train.layout.check_batch(self.global_batch)
+        self._check_whole_nodes()
+        if self.budget_bytes <= self.context_reserve_bytes:
+            raise ConfigError(
+                f"budget {self.budget_bytes / GB:.2f} GB leaves nothing after the "
+                f"{self.context_reserve_bytes / GB:.2f} GB CUDA context reserve"
+            )
+        self.train.check_model(self.spec)
+        self._check_pins()
+        check_run(self.train_tokens, self.gpu_hour_price)
+
+    def _check_pins(self) -> None:
+        """A pinned micro-batch, accumulation and policy must make the global batch, and the stack offer the policy."""
+        for name, value in (("micro-batch", self.micro_batch), ("accumulation", self.accumulation)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+                raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
+        if self.recompute is not None:
+            get_stack(self.train.stack).check_policy(self.recompute)
+        if self.gpus is not None:
+            return  # each layout's per-rank batch differs: a layout the pins do not divide is skipped
+        per_rank = self.per_rank_batch
+        valid = ", ".join(map(str, divisors(per_rank)))
+        if self.micro_batch is not None and per_rank % self.micro_batch:
+            raise ConfigError(f"--micro-batch {self.micro_batch} does not divide the per-rank batch {per_rank} "
+                              f"(global batch {self.global_batch} / dp {self.dp}); valid: {valid}")
+        if self.accumulation is not None and per_rank % self.accumulation:
+            raise ConfigError(f"--accumulation {self.accumulation} does not divide the per-rank batch {per_rank} "
+                              f"(global batch {self.global_batch} / dp {self.dp}); valid: {valid}")
+        if self.micro_batch is not None and self.accumulation is not None \
+                and self.micro_batch * self.accumulation != per_rank:
+            raise ConfigError(f"--micro-batch {self.micro_batch} x --accumulation {self.accumulation} is "
+                              f"{self.micro_batch * self.accumulation} sequences per rank, not the per-rank batch "
+                              f"{per_rank} (global batch {self.global_batch} / dp {self.dp})")
+
+    @property
+    def pins_one_candidate(self) -> bool:
+        """The micro-batch (directly or by accumulation) and the policy are pinned on one layout: the plan
+        evaluates that one configuration, and reports it even when it does not fit."""
+        return self.gpus is None and self.recompute is not None and (
+            self.micro_batch is not None or self.accumulation is not None)
+
+    def run_cost(self, candidate: Candidate) -> RunCost | None:
+        """What training ``train_tokens`` with ``candidate`` takes, or None without ``train_tokens``."""
+        if self.train_tokens is None:
+            return None
+        return RunCost(self.train_tokens, self.global_batch * self.seq_len, candidate.step_time_s,
+                       candidate.layout.world, self.gpu_hour_price)
+
+    def _check_whole_nodes(self) -> None:
+        """More GPUs than a node are whole nodes: the placement (headroom.core.timing.comm) numbers ranks node by node, and a
+        partial last node is not modelled. Fewer than a node is one node, partly used."""
+        if self.cluster is None:
+            return
+        world, per_node = self.gpus or self.layout.world, self.cluster.gpus_per_node
+        if world > per_node and world % per_node:
+            fewer, more = world // per_node * per_node, (world // per_node + 1) * per_node
+            node_sizes = [d for d in divisors(world) if 1 < d <= per_node]
+            raise ConfigError(
+                f"{world} GPUs are not whole nodes of {per_node} (--gpus-per-node): use {fewer} or {more} GPUs"
+                + (f", or --gpus-per-node among {', '.join(map(str, node_sizes))}" if node_sizes else ""))
+
+    @property
+    def seq_len(self) -> int:
+        return self.train.seq_len
+
+    @property
+    def layout(self) -> Layout:
+        return self.train.layout
+
+    @property
+    def dp(self) -> int:
+        return self.train.dp
+
+    @property
+    def zero(self) -> int:
+        return self.train.zero
+
+    @property
+    def precision(self) -> str:
+        return self.train.precision
+
+    @property
+    def per_rank_batch(self) -> int:
+        return self.global_batch // self.dp
+
+    def base_config(self, micro_batch: int, policy: RecomputePolicy) -> TrainConfig:
+        return replace(self.train, micro_batch=micro_batch, recompute=policy)
+
+    def with_layout(self, global_batch: int | None = None, **changes: Any) -> PlanRequest:
+        """The same request on a changed layout (``dp=16, zero=3``), and optionally global batch."""
+        return self.on_layout(replace(self.train.layout, **changes), global_batch)
+
+    def on_layout(self, layout: Layout, global_batch: int | None = None) -> PlanRequest:
+        """The same request planned on exactly ``layout``."""
+        return replace(self, train=replace(self.train, layout=layout), gpus=None, pinned=frozenset(),
+                       global_batch=self.global_batch if global_batch is None else global_batch)
+
+    def cluster_for(self, profile: HardwareProfile) -> Cluster:
+        """The request's cluster, else the hardware's default one (8 GPUs a node, NVLink, InfiniBand NDR)."""
+        return self.cluster or profile.cluster()
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    estimate: Estimate
+    accumulation_steps: int
+    time: StepTime
+    calibrated_peak_bytes: int
+    """Predicted peak allocated bytes times the calibration's memory correction (the raw prediction is
+    ``estimate.peak_bytes``)."""
+    required_bytes: int
+    """calibrated peak x fragmentation + context reserve: what must fit in the budget."""
+    tokens_per_s: float
+    """Across all data-parallel ranks, calibrated."""
+    step_time_s: float
+    """Calibrated."""
+    rejection: str | None = None
+    peak_flop_per_s: float | None = None
+    """One GPU's dense peak for the compute dtype (MFU's denominator); None where the device has none."""
+    fragmentation: float = 1.0
+    """The allocator's fragmentation ``required_bytes`` was margined by (HardwareProfile.fragmentation_for)."""
+
+    @property
+    def utilization(self) -> Utilization:
+        """MFU, HFU and TFLOP/s per GPU at the calibrated step time (headroom.core.timing.run_cost)."""
+        return utilization(self.estimate, self.accumulation_steps, self.step_time_s, self.peak_flop_per_s)
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.estimate.config
+
+    @property
+    def label(self) -> str:
+        return f"micro {self.config.micro_batch} x accum {self.accumulation_steps}, {self.config.recompute}"
+
+    @property
+    def layout(self) -> Layout:
+        return self.config.layout
+
+    @property
+    def _factor(self) -> float:
+        """The calibration's correction, as applied to ``step_time_s``."""
+        return self.step_time_s / self.time.total_s
+
+    @property
+    def compute_s(self) -> float:
+        """The step's device time, calibrated like ``step_time_s``."""
+        return self.time.step_device_s * self._factor
+
+    @property
+    def host_s(self) -> float:
+        """The step's host dispatch time, calibrated like ``step_time_s``."""
+        return self.time.step_host_s * self._factor
+
+    def time_by_term(self) -> dict[str, float]:
+        """Seconds per step by term, calibrated like ``step_time_s``: they add up to it."""
+        return {term: seconds * self._factor for term, seconds in self.time.by_term().items()}
+
+    def to_dict(self, budget_bytes: int) -> dict[str, Any]:
+        return {
+            "micro_batch": self.config.micro_batch,
+            "accumulation_steps": self.accumulation_steps,
+            "recompute": str(self.config.recompute),
+            "tokens_per_s": self.tokens_per_s,
+            "step_time_s": self.step_time_s,
+            "calibrated_peak_bytes": self.calibrated_peak_bytes,
+            "required_bytes": self.required_bytes,
+            "fragmentation": self.fragmentation,
+            "headroom_bytes": budget_bytes - self.required_bytes,
+            "layout": layout_dict(self.layout),
+            "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
+            "memory_bytes": self.estimate.memory_dict(),
+            "ranks": self.estimate.ranks_list(),
+            "time_s": self.time_by_term(),
+            "compute_s": self.compute_s,
+            "host_s": self.host_s,
+            "host_bound": self.time.host_bound,
+            "kernel_launches_per_micro_batch": self.time.launches,
+            "utilization": self.utilization.to_dict(),
+            "communication": [
+                {"axis": t.axis, "op": t.op, "message_bytes": t.message_bytes, "calls": t.calls,
+                 "group_size": t.group_size, "link": t.link_key, "seconds": t.seconds,
+                 "overlappable": t.overlappable, "note": t.note}
+                for t in self.time.communication
+            ],
+            "rejection": self.rejection,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    request: PlanRequest
+    profile: HardwareProfile
+    calibration: Calibration
+    candidates: tuple[Candidate, ...]
+    """Fitting candidates, best first."""
+    rejected: tuple[Candidate, ...]
+    advice: tuple[str, ...] = field(default=())
+    """When nothing fits: what dominates and the smallest change that would fit."""
+    layouts: tuple[LayoutOutcome, ...] = field(default=())
+    """Every layout searched, best first (one entry without a search)."""
+    unsearched: int = 0
+    """Layouts left untried when the search ran out of its time limit (`plan`'s ``time_limit_s``) or its work
+    bound (headroom.core.planning.search_work): ``stopped_at`` says which."""
+    stopped_at: str = ""
+    """``time limit`` or ``work bound`` where the search stopped short, else empty."""
+
+    @property
+    def recommendation(self) -> Candidate | None:
+        return self.candidates[0] if self.candidates else None
+
+    @property
+    def pinned(self) -> Candidate | None:
+        """The one configuration a fully pinned request asks about, fitting or not (`PlanRequest.pins_one_candidate`)."""
+        if not self.request.pins_one_candidate:
+            return None
+        return next(iter(self.candidates or self.rejected), None)
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutOutcome:
+    """One layout searched: its fastest fitting candidate, or the lightest one and why it does not fit."""
+
+    layout: Layout
+    best: Candidate | None
+    closest: Candidate | None
+    """The least-memory candidate tried, when nothing fit."""
+
+    @property
+    def fits(self) -> bool:
+        return self.best is not None
+
+    def why_lost(self, winner: Candidate | None) -> str:
+        """Why this layout is not the recommendation: its memory, or the terms that made it slower."""
+        if self.best is None:
+            assert self.closest is not None
+            return f"does not fit: {self.closest.label} {self.closest.rejection}"
+        if winner is None or self.best is winner:
+            return "recommended"
+        if self.best.tokens_per_s >= winner.tokens_per_s * (1 - NEAR):
+            return (f"as fast within {NEAR:.0%} ({self.best.label}), but splits the model over "
+                    f"{_how_split(self.layout)} against {_how_split(winner.layout)}")
+        mine, theirs = self.best.time_by_term(), winner.time_by_term()
+        term = max(mine, key=lambda k: mine[k] - theirs[k])
+        slower = winner.tokens_per_s / self.best.tokens_per_s - 1
+        return (f"{slower:.0%} slower ({self.best.label}): {term} {_seconds(mine[term])} against "
+                f"{_seconds(theirs[term])} a step")
+
+
+def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
+    """none, selective, op-selective, full, every-K near the optimum, offload when allowed: those the
+    request's training stack offers (headroom.core.specs.stack).
+
+    The segment optimum (Chen et al. 2016, "Training Deep Nets with Sublinear Memory
+    Cost"): M(k) ~ ceil(L/k) c + k A is smallest near
+    k = sqrt(L c / A), with c one block's input and A one block's activations;
+    its neighbours and 2 and 4 are tried too.
+    """
+    if request.recompute is not None:
+        return [request.recompute]
+    layers = request.spec.n_layers
+    layers = layers // request.layout.pp
+    probe = activation_ledger(request.spec, request.base_config(1, RecomputePolicy("none")))
+    per_layer = max(1, probe.per_layer_bytes)
+    block_input = _block_input_bytes(request)
+    best_k = round(math.sqrt(layers * block_input / per_layer))
+    ks = sorted({k for k in (2, 4, best_k - 1, best_k, best_k + 1) if 2 <= k < layers})
+    policies = [RecomputePolicy(kind) for kind in ("none", "selective", "op-selective", "full")]
+    policies += [RecomputePolicy("every", k) for k in ks]
+    if request.allow_offload:
+        policies.append(RecomputePolicy("offload"))
+    offered = get_stack(request.train.stack).policies
+    return [p for p in policies if p.kind in offered]
+
+
+def _block_input_bytes(request: PlanRequest) -> int:
+    """What a checkpointed block keeps: its input, this rank's share of the sequence."""
+    layout = request.layout
+    rows = request.seq_len // layout.cp // (layout.tp if layout.sp else 1)
+    return rows * request.spec.hidden * get_precision(request.precision).param_bytes
+
+
+def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
+             micro_batch: int, policy: RecomputePolicy) -> Candidate:
+    accumulation = request.per_rank_batch // micro_batch
+    est = estimate(request.spec, request.base_config(micro_batch, policy), profile.device, accumulation)
+    charge()
+    cluster = request.cluster_for(profile) if request.layout.world > 1 else None
+    time = step_time(est, profile, accumulation, cluster)
+    step_s = time.total_s * calibration.time.correction
+    peak = round(est.peak_bytes * calibration.memory.correction)
+    fragmentation = profile.fragmentation_for(policy)
+    required = round(peak * fragmentation) + request.context_reserve_bytes
+    candidate = Candidate(
+        estimate=est, accumulation_steps=accumulation, time=time, calibrated_peak_bytes=peak, required_bytes=required,
+        tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
+        peak_flop_per_s=profile.peak_flop_per_s.get(est.config.recipe.compute_dtype), fragmentation=fragmentation,
+    )
+    if required <= request.budget_bytes:
+        return candidate
+    return replace(candidate, rejection=rejection_reason(candidate, request, profile))
+
+
+def micro_batches(request: PlanRequest) -> list[int]:
+    """Micro-batches that divide the per-rank batch (into a multiple of pp under the interleaved schedule): the
+    pinned one only, where the request pins the micro-batch or the accumulation."""
+    per_rank, layout = request.per_rank_batch, request.layout
+    group = layout.pp if layout.schedule == "interleaved" else 1
+    return [m for m in divisors(per_rank) if (per_rank // m) % group == 0
+            and m == (request.micro_batch or m) and per_rank // m == (request.accumulation or per_rank // m)]
+
+
+def rejection_reason(candidate: Candidate, request: PlanRequest, profile: HardwareProfile) -> str:
+    """How far over the budget, and the term that broke it."""
+    est, budget = candidate.estimate, request.budget_bytes
+    over = candidate.required_bytes - budget
+    static = est.static.total
+    if static * candidate.fragmentation + request.context_reserve_bytes > budget:
+        term = f"static state alone ({static / GB:.1f} GB of parameters, gradients and optimizer state) breaks it"
+    else:
+        static_parts = ("parameters", "gradients", "master_weights", "optimizer_states")
+        dynamic = {k.replace("_", " "): v for k, v in est.peak_components.items() if k not in static_parts}
+        name, size = max(dynamic.items(), key=lambda kv: kv[1])
+        term = f"{name} ({size / GB:.1f} GB) break it on top of {static / GB:.1f} GB static"
+    return (
+        f"needs {candidate.required_bytes / GB:.1f} GB (peak {candidate.calibrated_peak_bytes / GB:.1f} GB x "
+        f"{candidate.fragmentation:.2f} fragmentation + {request.context_reserve_bytes / GB:.1f} GB context), "
+        f"{over / GB:.1f} GB over the {budget / GB:.1f} GB budget: {term}"
+    )
+
+
+@collector_paused
+@ledgers_kept()
+def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
+         time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
+    """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
+
+    ``time_limit_s`` bounds a layout search (a dashboard page's work), and headroom.core.planning.search_work bounds every
+    search's work: once either is spent no further layout is tried, and the plan counts the ones left
+    (`Plan.unsearched`, `Plan.stopped_at`). Layouts are tried simplest first
+    (fewest ranks one model is split over, then the lowest sharding stage), so a search cut short has
+    tried the ones a near tie would recommend. ``progress`` hears of each layout tried. No advice: when
+    nothing fits, ``headroom.core.planning.advice.plan_and_advise`` says what would.
+    """
+    with bounded_search() as work:
+        return _plan(request, profile, calibration or uncalibrated(profile.name), time_limit_s, progress, work)
+
+
+def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, time_limit_s: float | None,
+          progress: SearchProgress | None, work: SearchWork) -> Plan:
+    unsearched, stopped_at = 0, ""
+    if request.gpus is None:
+        outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
+        fitting = [c for c in evaluated if c.rejection is None]
+        rejected = [c for c in evaluated if c.rejection is not None]
+        outcomes = [outcome]
+    else:
+        cluster = request.cluster_for(profile)
+        layouts = sorted(candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+                                           cluster.gpus_per_node, request.pinned),
+                         key=lambda layout: (_split(layout), layout.zero))
+        fitting, rejected, outcomes = [], [], []
+        started = time.monotonic()
+        for tried, layout in enumerate(layouts):
+            if outcomes and (work.exhausted or time_limit_s is not None
+                             and time.monotonic() - started > time_limit_s):
+                unsearched, stopped_at = len(layouts) - tried, "work bound" if work.exhausted else "time limit"
+                break
+            sub = replace(request.on_layout(layout), cluster=cluster)
+            if micro_batches(sub):  # interleaving needs micro-batches in groups of pp
+                outcome, evaluated = _plan_layout(sub, profile, calibration, screen=True)
+                outcomes.append(outcome)
+                fitting += [c for c in evaluated if c.rejection is None]
+                rejected += [c for c in evaluated if c.rejection is not None]
+            if progress is not None:
+                progress(tried + 1, len(layouts), f"layouts of {request.gpus:,} GPUs")
+    fastest = max((c.tokens_per_s for c in fitting), default=0.0)
+    fitting.sort(key=lambda c: _rank(c, fastest))
+    outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
+    return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes),
+                unsearched=unsearched, stopped_at=stopped_at)
+
+
+def _seconds(s: float) -> str:
+    """Seconds to three significant figures, in ms or us below a second."""
+    if s >= 1 or s == 0:
+        return f"{s:.3g} s"
+    return f"{s * 1e3:.3g} ms" if s >= 1e-3 else f"{s * 1e6:.3g} us"
+
+
+def _split(layout: Layout) -> int:
+    """Ranks one replica's model is split over."""
+    return layout.tp * layout.pp * layout.cp
+
+
+def _how_split(layout: Layout) -> str:
+    ranks = _split(layout)
+    return (f"{ranks} rank{'s' if ranks > 1 else ''} at ZeRO-{layout.zero}"
+            + (f", experts over ep {layout.ep}" if layout.ep > 1 else ""))
+
+
+def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int, int], float, int]:
+    """Sort key: the near-fastest first, simplest layout first among them (fewest ranks splitting a replica,
+    lowest sharding stage, fewest expert-parallel ranks); then by speed and headroom."""
+    near = c.tokens_per_s >= fastest * (1 - NEAR)
+    simplicity = (_split(c.layout), c.layout.zero, c.layout.ep) if near else (0, 0, 0)
+    return (not near, simplicity, -c.tokens_per_s, c.required_bytes)
+
+
+def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
+                 screen: bool) -> tuple[LayoutOutcome, list[Candidate]]:
+    """Every candidate of one layout. A policy's micro-batches are tried from small to large and stop at the
+    first that does not fit (memory grows with the micro-batch). ``screen``: first try the lightest
+    candidate, micro-batch 1 under full recompute, and give up on the layout if even that does not fit."""
+    layout = request.layout
+    if not micro_batches(request):
+        if request.micro_batch is not None or request.accumulation is not None:
+            raise ConfigError(f"the pinned micro-batch and accumulation do not split the per-rank batch "
+                              f"{request.per_rank_batch} into a multiple of pp {layout.pp} micro-batches for the "
+                              "interleaved schedule")
+        raise ConfigError(f"no micro-batch splits the per-rank batch {request.per_rank_batch} into a multiple of "
+                          f"pp {layout.pp} micro-batches for the interleaved schedule")
+    if screen:
+        lightest_policy = request.recompute or RecomputePolicy("full")
+        lightest = evaluate(request, profile, calibration, min(micro_batches(request)), lightest_policy)
+        if lightest.rejection is not None:
+            return LayoutOutcome(layout, None, lightest), [lightest]
+    evaluated: list[Candidate] = []
+    for policy in policies_worth_trying(request):
+        for micro in micro_batches(request):
+            candidate = evaluate(request, profile, calibration, micro, policy)
+            evaluated.append(candidate)
+            if candidate.rejection is not None and screen:
+                break
+    fitting = [c for c in evaluated if c.rejection is None]
+    if fitting:
+        best = min(fitting, key=lambda c: (-c.tokens_per_s, c.required_bytes))  # one layout: speed decides
+        return LayoutOutcome(layout, best, None), evaluated
+    return LayoutOutcome(layout, None, min(evaluated, key=lambda c: c.required_bytes)), evaluated
+
+
+def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
+    return {"gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra.key, "inter": cluster.inter.key,
+            "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
+            "source": "measured" if cluster.measured else "datasheet", "assumed": cluster.assumed,
+            "measured": None if cluster.measured is None else {
+                "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes())}}
+
+
+@collector_paused
+def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
+    """The JSON contract of ``headroom plan --json`` (README.md)."""
+    budget = result.request.budget_bytes
+    best = result.recommendation
+    profile = result.profile
+    return {
+        "request": {
+            "model": result.request.spec.name,
+            "parameters": result.request.spec.parameters,
+            "seq_len": result.request.seq_len,
+            "global_batch": result.request.global_batch,
+            "global_tokens": result.request.global_batch * result.request.seq_len,
+            "budget_bytes": budget,
+            "dp": result.request.dp,
+            "zero": result.request.zero,
+            "gpus": result.request.gpus,
+            "pinned": sorted(result.request.pinned),
+            "precision": result.request.precision,
+            "optimizer": result.request.train.optimizer,
+            "attention": result.request.train.attention,
+            "micro_batch": result.request.micro_batch,
+            "recompute": None if result.request.recompute is None else str(result.request.recompute),
+            "accumulation": result.request.accumulation,
+            "train_tokens": result.request.train_tokens,
+            "gpu_hour_price": result.request.gpu_hour_price,
+        },
+        "hardware": {
+            "name": profile.name,
+            "source": profile.source,
+            "memory_bytes": profile.memory_bytes,
+            "fragmentation": profile.fragmentation,
+            "fragmentation_by_policy": dict(profile.fragmentation_by_policy),
+            "context_reserve_bytes": result.request.context_reserve_bytes,
+            "assumptions": list(profile.assumptions),
+            "cluster": _cluster_dict(result.request.cluster_for(profile))
+            if result.request.gpus or result.request.layout.world > 1 else None,
+        },
+        "calibration": result.calibration.to_dict(),
+        "notes": [note for note in (budget_note(budget, profile), *result.request.train.model_notes(result.request.spec))
+                  if note],
+        "recommendation": best.to_dict(budget) if best else None,
+        "pinned": _pinned_dict(result),
+        "run": run.to_dict() if best and (run := result.request.run_cost(best)) else None,
+        "candidates": [c.to_dict(budget) for c in result.candidates[:top]],
+        "rejected": [c.to_dict(budget) for c in result.rejected],
+        "layouts": [
+            {"layout": layout_dict(o.layout), "fits": o.fits,
+             "tokens_per_s": o.best.tokens_per_s if o.best else None,
+             "required_bytes": (o.best or o.closest).required_bytes if (o.best or o.closest) else None,
+             "why": o.why_lost(best)}
+            for o in result.layouts
+        ],
+        "unsearched": {"layouts": result.unsearched, "stopped_at": result.stopped_at} if result.unsearched else None,
+        "advice": list(result.advice),
+    }
+
+
+def _pinned_dict(result: Plan) -> dict[str, Any] | None:
+    """``pinned`` of the JSON: the configuration a fully pinned request asked about, whether it fits and by how
+    much it misses, and what a run of it would cost."""
+    pinned = result.pinned
+    if pinned is None:
+        return None
+    budget = result.request.budget_bytes
+    run = result.request.run_cost(pinned)
+    return pinned.to_dict(budget) | {"fits": pinned.rejection is None,
+                                     "over_budget_bytes": max(0, pinned.required_bytes - budget),
+                                     "run": run.to_dict() if run else None}

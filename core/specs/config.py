@@ -1,0 +1,232 @@
+"""TrainConfig: how one step is run (everything but the model's shape)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from headroom.core.divisors import divisors_near
+from headroom.core.errors import ConfigError
+from headroom.core.specs.layout import SINGLE, Layout
+from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
+from headroom.core.specs.precision import (
+    PrecisionRecipe,
+    get_precision,
+    optimizer_state_bytes,
+)
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.stack import get_stack, stack_name
+
+MAX_MICRO_BATCH = 2**20
+"""Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
+
+Attention = Literal["flash", "standard"]
+ATTENTIONS = ("flash", "standard")
+
+
+def hf_stack_covers(spec: ModelSpec, stack: str = "hf") -> bool:
+    """The transformers stacks (headroom.core.specs.stack) account for transformers' Llama modules: dense, RMSNorm before each
+    sublayer, Llama's attention (Mistral's sliding window included); ``hf`` also for Gemma's, Gemma 2's and
+    Gemma 3's (RMSNorm in fp32, scaled embeddings, norms after each sublayer, soft-capping, sliding-window layers
+    among full ones, with RoPE tables of their own), which Liger patches with kernels of its own. Mixtures of
+    experts, latent attention and GPT blocks keep other tensors."""
+    if spec.block != "llama" or spec.is_moe or spec.is_mla:
+        return False
+    gemma = (spec.norm_offset, spec.scaled_embedding, spec.post_norms, spec.attention_softcap, spec.logit_softcap,
+             spec.sliding_window_pattern, spec.local_rope)
+    return stack == "hf" or not any(gemma)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainConfig:
+    seq_len: int
+    """Tokens per sequence s."""
+    micro_batch: int = 1
+    """Sequences per forward/backward pass b (per data-parallel rank)."""
+    precision: str = "amp-bf16"
+    """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (headroom.core.specs.precision)."""
+    optimizer: str = "adamw"
+    """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
+    attention: Attention = "flash"
+    """``flash`` (fused SDPA, no s x s tensor kept) or ``standard`` (explicit softmax(QK^T)V)."""
+    dropout: float = 0.0
+    """Dropout probability (``gpt`` blocks only)."""
+    recompute: RecomputePolicy = field(default_factory=lambda: RecomputePolicy("none"))
+    """Activation-checkpoint policy."""
+    stack: str = "reference"
+    """Training stack whose kernels and checkpointing apply (headroom.core.specs.stack): ``reference``, ``torchtitan``, ``megatron``,
+    ``hf`` or ``hf-liger``; the former name ``torch`` reads as ``reference``."""
+    layout: Layout = SINGLE
+    """How the run is spread over GPUs (headroom.core.specs.layout): tp, sp, pp, cp, dp and the sharding stage."""
+
+    def __post_init__(self) -> None:
+        for name, limit in (("seq_len", SIZE_LIMITS["max_seq_len"]), ("micro_batch", MAX_MICRO_BATCH)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"{name.replace('_', '-')} must be a positive integer, got {value!r}")
+            if value > limit:
+                raise ConfigError(f"{name.replace('_', '-')} {value:,} is beyond anything trainable (at most {limit:,})")
+        if not isinstance(self.layout, Layout):
+            raise ConfigError(f"layout must be a headroom.core.specs.layout.Layout, got {self.layout!r}")
+        if self.attention not in ATTENTIONS:
+            raise ConfigError(f"attention {self.attention!r} is not one of {', '.join(ATTENTIONS)}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"dropout must be in [0, 1), got {self.dropout!r}")
+        get_precision(self.precision)
+        object.__setattr__(self, "stack", stack_name(self.stack))
+        get_stack(self.stack).check_policy(self.recompute)
+        if self.layout.cp > 1 and self.attention != "flash":
+            raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
+        optimizer_state_bytes(self.optimizer)
+
+    @property
+    def dp(self) -> int:
+        """Data-parallel ranks."""
+        return self.layout.dp
+
+    @property
+    def zero(self) -> int:
+        """Sharding stage over the data-parallel ranks."""
+        return self.layout.zero
+
+    @property
+    def recipe(self) -> PrecisionRecipe:
+        return get_precision(self.precision)
+
+    @property
+    def fsdp_mixed_precision(self) -> bool:
+        """An autocast recipe under FSDP (zero 3): FSDP gathers 16-bit parameters itself and autocast stays off."""
+        return self.recipe.autocast and self.zero == 3
+
+    @property
+    def runs_autocast(self) -> bool:
+        """Autocast runs the matmuls (not under FSDP's mixed precision)."""
+        return self.recipe.autocast and not self.fsdp_mixed_precision
+
+    @property
+    def block_param_dtype(self) -> str:
+        """Dtype the blocks see their parameters in, and so the residual stream's and the norms' outputs': FSDP's
+        mixed precision gathers them in the compute dtype."""
+        return self.recipe.compute_dtype if self.fsdp_mixed_precision else self.recipe.param_dtype
+
+    @property
+    def tokens(self) -> int:
+        """Tokens in one micro-batch: b x s."""
+        return self.micro_batch * self.seq_len
+
+    @property
+    def rank_tokens(self) -> int:
+        """Tokens of one micro-batch on one rank: b x s / cp (context parallelism splits the sequence)."""
+        return self.micro_batch * self.seq_len // self.layout.cp
+
+    def context_note(self, spec: ModelSpec) -> str | None:
+        """Said, not refused, when a RoPE model trains beyond its context window: that is context extension,
+        which long-context runs (and context parallelism) exist for; the accounting holds either way."""
+        if spec.rotary and self.seq_len > spec.max_seq_len:
+            return (f"seq-len {self.seq_len:,} is beyond {spec.name}'s {spec.max_seq_len:,}-token context window: "
+                    "training there extends the context (RoPE scaling); memory and time are accounted the same")
+        return None
+
+    def model_notes(self, spec: ModelSpec) -> tuple[str, ...]:
+        """What every estimate and plan of ``spec`` says beside its figures: a context extended, and what the
+        model's config asks that the accounting does not count (ModelSpec.caveats, and soft-capping where the
+        stack leaves it out)."""
+        context = self.context_note(spec)
+        caveats = (*spec.caveats, *self._softcap_caveats(spec))
+        return ((context,) if context else ()) + tuple(f"{spec.name}: {caveat}" for caveat in caveats)
+
+    def _softcap_caveats(self, spec: ModelSpec) -> tuple[str, ...]:
+        """Soft-capping as the stack runs it: transformers' modules keep the tanh of capped scores (eager) and
+        logits, which the ledger counts; FlashAttention 2 caps inside its kernel; the other stacks do not cap."""
+        caveats = []
+        transformers = get_stack(self.stack).transformers_modules
+        if spec.attention_softcap and not transformers:
+            caveats.append(
+                f"attention scores soft-capped at {spec.attention_softcap:g} (attn_logit_softcapping), which the "
+                f"{self.stack} stack does not do: counted uncapped; --stack hf counts transformers' capped attention")
+        elif spec.attention_softcap and self.attention == "flash":
+            caveats.append(
+                f"attention scores soft-capped at {spec.attention_softcap:g} (attn_logit_softcapping), which SDPA "
+                "cannot do: transformers' flash attention for it is FlashAttention 2's (flash_attention_2, 16-bit "
+                "on CUDA), counted as keeping what SDPA's flash kernel keeps; --trace cannot run it, and traces "
+                "--attention standard (transformers' eager attention)")
+        if spec.logit_softcap and not transformers:
+            caveats.append(
+                f"final logits soft-capped at {spec.logit_softcap:g} (final_logit_softcapping): its tanh keeps one "
+                f"more tensor over the vocabulary, which the {self.stack} stack does not make; --stack hf counts it")
+        return tuple(caveats)
+
+    def _splits(self) -> str:
+        """The tensor and pipeline splits asked for, as a sentence names them: "tp 2 is", "tp 2 and pp 4 are"."""
+        asked = [f"{axis} {n}" for axis, n in (("tp", self.layout.tp), ("pp", self.layout.pp)) if n > 1]
+        return " and ".join(asked) + (" are" if len(asked) > 1 else " is")
+
+    def sdpa_masked(self, spec: ModelSpec) -> bool:
+        """Does transformers (the stack's modules) hand some layer's SDPA an explicit mask (ModelSpec.sdpa_mask;
+        the first layer is a sliding-window one if any is)? Under ``flash`` attention, not a soft-capped model's:
+        its flash attention is FlashAttention 2, which takes the window itself."""
+        return (get_stack(self.stack).transformers_modules and self.attention == "flash"
+                and not spec.attention_softcap and spec.sdpa_mask(self.seq_len, 0))
+
+    def check_model(self, spec: ModelSpec) -> None:
+        """Reject combinations the model cannot run, or cannot split by the layout."""
+        if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
+            raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
+                              f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")
+        stack = get_stack(self.stack)
+        if stack.transformers_modules and not hf_stack_covers(spec, stack.name):
+            covered = "llama, mistral, qwen2, qwen3" + (", gemma, gemma2, gemma3" if stack.name == "hf" else "")
+            raise ConfigError(f"{spec.name}: the {stack.name} stack accounts for transformers' Llama modules "
+                              f"({covered}); for this architecture, trace transformers' own model with "
+                              "`headroom estimate --model CONFIG --trace`, or plan with --stack reference")
+        if spec.attention_softcap and stack.transformers_modules and self.attention == "flash" \
+                and get_precision(self.precision).compute_dtype == "fp32":
+            raise ConfigError(f"{spec.name}: its soft-capped attention runs on FlashAttention 2 under transformers, "
+                              f"which takes 16-bit inputs only, not --precision {self.precision}'s fp32: use "
+                              "--attention standard (eager) or a bf16 recipe (amp-bf16, bf16-pure, bf16-master)")
+        if self.layout.cp > 1 and self.sdpa_masked(spec):
+            shorter = f", or a seq-len under {spec.sliding_window:,}" if spec.sliding_window else ""
+            raise ConfigError(f"{spec.name}: at seq-len {self.seq_len:,} transformers hands the SDPA of its "
+                              "sliding-window layers an explicit mask, which ring attention (cp "
+                              f"{self.layout.cp}) cannot take: use cp 1{shorter}")
+        if not stack.tensor_parallel and self.layout.tp > 1:
+            raise ConfigError(f"--stack {stack.name} --tp {self.layout.tp}: Liger's fused linear cross-entropy needs the "
+                              "head's whole vocabulary on each rank; use tp 1 (data parallelism and sharding), or "
+                              "--stack hf")
+        if not stack.pipeline_parallel and self.layout.pp > 1:
+            raise ConfigError(f"--stack {stack.name} --pp {self.layout.pp}: the HF Trainer has no pipeline schedule "
+                              "(transformers' own pipeline only sends hidden states forward, for inference); use pp 1 "
+                              "with sharding (zero 3), or --stack torchtitan or megatron for a pipeline")
+        if not stack.sequence_parallel and self.layout.sp:
+            raise ConfigError(f"--stack {stack.name} --sp on: transformers' tensor parallelism replicates the norms "
+                              "and the residual stream (its DistributedConfig's enable_sequence_parallel is not wired "
+                              "up); use --sp off")
+        if spec.is_moe and self.recompute.caches_matmuls and stack.every_other_mm:
+            raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
+                              "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "
+                              "use full or none")
+        if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
+            raise ConfigError(
+                f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "
+                f"planned on data, context and expert parallelism with sharding; {self._splits()} not modelled for "
+                "it yet: use tp 1 and pp 1")
+        if self.layout.ep > 1 and not spec.is_moe:
+            raise ConfigError(f"{spec.name}: ep {self.layout.ep} splits a mixture of experts' routed experts over "
+                              "ranks, and this model has none: use ep 1")
+        if self.layout.ep > 1 and spec.n_experts % self.layout.ep:
+            raise ConfigError(f"{spec.name}: its {spec.n_experts} routed experts do not split over ep "
+                              f"{self.layout.ep}; use --ep among {divisors_near(spec.n_experts, self.layout.ep)}")
+        self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
+                                n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
+        if spec.block == "llama" and self.dropout > 0:
+            raise ConfigError(f"{spec.name}: llama blocks have no dropout; use --dropout 0")
+        if not spec.rotary and self.seq_len > spec.max_seq_len:
+            raise ConfigError(
+                f"{spec.name}: seq-len {self.seq_len} exceeds its {spec.max_seq_len} learned positions"
+            )
+
+        if self.recompute.kind == "every" and self.recompute.every > spec.n_layers:
+            raise ConfigError(
+                f"{spec.name}: every-{self.recompute.every} is longer than the model's {spec.n_layers} layers; "
+                f"use every-K with K <= {spec.n_layers}"
+            )

@@ -1,0 +1,228 @@
+"""GPU interconnects: a datasheet table of links, and the cluster a run is placed on.
+
+Bandwidth convention: ``Link.bytes_per_s`` is what **one GPU can send in one
+direction** (and, at the same time, receive in the other). Vendors headline
+the sum of both directions: H100/H200 SXM "NVLink 900 GB/s" is 450 GB/s each
+way, A100 SXM 600 GB/s is 300, B200 1.8 TB/s is 900, "PCIe Gen5 128 GB/s" is
+64. This is the *B* of nccl-tests' bus bandwidth (doc/PERFORMANCE.md: "each
+rank has a bandwidth to the outside world of B"; "the measurement is of a
+unidirectional bandwidth"), so headroom.core.timing.comm compares bus bytes with it directly.
+Network rows are per GPU with one NIC per GPU (DGX/HGX H100, H200, B200 and
+A100 have eight compute-fabric ports for eight GPUs); line rates in Gb/s are
+divided by 8.
+
+Latency convention: ``Link.latency_s`` is the cost of one step of a ring
+(one hop, one chunk). Values are NCCL's own tuning model (src/graph/tuning.cc,
+``hwLat``, Ring algorithm, Simple protocol: NVLink 3.4 us, PCI 5.7 us,
+network 14.0 us per hop); NCCL adds a per-call base latency (``baseLat``,
+8.4 us for Ring/Simple) that headroom.core.timing.comm does not count. Rows NCCL does not
+describe say "assumed".
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, replace
+
+from headroom.core.errors import ConfigError
+from headroom.core.specs.hardware import get_hardware
+from headroom.core.timing.collective_curves import CollectiveCurves
+
+_GB = 10**9
+_NCCL_HWLAT = "NCCL src/graph/tuning.cc hwLat, Ring/Simple per-hop latency"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Link:
+    key: str
+    """Short name used on the command line, e.g. ``nvlink4``."""
+    name: str
+    """What the link is, in words."""
+    bytes_per_s: float
+    """Per GPU, per direction, bytes/s (half the bidirectional figure vendors headline)."""
+    latency_s: float
+    """Seconds per ring step (one hop)."""
+    source: str
+    """Where the bandwidth and latency come from."""
+    mesh_links: int = 0
+    """A full mesh without a switch: the direct links each GPU has, ``bytes_per_s`` their sum. 0: a switch,
+    which gives any group all of ``bytes_per_s``."""
+
+    def for_group(self, op: str, group_size: int) -> Link:
+        """The link as one collective sees it. On a mesh a GPU reaches each peer over a link of its own:
+        a collective of n ranks drives n - 1 of them at once (its rings, or all-to-all's pairs, run one per
+        link), a send to one neighbour one of them."""
+        if not self.mesh_links:
+            return self
+        used = 1 if op == "send_recv" else min(max(group_size - 1, 1), self.mesh_links)
+        if used == self.mesh_links:
+            return self
+        return replace(self, name=f"{self.name}: {used} of its {self.mesh_links} links",
+                       bytes_per_s=self.bytes_per_s * used / self.mesh_links)
+
+
+LINKS: tuple[Link, ...] = (
+    Link(
+        key="nvlink3", name="NVLink 3 via NVSwitch (A100 SXM)", bytes_per_s=300 * _GB, latency_s=3.4e-6,
+        source=f"NVIDIA A100 datasheet (2021): NVLink 600 GB/s per GPU, both directions, halved; "
+               f"{_NCCL_HWLAT} (NVLink)",
+    ),
+    Link(
+        key="nvlink4", name="NVLink 4 via NVSwitch (H100/H200 SXM)", bytes_per_s=450 * _GB, latency_s=3.4e-6,
+        source=f"NVIDIA H100 (2023) and H200 (2024) datasheets: NVLink 900 GB/s per GPU, both directions, halved; "
+               f"{_NCCL_HWLAT} (NVLink)",
+    ),
+    Link(
+        key="nvlink5", name="NVLink 5 via NVLink Switch (B200)", bytes_per_s=900 * _GB, latency_s=3.4e-6,
+        source=f"NVIDIA HGX B200 datasheet (2024): NVLink 1.8 TB/s per GPU, both directions, halved; "
+               f"{_NCCL_HWLAT} (NVLink; Hopper-era figure, assumed for Blackwell)",
+    ),
+    Link(
+        key="pcie4-x16", name="PCIe 4.0 x16", bytes_per_s=32 * _GB, latency_s=5.7e-6,
+        source=f"NVIDIA A100 PCIe and L40S datasheets: PCIe Gen4 x16 64 GB/s, both directions, halved "
+               f"(PCI-SIG: 16 GT/s x 16 lanes, 128b/130b = 31.5 GB/s raw); {_NCCL_HWLAT} (PCI)",
+    ),
+    Link(
+        key="pcie5-x16", name="PCIe 5.0 x16", bytes_per_s=64 * _GB, latency_s=5.7e-6,
+        source=f"NVIDIA H100 PCIe datasheet (2023): PCIe Gen5 128 GB/s, both directions, halved "
+               f"(PCI-SIG: 32 GT/s x 16 lanes, 128b/130b = 63 GB/s raw); {_NCCL_HWLAT} (PCI)",
+    ),
+    Link(
+        # A full mesh, not a switch: 448 GB/s only when a GPU talks to all 7 peers
+        # at once (as ring/all-to-all collectives over 8 GPUs do); a pair gets 64 (Link.for_group).
+        key="infinity-fabric", name="AMD Infinity Fabric mesh, 7 links (MI300X)", bytes_per_s=448 * _GB,
+        latency_s=3.4e-6, mesh_links=7,
+        source="AMD Instinct MI300X data sheet (2023): 7 Infinity Fabric links x 128 GB/s peak (both directions) "
+               "= 896 GB/s aggregate, halved, 64 GB/s a link each way, each link to one of the 7 peers of an "
+               "8-GPU platform; latency assumed equal to NCCL's NVLink hop (RCCL not checked)",
+    ),
+    Link(
+        key="ib-hdr", name="InfiniBand HDR 200 Gb/s, one NIC per GPU", bytes_per_s=25 * _GB, latency_s=14.0e-6,
+        source=f"NVIDIA ConnectX-6 datasheet: HDR 200 Gb/s per port (DGX A100: 8 single-port HDR NICs for "
+               f"8 GPUs); {_NCCL_HWLAT} (network)",
+    ),
+    Link(
+        key="ib-ndr", name="InfiniBand NDR 400 Gb/s, one NIC per GPU", bytes_per_s=50 * _GB, latency_s=14.0e-6,
+        source=f"NVIDIA ConnectX-7 datasheet: NDR 400 Gb/s per port (DGX H100/H200/B200: 8 single-port "
+               f"ConnectX-7 for 8 GPUs); {_NCCL_HWLAT} (network)",
+    ),
+    Link(
+        key="roce-200g", name="RoCE v2 over 200 GbE, one NIC per GPU", bytes_per_s=25 * _GB, latency_s=14.0e-6,
+        source=f"IEEE 802.3bs 200GBASE line rate, /8; {_NCCL_HWLAT} (network; assumed equal to InfiniBand)",
+    ),
+    Link(
+        key="roce-400g", name="RoCE v2 over 400 GbE, one NIC per GPU", bytes_per_s=50 * _GB, latency_s=14.0e-6,
+        source=f"IEEE 802.3bs 400GBASE line rate, /8; {_NCCL_HWLAT} (network; assumed equal to InfiniBand)",
+    ),
+)
+
+LINKS_BY_KEY: dict[str, Link] = {link.key: link for link in LINKS}
+
+INTRA_NODE_LINK: dict[str, str] = {
+    "h100-sxm": "nvlink4",
+    "h200": "nvlink4",
+    "b200": "nvlink5",
+    "a100-sxm-80gb": "nvlink3",
+    "a100-sxm-40gb": "nvlink3",
+    # PCIe cards talk over PCIe (an NVLink bridge, where fitted, joins pairs only).
+    "h100-pcie": "pcie5-x16",
+    "a100-pcie-80gb": "pcie4-x16",
+    "a100-pcie-40gb": "pcie4-x16",
+    "l40s": "pcie4-x16",
+    "rtx-4090": "pcie4-x16",
+    "mi300x": "infinity-fabric",
+}
+"""Hardware key (headroom.core.specs.hardware) -> the link between GPUs of one node."""
+
+DEFAULT_INTER_NODE_LINK = "ib-ndr"
+"""Between nodes of a device without a row in ``INTER_NODE_LINK`` (a CPU, a GPU with no datasheet row)."""
+
+INTER_NODE_LINK: dict[str, str] = {
+    # NVIDIA's reference nodes, one NIC per GPU: DGX A100 8 x HDR (ConnectX-6), DGX H100/H200/B200 8 x NDR
+    # (ConnectX-7), as the links' sources say; the PCIe cards of a generation as its SXM nodes.
+    "a100-sxm-80gb": "ib-hdr",
+    "a100-sxm-40gb": "ib-hdr",
+    "a100-pcie-80gb": "ib-hdr",
+    "a100-pcie-40gb": "ib-hdr",
+    "h100-sxm": "ib-ndr",
+    "h100-pcie": "ib-ndr",
+    "h200": "ib-ndr",
+    "b200": "ib-ndr",
+    # Assumed: MI300X platforms ship 400 Gb/s Ethernet NICs; L40S and RTX 4090 servers 200 Gb/s Ethernet.
+    "mi300x": "roce-400g",
+    "l40s": "roce-200g",
+    "rtx-4090": "roce-200g",
+}
+"""Hardware key (headroom.core.specs.hardware) -> the link between nodes a plan assumes unless told (``--interconnect``): the
+network of the GPU's generation."""
+
+
+def default_inter_node_link(device: str) -> str:
+    """The link between nodes of ``device`` (a datasheet key or a device name torch reports) by its generation
+    (`INTER_NODE_LINK`), else ``DEFAULT_INTER_NODE_LINK``."""
+    try:
+        return INTER_NODE_LINK.get(get_hardware(device).key, DEFAULT_INTER_NODE_LINK)
+    except ConfigError:
+        return DEFAULT_INTER_NODE_LINK
+
+
+def get_link(key: str) -> Link:
+    """A link by key; an unknown key suggests the closest ones."""
+    wanted = key.strip().lower()
+    if wanted in LINKS_BY_KEY:
+        return LINKS_BY_KEY[wanted]
+    close = difflib.get_close_matches(wanted, LINKS_BY_KEY, n=3, cutoff=0.4)
+    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(LINKS_BY_KEY)}"
+    raise ConfigError(f"unknown interconnect {key!r}; {hint}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cluster:
+    gpus_per_node: int
+    """GPUs that share the intra-node link (8 on HGX/DGX boards)."""
+    intra: Link
+    """Between GPUs of one node."""
+    inter: Link
+    """Between nodes, per GPU (one NIC per GPU)."""
+    assumed: str = ""
+    """Why a link is a stand-in rather than the device's own (empty when both are its datasheet's)."""
+    measured: CollectiveCurves | None = None
+    """Collective times measured on one node of this cluster; they replace ``intra`` for groups inside a
+    node (headroom.core.timing.comm)."""
+
+    def __post_init__(self) -> None:
+        value = self.gpus_per_node
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ConfigError(f"gpus-per-node must be a positive integer, got {value!r}")
+        for name in ("intra", "inter"):
+            if not isinstance(getattr(self, name), Link):
+                raise ConfigError(f"{name} must be a headroom.core.specs.interconnect.Link, got {getattr(self, name)!r}; "
+                                  f"use get_link() with one of {', '.join(LINKS_BY_KEY)}")
+
+
+def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str | None = None,
+                    measured: CollectiveCurves | None = None) -> Cluster:
+    """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (by default its generation's
+    network, `default_inter_node_link`)."""
+    spec = get_hardware(hardware_key)
+    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]),
+                   inter=get_link(inter or default_inter_node_link(spec.key)), measured=measured)
+
+
+FALLBACK_INTRA_NODE_LINK = "pcie4-x16"
+"""The link assumed inside a node for a device with no datasheet row (a CPU, an unknown GPU)."""
+
+
+def cluster_for(device: str, gpus_per_node: int = 8, inter: str | None = None,
+                measured: CollectiveCurves | None = None) -> Cluster:
+    """``default_cluster`` for a datasheet device; for any other, PCIe Gen4 inside a node, said so.
+
+    ``measured``: the device's measured collectives (HardwareProfile.collectives), used inside a node.
+    """
+    try:
+        return default_cluster(device, gpus_per_node, inter, measured)
+    except ConfigError:
+        link = get_link(FALLBACK_INTRA_NODE_LINK)
+        assumed = "" if measured else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
+        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter or DEFAULT_INTER_NODE_LINK),
+                       assumed=assumed, measured=measured)

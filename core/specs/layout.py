@@ -1,0 +1,165 @@
+"""Layout: how a training run is spread over GPUs.
+
+Five parallel axes and a sharding stage, multiplied out as
+
+    world = tp x pp x cp x dp
+
+- ``tp`` tensor parallelism (Megatron, Shoeybi et al. 2019): each rank holds
+  1/tp of every attention head group and MLP width; ``sp`` (sequence
+  parallelism, Korthikanti et al. 2022) also splits the norms, dropouts and
+  residual stream along the sequence between the tensor-parallel ranks.
+- ``pp`` pipeline parallelism: each rank holds ``n_layers / pp`` blocks (in
+  ``virtual_stages`` chunks under the ``interleaved`` schedule); ``1f1b`` and
+  ``gpipe`` keep one chunk per rank.
+- ``cp`` context parallelism: ring attention over the sequence; each rank
+  holds ``seq_len / cp`` tokens and passes K/V around the ring.
+- ``dp`` data parallelism, with ``zero`` the sharding stage over those ranks:
+  0 none (DDP), 1 optimizer state, 2 + gradients, 3 + parameters (FSDP).
+- ``ep`` expert parallelism (a mixture of experts): the routed experts split
+  over ``ep`` of the dp x cp ranks, which hold the same other weights and
+  send each token to its experts' ranks by all-to-all. It borrows ranks
+  rather than adding any (torchtitan's ``expert_parallel_degree``, Megatron's
+  ``--expert-model-parallel-size``), so it must divide dp x cp; the experts'
+  weights are then sharded and their gradients reduced over the other
+  dp x cp / ep ranks (torchtitan's ``efsdp`` mesh, Megatron's expert
+  data-parallel group).
+
+`Layout.check` names the first size that does not divide, and what would.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from headroom.core.divisors import divisors_near
+from headroom.core.errors import ConfigError
+
+MAX_GPUS = 2**20
+"""GPUs a layout may span at most (tp x pp x cp x dp): a million, beyond any cluster built. Bounded so that no
+size that follows from a layout (its ranks, the divisors an error suggests) is beyond reach."""
+
+Schedule = Literal["1f1b", "interleaved", "gpipe"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
+
+
+def _positive(name: str, value: object) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Layout:
+    tp: int = 1
+    """Tensor-parallel ranks."""
+    sp: bool = False
+    """Sequence parallelism between the tensor-parallel ranks (needs tp > 1)."""
+    pp: int = 1
+    """Pipeline stages."""
+    schedule: Schedule = "1f1b"
+    """Pipeline schedule: ``1f1b``, ``interleaved`` (``virtual_stages`` chunks per rank) or ``gpipe``."""
+    virtual_stages: int = 1
+    """Model chunks per pipeline rank v: more than 1 only under ``interleaved``."""
+    cp: int = 1
+    """Context-parallel ranks (ring attention)."""
+    dp: int = 1
+    """Data-parallel ranks."""
+    zero: int = 0
+    """Sharding stage over the data-parallel ranks: 0 none, 1 optimizer, 2 +gradients, 3 +parameters."""
+    ep: int = 1
+    """Expert-parallel ranks: a mixture of experts' routed experts split over ep of the dp x cp ranks."""
+
+    def __post_init__(self) -> None:
+        for axis in (*AXES, "virtual_stages", "ep"):
+            _positive(axis.replace("_", "-"), getattr(self, axis))
+        if self.world > MAX_GPUS:
+            raise ConfigError(f"layout {self} spans {self.world:,} GPUs (tp x pp x cp x dp), beyond any cluster "
+                              f"(at most {MAX_GPUS:,})")
+        if self.zero not in (0, 1, 2, 3) or isinstance(self.zero, bool):
+            raise ConfigError(f"zero (sharding stage) must be 0, 1, 2 or 3, got {self.zero!r}")
+        if self.sp not in (True, False):
+            raise ConfigError(f"sp (sequence parallelism) must be on or off, got {self.sp!r}")
+        if (self.dp * self.cp) % self.ep:
+            raise ConfigError(f"ep {self.ep} does not divide dp x cp = {self.dp * self.cp}: expert-parallel ranks are "
+                              f"data- or context-parallel ranks that split the experts; use --ep among "
+                              f"{divisors_near(self.dp * self.cp, self.ep)}")
+        if self.sp and self.tp == 1:
+            raise ConfigError("sequence parallelism splits work between tensor-parallel ranks: it needs tp > 1")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
+        if self.schedule == "interleaved" and self.virtual_stages < 2:
+            raise ConfigError("the interleaved schedule needs virtual-stages >= 2 (model chunks per pipeline rank)")
+        if self.schedule != "interleaved" and self.virtual_stages != 1:
+            raise ConfigError(f"virtual-stages {self.virtual_stages} needs the interleaved schedule, not {self.schedule}")
+
+    @property
+    def world(self) -> int:
+        """GPUs the layout occupies: tp x pp x cp x dp."""
+        return self.tp * self.pp * self.cp * self.dp
+
+    @property
+    def expert_data_parallel(self) -> int:
+        """Ranks that hold the same experts, and shard and reduce their weights: dp x cp / ep."""
+        return self.dp * self.cp // self.ep
+
+    def fewest_data_parallel(self) -> Layout:
+        """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
+        dp x cp): what one rank's shapes are the same under, whatever dp is. Never spans more GPUs than this."""
+        return replace(self, dp=self.ep // math.gcd(self.ep, self.cp))
+
+    @property
+    def model_parallel(self) -> int:
+        """Ranks that share one model replica's parameters: tp x pp."""
+        return self.tp * self.pp
+
+    @property
+    def chunks(self) -> int:
+        """Pipeline chunks the model's layers split into: pp x virtual stages."""
+        return self.pp * self.virtual_stages
+
+    def __str__(self) -> str:
+        parts = [f"tp {self.tp}" + (" +sp" if self.sp else "")]
+        if self.pp > 1:
+            schedule = f"interleaved x{self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
+            parts.append(f"pp {self.pp} ({schedule})")
+        else:
+            parts.append("pp 1")
+        parts += [f"cp {self.cp}", f"dp {self.dp}", f"zero {self.zero}"]
+        if self.ep > 1:
+            parts.append(f"ep {self.ep}")
+        return ", ".join(parts)
+
+    def check_model(self, name: str, *, n_layers: int, n_heads: int, n_kv_heads: int, seq_len: int) -> None:
+        """Reject a layout the model cannot be split by: heads by tp, layers by pp x v, sequence by cp."""
+        if n_heads % self.tp:
+            raise ConfigError(f"{name}: its {n_heads} attention heads do not split over tp {self.tp}; "
+                              f"use --tp among {divisors_near(n_heads, self.tp)}")
+        if n_kv_heads % self.tp:
+            raise ConfigError(f"{name}: its {n_kv_heads} key/value heads do not split over tp {self.tp}; "
+                              f"use --tp among {divisors_near(n_kv_heads, self.tp)}")
+        if n_layers % self.chunks:
+            what = f"pp {self.pp} x {self.virtual_stages} virtual stages" if self.virtual_stages > 1 else f"pp {self.pp}"
+            flags = "--pp x --virtual-stages" if self.virtual_stages > 1 else "--pp"
+            raise ConfigError(f"{name}: its {n_layers} layers do not split over {what}; "
+                              f"use {flags} among {divisors_near(n_layers, self.chunks)}")
+        # Ring attention with causal load balancing splits each sequence into 2 x cp chunks; sequence
+        # parallelism then splits each rank's tokens over the tensor-parallel ranks.
+        split = (2 * self.cp if self.cp > 1 else 1) * (self.tp if self.sp else 1)
+        if seq_len % split:
+            why = " x ".join(w for w in ("2 x cp" if self.cp > 1 else "", "tp (sequence parallel)" if self.sp else "") if w)
+            raise ConfigError(f"seq-len {seq_len} does not split into {why} = {split} equal parts; "
+                              f"use a seq-len divisible by {split}")
+
+    def check_batch(self, global_batch: int) -> None:
+        """The global batch must split evenly over the data-parallel ranks."""
+        if global_batch % self.dp:
+            raise ConfigError(
+                f"global batch {global_batch} does not split over {self.dp} data-parallel ranks; "
+                f"use --dp among {divisors_near(global_batch, self.dp)}, or a global batch divisible by {self.dp}"
+            )
+
+
+SINGLE = Layout()
+"""One GPU: no parallelism."""

@@ -1,0 +1,42 @@
+"""The collectives, and how nccl-tests turns their times into bandwidths (doc/PERFORMANCE.md)."""
+
+from __future__ import annotations
+
+from headroom.core.errors import ConfigError
+
+OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def _group(n: object) -> int:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"group size must be a positive integer, got {n!r}")
+    return n
+
+
+def _check_op(op: str) -> None:
+    if op not in OPS:
+        raise ConfigError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
+
+
+def bus_factor(op: str, n: int) -> float:
+    """nccl-tests' busbw / algbw for ``op`` over ``n`` ranks; 0 for n == 1 (nothing moves)."""
+    _check_op(op)
+    _group(n)
+    if n == 1:
+        return 0.0
+    if op == "all_reduce":
+        return 2 * (n - 1) / n
+    if op == "send_recv":
+        return 1.0
+    return (n - 1) / n
+
+
+def ring_steps(op: str, n: int) -> int:
+    """Latency-bound steps of the ring algorithm: bus_factor x n (2(n-1), n-1 or 1)."""
+    _check_op(op)
+    _group(n)
+    if n == 1:
+        return 0
+    return {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
+
+

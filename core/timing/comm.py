@@ -1,0 +1,431 @@
+"""Communication of one training step: collective times, and the traffic a layout makes.
+
+Collective time (nccl-tests conventions, doc/PERFORMANCE.md). A collective on
+a message of S bytes over n ranks, each with B bytes/s to the outside world
+in each direction (headroom.core.specs.interconnect), takes at best
+
+    t = S x bus_factor(op, n) / B
+
+with bus_factor all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
+(S the full gathered buffer / the full input, i.e. n x the per-rank shard),
+all-to-all (n-1)/n, send/recv 1. We add a ring latency term, one
+``link.latency_s`` per ring step: 2(n-1) steps for all-reduce (a
+reduce-scatter pass then an all-gather pass), n-1 for all-gather,
+reduce-scatter and all-to-all, 1 for send/recv (= bus_factor x n), and divide B
+by an efficiency for protocol overhead. NVLink SHARP (NVLS) all-reduce, which
+reduces inside the switch and beats the ring bound, is not modelled.
+
+Placement. Ranks are numbered tp fastest, then cp, then dp, then pp
+(Megatron's default order tp-cp-dp-pp). A group along one axis is ``size`` ranks
+``stride`` apart, stride = product of the axes inside it. Expert parallelism
+borrows ranks from dp x cp: an ``ep`` group is ep neighbouring ranks of the
+dp x cp block (stride tp), and the ``edp`` group that shares its experts'
+weights takes every ep-th rank of that block (torchtitan's sparse mesh,
+``efsdp`` x ``ep`` with ``ep`` innermost). All
+such groups stay inside a node when stride x size divides ``gpus_per_node``;
+otherwise some group straddles nodes, the step waits for it, and it runs at the
+slower of the node's link and the per-GPU NIC.
+
+Step traffic: see `step_communication`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from headroom.core.errors import ConfigError
+from headroom.core.memory.pipeline import rank_kinds
+from headroom.core.memory.static import rank_expert_parameters, rank_parameters
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.interconnect import Cluster, Link
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.precision import DTYPE_BYTES
+from headroom.core.specs.stack import get_stack
+from headroom.core.timing.collective_ops import bus_factor, ring_steps
+
+RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
+"""Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
+GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp", "ep", "edp")
+"""Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones;
+``ep`` the ranks that split the experts, ``edp`` the ranks that hold the same experts (dp x cp / ep)."""
+
+MEASURED = "measured"
+"""A term's ``link_key`` when its time comes from the box's measured collectives (Cluster.measured)."""
+
+DEFAULT_COLLECTIVE_EFFICIENCY = 0.8
+"""Fraction of link bandwidth NCCL reaches on large messages. Source: S. Jeaugey (NCCL),
+NVIDIA/nccl-tests issue #212 (2024): "450GB/s is the line rate. With the protocol
+overhead (~20%) NCCL can get an effective NVLink bandwidth of 370GB/s" (busbw of
+ring collectives on 8 x H100), 370/450 = 0.82. Applied to every link; for PCIe
+and networks it is an assumption."""
+
+
+def _count(name: str, value: object, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else f"an integer >= {minimum}"
+        raise ConfigError(f"{name} must be {what}, got {value!r}")
+    return value
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def collective_seconds(
+    op: str, message_bytes: int, group_size: int, link: Link,
+    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
+) -> float:
+    """One collective: ring_steps x latency + S x bus_factor / (B x efficiency).
+
+    ``message_bytes`` is nccl-tests' S (for all-gather the gathered buffer, for
+    reduce-scatter the full input); ``link.bytes_per_s`` is B, per GPU per direction.
+    """
+    _count("message bytes", message_bytes, minimum=0)
+    if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
+        raise ConfigError(f"collective efficiency must be in (0, 1], got {efficiency!r}")
+    steps = ring_steps(op, group_size)
+    if steps == 0:
+        return 0.0
+    return steps * link.latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
+
+
+# ---- placement ------------------------------------------------------------------
+
+
+def _group(axis: str, layout: Layout) -> tuple[int, int]:
+    """(stride, size) of the groups along an axis, ranks numbered tp-cp-dp-pp."""
+    if axis not in GROUPS:
+        raise ConfigError(f"unknown parallel axis {axis!r}; valid: {', '.join(GROUPS)}")
+    if axis == "dp-cp":
+        return layout.tp, layout.cp * layout.dp
+    if axis == "ep":
+        return layout.tp, layout.ep
+    if axis == "edp":
+        return layout.tp * layout.ep, layout.expert_data_parallel
+    stride = 1
+    for inner in RANK_ORDER[: RANK_ORDER.index(axis)]:
+        stride *= getattr(layout, inner)
+    return stride, getattr(layout, axis)
+
+
+def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
+    """Some group along ``axis`` spans more than one node: stride x size does not divide gpus_per_node."""
+    stride, size = _group(axis, layout)
+    return size > 1 and cluster.gpus_per_node % (stride * size) != 0
+
+
+def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
+    """Ranks of one group along ``axis`` on one node: a group of stride s holds every s-th GPU of a node."""
+    stride, size = _group(axis, layout)
+    return max(1, min(size, cluster.gpus_per_node // stride))
+
+
+def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduce") -> Link:
+    """The link a group along ``axis`` runs ``op`` at: the node's link, or across nodes the slower of the
+    node's link and the NICs the group's members on one node drive together. NCCL runs one ring (or tree) per
+    NIC, rail by rail, and only a ring's node-crossing hop uses a NIC, so a group with k members a node moves
+    its bus bytes at k NICs' bandwidth (eight GPUs a node with eight NDR NICs: 400 GB/s, the 400-450 GB/s bus
+    bandwidth multi-node nccl-tests reach on H100 SXM with NDR, Saturn Cloud's cluster-validation guide), one
+    member at its one NIC's. On a mesh (MI300X's Infinity Fabric) the node's link is the share the group's size
+    reaches (Link.for_group)."""
+    intra = cluster.intra.for_group(op, _group(axis, layout)[1])
+    if not crosses_nodes(axis, layout, cluster):
+        return intra
+    nics = members_per_node(axis, layout, cluster)
+    inter = cluster.inter if nics == 1 else replace(
+        cluster.inter, name=f"{cluster.inter.name}, {nics} NICs a node", bytes_per_s=cluster.inter.bytes_per_s * nics)
+    return min((inter, intra), key=lambda link: link.bytes_per_s)
+
+
+# ---- parameters held by one rank ----------------------------------------------------
+
+
+def largest_rank_parameters(spec: ModelSpec, layout: Layout) -> int:
+    """Parameters of the most loaded rank kind before data-parallel sharding (headroom.core.memory.static.rank_parameters)."""
+    return max(rank_parameters(spec, layout, rank) for rank in rank_kinds(layout, spec.n_layers, 1))
+
+
+# ---- traffic of one step ------------------------------------------------------------------
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CommTerm:
+    """One kind of collective a rank runs during one optimizer step."""
+
+    axis: str
+    """Parallel axis: ``tp``, ``cp``, ``pp``, ``ep`` or ``dp`` (the gradient groups: dp x cp, and for the
+    experts' weights under expert parallelism dp x cp / ep)."""
+    op: str
+    """Collective: one of OPS."""
+    message_bytes: int
+    """nccl-tests S of one call, bytes."""
+    calls: int
+    """Calls per optimizer step."""
+    group_size: int
+    """Ranks in the group (2 or more)."""
+    link_key: str
+    """headroom.core.specs.interconnect key of the link it runs at, or ``measured`` (the box's measured curve)."""
+    seconds: float
+    """All calls of the step, seconds."""
+    overlappable: bool
+    """Can run while compute runs (see `exposed_seconds`)."""
+    note: str
+    """What moves and why, with its source."""
+
+    @property
+    def total_bytes(self) -> int:
+        """message_bytes x calls."""
+        return self.message_bytes * self.calls
+
+
+def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
+    """Tensor parallelism's collectives in ``layers`` blocks for one micro-batch, as (op, bytes a token, calls,
+    what): each call moves b s tokens (the whole gathered buffer under sp).
+
+    A block's two row-parallel outputs are all-reduced forward, or under sp reduce-scattered with the norms'
+    outputs that feed its column-parallel linears all-gathered. Backward, under sp each output's gradient is
+    all-gathered; the input gradient of the column-parallel linears is reduced once per attention and MLP
+    (reduce-scattered under sp), or, where each linear takes its input apart (Stack.splits_column_inputs),
+    all-reduced whole once per linear. A recompute reruns the forward's, less each segment's closing reduction
+    where it stops early and no dropout after it keeps a mask; op-selective reruns them block by block too, but
+    for the reduce-scatters a stack's save list keeps (Stack.caches_reduce_scatters).
+
+    Each moves its tensor's dtype: a matmul's output and its gradient the compute dtype; the norms' outputs
+    and the residual stream's gradients the blocks' parameter dtype, fp32 under autocast. Measured on two
+    gloo ranks, reference and hf (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
+    """
+    stack, policy = get_stack(config.stack), config.recompute
+    matmul = spec.hidden * config.recipe.activation_bytes
+    stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
+    rerun = 2 * layers if policy.recomputes_blocks or policy.caches_matmuls else 0  # the forward's two per block
+    segments = -(-layers // (policy.segment_layers(layers) or 1)) if rerun else 0  # op-selective: block by block
+    unclosed = segments if stack.early_stop and config.dropout == 0 else 0
+    scatters_again = 0 if policy.caches_matmuls and stack.caches_reduce_scatters else rerun - unclosed
+    columns = 3 + spec.mlp_projections - 1  # q, k, v and the MLP's up (and gate)
+    backward = columns if stack.splits_column_inputs else 2
+    again = "; again in the recompute" if rerun else ""
+    closing = f"{again}, less its closing one per segment" if unclosed else again
+    if not config.layout.sp:
+        return [("all_reduce", matmul, 2 * layers + rerun - unclosed,
+                 f"per block the 2 row-parallel outputs forward{closing}; Shoeybi 2019 Sec. 3"),
+                ("all_reduce", stream, layers * backward,
+                 f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
+    sp = "Korthikanti 2022 Sec. 4.2.2"
+    calls = [("all_gather", stream, 2 * layers + rerun, f"per block the 2 norms' outputs forward{again}; {sp}"),
+             ("reduce_scatter", matmul, 2 * layers + scatters_again,
+              f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
+             ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
+    if stack.splits_column_inputs:
+        calls.append(("all_reduce", stream, layers * columns,
+                      f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
+    else:
+        calls.append(("reduce_scatter", stream, 2 * layers, f"per block 2 column-parallel input gradients backward; {sp}"))
+    return calls
+
+
+LOSS_ALL_REDUCES = 3
+"""A cross-entropy over logits split by vocabulary all-reduces three fp32 values a token forward: the
+logits' maximum, the target's logit and the sum of exponentials (Megatron-LM's
+``tensor_parallel/cross_entropy.py``; torch's ``loss_parallel``, measured on two gloo ranks). Backward needs none."""
+
+
+def _vocabulary_calls(spec: ModelSpec, config: TrainConfig) -> list[tuple[str, int, int, str]]:
+    """The collectives of the vocabulary's tensor-parallel layers for one micro-batch, as (op, bytes a token,
+    calls, what).
+
+    The embedding's rows are split: each rank looks up its slice of the vocabulary and the partial rows are
+    all-reduced forward (under sp reduce-scattered along the sequence, their gradient all-gathered back). The
+    head's columns are split: its input gradient is all-reduced backward (under sp its input is all-gathered
+    forward and the gradient reduce-scattered). All of them move the residual stream's dtype (the blocks'
+    parameter dtype). The loss over logits split by vocabulary takes ``LOSS_ALL_REDUCES`` all-reduces of 4
+    bytes a token; a stack that gathers the logits (hf) all-gathers them instead, V values a token in the
+    compute dtype. Under a pipeline the embedding is the first stage's and the head and loss the last's: the
+    last stage's are counted, as headroom.core.timing.step counts the head on every rank. Measured on two gloo ranks, the
+    agent's decoder (headroom.agent.parallel.parallelize_decoder) and transformers' (tests/test_distributed_memory.py,
+    tests/test_hf_tensor_parallel.py).
+    """
+    stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
+    embedding = config.layout.pp == 1
+    calls: list[tuple[str, int, int, str]] = []
+    if config.layout.sp:
+        if embedding:
+            calls += [("reduce_scatter", stream, 1, "the embedding's partial rows, forward"),
+                      ("all_gather", stream, 1, "the embedding's output gradient, backward")]
+        calls += [("all_gather", stream, 1, "the head's input, forward"),
+                  ("reduce_scatter", stream, 1, "the head's input gradient, backward")]
+    else:
+        calls.append(("all_reduce", stream, 2 if embedding else 1,
+                      ("the embedding's partial rows forward and " if embedding else "")
+                      + "the head's input gradient backward"))
+    if get_stack(config.stack).gathers_logits:
+        calls.append(("all_gather", spec.vocab_size * config.recipe.activation_bytes, 1,
+                      "the head's output gathered for the loss over the whole vocabulary (transformers' "
+                      "colwise_gather_output)"))
+    else:
+        calls.append(("all_reduce", 4, LOSS_ALL_REDUCES,
+                      "the loss over the vocabulary's slices: each token's maximum logit, target logit and sum "
+                      "of exponentials, fp32"))
+    return calls
+
+
+def step_communication(
+    spec: ModelSpec, config: TrainConfig, accumulation_steps: int, cluster: Cluster,
+    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
+) -> tuple[CommTerm, ...]:
+    """Collectives of ONE rank in one optimizer step of m = ``accumulation_steps`` micro-batches.
+
+    b micro-batch, s = seq_len/cp, h hidden, e activation bytes (the compute dtype),
+    r the residual stream's element bytes (the blocks' parameter dtype: 4 under
+    autocast, where FSDP does not gather 16-bit parameters), L' = ceil(n_layers/pp)
+    layers per rank, v virtual stages:
+
+    - tp: per layer and micro-batch 2 all-reduces of b s h forward, 2 backward
+      (Shoeybi et al. 2019, Sec. 3), or one per column-parallel linear where each
+      takes its input apart (``reference``, ``hf``: q, k, v, gate, up); full or every-K
+      recompute runs the forward's 2 again, less one per segment where the
+      recompute stops early (a segment's closing all-reduce feeds nothing saved),
+      and so does op-selective, each block a segment (it saves matmul outputs,
+      not collectives; torchtitan's list keeps the reduce-scatters);
+      with sp 4 all-gathers + 4 reduce-scatters of the same S instead, the same
+      bus bytes (Korthikanti et al. 2022, Sec. 4.2.2), or where each linear takes
+      its input apart 4 all-gathers, 2 reduce-scatters and its per-linear
+      all-reduces (`_tensor_parallel_calls`). A row-parallel output and its
+      gradient move e bytes a value; a norm's output and a column-parallel input's
+      gradient, r. The vocabulary's layers add per micro-batch the embedding's
+      reduction (first stage) and the head's input gradient's, each b s h r
+      (under sp a reduce-scatter and an all-gather each), and the loss's 3 fp32
+      all-reduces of b s x 4 bytes over the vocabulary's slices, or, where the
+      stack gathers the head's output (``hf``), one all-gather of b s V e
+      (`_vocabulary_calls`). Not overlapped. Counted call for call, with each
+      call's dtype, by torch's profiler on two gloo ranks, the agent's decoder and
+      transformers' (tests/test_distributed_memory.py,
+      tests/test_hf_tensor_parallel.py). Not counted: Megatron's extra all-gather of
+      each column-parallel input in backward under sp (overlapped with the weight
+      gradient).
+    - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
+      times per layer forward (again under block recompute) and K, V with dK, dV
+      (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
+    - pp: per micro-batch a rank sends v activations forward and v gradients back,
+      b s h r each (the residual stream: fp32 out of an fp32 model's stage under
+      autocast, as the agent's pipeline stage returns it), divided by tp under sp (megatron-core's p2p tensor shape; the
+      scatter-gather of Narayanan et al. 2021 Sec. 4.1 is not modelled). Not overlapped.
+    - dp: over the dp x cp ranks that share weights, P = largest_rank_parameters:
+      zero 0 one all-reduce of P x grad_bytes per step (gradient accumulation
+      without sync until the last micro-batch); zero 1 one reduce-scatter of the
+      gradients and one all-gather of P x param_bytes per step; zero 2 the same but
+      the gradient reduce-scatter runs every micro-batch (only a shard of the
+      gradient is kept); zero 3 (FSDP) per micro-batch an all-gather of P x e forward
+      and again backward (FSDP MixedPrecisionPolicy.param_dtype = compute dtype) and a
+      reduce-scatter of P x grad_bytes (the sharded gradient's dtype: fp32 under
+      amp-bf16, torchtitan's default reduce dtype; FSDP2 with reduce_dtype=None
+      would reduce in bf16). Overlapped. Not counted: the tied-embedding gradient
+      all-reduce between first and last pipeline stage. Under expert parallelism the
+      rank's routed experts (headroom.core.memory.static.rank_expert_parameters) take the same
+      collectives over the dp x cp / ep ranks holding the same experts, the rest
+      over dp x cp.
+    - ep: per mixture-of-experts layer and micro-batch an all-to-all dispatches each
+      token's k copies to its experts' ranks and one combines their outputs, forward
+      (again under block recompute) and backward: 2 (f + 1) all-to-alls of the
+      rank's routed rows, S = b s k h dropless (at a capacity factor, E x capacity
+      rows instead: ModelSpec.expert_rows) values of the residual stream's dtype (the
+      blocks' parameter dtype: torchtitan's experts cast their output back to their
+      input's, so under autocast both directions move fp32). With balanced routing a
+      rank receives as many rows as it sends; nccl-tests' all-to-all S is the whole
+      send buffer, (ep-1)/ep of which leaves the rank. Measured on two gloo ranks
+      (tests/distributed/expert_parallel.py). torchtitan's and Megatron's all-to-all token dispatchers
+      (``AllToAllTokenDispatcher`` in torchtitan/models/common/token_dispatcher.py,
+      ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
+      Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
+    """
+    m = _count("accumulation-steps", accumulation_steps)
+    layout, recipe = config.layout, config.recipe
+    b, h, e = config.micro_batch, spec.hidden, recipe.activation_bytes
+    s = _ceil(config.seq_len, layout.cp)
+    layers = _ceil(spec.n_layers, layout.pp)
+    forwards = 2 if config.recompute.recomputes_blocks else 1
+    terms: list[CommTerm] = []
+
+    def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str,
+            group: str | None = None) -> None:
+        group = group or ("dp-cp" if axis == "dp" else axis)
+        link = group_link(group, layout, cluster, op)
+        measured = None
+        if cluster.measured is not None and not crosses_nodes(group, layout, cluster):
+            measured = cluster.measured.seconds(op, message, size)
+        per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency)
+        terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
+                              link_key=MEASURED if measured is not None else link.key, seconds=calls * per_call,
+                              overlappable=overlappable, note=note))
+
+    if layout.tp > 1:
+        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers) + _vocabulary_calls(spec, config):
+            add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
+    if layout.cp > 1:
+        kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
+        hops = m * layers * (layout.cp - 1)
+        add("cp", "send_recv", kv, forwards * hops, layout.cp, True,
+            "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""))
+        add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV")
+    if layout.pp > 1:
+        activation = _ceil(b * s * h * DTYPE_BYTES[config.block_param_dtype], layout.tp if layout.sp else 1)
+        add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
+            "activation forward and gradient backward per micro-batch and virtual stage")
+    if layout.ep > 1:
+        routed = spec.expert_rows(b * s) * h * DTYPE_BYTES[config.block_param_dtype]
+        again = " (+2 recomputed forward)" if forwards == 2 else ""
+        add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
+            f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")
+    experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
+    for p, ranks, group, what in (
+            (largest_rank_parameters(spec, layout) - experts, layout.dp * layout.cp, "dp-cp", "dp x cp"),
+            (experts, layout.expert_data_parallel, "edp", "dp x cp / ep")):
+        if p == 0 or ranks == 1:
+            continue
+        over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
+        for op, message, calls, note in _sharding_collectives(layout.zero, m, p * recipe.grad_bytes,
+                                                              p * recipe.param_bytes, p * e):
+            add("dp", op, message, calls, ranks, True, f"{note} {over}", group)
+    return tuple(terms)
+
+
+def _sharding_collectives(zero: int, m: int, grads: int, params: int, gathered: int) -> list[tuple[str, int, int, str]]:
+    """(op, message bytes, calls, what) of one sharding group's collectives in a step of ``m`` micro-batches:
+    ``grads``/``params`` the group's gradient and parameter bytes, ``gathered`` its parameters in the compute
+    dtype (what FSDP gathers)."""
+    if zero == 0:
+        return [("all_reduce", grads, 1, "gradients once per step")]
+    if zero in (1, 2):
+        calls = 1 if zero == 1 else m
+        return [("reduce_scatter", grads, calls, f"gradients {'once per step' if calls == 1 else 'every micro-batch'}"),
+                ("all_gather", params, 1, "updated parameters once per step")]
+    return [("all_gather", gathered, 2 * m, "FSDP: parameters in the compute dtype, forward and backward, every micro-batch"),
+            ("reduce_scatter", grads, m, "FSDP: gradients every micro-batch")]
+
+
+def total_seconds(terms: Iterable[CommTerm]) -> float:
+    """Communication time if nothing overlapped."""
+    return sum(term.seconds for term in terms)
+
+
+def exposed_seconds(terms: Iterable[CommTerm], hideable_s: Mapping[str, float]) -> float:
+    """Communication time the step waits for.
+
+    Rule: a non-overlappable term (tp, pp) is fully exposed. The overlappable terms
+    of one axis hide behind up to ``hideable_s[axis]`` seconds of compute and the
+    rest is exposed; an axis missing from the mapping hides nothing. The caller
+    picks the compute each axis can hide behind, e.g. dp under zero 0-2: the
+    backward compute (gradients reduce while earlier layers still run backward);
+    dp under zero 3: forward + backward compute (prefetched gathers); cp: the
+    attention compute. Axes are independent: the same compute may hide several.
+    """
+    terms = tuple(terms)
+    for axis, budget in hideable_s.items():
+        if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
+            raise ConfigError(f"compute time to hide {axis} communication behind must be >= 0 s, got {budget!r}")
+    exposed = sum(term.seconds for term in terms if not term.overlappable)
+    for axis in sorted({term.axis for term in terms if term.overlappable}):
+        comm = sum(term.seconds for term in terms if term.overlappable and term.axis == axis)
+        exposed += max(0.0, comm - hideable_s.get(axis, 0.0))
+    return exposed

@@ -1,0 +1,403 @@
+"""Step time of a training configuration on one device, from its measurements or its datasheet.
+
+A `HardwareProfile` holds what the time model needs: dense peaks, the efficiency a large GEMM reaches and the
+SMs its tiles spread over, the attention rate, the achieved memory bandwidth, and the allocator's
+reserved/allocated ratio. `datasheet_profile` fills it from headroom.core.specs.hardware and the cited curves of
+headroom.core.timing.device_curves; headroom.core.measured.measurements fills it from a box's own benchmark results.
+
+The model, per micro-batch (``step_time``), from the ops the rank runs (headroom.core.timing.step_ops, priced by headroom.core.timing.op_time):
+
+- forward: every op of every block of the rank, and its embedding or head and loss: GEMMs at the efficiency
+  their shape reaches, attention at the attention rate, memory-bound ops by their bytes;
+- backward: each GEMM's two gradient products at their shapes, attention ``attention_backward_ratio`` x
+  forward, memory-bound ops twice forward's bytes;
+- recompute: what the policy runs again: whole blocks (full, every-K; less the FLOPs torch's early stop
+  skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
+  (op-selective);
+- offload: saved bytes to the host and back over ``host_bytes_per_s``;
+- FSDP (ZeRO-3): its copies into and out of the all-gather's and the reduce-scatter's buffers, forward and
+  backward, as memory-bound traffic;
+- host: the ops' dispatch (headroom.core.timing.op_time's host constants, and the selective-checkpoint context's per-op cost
+  under op-selective). On a GPU the host runs ahead of the device, so a micro-batch takes the longer of the
+  two; on a CPU the two are one and add up;
+
+per optimizer step:
+
+- accumulation: each micro-batch after the first adds its gradients into ``.grad`` (read both, write one);
+- optimizer: a memory-bound pass reading parameters, gradients, master copy and state, and writing all but
+  the gradients;
+- communication (headroom.core.timing.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
+  hidden behind the compute it overlaps with (the last micro-batch's backward for DDP and ZeRO-1, every
+  backward for ZeRO-2, every forward and backward for FSDP), context-parallel ring traffic behind the
+  attention; what is left over is exposed and counted;
+- bubble: a pipeline idles (pp - 1) / v micro-batch times per step (headroom.core.memory.pipeline.bubble_fraction).
+
+Per rank, the blocks are the rank's n_layers / pp at the rank's shapes (tensor, sequence and context
+parallelism split them), and the head counted on every rank (the last stage, the slowest, sets the
+pipeline's pace). No factor multiplies the sum: docs/time-model.md lists every constant and its source.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import Estimate
+from headroom.core.memory.pipeline import bubble_fraction
+from headroom.core.memory.static import fsdp_units
+from headroom.core.memory.trace import TracedOp
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.hardware import HardwareSpec
+from headroom.core.specs.interconnect import Cluster, cluster_for
+from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.timing.collective_curves import CollectiveCurves
+from headroom.core.timing.comm import (
+    DEFAULT_COLLECTIVE_EFFICIENCY,
+    CommTerm,
+    exposed_seconds,
+    step_communication,
+)
+from headroom.core.timing.device_curves import CURVES
+from headroom.core.timing.op_time import (
+    KERNEL_GAP_S,
+    DeviceRates,
+    HostCosts,
+    OpsTime,
+    anchor_efficiency,
+    ops_time,
+)
+from headroom.core.timing.step_ops import ForwardOps, forward_ops
+
+# Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
+DEFAULT_MATMUL_EFFICIENCY = 0.75
+"""Large bf16 GEMMs reach 75-80% of the dense peak on Hopper (the H200 reference run: 746-776 of 989 TFLOP/s)."""
+DEFAULT_ATTENTION_EFFICIENCY = 0.50
+"""FlashAttention-2 forward reaches 50-73% of peak on A100/H100 (Dao 2023, Fig. 4-6); the low end."""
+DEFAULT_BANDWIDTH_EFFICIENCY = 0.85
+"""Large copies reach ~85-90% of HBM bandwidth (H200 here: ~4.2 of 4.8 TB/s)."""
+DEFAULT_FRAGMENTATION = 1.10
+"""Reserved / allocated of PyTorch's caching allocator when the box measured none."""
+DEFAULT_HOST_BYTES_PER_S = 48e9
+"""Offload's device-to-host and host-to-device copies: PCIe Gen5 x16 (64 GB/s each way) as the H200 reference
+run's two offload steps achieved it (46.6 and 49.6 GB/s; benchmarks/fit_time_constants.py)."""
+ATTENTION_BACKWARD_RATIO = 2.5
+"""FlashAttention-2's backward runs five GEMMs against forward's two (Dao 2023): 2.5x forward's time."""
+
+
+@dataclass(frozen=True, slots=True)
+class MatmulPoint:
+    flops: float
+    """2 m n k of the measured product."""
+    flop_per_s: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class HardwareProfile:
+    name: str
+    source: Literal["measured", "datasheet"]
+    memory_bytes: int
+    """Device memory, bytes (the budget's natural default)."""
+    peak_flop_per_s: dict[str, float]
+    """Dense datasheet peaks by dtype (for MFU); empty when the device has no datasheet row."""
+    matmul: dict[str, tuple[MatmulPoint, ...]]
+    """Measured matmul throughput by dtype, sorted by FLOPs; or one datasheet point per dtype."""
+    attention_flop_per_s: float
+    hbm_bytes_per_s: float
+    fragmentation: float = DEFAULT_FRAGMENTATION
+    """Peak reserved over peak allocated: the box's median, else the default."""
+    fragmentation_by_policy: dict[str, float] = field(default_factory=dict)
+    """The same for each checkpoint policy kind the box measured (headroom.core.measured.measurements.fragmentation_by_policy)."""
+    attention_backward_ratio: float = ATTENTION_BACKWARD_RATIO
+    host_bytes_per_s: float = DEFAULT_HOST_BYTES_PER_S
+    matmul_efficiency: float = DEFAULT_MATMUL_EFFICIENCY
+    """A large GEMM's rate over the dense peak: the shape model's anchor (headroom.core.timing.op_time)."""
+    sms: int = 0
+    """Streaming multiprocessors, for wave quantization; 0: unknown (no quantization)."""
+    kernel_gap_s: float = KERNEL_GAP_S
+    """What each kernel adds to its work (headroom.core.timing.op_time)."""
+    host: HostCosts = HostCosts()
+    """What the host pays to dispatch ops (headroom.core.timing.op_time)."""
+    device: str = "cuda"
+    """The device whose saving rules the ledger applies (headroom.core.specs.devices)."""
+    assumptions: tuple[str, ...] = field(default=())
+    """Which figures are defaults rather than measurements."""
+    collectives: CollectiveCurves | None = None
+    """Collective times measured over the box's devices (headroom.core.timing.collective_curves); None: datasheet links."""
+
+    def cluster(self, gpus_per_node: int = 8, inter: str | None = None) -> Cluster:
+        """Nodes of this device: its datasheet links (headroom.core.specs.interconnect.cluster_for; between nodes ``inter``, else
+        its generation's network), with the measured collectives inside a node where the box recorded them."""
+        return cluster_for(self.name, gpus_per_node, inter, self.collectives)
+
+    @property
+    def rates(self) -> DeviceRates:
+        """What headroom.core.timing.op_time prices ops with."""
+        return DeviceRates(self.peak_flop_per_s, self.matmul_efficiency, self.sms, self.attention_flop_per_s,
+                           self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s)
+
+    def fragmentation_text(self) -> str:
+        """The fragmentation a plan margins by, as text: "1.05", and each policy's where the box measured it."""
+        if not self.fragmentation_by_policy:
+            return f"{self.fragmentation:.2f}"
+        kinds = ", ".join(f"{'every-K' if kind == 'every' else kind} {ratio:.2f}"
+                          for kind, ratio in self.fragmentation_by_policy.items())
+        return f"{self.fragmentation:.2f} (by checkpoint policy: {kinds})"
+
+    def fragmentation_for(self, policy: RecomputePolicy) -> float:
+        """The allocator's fragmentation under ``policy``: its kind's measured ratio, else the box's median."""
+        return self.fragmentation_by_policy.get(policy.kind, self.fragmentation)
+
+    def price(self, ops: tuple[TracedOp, ...]) -> OpsTime:
+        """Device time of ``ops`` (headroom.core.timing.op_time): GEMMs by their shape, or on a device without a datasheet peak
+        (a CPU) at the measured rate of their size."""
+        return ops_time(self.rates, ops, None if self.peak_flop_per_s else self.matmul_flop_per_s)
+
+    @property
+    def host_runs_ahead(self) -> bool:
+        """The host queues kernels while the device runs earlier ones (a GPU), rather than running them itself."""
+        return self.device != "cpu"
+
+    def matmul_flop_per_s(self, dtype: str, flops: float) -> float:
+        """Throughput of a GEMM of ``flops``: log-linear interpolation over the measured sizes, clamped."""
+        points = self.matmul.get(dtype) or self.matmul.get("bf16") or next(iter(self.matmul.values()))
+        sizes = [p.flops for p in points]
+        i = bisect.bisect_left(sizes, flops)
+        if i == 0:
+            return points[0].flop_per_s
+        if i == len(points):
+            return points[-1].flop_per_s
+        lo, hi = points[i - 1], points[i]
+        t = (math.log(flops) - math.log(lo.flops)) / (math.log(hi.flops) - math.log(lo.flops))
+        return lo.flop_per_s + t * (hi.flop_per_s - lo.flop_per_s)
+
+
+def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
+    """A profile from the datasheet and the device family's cited curves (headroom.core.timing.device_curves)."""
+    curves = CURVES.get(hw.key)
+    if curves is None:
+        matmul, sms, attention, bandwidth = DEFAULT_MATMUL_EFFICIENCY, 0, DEFAULT_ATTENTION_EFFICIENCY, \
+            DEFAULT_BANDWIDTH_EFFICIENCY
+        sources = ("assumed",) * 3
+    else:
+        sms = curves.sms
+        matmul = anchor_efficiency(curves.matmul_tflop_per_s * 1e12, hw.peak("bf16"), *curves.matmul_shape, sms)
+        attention, bandwidth = curves.attention_efficiency, curves.bandwidth_efficiency
+        sources = (curves.matmul_source, curves.attention_source, curves.bandwidth_source)
+    return HardwareProfile(
+        name=hw.key,
+        source="datasheet",
+        memory_bytes=hw.memory_bytes,
+        peak_flop_per_s=dict(hw.peak_flop_per_s),
+        matmul={d: (MatmulPoint(1.0, p * matmul),) for d, p in hw.peak_flop_per_s.items()},
+        # Counted in full, a causal kernel's rate is twice what it executes.
+        attention_flop_per_s=2 * hw.peak("bf16") * attention,
+        hbm_bytes_per_s=hw.hbm_bytes_per_s * bandwidth,
+        matmul_efficiency=matmul,
+        sms=sms,
+        assumptions=(
+            f"GEMMs by shape from one large bf16 GEMM ({sources[0]})",
+            f"causal attention at {attention:.0%} of the bf16 peak ({sources[1]})",
+            f"memory-bound work at {bandwidth:.0%} of datasheet bandwidth ({sources[2]})",
+            f"allocator fragmentation {DEFAULT_FRAGMENTATION:.2f}x",
+            f"collectives at {DEFAULT_COLLECTIVE_EFFICIENCY:.0%} of link bandwidth",
+        ),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """Seconds of one optimizer step on one rank, by term."""
+
+    forward_s: float
+    """Device time of one micro-batch's forward (and of each term below, per micro-batch)."""
+    backward_s: float
+    recompute_s: float
+    offload_s: float
+    accumulation_s: float
+    """Per step, as every term below."""
+    optimizer_s: float
+    micro_batches: int
+    communication_s: float = 0.0
+    """Communication left exposed after overlap (per step)."""
+    bubble_s: float = 0.0
+    """Pipeline idle time (per step)."""
+    communication: tuple[CommTerm, ...] = ()
+    """Every collective of the step, before overlap."""
+    host_s: float = 0.0
+    """Host time to dispatch one micro-batch's ops (forward, backward and recompute)."""
+    host_runs_ahead: bool = True
+    """The host queues kernels ahead of the device (a GPU): a micro-batch takes the longer of the two. False (a
+    CPU): the host runs them, and the two add up."""
+    launches: int = 0
+    """Kernels one micro-batch launches (forward, recompute and backward)."""
+
+    @property
+    def waiting_s(self) -> float:
+        """Seconds the rank waits on others: exposed communication and, in a pipeline, its bubble. What
+        a profile of the rank measures as communication (headroom.agent.comm_time): a pipeline stage waiting for
+        its neighbour's activations cannot tell the link's time from the neighbour's compute."""
+        return self.communication_s + self.bubble_s
+
+    @property
+    def device_s(self) -> float:
+        """Device time of one micro-batch: forward, backward, recompute and offload."""
+        return self.forward_s + self.backward_s + self.recompute_s + self.offload_s
+
+    @property
+    def host_wait_s(self) -> float:
+        """What the host adds to a micro-batch: the time the device waits for kernels (GPU), or the dispatch
+        itself (CPU)."""
+        return max(0.0, self.host_s - self.device_s) if self.host_runs_ahead else self.host_s
+
+    @property
+    def host_bound(self) -> bool:
+        """The host, not the device, sets the micro-batch's pace."""
+        return self.host_runs_ahead and self.host_s > self.device_s
+
+    @property
+    def per_micro_batch_s(self) -> float:
+        return self.device_s + self.host_wait_s
+
+    @property
+    def step_device_s(self) -> float:
+        """Device time of the step's micro-batches: what ``plan`` reports as compute."""
+        return self.micro_batches * self.device_s
+
+    @property
+    def step_host_s(self) -> float:
+        """Host time to dispatch the step's micro-batches."""
+        return self.micro_batches * self.host_s
+
+    @property
+    def total_s(self) -> float:
+        return (self.micro_batches * self.per_micro_batch_s + self.accumulation_s + self.optimizer_s
+                + self.communication_s + self.bubble_s)
+
+    def by_term(self) -> dict[str, float]:
+        """Seconds per step by term; they add up to ``total_s``."""
+        m = self.micro_batches
+        return {"forward": self.forward_s * m, "backward": self.backward_s * m, "recompute": self.recompute_s * m,
+                "offload": self.offload_s * m, "host": self.host_wait_s * m, "accumulation": self.accumulation_s,
+                "optimizer": self.optimizer_s, "communication": self.communication_s, "bubble": self.bubble_s}
+
+
+def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: int,
+              cluster: Cluster | None = None) -> StepTime:
+    """Predicted time of one optimizer step (``accumulation_steps`` micro-batches) on one rank.
+
+    ``cluster``: the interconnect, needed when the layout spans more than one GPU.
+    """
+    spec, cfg = estimate.spec, estimate.config
+    layout = cfg.layout
+    rank = estimate.rank
+    ops = forward_ops(spec, cfg, profile.device, rank.layers, first=rank.first, last=rank.last)
+    price = profile.price
+    blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
+    head = price(ops.head)
+    forward_s = blocks.forward_s + head.forward_s
+    backward_s = blocks.backward_s + head.backward_s
+    recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
+    offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
+    forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
+    forward_s += forward_copy_s
+    backward_s += backward_copy_s
+    backward_kernels = blocks.backward_launches + head.backward_launches
+    launches = ops.launches + rerun_ops + backward_kernels
+    host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, backward_kernels)
+
+    static = estimate.static
+    accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
+    state = static.optimizer_states + static.master_weights
+    optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
+
+    m = accumulation_steps
+    compute = StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
+                       host_s=host_s, host_runs_ahead=profile.host_runs_ahead, launches=launches)
+    bubble_s = float(bubble_fraction(layout, m)) * m * compute.per_micro_batch_s
+    if layout.world == 1:
+        return replace(compute, bubble_s=bubble_s)
+    if cluster is None:
+        raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
+    terms = step_communication(spec, cfg, m, cluster)
+    exposed = exposed_seconds(terms, {
+        "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
+        "cp": m * (blocks.attention_s + blocks.backward_attention_s),
+    })
+    return replace(compute, communication_s=exposed, bubble_s=bubble_s, communication=terms)
+
+
+def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,
+               price: Callable[[tuple[TracedOp, ...]], OpsTime]) -> tuple[float, int]:
+    """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
+
+    Full and every-K rerun the blocks' forward, less what torch's early stop skips (headroom.core.memory.flops.recompute_flops:
+    the recomputed share of the blocks' FLOPs). Selective reruns the attention core. Op-selective reruns every
+    memory-bound op of the blocks, and under torchtitan every second matmul (the FLOPs headroom.core.memory.flops counts).
+    """
+    policy, flops = estimate.config.recompute, estimate.flops
+    if not policy.recomputes or not flops.blocks_forward:
+        return 0.0, 0
+    # Shares of the whole model's FLOPs (headroom.core.memory.flops), applied to this rank's time.
+    block_ops = sum(len(block) * n for block, n in ops.blocks)
+    if policy.recomputes_blocks:
+        return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
+    attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))
+    if policy.caches_matmuls:
+        matmul_flops = flops.blocks_forward - attention_flops
+        gemm_share = min(1.0, flops.recompute / matmul_flops) if matmul_flops else 0.0
+        return blocks.memory_s + blocks.gemm_s * gemm_share, block_ops
+    # Selective: the attention core's ops (headroom.core.memory.trace.TracedOp.attention_core), those a fused kernel reruns whole;
+    # of the explicit path's, the share of its FLOPs torch's early stop reruns (QK^T, not PV).
+    rerun = min(1.0, flops.recompute / attention_flops) if attention_flops else 0.0
+    core = [(tuple(op for op in block if op.attention_core), n) for block, n in ops.blocks]
+    seconds = sum(price(block).forward_s * n for block, n in core)
+    return seconds * rerun, sum(len(block) * n for block, n in core)
+
+
+def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, float]:
+    """FSDP's own memory traffic in one micro-batch's forward and backward: each unit's shard copied into the
+    all-gather's buffer and the gathered parameters copied out of it, in forward and again in backward (the
+    unit was resharded after forward); in backward also the unsharded gradients copied into the
+    reduce-scatter's buffer in the reduction's dtype, and the reduced shard accumulated into the sharded
+    gradient (FSDP2's ``foreach_all_gather`` copy-in and ``foreach_all_gather_copy_out``, and
+    ``foreach_reduce``'s copy-in, torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py). Read and written,
+    over the achieved bandwidth; none without ZeRO-3 or without ranks to shard over."""
+    config = estimate.config
+    ranks = config.dp * config.layout.cp
+    if config.zero < 3 or ranks == 1:
+        return 0.0, 0.0
+    parameters = sum(size * n for size, n in fsdp_units(estimate.spec, config.layout, estimate.rank))
+    compute, reduce = config.recipe.activation_bytes, config.recipe.grad_bytes
+    gather = 2 * parameters * compute * (1 + 1 / ranks)  # copy-in of the shard, copy-out of the whole, r + w
+    reduce_copies = 2 * parameters * reduce * (1 + 1 / ranks)  # the whole into the buffer, the shard out
+    return gather / profile.hbm_bytes_per_s, (gather + reduce_copies) / profile.hbm_bytes_per_s
+
+
+def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: int, backward_kernels: int) -> float:
+    """Host seconds to dispatch one micro-batch: forward and recompute op by op, backward kernel by kernel, and
+    under a selective-checkpoint context (op-selective) its Python policy for each forward and recomputed op."""
+    host = (forward_ops + rerun_ops) * costs.forward_op_s + backward_kernels * costs.backward_op_s
+    if config.recompute.caches_matmuls:
+        host += (forward_ops + rerun_ops) * costs.selective_checkpoint_op_s
+    return host
+
+
+def _dp_hideable(zero: int, m: int, forward_s: float, backward_s: float) -> float:
+    """Compute the data-parallel traffic can hide behind: the last backward for DDP and ZeRO-1 (gradients
+    are reduced once, as the last micro-batch's backward produces them), every backward for ZeRO-2,
+    every forward and backward for FSDP (gathers prefetched a unit ahead)."""
+    if zero <= 1:
+        return backward_s
+    if zero == 2:
+        return m * backward_s
+    return m * (forward_s + backward_s)
+
+
+def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int | None = None) -> float:
+    """Tokens per second across all data-parallel replicas (``ranks``, default the layout's dp)."""
+    replicas = cfg.dp if ranks is None else ranks
+    return cfg.tokens * time.micro_batches * replicas / time.total_s
