@@ -14,6 +14,7 @@ from headroom.cli.train_flags import (
     model_from_args,
     train_config,
 )
+from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
 from headroom.core.safe_text import MAX_LABELS, text_problem
 from headroom.core.specs.layout import Layout
@@ -206,7 +207,7 @@ def run_agent(args: argparse.Namespace) -> int:
                 return device_lost(lost, device, store.url)
             reports.append(report)
             if not args.json:
-                print(summarize(report))
+                print(wrap(summarize(report)))
             failed |= nothing_measured(report)
         if args.json:
             print_runs(store, reports)
@@ -252,7 +253,7 @@ def device_lost(lost, device, url: str) -> int:
     from headroom.agent.summary import summarize
 
     if lost.report is not None:
-        print(summarize(lost.report))
+        print(wrap(summarize(lost.report)))
     print(f"headroom: {device}: {lost}; the run is marked failed in {url}. Restart the process to measure again.",
           file=sys.stderr)
     return 1
@@ -344,7 +345,7 @@ def run_train(args: argparse.Namespace) -> int:
         if args.json:
             print_runs(store, [report])
         else:
-            print(summarize(report))
+            print(wrap(summarize(report)))
         return 1 if nothing_measured(report) else 0
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from headroom.cli.stop import stoppable
+from headroom.cli.wrap import wrap
 from headroom.core.safe_text import printable_lines
 from headroom.db.location import ENV_VAR, default_url
 
@@ -61,7 +62,7 @@ def run_info(args: argparse.Namespace) -> int:
 
     with open_store(args.db, mode="read") as store:
         info = store_info(store)
-    print(json.dumps(info, indent=2) if args.json else render_info(info))
+    print(json.dumps(info, indent=2) if args.json else wrap(render_info(info)))
     return 0
 
 

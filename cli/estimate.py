@@ -12,6 +12,7 @@ from headroom.cli.train_flags import (
     model_from_args,
     train_config,
 )
+from headroom.cli.wrap import wrap
 from headroom.core.measured.calibration import Calibration
 from headroom.core.memory.estimate import Estimate, estimate
 from headroom.core.memory.ledger import Ledger
@@ -79,13 +80,13 @@ def run(args: argparse.Namespace) -> int:
             report["time"] = timed
         print(json.dumps(report, indent=2))
     else:
-        print(render(result))
+        print(wrap(render(result)))
         if timed is not None:
-            print("\n" + render_time(timed))
+            print("\n" + wrap(render_time(timed)))
         if args.ledger:
-            print("\n" + render_ledger(result.ledger))
+            print("\n" + wrap(render_ledger(result.ledger)))
         if traced is not None:
-            print("\n" + render_trace(traced))
+            print("\n" + wrap(render_trace(traced)))
     return 0
 
 

@@ -30,9 +30,11 @@ def headroom(tmp_path_factory):
     """Run the CLI in a subprocess, as a user would: returns CompletedProcess.
 
     The default store lives in a fresh XDG data directory, so no test reads a
-    developer's own ~/.local/share/headroom.
+    developer's own ~/.local/share/headroom. Without $COLUMNS (a developer's
+    own is not passed on) the text is wrapped at the width of a pipe
+    (headroom.cli.wrap).
     """
-    env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"}
+    env = {k: v for k, v in os.environ.items() if k not in ("HEADROOM_DB", "COLUMNS")}
     env["XDG_DATA_HOME"] = str(tmp_path_factory.mktemp("xdg"))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -57,6 +59,7 @@ def run_cli(monkeypatch, tmp_path_factory, capsys):
     from headroom.cli.main import main
 
     monkeypatch.delenv("HEADROOM_DB", raising=False)
+    monkeypatch.delenv("COLUMNS", raising=False)  # a test that sets its own sets it after this
     monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path_factory.mktemp("xdg")))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:

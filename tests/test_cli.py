@@ -107,8 +107,9 @@ def test_bad_input_is_one_clear_line(run_cli, tmp_path, make_args, message):
     assert "Traceback" not in result.stderr
 
 
-def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(run_cli):
+def test_a_sequence_beyond_a_llamas_context_window_is_said_not_refused(run_cli, monkeypatch):
     """Training a RoPE model beyond its context window is context extension: planned, and said."""
+    monkeypatch.setenv("COLUMNS", "1000")  # the note's words, on one line (tests/test_cli_wrap.py: the layout)
     said = "seq-len 8,192 is beyond llama2-7b's 4,096-token context window: training there extends the context"
     estimate = run_cli("estimate", "--model", "llama2-7b", "--seq-len", "8192")
     assert estimate.returncode == 0 and f"note: {said}" in estimate.stdout
@@ -264,9 +265,10 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
 
 
-def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli):
+def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli, monkeypatch):
     """The text's communication line gives each axis and op once, with the bytes of all its terms (the
     blocks', the vocabulary's and the loss's all-reduces of tp are separate terms in --json)."""
+    monkeypatch.setenv("COLUMNS", "1000")  # the line whole (tests/test_cli_wrap.py: the layout)
     args = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8",
             "--tp", "4", "--sp", "off", "--zero", "1")
     terms = json.loads(run_cli(*args, "--json").stdout)["recommendation"]["communication"]

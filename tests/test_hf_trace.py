@@ -160,7 +160,8 @@ def test_a_model_deeper_than_a_trace_follows_is_refused_before_it_is_built(run_c
                              .replace("tmp_path_name", tmp_path.name))
 
 
-def test_estimate_trace_from_a_model_directory(run_cli, tmp_path):
+def test_estimate_trace_from_a_model_directory(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "1000")  # the report's content, not its wrapping (tests/test_cli_wrap.py)
     (tmp_path / "tiny-llama").mkdir()
     (tmp_path / "tiny-llama" / "config.json").write_text(json.dumps({**LLAMA, "_name_or_path": "acme/tiny-llama"}))
     flags = ("estimate", "--model", str(tmp_path / "tiny-llama"), "--seq-len", "128", "--micro-batch", "2",

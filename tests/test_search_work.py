@@ -54,6 +54,7 @@ def test_the_bound_counts_every_candidate_of_a_plan_and_its_advice():
 
 def test_the_command_line_says_where_a_search_stopped(run_cli, monkeypatch):
     monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 100)
+    monkeypatch.setenv("COLUMNS", "1000")  # the line whole, not wrapped (tests/test_cli_wrap.py)
     text = run_cli("plan", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "512")
     assert text.returncode == 0
     (line,) = [line for line in text.stdout.splitlines() if "work bound" in line]
