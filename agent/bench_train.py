@@ -47,6 +47,7 @@ from headroom.core.safe_text import printable
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import get_precision
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.step import HardwareProfile, step_time
 from headroom.db.models import TrainStepResult
 
@@ -58,6 +59,11 @@ class TrainSetup:
     accumulation_steps: int = 1
     warmup_steps: int = 2
     steps: int = 5
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The configuration measured, as a plan and the store write it down."""
+        return RunConfig(train=self.config, accumulation_steps=self.accumulation_steps)
 
     @property
     def label(self) -> str:
@@ -166,9 +172,7 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
     prediction = estimate(spec, cfg, device.type, setup.accumulation_steps)
     predicted_time = step_time(prediction, profile, setup.accumulation_steps).total_s if profile else None
     row = TrainStepResult(
-        model_name=spec.name, model_spec=spec.to_dict(), seq_len=cfg.seq_len, micro_batch=cfg.micro_batch,
-        accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute), attention=cfg.attention,
-        precision=cfg.precision, optimizer=cfg.optimizer,
+        model_name=spec.name, model_spec=spec.to_dict(), **setup.run_config.columns(),
         prediction=prediction.to_dict() | {"step_time_s": predicted_time},
         predicted_peak_bytes=prediction.peak_bytes,
         predicted_activation_bytes=prediction.ledger.saved_bytes,
@@ -257,15 +261,13 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
 
 
 def case(setup: TrainSetup, profile: ProfileSource = None, expected_s: float = 2.0) -> Case:
-    cfg = setup.config
     return Case(
         kind="train",
         name=setup.label,
         expected_s=expected_s,
         measure=functools.partial(measure, setup=setup, profile=profile),
         failed=lambda status, message: TrainStepResult(
-            model_name=setup.spec.name, model_spec=setup.spec.to_dict(), seq_len=cfg.seq_len,
-            micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
-            attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, status=status, message=message,
+            model_name=setup.spec.name, model_spec=setup.spec.to_dict(), **setup.run_config.columns(),
+            status=status, message=message,
         ),
     )

@@ -60,10 +60,9 @@ from headroom.agent.launch import Launch, LaunchFailed, emit
 from headroom.agent.rank import RankInfo, add_rank_flags, join, leave, settled
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import estimate, for_rank
-from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.step import step_time
 from headroom.db.models import TrainStepResult
 
@@ -106,19 +105,15 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
 
 
 def setup_document(setup: bench_train.TrainSetup) -> dict:
-    """``setup`` as JSON-ready data."""
-    cfg = setup.config
-    config = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
-    config |= {"recompute": str(cfg.recompute), "layout": dataclasses.asdict(cfg.layout)}
-    return {"spec": setup.spec.to_dict(), "config": config,
-            "accumulation_steps": setup.accumulation_steps, "warmup_steps": setup.warmup_steps, "steps": setup.steps}
+    """``setup`` as JSON-ready data: the model, its run configuration's document, the steps to time."""
+    return {"spec": setup.spec.to_dict(), "run": setup.run_config.to_dict(), "warmup_steps": setup.warmup_steps,
+            "steps": setup.steps}
 
 
 def setup_from_document(doc: dict) -> bench_train.TrainSetup:
-    config = doc["config"] | {"recompute": parse_policy(doc["config"]["recompute"]),
-                              "layout": Layout(**doc["config"]["layout"])}
-    return bench_train.TrainSetup(spec=ModelSpec(**doc["spec"]), config=TrainConfig(**config),
-                                  accumulation_steps=doc["accumulation_steps"], warmup_steps=doc["warmup_steps"],
+    run = RunConfig.from_dict(doc["run"])
+    return bench_train.TrainSetup(spec=ModelSpec(**doc["spec"]), config=run.train,
+                                  accumulation_steps=run.accumulation_steps, warmup_steps=doc["warmup_steps"],
                                   steps=doc["steps"])
 
 
@@ -376,12 +371,9 @@ def _release(info: RankInfo) -> None:
 
 
 def base_row(setup: bench_train.TrainSetup, rank: int, world: int) -> TrainStepResult:
-    cfg = setup.config
     return TrainStepResult(
-        model_name=setup.spec.name, model_spec=setup.spec.to_dict(), seq_len=cfg.seq_len,
-        micro_batch=cfg.micro_batch, accumulation_steps=setup.accumulation_steps, recompute=str(cfg.recompute),
-        attention=cfg.attention, precision=cfg.precision, optimizer=cfg.optimizer, rank=rank, world_size=world,
-        layout=dataclasses.asdict(cfg.layout),
+        model_name=setup.spec.name, model_spec=setup.spec.to_dict(), **setup.run_config.columns(), rank=rank,
+        world_size=world, layout=dataclasses.asdict(setup.config.layout),
     )
 
 

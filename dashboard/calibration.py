@@ -1,7 +1,9 @@
 """The Calibration page's logic: each measured training step against the core's prediction.
 
-Predictions are the ones stored with each step at measurement time
-(``predicted_*`` columns). Memory compares peak allocated bytes where the
+The points and their error statistics (`memory_points`, `time_points`, `error_stats`) use the predictions stored
+with each step at measurement time (``predicted_*`` columns), by the core of that day, with no factor. The factor
+table (`factor_table`) is the calibration plans apply: today's core predicts every step again, and the error after
+its factor is in-sample (headroom.core.measured.calibration). Memory compares peak allocated bytes where the
 device reports them (CUDA) and saved-activation bytes otherwise (CPU, where
 torch has no allocator statistics). One convention, headroom.core.measured.calibration's:
 ``ratio`` is measured / predicted and ``error`` is ratio - 1 (positive: the
@@ -14,8 +16,12 @@ import math
 
 import pandas as pd
 
+from headroom.core.measured.calibration import Calibration
 from headroom.core.measured.measurements import TrainStepRecord
 from headroom.core.units import GB
+
+MISSING = "-"
+"""What a text cell shows where nothing was measured (as headroom.dashboard.columns.MISSING, without Streamlit)."""
 
 
 def memory_points(train: pd.DataFrame) -> pd.DataFrame:
@@ -86,6 +92,41 @@ def error_stats(points: pd.DataFrame) -> pd.DataFrame:
         stats["noisy"] = stats["noisy"].astype(int)
     stats.columns = columns
     return stats.reset_index(drop=True)
+
+
+FACTOR_COLUMNS = ["quantity", "steps used", "factor (measured / predicted)", "applied", "median |error| before",
+                  "median |error| after (in-sample)", "error range after (in-sample)", "left out"]
+"""The factor table's columns: the ``before`` and ``after`` statistics are over the steps the factor is fitted on,
+predicted by today's core; ``after`` is in-sample."""
+
+
+def factor_table(fit: Calibration) -> pd.DataFrame:
+    """What plans apply (headroom.core.measured.calibration): a row for peak memory, step time and communication,
+    and one for the saved-activation check where it has steps. Text cells: "-" where no step was used, and in the
+    ``after`` columns where no factor is applied (then ``before`` is what plans carry); one step is its own factor,
+    so its ``after`` says so instead of 0%."""
+    rows = []
+    for what, one in (("peak memory", fit.memory), ("step time", fit.time), ("communication", fit.communication),
+                      ("saved activations (check only)", fit.activations)):
+        if what.startswith("saved") and not (one.samples or one.noisy or one.outliers):
+            continue
+        applied = one.applied and not what.startswith("saved")
+        used = one.samples > 0
+        low_high = one.error_range
+        if not applied:
+            after = spread = MISSING
+        elif one.samples == 1:  # a factor fitted on one step leaves it no error: no accuracy to claim
+            after, spread = "0% by construction (one step)", MISSING
+        else:
+            after, spread = f"{one.error:.1%}", f"{low_high[0]:+.1%} to {low_high[1]:+.1%}"
+        rows.append({
+            "quantity": what, "steps used": one.samples,
+            "factor (measured / predicted)": f"x{one.factor:.3f}" if used else MISSING,
+            "applied": "yes" if applied else "no",
+            "median |error| before": f"{one.raw_error:.1%}" if used else MISSING,
+            "median |error| after (in-sample)": after, "error range after (in-sample)": spread,
+            "left out": one.noisy + len(one.outliers)})
+    return pd.DataFrame(rows, columns=FACTOR_COLUMNS)
 
 
 def _number(value) -> float | None:

@@ -17,9 +17,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from headroom.core.measured.calibration import Calibration, Fit
 from headroom.core.safe_text import printable
+
+if TYPE_CHECKING:
+    from headroom.core.planning.planner import Plan
 
 _MARKUP = re.compile(r"([\\`*_\[\]<>~$&:|#!])")
 _LINKABLE = re.compile(r"(?i)(://|www\.|@)")
@@ -35,10 +39,29 @@ def plain(text: object) -> str:
 
 
 def shown_calibration(calibration: Calibration) -> Calibration:
-    """``calibration`` with the stored text its confidence quotes (the device's name, steps' labels) made plain."""
+    """``calibration`` with the stored text its confidence quotes (the device's name, steps' labels, the measured
+    models and policies) made plain."""
     def fit(one: Fit) -> Fit:
         return replace(one, outliers=tuple(plain(label) for label in one.outliers))
 
+    measured_on = calibration.measured_on
     return replace(calibration, device=plain(calibration.device), memory=fit(calibration.memory),
                    time=fit(calibration.time), communication=fit(calibration.communication),
-                   activations=fit(calibration.activations))
+                   activations=fit(calibration.activations),
+                   measured_on=replace(measured_on, models=tuple(plain(m) for m in measured_on.models),
+                                       policies=tuple(plain(p) for p in measured_on.policies)))
+
+
+def confidence_markdown(calibration: Calibration, plan: Plan | None = None) -> str:
+    """The confidence as Markdown: a bold heading over a list, one topic an item
+    (headroom.core.measured.calibration.Calibration.confidence_lines), stored text made plain. With ``plan``, an
+    item says whether its model, GPU count and policy (the recommendation's, else the pinned candidate's) lie
+    inside what was measured."""
+    shown = shown_calibration(calibration)
+    if plan is None:
+        lines = shown.confidence_lines()
+    else:
+        request, candidate = plan.request, plan.recommendation or plan.pinned
+        lines = shown.confidence_lines(plain(request.spec.name), request.gpus or request.train.layout.world,
+                                       plain(str(candidate.config.recompute)) if candidate is not None else None)
+    return "**Confidence:**\n" + "\n".join(f"- {line}" for line in lines)

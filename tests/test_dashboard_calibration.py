@@ -1,5 +1,7 @@
 """The Calibration page marks the noisy steps that the step-time factor leaves out, so its table counts the
-steps the factor uses (headroom.core.measured.calibration: a busy host, or repetitions spread more than their median)."""
+steps the factor uses (headroom.core.measured.calibration: a busy host, or repetitions spread more than their median).
+Its two kinds of table say which predictions they compare with: the ones stored with each step (no factor, by
+policy), and today's core's with the factor plans apply (in-sample); "-" where nothing was measured."""
 
 from __future__ import annotations
 
@@ -61,6 +63,24 @@ def test_the_step_time_table_leaves_out_and_counts_the_noisy_steps_as_the_factor
          "median |error|": pytest.approx(0.25), "worst |error|": pytest.approx(0.25), "noisy, left out": 2}]
     step_time = factors[factors["quantity"] == "step time"].iloc[0]
     assert (step_time["steps used"], step_time["left out"]) == (1, 2)  # the factor's own count
+    assert factors.to_dict("records")[2] == {  # one GPU: no communication measured
+        "quantity": "communication", "steps used": 0, "factor (measured / predicted)": "-", "applied": "no",
+        "median |error| before": "-", "median |error| after (in-sample)": "-", "error range after (in-sample)": "-",
+        "left out": 0}
+    markdown = [m.value for m in at.markdown]
+    assert markdown[:2] == [
+        f"**{title} against the prediction stored with each step (no factor): error by device and policy**"
+        for title in ("Peak memory", "Step time")]
+    confidence = markdown[2].split("\n")
+    assert confidence[:2] == ["**Confidence:**",
+                              f"- Measured on {DEVICE}: 3 steps. Models: llama2-7b. GPUs: 1. Policies: none."]
+    assert confidence[-1] == "- Communication: -."
+    assert ("Today's core predicts every step again with the device's measured profile. Steps the agent flagged (a "
+            "busy host, repetitions that disagree) are left out. Outliers (more than 2x from the median) are left out. "
+            "The median measured / predicted of the rest is the factor plans multiply by. A factor beyond 2x is not "
+            "applied. The error after the factor is in-sample: the factor is fitted on the same steps. The tables above "
+            "differ: they compare each step with the prediction stored when it ran, by policy, with no factor.") in [
+        c.value for c in at.caption]
     assert dict(zip(steps["label"], steps["noisy"], strict=True)) == {
         f"llama2-7b s4096 micro {micro} x1 none amp-bf16": why for micro, why in ((1, ""), (2, BUSY), (4, SPREAD))}
     assert ("2 of 3 measured steps' times are noisy (the agent found the host busy, or the slowest repetition took "
@@ -83,3 +103,41 @@ def test_noisy_follows_the_cores_rule():
     assert stats.to_dict("records") == [
         {"device": "gpu", "policy": "none", "steps": 2, "measured / predicted (median)": pytest.approx(1.5),
          "median |error|": pytest.approx(0.5), "worst |error|": pytest.approx(1.0), "noisy, left out": 2}]
+
+
+def test_the_factor_table_reads_a_dash_where_nothing_was_fitted_or_applied():
+    from headroom.core.measured.calibration import Observation, calibrate
+    from headroom.dashboard.calibration import FACTOR_COLUMNS, factor_table
+
+    # Peak memory 1.1x, 1.2x and 1.4x its prediction; step time 3x (beyond 2x: not applied); a ledger check.
+    fit = calibrate("gpu", [Observation(10.0, 10.0 * r, 1.0, 3.0, f"s{i}", predicted_activation_bytes=5.0,
+                                        measured_activation_bytes=5.0) for i, r in enumerate((1.1, 1.2, 1.4))])
+    table = factor_table(fit)
+    assert list(table.columns) == FACTOR_COLUMNS
+    assert table.to_dict("records") == [
+        {"quantity": "peak memory", "steps used": 3, "factor (measured / predicted)": "x1.200", "applied": "yes",
+         "median |error| before": "20.0%", "median |error| after (in-sample)": "8.3%",  # |1.1 / 1.2 - 1|
+         "error range after (in-sample)": "-8.3% to +16.7%", "left out": 0},
+        {"quantity": "step time", "steps used": 3, "factor (measured / predicted)": "x3.000", "applied": "no",
+         "median |error| before": "200.0%", "median |error| after (in-sample)": "-",
+         "error range after (in-sample)": "-", "left out": 0},
+        {"quantity": "communication", "steps used": 0, "factor (measured / predicted)": "-", "applied": "no",
+         "median |error| before": "-", "median |error| after (in-sample)": "-", "error range after (in-sample)": "-",
+         "left out": 0},
+        {"quantity": "saved activations (check only)", "steps used": 3, "factor (measured / predicted)": "x1.000",
+         "applied": "no", "median |error| before": "0.0%", "median |error| after (in-sample)": "-",
+         "error range after (in-sample)": "-", "left out": 0}]
+    one = factor_table(calibrate("gpu", [Observation(None, None, 1.0, 1.2, "one step")])).to_dict("records")[1]
+    assert (one["factor (measured / predicted)"], one["median |error| after (in-sample)"],
+            one["error range after (in-sample)"]) == ("x1.200", "0% by construction (one step)", "-")
+
+
+def test_the_confidence_shows_stored_names_as_text_one_topic_an_item():
+    from headroom.core.measured.calibration import Observation, calibrate
+    from headroom.dashboard.text import confidence_markdown, plain
+
+    forged = "[click](https://x.example)"
+    fit = calibrate(forged, [Observation(None, None, 1.0, 1.0, "s", model=forged, gpus=1, policy="*none*")])
+    assert confidence_markdown(fit).split("\n")[:2] == [
+        "**Confidence:**",
+        f"- Measured on {plain(forged)}: 1 step. Models: {plain(forged)}. GPUs: 1. Policies: \\*none\\*."]

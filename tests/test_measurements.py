@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from headroom.core.errors import ConfigError
-from headroom.core.measured.calibration import Observation
+from headroom.core.measured.calibration import MeasuredOn, Observation
 from headroom.core.measured.measurements import (
     UNMEASURED_BANDWIDTH_BYTES_PER_S,
     AttentionRecord,
@@ -186,11 +186,12 @@ def test_observations_pair_peaks_where_measured_and_saved_activations_wherever_p
     predicted = predict_step(cpu_step, PROFILE)
     observations = step_observations([cpu_step, step(model_spec={"bogus": 1}), cuda_step], PROFILE)
     label = "bench-llama-small micro 2 x1 none"
+    ran = {"model": "bench-llama-small", "gpus": 1, "policy": "none"}
     assert observations == [
         Observation(None, None, predicted.step_time_s, 0.5, label, predicted_activation_bytes=predicted.saved_bytes,
-                    measured_activation_bytes=1000),
+                    measured_activation_bytes=1000, **ran),
         Observation(predicted.peak_bytes, 5000, predicted.step_time_s, 0.25, label,
-                    predicted_activation_bytes=predicted.saved_bytes, measured_activation_bytes=900),
+                    predicted_activation_bytes=predicted.saved_bytes, measured_activation_bytes=900, **ran),
     ]
 
 
@@ -232,13 +233,26 @@ def test_calibration_factor_and_errors_by_hand():
     assert calibration.memory.samples == 0  # no allocator peak on a CPU: nothing to calibrate a peak with
     assert calibration.time.applied and calibration.time.correction == 2.0
     assert not calibration_from_steps("Some Host CPU", [], PROFILE).calibrated
+    # What the steps ran, named as a CPU's ranks are: devices.
+    assert calibration.measured_on == MeasuredOn(3, ("bench-llama-small",), (1,), ("none",), unit="device")
+    assert calibration.confidence_lines("llama3-70b", 64)[:2] == (
+        "Measured on Some Host CPU: 3 steps. Models: bench-llama-small. Devices: 1. Policies: none.",
+        "This plan: llama3-70b, 64 devices: outside what was measured (model, device count).")
+
+
+def test_what_a_multi_rank_step_ran_is_its_layouts_world_size():
+    pair = step(layout={"tp": 2, "sp": True}, rank=1, communication_s=0.1)
+    assert pair.world == 2 and step().world == 1
+    (observation,) = step_observations([pair], PROFILE)
+    assert (observation.model, observation.gpus, observation.policy) == ("bench-llama-small", 2, "none")
 
 
 def test_stored_steps_the_core_cannot_read_are_left_out_and_counted():
     poisoned = [step(model_spec=SPEC | {"n_layers": 10**12}), step(model_spec=SPEC | {"hidden": "wide"})]
     calibration = calibration_from_steps("cpu", [step(activation_bytes=1000), *poisoned], PROFILE)
     assert calibration.time.samples == 1 and calibration.unreadable == 2
-    assert "2 stored steps left out: today's core cannot read their configuration" in calibration.confidence()
+    assert calibration.confidence_lines()[-1] == ("2 stored steps left out: today's core cannot read their "
+                                                  "configuration.")
     assert calibration.to_dict()["unreadable_steps"] == 2
 
 

@@ -280,7 +280,8 @@ def test_tensor_parallel_steps_predict_time_and_communication_from_measured_coll
     paired = [o for o in observations if o.predicted_communication_s and o.measured_communication_s]
     fit = calibration.communication
     assert fit.samples + fit.noisy + len(fit.outliers) == len(paired) >= 4 and fit.samples
-    assert "communication: measured/predicted x" in calibration.confidence()
+    assert "Communication: measured/predicted x" in calibration.confidence()
+    assert 2 in calibration.measured_on.gpus
 
 
 @pytest.mark.slow
@@ -292,9 +293,10 @@ def test_agent_train_prints_each_rank_and_its_communication(fleet):
     assert out.count("exposed communication") == 4
 
 
-def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path):
+def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path, monkeypatch):
     """8.03e9 parameters x 20 bytes at the fp32 AdamW step: 16 of static state and foreach's copy of the
     second moments."""
+    monkeypatch.setenv("COLUMNS", "1000")  # the summary's content, not its wrapping (tests/test_cli_wrap.py)
     result = run_cli("agent", "train", "--model", "llama3-8b", "--device", "cpu", "--db",
                       f"sqlite:///{tmp_path / 'big.db'}", "--quiet")
     assert result.returncode == 1

@@ -27,7 +27,13 @@ def test_plan_uses_the_cpus_measurements_and_reports_calibration(run_cli, measur
     # against the bytes autograd held, which it predicts exactly.
     assert calibration["memory"]["samples"] == 0 and calibration["activations"]["samples"] == 10
     assert calibration["activations"]["raw_error"] < 0.02
-    assert "saved activations (a check of the ledger, not applied)" in calibration["confidence"]
+    assert "Saved activations (a check of the ledger, not applied)" in calibration["confidence"]
+    # What the smoke suite ran (agent/suites.py: SMOKE_TRAIN), named: every step counts through its ledger check.
+    assert calibration["measured_on"] == {"steps": 10, "models": ["bench-llama-small"], "gpus": [1],
+                                          "policies": ["every-2", "full", "none", "op-selective", "selective"],
+                                          "unit": "device"}
+    assert calibration["confidence"].startswith(f"Measured on {cpu}: 10 steps. Models: bench-llama-small. Devices: 1. "
+                                                "Policies: every-2, full, none, op-selective, selective. ")
     best = plan["recommendation"]
     assert best["micro_batch"] * best["accumulation_steps"] == 8
 
@@ -40,7 +46,7 @@ def test_plan_falls_back_to_the_datasheet_and_says_so(run_cli, measured_cpu):
     plan = json.loads(result.stdout)
     assert plan["hardware"]["source"] == "datasheet"
     assert any(a.startswith("GEMMs by shape from one large bf16 GEMM") for a in plan["hardware"]["assumptions"])
-    assert plan["calibration"]["confidence"].startswith("uncalibrated")
+    assert plan["calibration"]["confidence"] == "Uncalibrated: no measured training steps on h100-sxm."
 
 
 def test_impossible_plan_explains_itself(run_cli):

@@ -107,7 +107,7 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
     assert corrected.step_time_s == pytest.approx(raw.step_time_s * 1.5, rel=1e-9)
     assert corrected.calibrated_peak_bytes == pytest.approx(raw.calibrated_peak_bytes * 1.10, rel=1e-6)
     assert corrected.estimate.peak_bytes == raw.estimate.peak_bytes == raw.calibrated_peak_bytes  # raw: uncorrected
-    assert "peak memory: measured/predicted x1.100 over 3 steps" in calibration.confidence()
+    assert "Peak memory: measured/predicted x1.100 over 3 steps, applied." in calibration.confidence()
 
 
 @pytest.mark.parametrize("budget_gb", [80, 1.01], ids=["fits", "nothing fits"])

@@ -66,8 +66,9 @@ class Run:
 
     @classmethod
     def of(cls, request: PlanRequest, best: Candidate) -> Run:
-        cfg = best.config
-        if cfg.layout.dp * cfg.micro_batch * best.accumulation_steps != request.global_batch:
+        run = best.run_config
+        cfg = run.train
+        if cfg.layout.dp * run.sequences_per_rank != request.global_batch:
             raise ConfigError(
                 f"the candidate's dp {cfg.layout.dp} x micro-batch {cfg.micro_batch} x accumulation "
                 f"{best.accumulation_steps} is not the request's global batch {request.global_batch}; "
@@ -75,7 +76,7 @@ class Run:
             )
         return cls(spec=request.spec, seq_len=cfg.seq_len,
                    global_batch=request.global_batch, micro_batch=cfg.micro_batch,
-                   accumulation_steps=best.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
+                   accumulation_steps=run.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
                    stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8)
 

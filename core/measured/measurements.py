@@ -28,7 +28,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 
 from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import (
@@ -39,11 +39,12 @@ from headroom.core.measured.calibration import (
 )
 from headroom.core.memory.estimate import estimate, for_rank
 from headroom.core.memory.flops import attention_forward_flops
-from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import match_device
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import VERSION as RUN_CONFIG_VERSION
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
 from headroom.core.timing.device_curves import CURVES
 from headroom.core.timing.op_time import HostCosts, anchor_efficiency
@@ -163,8 +164,22 @@ class TrainStepRecord:
                 json.dumps(self.layout, sort_keys=True), self.rank, self.stack)
 
     @property
+    def world(self) -> int:
+        """Ranks the step ran on: its layout's world size, 1 on one device."""
+        return Layout(**self.layout).world if self.layout else 1
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The configuration the step ran; ConfigError where today's core cannot read it."""
+        return RunConfig.from_dict({
+            "version": RUN_CONFIG_VERSION, "seq_len": self.seq_len, "micro_batch": self.micro_batch,
+            "accumulation_steps": self.accumulation_steps, "precision": self.precision, "optimizer": self.optimizer,
+            "attention": self.attention, "dropout": self.dropout, "recompute": self.recompute, "stack": self.stack,
+            "layout": dict(self.layout) if self.layout else asdict(Layout())})
+
+    @property
     def label(self) -> str:
-        ranks = f" rank {self.rank}/{Layout(**self.layout).world}" if self.layout else ""
+        ranks = f" rank {self.rank}/{self.world}" if self.layout else ""
         stack = f" ({self.stack})" if self.stack != "reference" else ""
         return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{stack}{ranks}"
 
@@ -385,22 +400,19 @@ def predict_step(step: TrainStepRecord, profile: HardwareProfile) -> StepPredict
     """
     try:
         spec = ModelSpec(**step.model_spec)
-        layout = Layout(**step.layout) if step.layout else Layout()
-        config = TrainConfig(seq_len=step.seq_len, micro_batch=step.micro_batch, precision=step.precision,
-                             optimizer=step.optimizer, attention=step.attention,
-                             recompute=parse_policy(step.recompute), dropout=step.dropout, layout=layout,
-                             stack=step.stack)
-        predicted = for_rank(estimate(spec, config, profile.device, step.accumulation_steps), step.rank)
+        run = step.run_config
+        predicted = for_rank(estimate(spec, run.train, profile.device, run.accumulation_steps), step.rank)
     except (ConfigError, TypeError):
         return None
-    cluster = profile.cluster() if layout.world > 1 else None
+    cluster = profile.cluster() if run.train.layout.world > 1 else None
     timing = step_time(predicted, profile, step.accumulation_steps, cluster)
     return StepPrediction(predicted.peak_bytes, predicted.ledger.saved_bytes, timing.total_s,
                           timing.waiting_s)
 
 
 def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile) -> list[Observation]:
-    """Each step that still reads, predicted again now, paired with what it measured.
+    """Each step that still reads, predicted again now, paired with what it measured and what it ran (model,
+    ranks, checkpoint policy: what the confidence names).
 
     Memory pairs the predicted peak with the measured peak allocated bytes
     where the step has them (CUDA), and the ledger's saved-activation bytes
@@ -423,6 +435,7 @@ def step_observations(steps: Iterable[TrainStepRecord], profile: HardwareProfile
             predicted_communication_s=communication[0], measured_communication_s=communication[1],
             predicted_activation_bytes=predicted.saved_bytes if step.activation_bytes else None,
             measured_activation_bytes=step.activation_bytes, noisy=step.noisy,
+            model=step.model_name, gpus=step.world, policy=step.recompute,
         ))
     return observations
 
@@ -432,4 +445,5 @@ def calibration_from_steps(device_name: str, steps: Iterable[TrainStepRecord], p
     the steps it cannot predict any more (an older core's configuration, a damaged row) are counted."""
     steps = list(steps)
     observations = step_observations(steps, profile)
-    return replace(calibrate(device_name, observations), unreadable=len(steps) - len(observations))
+    unit = "device" if profile.device == "cpu" else "GPU"
+    return replace(calibrate(device_name, observations, unit), unreadable=len(steps) - len(observations))

@@ -43,6 +43,7 @@ from headroom.core.specs.layout import MAX_GPUS, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import get_precision
 from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.specs.stack import get_stack
 from headroom.core.timing.run_cost import RunCost, Utilization, check_run, utilization
 from headroom.core.timing.step import HardwareProfile, StepTime, step_time, tokens_per_s
@@ -261,8 +262,13 @@ class Candidate:
         return self.estimate.config
 
     @property
+    def run_config(self) -> RunConfig:
+        """What this candidate runs, as the agent measures it and an export writes it."""
+        return RunConfig(train=self.config, accumulation_steps=self.accumulation_steps)
+
+    @property
     def label(self) -> str:
-        return f"micro {self.config.micro_batch} x accum {self.accumulation_steps}, {self.config.recompute}"
+        return self.run_config.label
 
     @property
     def layout(self) -> Layout:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import pandas as pd
 import streamlit as st
 
 from headroom.core.errors import ConfigError
 from headroom.core.safe_text import printable
 from headroom.dashboard import calibration, charts, columns, data
 from headroom.dashboard.notices import readable_store, store_notice
-from headroom.dashboard.text import plain, shown_calibration
+from headroom.dashboard.text import confidence_markdown, plain
 
 st.title("Calibration")
 url = readable_store()
@@ -43,7 +42,7 @@ with right:
     if len(time):
         st.altair_chart(charts.build_calibration_chart(time, "s per step"), width="stretch")
 for title, points in ((memory_title.removesuffix(" (GB)"), memory), ("Step time", time)):
-    st.markdown(f"**{title}: error by device and policy**")
+    st.markdown(f"**{title} against the prediction stored with each step (no factor): error by device and policy**")
     st.dataframe(calibration.error_stats(points), hide_index=True, column_config=columns.ERROR_STATS,
                  placeholder=columns.MISSING)
 noisy = int(time["noisy"].astype(bool).sum()) if len(time) else 0
@@ -56,10 +55,11 @@ if len(time):
                      column_config=columns.STEPS, placeholder=columns.MISSING)
 
 st.subheader("What plans apply")
-st.caption("Every step is predicted again by today's core with the device's measured profile. Steps the agent "
-           "flagged (a busy host, repetitions that disagree) and outliers (more than 2x from the median) are left "
-           "out; the median measured / predicted of the rest is the factor plans multiply by, unless it is beyond "
-           "2x, and the error left after it is the confidence plans quote.")
+st.caption("Today's core predicts every step again with the device's measured profile. Steps the agent flagged "
+           "(a busy host, repetitions that disagree) are left out. Outliers (more than 2x from the median) are left "
+           "out. The median measured / predicted of the rest is the factor plans multiply by. A factor beyond 2x is "
+           "not applied. The error after the factor is in-sample: the factor is fitted on the same steps. The tables "
+           "above differ: they compare each step with the prediction stored when it ran, by policy, with no factor.")
 device = st.selectbox("device", chosen, format_func=printable, key="calibration_factor_device")
 if device is not None:
     try:
@@ -67,14 +67,5 @@ if device is not None:
     except ConfigError as err:
         st.warning(f"{plain(device)}: {plain(err)}")
     else:
-        rows = []
-        for what, one in (("peak memory", fit.memory), ("step time", fit.time), ("communication", fit.communication),
-                          ("saved activations (check only)", fit.activations)):
-            if one.samples or one.noisy or one.outliers:
-                rows.append({"quantity": what, "steps used": one.samples,
-                             "measured / predicted": f"x{one.factor:.3f}",
-                             "applied": "yes" if one.applied and "check" not in what else "no",
-                             "median |error| after": f"{one.error:.1%}", "left out": one.noisy + len(one.outliers)})
-        if rows:
-            st.dataframe(pd.DataFrame(rows), hide_index=True)
-        st.markdown(f"**Confidence:** {shown_calibration(fit).confidence()}")
+        st.dataframe(calibration.factor_table(fit), hide_index=True)
+        st.markdown(confidence_markdown(fit))

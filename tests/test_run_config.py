@@ -1,0 +1,95 @@
+"""headroom.core.specs.run_config: one training configuration, written down one way, read back exactly."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from headroom.agent.bench_train import TrainSetup
+from headroom.agent.train_ranks import setup_document, setup_from_document
+from headroom.core.errors import ConfigError
+from headroom.core.measured.measurements import TrainStepRecord
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import KEYS, VERSION, RunConfig
+from headroom.db.models import TrainStepResult
+
+CONFIGS = [
+    RunConfig(train=TrainConfig(seq_len=2048)),
+    RunConfig(train=TrainConfig(seq_len=4096, micro_batch=2, precision="bf16-pure", optimizer="sgd", dropout=0.1,
+                                attention="standard", recompute=parse_policy("every-2"), stack="megatron"),
+              accumulation_steps=8),
+    RunConfig(train=TrainConfig(seq_len=8192, recompute=parse_policy("selective"), stack="megatron",
+                                layout=Layout(tp=8, sp=True, pp=4, schedule="interleaved", virtual_stages=2, cp=2,
+                                              dp=16, zero=1)),
+              accumulation_steps=4),
+]
+
+
+@pytest.mark.parametrize("run", CONFIGS, ids=lambda r: r.label)
+def test_the_document_reads_back_as_the_same_configuration(run):
+    document = run.to_dict()
+    assert list(document) == list(KEYS) and document["version"] == VERSION
+    assert RunConfig.from_dict(json.loads(json.dumps(document))) == run
+
+
+def test_the_document_of_a_configuration_written_by_hand():
+    run = CONFIGS[1]
+    assert run.to_dict() == {
+        "version": 1, "seq_len": 4096, "micro_batch": 2, "accumulation_steps": 8, "recompute": "every-2",
+        "attention": "standard", "precision": "bf16-pure", "optimizer": "sgd", "dropout": 0.1, "stack": "megatron",
+        "layout": {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1, "dp": 1,
+                   "zero": 0, "ep": 1},
+    }
+    assert (run.label, run.sequences_per_rank) == ("micro 2 x accum 8, every-2", 16)
+
+
+@pytest.mark.parametrize(("change", "message"), [
+    ({"version": 2}, "run configuration version 2 is not one this Headroom reads (1)"),
+    ({"colour": "red"}, "run configuration: unknown keys 'colour'; valid keys: " + ", ".join(KEYS)),
+    ({"layout": {"tp": 2, "wings": 1}}, "run configuration: layout must be an object of"),
+    ({"recompute": 2}, "run configuration: recompute must be a policy name, got 2"),
+    ({"recompute": "sometimes"}, "sometimes"),
+    ({"accumulation_steps": 0}, "accumulation steps must be a whole number from 1 to 1,048,576, got 0"),
+    ({"accumulation_steps": 2.0}, "accumulation steps must be a whole number from 1 to 1,048,576, got 2.0"),
+    ({"dropout": "lots"}, "run configuration: "),
+    ({"micro_batch": -1}, "micro-batch must be a positive integer, got -1"),
+])
+def test_a_bad_document_is_refused_by_what_is_wrong(change, message):
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_dict(CONFIGS[0].to_dict() | change)
+    assert message in str(caught.value)
+
+
+def test_a_missing_key_is_named():
+    document = CONFIGS[0].to_dict()
+    del document["stack"]
+    with pytest.raises(ConfigError, match=r"^run configuration: missing keys 'stack'; valid keys: "):
+        RunConfig.from_dict(document)
+    with pytest.raises(ConfigError, match="a run configuration is a JSON object, got list"):
+        RunConfig.from_dict([])
+
+
+def test_the_store_columns_are_the_training_step_rows():
+    columns = CONFIGS[1].columns()
+    assert set(columns) <= set(TrainStepResult.__table__.columns.keys())
+    assert set(columns) | {"dropout", "stack", "layout", "version"} == set(KEYS)
+
+
+@pytest.mark.parametrize("run", CONFIGS, ids=lambda r: r.label)
+def test_the_agent_and_a_stored_step_hold_the_same_configuration(run):
+    """The agent sends a setup to its ranks as the document; a stored step reads back the configuration it ran."""
+    setup = TrainSetup(spec=get_preset("llama3-8b"), config=run.train, accumulation_steps=run.accumulation_steps)
+    assert setup.run_config == run
+    assert setup_from_document(json.loads(json.dumps(setup_document(setup)))) == setup
+    layout = run.train.layout
+    record = TrainStepRecord(model_name="llama3-8b", model_spec={}, **run.columns(), median_s=1.0,
+                             dropout=run.train.dropout, stack=run.train.stack,
+                             layout=None if layout == Layout() else run.to_dict()["layout"])
+    assert record.run_config == run
+    with pytest.raises(ConfigError, match="sometimes"):  # a policy today's core does not know
+        replace(record, recompute="sometimes").run_config  # noqa: B018
