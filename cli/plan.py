@@ -16,10 +16,12 @@ from headroom.cli.train_flags import (
     pinned_axes,
     train_config,
 )
+from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
 from headroom.core.exports import EXPORTERS, export
 from headroom.core.planning import search_work
 from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk
 from headroom.core.planning.layout_search import pinned_layout
 from headroom.core.planning.planner import (
     Candidate,
@@ -27,7 +29,6 @@ from headroom.core.planning.planner import (
     PlanRequest,
     budget_note,
     budget_share,
-    default_budget,
     plan_to_dict,
     whole_device_budget,
 )
@@ -35,15 +36,11 @@ from headroom.core.safe_text import printable, printable_lines
 from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
-    Cluster,
 )
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB, parse_budget
 from headroom.db.hardware import resolve_hardware
-
-SINGLE_GPU = {"tp": 1, "pp": 1, "cp": 1, "dp": 1, "zero": 0, "sp": False}
-"""Axes the flags leave free, without --gpus: today's one fixed layout."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -70,7 +67,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout = p.add_argument_group("layout", "with --gpus every layout of that many GPUs is searched and an axis given "
                                             "is pinned; without it, the one layout the axes give")
     layout.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
-    layout.add_argument("--gpus-per-node", type=int, default=8, help="GPUs joined by the node's own link (default 8)")
+    layout.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
+                        help=f"GPUs joined by the node's own link (default {DEFAULT_GPUS_PER_NODE})")
     layout.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
                         help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
                              "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
@@ -121,9 +119,26 @@ def global_batch(args: argparse.Namespace) -> int:
     return args.global_tokens // args.seq_len
 
 
-def cluster(profile: HardwareProfile, args: argparse.Namespace) -> Cluster:
-    """The hardware's own link inside a node (its datasheet's NVLink or PCIe), ``--interconnect`` between nodes."""
-    return profile.cluster(args.gpus_per_node, args.interconnect)
+def plan_ask(args: argparse.Namespace) -> PlanAsk:
+    """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
+    layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **ONE_GPU)
+    train = train_config(args, micro_batch=1, recompute="none", layout=layout)  # the flags' own checks
+    return PlanAsk(
+        global_batch=global_batch(args), seq_len=train.seq_len,
+        budget_bytes=None if args.budget is None else parse_budget(args.budget),
+        precision=train.precision, optimizer=train.optimizer, attention=train.attention, dropout=train.dropout,
+        stack=train.stack, layout=layout, pinned=pinned_axes(args), gpus=args.gpus,
+        gpus_per_node=args.gpus_per_node, interconnect=args.interconnect, allow_offload=args.offload,
+        micro_batch=args.micro_batch, accumulation=args.accumulation,
+        recompute=None if args.recompute is None else parse_policy(args.recompute),
+        train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,
+    )
+
+
+def plan_request(args: argparse.Namespace, profile: HardwareProfile) -> PlanRequest:
+    """The planner's request the flags ask for on ``profile``'s hardware."""
+    spec = model_from_args(args)
+    return plan_ask(args).request(spec, profile)
 
 
 NOTHING_FITS = 3
@@ -133,19 +148,8 @@ NOTHING_FITS = 3
 def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
-    layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **SINGLE_GPU)
     profile, calibration = resolve_hardware(args.hardware, args.db)
-    request = PlanRequest(
-        spec=model_from_args(args), train=train_config(args, micro_batch=1, recompute="none", layout=layout),
-        global_batch=global_batch(args),
-        budget_bytes=default_budget(profile) if args.budget is None else parse_budget(args.budget),
-        allow_offload=args.offload, gpus=args.gpus,
-        pinned=pinned_axes(args) if args.gpus is not None else frozenset(),
-        cluster=cluster(profile, args) if args.gpus is not None or layout.world > 1 else None,
-        micro_batch=args.micro_batch, accumulation=args.accumulation,
-        recompute=None if args.recompute is None else parse_policy(args.recompute),
-        train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,
-    )
+    request = plan_request(args, profile)
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
         from headroom.cli.trace import traceable
 
@@ -179,9 +183,9 @@ def run(args: argparse.Namespace) -> int:
             for note in settings.notes:
                 print(printable(f"note: {note}"), file=sys.stderr)
     else:
-        print(render(result, top))
+        print(wrap(render(result, top)))
         if traced is not None:
-            print("\n" + render_plan_trace(traced))
+            print("\n" + wrap(render_plan_trace(traced)))
     return 0 if result.recommendation is not None else NOTHING_FITS
 
 
@@ -221,7 +225,10 @@ def render(result: Plan, top: int | None) -> str:
         + (f": --budget {whole_device_budget(profile)} for all of it" if req.budget_bytes < profile.memory_bytes
            else "") + "); margin: peak x "
         f"{profile.fragmentation_text()} fragmentation + {req.context_reserve_bytes / GB:.1f} GB {reserve}",
-        f"confidence: {result.calibration.confidence()}",
+        "confidence:",
+        *(f"  {line}" for line in result.calibration.confidence_lines(
+            spec.name, req.gpus or req.train.layout.world,
+            str((best or result.pinned).config.recompute) if best or result.pinned else None)),
         *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),
         "",
     ]

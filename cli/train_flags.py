@@ -13,6 +13,7 @@ from typing import Any, Literal
 
 from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
+from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
 from headroom.core.specs.layout import SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
@@ -41,7 +42,7 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     """
     parser._negative_number_matcher = NEGATIVE_VALUE  # argparse's own attribute; inert on versions without it
     p = training or parser
-    p.add_argument("--seq-len", type=int, default=2048, help="tokens per sequence (default 2048)")
+    p.add_argument("--seq-len", type=int, default=DEFAULT_SEQ_LEN, help=f"tokens per sequence (default {DEFAULT_SEQ_LEN})")
     if micro_batch == "one":
         p.add_argument("--micro-batch", type=int, default=1, help="sequences per forward/backward pass per rank (default 1)")
     elif micro_batch == "list":
@@ -123,18 +124,19 @@ def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
 
 
 def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, object]:
-    """The Layout fields the flags set, and ``defaults`` for those they leave free."""
+    """The Layout fields the flags set, and ``defaults`` for those they leave free; the interleaved schedule's
+    virtual stages left free are 2, whatever ``defaults`` says."""
     values: dict[str, object] = {}
+    if getattr(args, "virtual_stages", None) is None and getattr(args, "schedule", None) == "interleaved":
+        values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
         if f.name == "sp" and raw is not None:
             raw = raw == "on"
         if raw is not None:
             values[f.name] = raw
-        elif f.name in defaults:
+        elif f.name in defaults and f.name not in values:
             values[f.name] = defaults[f.name]
-    if values.get("virtual_stages") is None and values.get("schedule") == "interleaved":
-        values["virtual_stages"] = 2
     return values
 
 

@@ -11,9 +11,10 @@ with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. So are
 accumulation) and the policy pinned on one layout the page evaluates exactly that
 configuration, fitting or not, as ``headroom plan`` does. Without
 a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
-`ONE_LAYOUT`. `build_request` is the one place inputs become a TrainConfig,
-a Layout and a Cluster. What a plan shows, as text and tables, lives
-in headroom.dashboard.plan_tables.
+headroom.core.planning.ask.ONE_GPU. `build_request` reads the inputs into the
+`PlanAsk` that ``headroom plan`` also builds from its flags, and core turns it
+into the request, so the page and the command take the same defaults. What a plan
+shows, as text and tables, lives in headroom.dashboard.plan_tables.
 """
 
 from __future__ import annotations
@@ -25,16 +26,19 @@ from typing import Any
 from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import Calibration
 from headroom.core.planning.advice import plan_and_advise
+from headroom.core.planning.ask import (
+    DEFAULT_GPUS_PER_NODE,
+    DEFAULT_SEQ_LEN,
+    ONE_GPU,
+    PlanAsk,
+)
 from headroom.core.planning.layout_search import PINNABLE, pinned_layout
 from headroom.core.planning.planner import (
-    DEFAULT_BUDGET_BYTES,
     Plan,
     PlanRequest,
-    default_budget,
 )
-from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
-from headroom.core.specs.interconnect import LINKS_BY_KEY, Cluster
+from headroom.core.specs.interconnect import LINKS_BY_KEY
 from headroom.core.specs.layout import SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
@@ -55,12 +59,6 @@ PAGE_TIME_LIMIT_S = 10.0
 """A search on the page tries layouts, simplest first, for this long at most (headroom.core.planning.planner.plan's time
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
-ONE_LAYOUT: dict[str, Any] = {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1,
-                              "dp": 1, "zero": 0}
-"""What an axis left on auto takes without a GPU count: what ``headroom plan`` takes for a flag left out
-without ``--gpus`` (headroom.cli.plan.SINGLE_GPU and headroom.cli.train_flags: one GPU, sp off, 1f1b; virtual stages 2 under
-the interleaved schedule), so the page and the command plan the same layout from the same inputs
-(tests/test_dashboard_defaults.py holds them together)."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES)}
 """Axes picked from a list; the others are typed (auto or a whole number)."""
 
@@ -86,7 +84,7 @@ class PlanInputs:
     """Inner width of each expert; 0: ffn_hidden."""
     capacity_factor: float = 0.0
     """Each expert's capacity, ceil(t k / E x C) rows, padded; 0: dropless (headroom.core.specs.model.ModelSpec)."""
-    seq_len: int = 2048
+    seq_len: int = DEFAULT_SEQ_LEN
     """``headroom plan --seq-len``'s default."""
     global_batch: int = 64
     budget: str = ""
@@ -95,7 +93,7 @@ class PlanInputs:
     hardware: str = DATASHEET_PREFIX + "h100-sxm"
     gpus: int = 0
     """Search every layout of this many GPUs; 0 plans the one layout the axes give."""
-    gpus_per_node: int = 8
+    gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     interconnect: str = ""
     """headroom.core.specs.interconnect key of the link between nodes; empty: the hardware generation's network
     (headroom.core.specs.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
@@ -242,7 +240,7 @@ def pins_text(request: PlanRequest) -> str:
 
 
 def build_layout(inputs: PlanInputs) -> Layout:
-    """The layout the axes give: a pinned axis its value, an AUTO one `ONE_LAYOUT`'s without a GPU count (sp off,
+    """The layout the axes give: a pinned axis its value, an AUTO one `ONE_GPU`'s without a GPU count (sp off,
     as ``headroom plan --tp 2`` plans it) and the Layout default (what the search ignores) with one. ConfigError
     names the bad axis."""
     search = inputs.gpus > 0
@@ -258,45 +256,41 @@ def build_layout(inputs: PlanInputs) -> Layout:
     elif values.get("virtual_stages", 1) > 1:
         values.setdefault("schedule", "interleaved")
     if not search:
-        for axis, value in ONE_LAYOUT.items():
+        for axis, value in ONE_GPU.items():
             values.setdefault(axis, value)
         if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (headroom.dashboard.plan_notes says so)
             values.update(schedule="1f1b", virtual_stages=1)
     return pinned_layout(values) if search else Layout(**values)
 
 
-def build_cluster(inputs: PlanInputs, profile: HardwareProfile) -> Cluster:
-    """The hardware's own link inside a node (a stated stand-in when it has no datasheet row), the chosen
-    interconnect between nodes (HardwareProfile.cluster: datasheet links, with the device's measured
-    collectives inside a node where the store has them)."""
-    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
-        raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
-    return profile.cluster(inputs.gpus_per_node, inputs.interconnect or None)
-
-
-def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile | None = None) -> PlanRequest:
+def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
     """The planner's request; ConfigError (shown as is) when an input is invalid.
 
     With a GPU count the pinned axes are kept and the others searched; without one the
-    request plans exactly `build_layout`. ``profile`` names the hardware whose link joins a
-    node's GPUs; without it the planner takes the hardware's default cluster.
+    request plans exactly `build_layout` (on ``profile``'s hardware: its budget, its links).
     """
     if isinstance(inputs.gpus, bool) or not isinstance(inputs.gpus, int) or inputs.gpus < 0:
         raise ConfigError(f"GPUs to search must be 0 (plan the one layout) or a positive count, got {inputs.gpus!r}")
     if inputs.gpus > MAX_GPUS:
         raise ConfigError(f"{inputs.gpus} GPUs is over this page's cap of {MAX_GPUS} (every layout is tried, which "
                           f"takes minutes at that size); plan it with `headroom plan --gpus {inputs.gpus}`")
-    layout = build_layout(inputs)
-    train = TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
-                        attention=inputs.attention, stack=inputs.stack, layout=layout)
+    return plan_ask(inputs).request(spec, profile)
+
+
+def plan_ask(inputs: PlanInputs) -> PlanAsk:
+    """The page's inputs as the question every front end asks (headroom.core.planning.ask): None where the page
+    leaves a setting to its default, as ``headroom plan`` does for a flag left out."""
+    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
+        raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
     search = inputs.gpus > 0
-    cluster = build_cluster(inputs, profile) if profile is not None and (search or layout.world > 1) else None
-    budget = parse_budget(inputs.budget) if inputs.budget.strip() else \
-        default_budget(profile) if profile is not None else DEFAULT_BUDGET_BYTES
-    return PlanRequest(spec=spec, train=train, global_batch=inputs.global_batch,
-                       budget_bytes=budget, allow_offload=inputs.offload,
-                       gpus=inputs.gpus if search else None, pinned=pinned_axes(inputs) if search else frozenset(),
-                       cluster=cluster, **configuration_pins(inputs))
+    return PlanAsk(
+        global_batch=inputs.global_batch, seq_len=inputs.seq_len,
+        budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
+        precision=inputs.precision, optimizer=inputs.optimizer, attention=inputs.attention, stack=inputs.stack,
+        layout=build_layout(inputs), pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
+        gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None, allow_offload=inputs.offload,
+        **configuration_pins(inputs),
+    )
 
 
 def make_plan(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile, calibration: Calibration | None) -> Plan:

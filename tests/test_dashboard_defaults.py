@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from headroom.cli.main import build_parser
-from headroom.cli.plan import SINGLE_GPU
 from headroom.cli.train_flags import layout_from_args
+from headroom.core.planning.ask import ONE_GPU
 from headroom.core.planning.planner import default_budget, plan_to_dict
 from headroom.core.specs.hardware import HARDWARE, get_hardware
 from headroom.core.specs.interconnect import (
@@ -37,7 +37,7 @@ def cli_args(*flags: str):
 
 def test_the_page_takes_headroom_plans_defaults():
     args, inputs = cli_args(), planning.PlanInputs()
-    assert planning.build_layout(inputs) == layout_from_args(args, **SINGLE_GPU) == Layout()  # one GPU, dp 1
+    assert planning.build_layout(inputs) == layout_from_args(args, **ONE_GPU) == Layout()  # one GPU, dp 1
     assert (inputs.seq_len, inputs.precision, inputs.optimizer, inputs.attention, inputs.stack) == \
         (args.seq_len, args.precision, args.optimizer, args.attention, args.stack) == \
         (2048, "amp-bf16", "adamw", "flash", "reference")
@@ -49,7 +49,7 @@ def test_the_page_takes_headroom_plans_defaults():
     for flags, axes in ((("--tp", "2"), {"tp": "2"}), (("--pp", "2", "--schedule", "interleaved"),
                                                       {"pp": "2", "schedule": "interleaved"}),
                         (("--dp", "8", "--zero", "2"), {"dp": "8", "zero": "2"})):
-        assert planning.build_layout(inputs.with_(**axes)) == layout_from_args(cli_args(*flags), **SINGLE_GPU), flags
+        assert planning.build_layout(inputs.with_(**axes)) == layout_from_args(cli_args(*flags), **ONE_GPU), flags
 
 
 def test_the_default_page_plan_is_the_commands(run_cli):

@@ -116,7 +116,8 @@ def test_pins_in_the_url_are_read_and_a_bad_one_stays_auto():
     assert (inputs.micro_batch, inputs.accumulation, inputs.recompute) == ("8", "auto", "every-2")
     bad = PlanInputs.from_query({"micro_batch": "-2", "accumulation": "two", "recompute": "some"})
     assert (bad.micro_batch, bad.accumulation, bad.recompute) == ("auto", "auto", "auto")
-    request = planning.build_request(inputs.with_(global_batch=8), planning.resolve_preset(inputs.model))
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    request = planning.build_request(inputs.with_(global_batch=8), planning.resolve_preset(inputs.model), profile)
     assert (request.micro_batch, request.accumulation, str(request.recompute)) == (8, None, "every-2")
 
 
