@@ -4,16 +4,20 @@ Units on every axis: GB = 1e9 bytes, TFLOP/s = 1e12 FLOP/s, GB/s = 1e9 bytes/s.
 Rooflines and size sweeps are log-log (the only way a 1e-3 to 1e3 range reads).
 
 Every chart reads in full: axis labels are never cut (Streamlit's theme cuts them at 100 pixels), legends sit
-under the plot in columns with every entry, and charts render as SVG so their text is text in the page.
+under the plot in columns with every entry, and charts render as SVG so their text is text in the page. Every
+colour comes from headroom.dashboard.colours, one colour per meaning across the charts.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
 
 import altair as alt
 import numpy as np
 import pandas as pd
 
 from headroom.core.timing.roofline import attainable_flop_per_s
+from headroom.dashboard import colours
 
 Chart = alt.Chart | alt.LayerChart
 
@@ -49,15 +53,11 @@ def svg(chart: Chart, padding: dict[str, int] = PADDING) -> Chart:
     return chart.properties(usermeta=SVG, autosize=FIT_WIDTH, padding=padding)
 
 
-COMPONENT_COLORS = {
-    "parameters": "#1f4e79", "gradients": "#4c78a8", "master weights": "#9ecae9", "optimizer states": "#6a51a3",
-    "gradient buckets": "#b79fd8", "gathered parameters": "#8c564b", "weight copies": "#17becf",
-    "activations": "#f58518", "logits": "#54a24b", "forward transient": "#e45756", "backward transient": "#ff9d98",
-    "optimizer transient": "#d6616b", "margin": "#bab0ac",
-}
-"""One colour per memory component (headroom.core.memory.estimate's peak components, underscores read as spaces, and the margin),
-in stacking order: static state first, then what a step adds, the margin last; fixed so every memory chart reads
-alike."""
+def colour_scale(meaning: Mapping[str, str], present: Iterable[str] | None = None) -> alt.Scale:
+    """The colour scale of one meaning (a headroom.dashboard.colours table) over the names ``present`` (every
+    name of the table when None), in the table's order: a name means the same colour in every chart."""
+    domain, colour_range = colours.domain_range(meaning, present)
+    return alt.Scale(domain=domain, range=colour_range)
 
 
 def plain_name(name: str) -> str:
@@ -72,14 +72,13 @@ def build_peak_bar_chart(components: pd.DataFrame, budget_gb: float, row: str = 
     Components of 0 GB in every bar are left out, so the legend lists only what the bars hold."""
     shown = components[components.groupby("component")["gb"].transform("max") > 0]
     shown = shown.assign(component=shown["component"].map(plain_name))
-    names = [name for name in COMPONENT_COLORS if name in set(shown["component"])]
-    names += sorted(set(shown["component"]) - set(names))  # a component this list does not know yet
+    scale = colour_scale(colours.MEMORY, shown["component"])  # a component the table lacks comes last
+    names = scale.domain
     shown = shown.assign(stack_order=shown["component"].map(names.index))
     bars = alt.Chart(shown).mark_bar().encode(
         x=alt.X("sum(gb):Q", title="memory per GPU (GB = 1e9 bytes)", stack="zero", axis=AXIS),
         y=alt.Y(f"{row}:N", sort=alt.EncodingSortField("order"), title=None, axis=AXIS),
-        color=alt.Color("component:N", legend=legend("component", columns=4),
-                        scale=alt.Scale(domain=names, range=[COMPONENT_COLORS.get(n, "#333333") for n in names])),
+        color=alt.Color("component:N", legend=legend("component", columns=4), scale=scale),
         order=alt.Order("stack_order:Q"),
         tooltip=[f"{row}:N", "component:N", alt.Tooltip("gb:Q", title="GB", format=",.2f")],
     )
@@ -87,25 +86,36 @@ def build_peak_bar_chart(components: pd.DataFrame, budget_gb: float, row: str = 
     return svg(alt.layer(bars, *budget_rule(budget_gb, 0.0, max(longest, budget_gb))), ROOM_ABOVE)
 
 
-def build_candidates_chart(candidates: pd.DataFrame, budget_gb: float,
-                           window: tuple[float, float]) -> alt.LayerChart:
-    """Throughput vs memory required of the candidates, fitting and rejected, over ``window`` (GB of required
-    memory: where the choice is made, headroom.dashboard.plan_tables.decision_window), with the budget line.
+def build_candidates_chart(candidates: pd.DataFrame, budget_gb: float, window: tuple[float, float],
+                           cloud: bool = False) -> alt.LayerChart:
+    """Throughput vs memory required over ``window`` (GB of required memory: where the choice is made,
+    headroom.dashboard.plan_tables.decision_window), with the budget line: the Pareto front (``front``:
+    headroom.dashboard.plan_tables.pareto_front), fitting and rejected, joined by a step line; with ``cloud``,
+    every other candidate in grey behind it.
 
-    ``candidates`` holds the rows inside the window (headroom.dashboard.plan_tables.in_window); tokens/s starts where they
-    do, not at 0, so candidates a few percent apart stand apart."""
-    points = alt.Chart(candidates).mark_point(filled=True, size=90, opacity=0.9).encode(
-        x=alt.X("required_gb:Q", title="required memory per GPU (GB)", axis=AXIS,
-                scale=alt.Scale(domain=list(window), nice=False)),
-        y=alt.Y("tokens_per_s:Q", title="tokens/s (all ranks)", axis=AXIS, scale=alt.Scale(zero=False)),
-        color=alt.Color("fits:N", legend=legend("fits the budget", columns=2),
-                        scale=alt.Scale(domain=["fits", "rejected"], range=["#2a9d8f", "#e76f51"])),
+    ``candidates`` holds the rows inside the window (headroom.dashboard.plan_tables.in_window). The line steps
+    after each point (the most tokens/s that much memory buys holds until the next point). Tokens/s starts
+    where the points drawn do, not at 0, so candidates a few percent apart stand apart."""
+    x = alt.X("required_gb:Q", title="required memory per GPU (GB)", axis=AXIS,
+              scale=alt.Scale(domain=list(window), nice=False))
+    y = alt.Y("tokens_per_s:Q", title="tokens/s (all ranks)", axis=AXIS, scale=alt.Scale(zero=False))
+    tooltip = ["candidate:N", *(["layout:N"] if "layout" in candidates else []), "fits:N",
+               alt.Tooltip("tokens_per_s:Q", title="tokens/s", format=",.0f"),
+               alt.Tooltip("required_gb:Q", title="required GB", format=",.1f"), "rejection:N"]
+    on_front = candidates["front"].astype(bool)
+    front = candidates[on_front].sort_values(["required_gb", "tokens_per_s"], ascending=[True, False])
+    step = alt.Chart(front).mark_line(interpolate="step-after", strokeWidth=1.5,
+                                      color=colours.MARK["front"]).encode(x=x, y=y)
+    points = alt.Chart(front).mark_point(filled=True, size=90, opacity=1).encode(
+        x=x, y=y,
+        color=alt.Color("fits:N", legend=legend("fits the budget", columns=2), scale=colour_scale(colours.FIT)),
         shape=alt.Shape("recompute:N", legend=legend("recompute", columns=4)),
-        tooltip=["candidate:N", *(["layout:N"] if "layout" in candidates else []), "fits:N",
-                 alt.Tooltip("tokens_per_s:Q", title="tokens/s", format=",.0f"),
-                 alt.Tooltip("required_gb:Q", title="required GB", format=",.1f"), "rejection:N"],
+        tooltip=tooltip,
     )
-    return svg(alt.layer(points, *budget_rule(budget_gb, *window)), ROOM_ABOVE)
+    behind = [alt.Chart(candidates[~on_front]).mark_point(
+        filled=True, size=30, opacity=0.7, color=colours.MARK["other candidates"]).encode(x=x, y=y, tooltip=tooltip)
+    ] if cloud else []
+    return svg(alt.layer(*behind, step, points, *budget_rule(budget_gb, *window)), ROOM_ABOVE)
 
 
 def budget_text(budget_gb: float) -> str:
@@ -114,30 +124,26 @@ def budget_text(budget_gb: float) -> str:
 
 
 def budget_rule(budget_gb: float, low: float, high: float) -> tuple[alt.Chart, alt.Chart]:
-    """The budget as a dashed red rule across a plot from ``low`` to ``high`` GB, labelled at its top ("budget
-    80 GB"): left of the rule in the plot's right half, right of it otherwise, so the label stays on the chart."""
+    """The budget as a dashed rule in the red of a limit across a plot from ``low`` to ``high`` GB, labelled at
+    its top ("budget 80 GB"): left of the rule in the plot's right half, right of it otherwise, so the label stays
+    on the chart."""
     right_half = budget_gb - low > 0.5 * (high - low)
     return labelled_rule("budget_gb", budget_gb, budget_text(budget_gb), "x", "left" if right_half else "right")
 
 
 def labelled_rule(field: str, value: float, text: str, channel: str, side: str = "left") -> tuple[alt.Chart, alt.Chart]:
-    """A dashed red rule at ``value`` on the ``channel`` ("x": vertical, "y": horizontal) axis, and its label:
-    above the plot on the rule's ``side`` for a vertical rule, over the rule's right end for a horizontal one."""
+    """A dashed rule in the red of a limit (headroom.dashboard.colours.MARK) at ``value`` on the ``channel``
+    ("x": vertical, "y": horizontal) axis, and its label: above the plot on the rule's ``side`` for a vertical
+    rule, over the rule's right end for a horizontal one."""
     at = alt.Chart(pd.DataFrame({field: [value]}))
-    rule = at.mark_rule(color="red", strokeDash=[6, 3], size=2).encode(
+    rule = at.mark_rule(color=colours.MARK["limit"], strokeDash=[6, 3], size=2).encode(
         **{channel: f"{field}:Q"}, tooltip=[alt.Tooltip(f"{field}:Q", title=text, format=",.1f")],
     )
     beside = {"left": {"align": "right", "dx": -4}, "right": {"align": "left", "dx": 4}}[side]
     place = {**beside, "dy": -4, "y": 0} if channel == "x" else {"align": "right", "dy": -4, "x": "width"}
-    label = at.mark_text(color="red", baseline="bottom", fontWeight="bold", text=text, **place).encode(
-        **{channel: f"{field}:Q"})
+    label = at.mark_text(color=colours.MARK["limit"], baseline="bottom", fontWeight="bold", text=text,
+                         **place).encode(**{channel: f"{field}:Q"})
     return rule, label
-
-
-TERM_COLORS = {"forward": "#4c78a8", "backward": "#72b7b2", "recompute": "#f58518", "offload": "#b279a2",
-               "host": "#54a24b", "accumulation": "#9d755d", "optimizer": "#bab0ac", "communication": "#e45756",
-               "bubble": "#eeca3b"}
-"""One colour per step-time term (headroom.dashboard.plan_tables.TIME_TERMS), fixed so two charts read alike."""
 
 
 TIME_UNITS = ((0.1, "seconds", 1.0), (1e-4, "milliseconds", 1e3), (0.0, "microseconds", 1e6))
@@ -156,38 +162,51 @@ def build_step_time_chart(terms: pd.DataFrame) -> alt.Chart:
     return svg(alt.Chart(shown).mark_bar().encode(
         x=alt.X("sum(time):Q", title=f"{unit} per optimizer step", stack="zero", axis=AXIS),
         y=alt.Y("row:N", sort=alt.EncodingSortField("order"), title=None, axis=AXIS),
-        color=alt.Color("term:N", legend=legend("term", columns=4),
-                        scale=alt.Scale(domain=list(TERM_COLORS), range=list(TERM_COLORS.values()))),
+        color=alt.Color("term:N", legend=legend("term", columns=4), scale=colour_scale(colours.TIME)),
         order=alt.Order("term_order:Q"),
         tooltip=["row:N", "term:N", alt.Tooltip("time:Q", title=unit, format=".3g")],
     ))
 
 
-def roof_frame(roofs: dict[str, tuple[float, float]], intensities: np.ndarray | None = None) -> pd.DataFrame:
-    """Points along each roof: ``roofs`` maps a name to (peak FLOP/s, bytes/s); FLOP/s = min(peak, I x bandwidth)."""
+ROOF_DASHES = {"datasheet": [1, 0], "measured": [6, 3]}
+"""A roof's line by where its numbers come from: the datasheet's solid, the measured one dashed."""
+
+
+def roof_frame(roofs: pd.DataFrame, intensities: np.ndarray | None = None) -> pd.DataFrame:
+    """Points along each roof of ``roofs`` (headroom.dashboard.roofs.roof_table: ``roof``, ``source``,
+    ``dtype``, ``peak_flop_per_s``, ``bytes_per_s``): FLOP/s = min(peak, I x bandwidth), at each intensity of
+    the grid and at the roof's ridge, so the corner is drawn where it is."""
     grid = intensities if intensities is not None else np.logspace(-2, 4, 61)
     rows = []
-    for name, (peak, bandwidth) in roofs.items():
-        ridge = peak / bandwidth
-        for intensity in sorted({*map(float, grid), ridge}):
-            rows.append({"roof": name, "intensity": intensity,
+    for roof in roofs.itertuples(index=False):
+        peak, bandwidth = float(roof.peak_flop_per_s), float(roof.bytes_per_s)
+        for intensity in sorted({*map(float, grid), peak / bandwidth}):
+            rows.append({"roof": roof.roof, "source": roof.source, "dtype": roof.dtype, "intensity": intensity,
                          "tflop_per_s": attainable_flop_per_s(intensity, peak, bandwidth) / 1e12})
-    return pd.DataFrame(rows)
+    return pd.DataFrame(rows, columns=["roof", "source", "dtype", "intensity", "tflop_per_s"])
 
 
 def build_roofline_chart(roofs: pd.DataFrame, points: pd.DataFrame) -> alt.LayerChart:
-    """Log-log roofline: roofs as lines (``roof``, ``intensity``, ``tflop_per_s``), measurements as points
-    (``kind``, ``label``, ``intensity``, ``tflop_per_s``)."""
+    """Log-log roofline: each dtype's measurements drawn against its own roofs, in that dtype's colour.
+
+    Roofs are lines (`roof_frame`: ``roof``, ``source``, ``dtype``, ``intensity``, ``tflop_per_s``; the
+    datasheet's solid, the measured dashed), measurements points shaped by kind (``kind``, ``dtype``, ``label``,
+    ``intensity``, ``tflop_per_s``): an fp8 matmul sits under the fp8 roof, not the bf16 one."""
     x = alt.X("intensity:Q", scale=alt.Scale(type="log"), title="arithmetic intensity (FLOP/byte)", axis=AXIS)
     y = alt.Y("tflop_per_s:Q", scale=alt.Scale(type="log"), title="TFLOP/s", axis=AXIS)
+    dtype = alt.Color("dtype:N", legend=legend("dtype", columns=5),
+                      scale=colour_scale(colours.DTYPE, [*roofs["dtype"], *points["dtype"]]))
+    sources = [source for source in ROOF_DASHES if source in set(roofs["source"])]
     lines = alt.Chart(roofs).mark_line(strokeWidth=2).encode(
-        x=x, y=y, strokeDash=alt.StrokeDash("roof:N", legend=legend("roof", columns=2)), color=alt.value("#555"),
+        x=x, y=y, color=dtype, detail="roof:N",
+        strokeDash=alt.StrokeDash("source:N", legend=legend("roof", columns=2),
+                                  scale=alt.Scale(domain=sources, range=[ROOF_DASHES[s] for s in sources])),
         tooltip=["roof:N", alt.Tooltip("intensity:Q", format=".3g"), alt.Tooltip("tflop_per_s:Q", format=".4g")],
     )
     dots = alt.Chart(points).mark_point(**MARKER).encode(
-        x=x, y=y, color=alt.Color("kind:N", legend=legend("measured", columns=4), scale=alt.Scale(scheme="tableau10")),
-        shape=alt.Shape("kind:N", legend=legend("measured", columns=4)),
-        tooltip=["kind:N", "label:N", alt.Tooltip("intensity:Q", format=".3g"), alt.Tooltip("tflop_per_s:Q", format=".4g")],
+        x=x, y=y, color=dtype, shape=alt.Shape("kind:N", legend=legend("measured", columns=4)),
+        tooltip=["kind:N", "dtype:N", "label:N", alt.Tooltip("intensity:Q", format=".3g"),
+                 alt.Tooltip("tflop_per_s:Q", format=".4g")],
     )
     return svg(alt.layer(lines, dots))
 
@@ -198,7 +217,8 @@ def build_matmul_size_chart(matmul: pd.DataFrame) -> alt.Chart:
         x=alt.X("flops:Q", scale=alt.Scale(type="log"), title="FLOPs per product (2 m n k x batch)",
                 axis=alt.Axis(labelLimit=0, format="~s")),
         y=alt.Y("median(tflop_per_s):Q", scale=alt.Scale(type="log"), title="TFLOP/s (median over runs)", axis=AXIS),
-        color=alt.Color("dtype:N", legend=legend("dtype", columns=4), scale=alt.Scale(scheme="tableau10")),
+        color=alt.Color("dtype:N", legend=legend("dtype", columns=5),
+                        scale=colour_scale(colours.DTYPE, matmul["dtype"])),
         tooltip=["dtype:N", alt.Tooltip("flops:Q", format=",.3g"), alt.Tooltip("median(tflop_per_s):Q", format=".4g")],
     ))
 
@@ -209,13 +229,20 @@ def build_bandwidth_chart(elementwise: pd.DataFrame, datasheet_gb_per_s: float |
         x=alt.X("op:N", title="op", axis=alt.Axis(labelLimit=0, labelAngle=0)),
         xOffset="dtype:N",
         y=alt.Y("max(gb_per_s):Q", title="GB/s (1e9 bytes/s, best run)", axis=AXIS),
-        color=alt.Color("dtype:N", legend=legend("dtype", columns=4), scale=alt.Scale(scheme="tableau10")),
+        color=alt.Color("dtype:N", legend=legend("dtype", columns=5),
+                        scale=colour_scale(colours.DTYPE, elementwise["dtype"])),
         tooltip=["op:N", "dtype:N", alt.Tooltip("max(gb_per_s):Q", format=",.1f")],
     )
     if datasheet_gb_per_s is None:
         return svg(bars)
     text = f"datasheet {datasheet_gb_per_s:,.0f} GB/s"
     return svg(alt.layer(bars, *labelled_rule("gb_per_s", datasheet_gb_per_s, text, "y")))
+
+
+def device_scale(devices: Iterable[str]) -> alt.Scale:
+    """The colour scale of the devices a chart draws (headroom.dashboard.colours.device_colours)."""
+    found = colours.device_colours(devices)
+    return alt.Scale(domain=list(found), range=list(found.values()))
 
 
 TIME_FORMAT = "%Y-%m-%d %H:%M"
@@ -234,19 +261,20 @@ def time_domain(times: pd.Series) -> list[str]:
 
 
 def build_timeline_chart(timeline: pd.DataFrame) -> alt.LayerChart:
-    """One key figure over time per device (``device``, ``started_at``, ``value``, ``drop``), drops circled red."""
+    """One key figure over time per device (``device``, ``started_at``, ``value``, ``drop``), drops circled in
+    the colour of a drop."""
     base = alt.Chart(timeline).encode(
         x=alt.X("started_at:T", title="run started (UTC)", scale=alt.Scale(domain=time_domain(timeline["started_at"])),
                 axis=alt.Axis(labelLimit=0, format=TIME_FORMAT, tickCount=5, labelOverlap=True)),
         y=alt.Y("value:Q", title=timeline["figure"].iloc[0] if len(timeline) else "value", axis=AXIS),
-        color=alt.Color("device:N", legend=legend("device", columns=3), scale=alt.Scale(scheme="tableau10")),
+        color=alt.Color("device:N", legend=legend("device", columns=3), scale=device_scale(timeline["device"])),
     )
     lines = base.mark_line(strokeWidth=2.5, point=alt.OverlayMarkDef(**MARKER)).encode(
         tooltip=["device:N", "hostname:N", alt.Tooltip("started_at:T", format=TIME_FORMAT),
                  alt.Tooltip("value:Q", format=",.4g"), "uuid:N"]
     )
-    drops = base.transform_filter(alt.datum.drop).mark_point(size=260, color="red", strokeWidth=2.5).encode(
-        color=alt.value("red"),
+    drops = base.transform_filter(alt.datum.drop).mark_point(size=260, strokeWidth=2.5).encode(
+        color=alt.value(colours.MARK["drop"]),
         tooltip=["device:N", alt.Tooltip("started_at:T", format=TIME_FORMAT), alt.Tooltip("change:Q", format="+.1%")]
     )
     return svg(alt.layer(lines, drops))
@@ -262,12 +290,12 @@ def build_calibration_chart(points: pd.DataFrame, unit: str) -> alt.LayerChart:
         y=alt.Y("predicted:Q", scale=scale, title=f"predicted ({unit})", axis=AXIS),
         # Half a page wide (the Calibration page puts two side by side): devices above, policies below.
         color=alt.Color("device:N", legend=legend("device", columns=2, orient="top"),
-                        scale=alt.Scale(scheme="tableau10")),
+                        scale=device_scale(points["device"])),
         shape=alt.Shape("policy:N", legend=legend("policy", columns=3)),
         tooltip=["device:N", "label:N", alt.Tooltip("predicted:Q", format=".4g"),
                  alt.Tooltip("measured:Q", format=".4g"), alt.Tooltip("error:Q", format="+.1%")],
     )
     diagonal = alt.Chart(pd.DataFrame({"measured": [low, high], "predicted": [low, high]})).mark_line(
-        color="#888", strokeDash=[4, 4]
+        color=colours.MARK["reference"], strokeDash=[4, 4]
     ).encode(x=alt.X("measured:Q", scale=scale), y=alt.Y("predicted:Q", scale=scale))
     return svg(alt.layer(diagonal, dots))

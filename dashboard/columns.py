@@ -51,12 +51,12 @@ PLAN = {
     "broken_by": st.column_config.TextColumn("what breaks the budget", width=280),
     "why": st.column_config.TextColumn("why not chosen", width=380),
 }
-"""Candidates and layouts (headroom.dashboard.plan_tables.candidates_frame, layouts_frame)."""
+"""Candidates and layouts (headroom.dashboard.plan_tables.candidates_frame, layouts_frame). The Plan page sizes
+the text columns it shows from their text (headroom.dashboard.widths.fitted_columns); the widths here are for a
+table that does not."""
 LAYOUTS_SHOWN = ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb", "why"]
 """The layouts table's columns, so "why not chosen" has room: every layout has the search's GPU count, a missing
 rank says it does not fit, and the reason names the candidate."""
-WRAPPING_ROW_HEIGHT = 70
-"""Rows tall enough for Streamlit to wrap a long text cell (it wraps above 4rem, 64 pixels) over three lines."""
 
 COLLECTIVES = {
     "axis": st.column_config.TextColumn("axis"),

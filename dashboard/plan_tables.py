@@ -163,6 +163,23 @@ def in_window(table: pd.DataFrame, window: tuple[float, float]) -> pd.Series:
     return table["required_gb"].between(low, high)
 
 
+def pareto_front(table: pd.DataFrame, memory: str = "required_gb", throughput: str = "tokens_per_s") -> pd.Series:
+    """Which rows of ``table`` are Pareto-optimal: no other row needs no more ``memory`` and delivers no less
+    ``throughput``, better in one of the two.
+
+    Of rows needing the same memory only the fastest can be on the front; a row is on it when it is faster
+    than every row needing less. Rows equal in both (two layouts, the same numbers) are on it together. The
+    Plan page's scatter takes required memory (the calibrated peak x fragmentation + the context reserve, so
+    ordered as the peak is) against tokens/s. A boolean Series on ``table``'s index.
+    """
+    if not len(table):
+        return pd.Series(False, index=table.index, dtype=bool)
+    fastest_at = table.groupby(memory)[throughput].max()  # ascending memory
+    faster_than_lighter = fastest_at > fastest_at.cummax().shift(1, fill_value=float("-inf"))
+    best = table[memory].map(fastest_at)
+    return (table[throughput] == best) & table[memory].map(faster_than_lighter).astype(bool)
+
+
 # --- Layouts: the chosen one, every one searched, and two side by side -------------------------------------------
 
 TIME_TERMS: tuple[str, ...] = ("forward", "backward", "recompute", "offload", "host", "accumulation", "optimizer",

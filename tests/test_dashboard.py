@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from headroom.dashboard import plan_tables, planning
+from headroom.dashboard import plan_tables, planning, widths
 from headroom.dashboard.text import plain
 
 pytest.importorskip("streamlit")
@@ -130,9 +130,14 @@ def test_planning_on_a_measured_device_is_calibrated(smoke_store, monkeypatch):
     # The store's calibration reaches the page. Which of its steps count for time depends on how busy this
     # machine was while the smoke store measured them; the CPU's memory wording and its ledger check do not.
     shown = texts(at)
-    assert "uncalibrated" not in shown and "step time: " in shown
-    assert "peak memory: not measured (no allocator statistics on this device)" in shown
-    assert "saved activations (a check of the ledger, not applied): measured/predicted x1.000 over" in shown
+    assert "Uncalibrated" not in shown and "\n- Step time: " in shown
+    assert "\n- Peak memory: - (no allocator statistics on this device).\n" in shown
+    assert "\n- Saved activations (a check of the ledger, not applied): measured/predicted x1.000 over" in shown
+    # What the smoke suite measured, and this plan beside it: one device, a policy the suite ran.
+    assert (f"**Confidence:**\n- Measured on {plain(smoke_store.device_name)}: 10 steps. Models: bench-llama-small. "
+            "Devices: 1. Policies: every-2, full, none, op-selective, selective.\n- This plan: bench-llama-small, "
+            "1 device, policy ") in shown
+    assert ": inside what was measured.\n" in shown
 
 
 def test_the_plan_tables_show_plain_names_units_and_separators(tmp_path, monkeypatch):
@@ -151,7 +156,14 @@ def test_the_plan_tables_show_plain_names_units_and_separators(tmp_path, monkeyp
     assert ranked.proto.placeholder == rejected.proto.placeholder == "-"  # an empty rank reads "-", not None
     assert list(rejected.value.columns) == ["candidate", "tokens_per_s", "required_gb", "over_gb", "broken_by"]
     assert config["over_gb"]["label"] == "over (GB)"
-    assert config["broken_by"] == {"label": "what breaks the budget", "width": 280, "type_config": {"type": "text"}}
+    # At 1,440 px: the candidate's label says its micro-batch, accumulation and policy, the budget less what it needs
+    # is its headroom; every text column as wide as its longest text (headroom.dashboard.widths)
+    assert list(ranked.proto.column_order) == ["rank", "candidate", "tokens_per_s", "step_time_s", "peak_gb",
+                                               "required_gb"]
+    assert config["candidate"]["width"] == widths.column_px(ranked.value["candidate"], "candidate")
+    reasons = json.loads(rejected.proto.columns)["broken_by"]
+    assert reasons["label"] == "what breaks the budget"
+    assert reasons["width"] >= widths.column_px(rejected.value["broken_by"])
     assert not rejected.proto.HasField("row_height")  # one layout: the reason has room on one line
     assert rejected.value["broken_by"].iloc[0] == "activations (18.0 GB) break it on top of 37.1 GB static"
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -90,13 +91,14 @@ def _wait_healthy(port: int, server: subprocess.Popen, timeout_s: float = 90) ->
 
 
 @contextlib.contextmanager
-def _serving(url: str, tmp_path: Path):
-    """`headroom dashboard` over the store at ``url``; yields its address."""
+def _serving(url: str, tmp_path: Path, source: str = "--db"):
+    """`headroom dashboard` over the store at ``url`` (``source="--bundle"``: the bundle file at ``url``); yields
+    its address."""
     _require_browser()
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
     server = subprocess.Popen(
-        [sys.executable, "-m", "headroom.cli.main", "dashboard", "--db", url, "--port", str(port)],
+        [sys.executable, "-m", "headroom.cli.main", "dashboard", source, url, "--port", str(port)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, start_new_session=True,
     )
     try:
@@ -162,11 +164,13 @@ def expected_plan() -> dict[str, set[str]]:
     ranks = plan_tables.rank_memory_frame(plan, {"": plan.recommendation})
     held = {frame_name: {charts.plain_name(c) for c in frame.loc[frame["gb"] > 0, "component"]}
             for frame_name, frame in (("peak", peak), ("ranks", ranks))}
+    table = plan_tables.candidates_frame(plan)  # the scatter draws the Pareto front inside its window
+    front = table[plan_tables.pareto_front(table) & plan_tables.in_window(table, plan_tables.decision_window(plan))]
     return {
         "peak": {*(plan_tables.candidate_label(plan, c) for c in shown), *held["peak"], "budget 80 GB"},
         "ranks": {*held["ranks"], "budget 80 GB", "every rank"},
         "time": {str(plan.recommendation.layout), *plan_tables.TIME_TERMS},
-        "scatter": {"fits", "rejected", "budget 80 GB", *{str(c.config.recompute) for c in plan.candidates}},
+        "scatter": {"fits", "rejected", "budget 80 GB", *front["recompute"]},
     }
 
 
@@ -245,3 +249,124 @@ def compare_with_another_plan(browser, by) -> None:
     heading = browser.find_element(by.XPATH, "//*[contains(text(), 'Other plan:')]")
     browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", heading)
     browser.save_screenshot(str(ARTIFACTS / "dashboard-plan-compare.png"))
+
+
+# --- The Plan page of a GPU's bundle at 1,440 px: the measured GPU, a budget that follows it, no text cut short --
+
+REFERENCE_BUNDLE = Path(__file__).parent / "data" / "reference" / "nvidia-h200-2026-11-30.json.gz"
+WIDE = (1440, 1800)
+"""The window the page must read whole in (issue 43: layout names, rejection reasons, dropdowns and exports
+were cut short at this width)."""
+SEARCH = "gpus=8&pp=2&budget=10GB&interconnect=infinity-fabric"
+"""A search with all of it on the page: 8 GPUs, pp pinned at 2 (a layout the HF Trainer, Lightning and
+DeepSpeed cannot express), a budget that rejects candidates, the interconnect with the longest name; under a
+second to plan."""
+CUT_TEXTS = """
+const cut = [];
+for (const el of document.querySelectorAll("[data-testid='stMain'] *, [data-testid='stSidebar'] *")) {
+  if (el.closest("[data-testid='stDataFrame']") || el.clientWidth === 0) continue;  // grids: GRID_TEXTS
+  const text = el.tagName === "INPUT" ? el.value : (el.innerText || "");
+  if (!text.trim()) continue;
+  const style = getComputedStyle(el);
+  const clips = el.tagName === "INPUT" || style.textOverflow === "ellipsis"
+    || ["hidden", "clip", "auto", "scroll"].includes(style.overflowX);
+  if (clips && el.scrollWidth > el.clientWidth + 1) {
+    cut.push([el.tagName, el.getAttribute("aria-label") || el.getAttribute("data-testid") || "", text.slice(0, 80),
+              el.scrollWidth, el.clientWidth]);
+  }
+}
+return cut;
+"""
+"""Every text on the page (a select's value, the export code, a heading) wider than the box that clips it."""
+GRID_TEXTS = """
+return Array.from(document.querySelectorAll("[data-testid='stDataFrame']")).map(frame => {
+  const scroller = frame.querySelector(".dvn-scroller");
+  const themed = Array.from(frame.querySelectorAll("*")).find(e => getComputedStyle(e).getPropertyValue("--gdg-font-family"));
+  const theme = getComputedStyle(themed || frame);
+  const context = document.createElement("canvas").getContext("2d");
+  context.font = `${theme.getPropertyValue("--gdg-base-font-style")} ${theme.getPropertyValue("--gdg-font-family")}`;
+  const headers = {};
+  frame.querySelectorAll("th[aria-colindex]").forEach(th => { headers[th.getAttribute("aria-colindex")] = th.textContent; });
+  const cells = Array.from(frame.querySelectorAll("td[aria-colindex]")).map(td =>
+    [headers[td.getAttribute("aria-colindex")], td.textContent, context.measureText(td.textContent).width]);
+  return {sideways: scroller ? scroller.scrollWidth - scroller.clientWidth : 0, font: context.font, cells: cells};
+});
+"""
+"""Each table's overflow sideways (its columns wider than the page) and its shown cells: header, text, and the
+width the grid's own font draws the text in (the grid draws on a canvas: no element to measure)."""
+WHOLE = {"layout", "candidate", "what breaks the budget", "why not chosen"}
+"""The Plan page's text columns, sized from their text (headroom.dashboard.widths)."""
+
+
+def _plan_page(browser, address: str, query: str, shows: str) -> str:
+    """The Plan page of ``query`` once it has run and shows ``shows`` (90 s at most); its text."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    browser.get(f"{address}/?{query}")
+
+    def rendered(driver) -> bool:
+        busy = driver.find_elements(By.CSS_SELECTOR, "[data-testid='stStatusWidget'], [data-testid='stSkeleton']")
+        return shows in driver.find_element(By.TAG_NAME, "body").text and not busy
+
+    WebDriverWait(browser, 90, poll_frequency=0.5).until(rendered)
+    body = browser.find_element(By.TAG_NAME, "body").text
+    assert not browser.find_elements(By.CSS_SELECTOR, "[data-testid='stException']"), body
+    return body
+
+
+def test_the_plan_page_plans_the_measured_gpu_and_cuts_no_text_at_1440_px(tmp_path):
+    """`headroom dashboard --bundle` of the H200 reference run: the Plan page starts on the measured H200, the
+    budget follows the card (all of an A100 40GB; 80 of an H200's 141 GB), and at 1,440 px no layout name,
+    rejection reason, select's value or export is cut short; the export opens on a format that expresses the
+    layout."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from headroom.dashboard.widths import text_px
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    with _serving(str(REFERENCE_BUNDLE), tmp_path, source="--bundle") as address:
+        browser = _chromium(tmp_path)
+        try:
+            browser.set_window_size(*WIDE)
+            body = _plan_page(browser, address, SEARCH, "Export")
+            hardware = browser.find_element(By.CSS_SELECTOR, "[data-testid='stSidebar'] input[aria-label='hardware']")
+            assert hardware.get_attribute("value") == "measured: NVIDIA H200"  # no hardware in the URL
+            assert "NVIDIA H200 (measured)" in body and "datasheet: h100-sxm" not in body
+
+            # Tables: drawn on a canvas, so measured in the grid's own font against what the page sized them for.
+            WebDriverWait(browser, 30, poll_frequency=0.5).until(lambda d: d.execute_script(
+                "return document.fonts.status") == "loaded" and sum(bool(g["cells"]) for g in d.execute_script(
+                    GRID_TEXTS)) >= 3)  # layouts searched, ranked, rejected
+            grids = browser.execute_script(GRID_TEXTS)
+            assert [g["sideways"] for g in grids] == [0] * len(grids), "a table scrolls sideways at 1,440 px"
+            checked = [(header, text, width) for g in grids for header, text, width in g["cells"] if header in WHOLE]
+            assert {header for header, _, _ in checked} == WHOLE, grids[0]["font"]
+            wider = [(header, text, round(width, 1), round(text_px(text), 1)) for header, text, width in checked
+                     if width > text_px(text)]
+            assert not wider, f"drawn wider than headroom.dashboard.widths allows in {grids[0]['font']}: {wider}"
+
+            # Everything else, and the export tabs: the first expresses the layout; each one's code wraps whole.
+            tabs = browser.find_elements(By.CSS_SELECTOR, "[data-testid='stTabs'] [role='tab']")
+            labels = [tab.text for tab in tabs]
+            assert "(approximate)" not in labels[0] and "hf (approximate)" in labels, labels
+            for tab in tabs:
+                browser.execute_script("arguments[0].click()", tab)
+                WebDriverWait(browser, 10, poll_frequency=0.2).until(
+                    lambda _, tab=tab: tab.get_attribute("aria-selected") == "true")
+                cut = browser.execute_script(CUT_TEXTS)
+                assert not cut, f"cut short at 1,440 px with the {tab.text} tab open: {cut}"
+            height = browser.execute_script("return document.querySelector('[data-testid=\"stMain\"]').scrollHeight")
+            browser.set_window_size(WIDE[0], max(WIDE[1], height + 100))
+            browser.save_screenshot(str(ARTIFACTS / "dashboard-plan-1440.png"))
+            browser.set_window_size(*WIDE)
+
+            # The budget follows the card: all of a smaller one, 80 GB of a bigger one and the page says so.
+            a100 = _plan_page(browser, address, "hardware=a100-sxm-40gb", "Recommendation")
+            assert re.search(r"budget 40(\.0)? GB per GPU", a100), a100[:2000]
+            h200 = _plan_page(browser, address, "hardware=h200", "Recommendation")
+            assert re.search(r"budget 80(\.0)? GB per GPU", h200), h200[:2000]
+            assert re.search(r"\b80(\.0)? (GB )?of (the )?([\w-]+'s )?141(\.0)? GB", h200), h200[:2000]
+        finally:
+            browser.quit()

@@ -16,6 +16,7 @@ from headroom.core.units import GB  # noqa: E402
 from headroom.dashboard import (  # noqa: E402
     calibration,
     charts,
+    colours,
     data,
     history,
     plan_tables,
@@ -94,8 +95,8 @@ def test_peak_bar_stacks_components_up_to_the_required_bytes_against_the_budget(
     # the legend names what the bars hold, in plain words and stacking order, each in its fixed colour
     held = [charts.plain_name(name) for name in frame.loc[frame["gb"] > 0, "component"].unique()]
     scale = bars["encoding"]["color"]["scale"]
-    assert scale["domain"] == [name for name in charts.COMPONENT_COLORS if name in held]
-    assert scale["range"] == [charts.COMPONENT_COLORS[name] for name in scale["domain"]]
+    assert scale["domain"] == [name for name in colours.MEMORY if name in held]
+    assert scale["range"] == [colours.MEMORY[name] for name in scale["domain"]]
     assert {"parameters", "optimizer states", "weight copies", "activations", "margin"} <= set(scale["domain"])
     assert "weight_copies" not in scale["domain"] and "gathered parameters" not in scale["domain"]  # 0 GB at ZeRO-2
 
@@ -127,20 +128,67 @@ def test_when_nothing_fits_the_memory_chart_shows_the_candidate_the_advice_names
     assert plan_tables.decision_window(tight) == pytest.approx((20 - 0.1 * span, closest.required_bytes / GB + 0.5 * span))
 
 
-def test_candidates_chart_shows_fitting_and_rejected(default_plan):
+def test_the_pareto_front_of_a_hand_made_frame():
+    """On the front: faster than every row needing less memory; of rows needing the same memory, only the
+    fastest; rows equal in both, together."""
+    table = pd.DataFrame({
+        "candidate": ["a", "b", "c", "d", "e", "f", "g", "h", "i"],
+        "required_gb": [10.0, 10.0, 15.0, 20.0, 20.0, 30.0, 40.0, 40.0, 50.0],
+        "tokens_per_s": [5.0, 3.0, 5.0, 8.0, 8.0, 7.0, 9.0, 2.0, 9.0],
+    }, index=[7, 3, 9, 1, 0, 4, 2, 8, 6])  # an index out of order: the result is aligned to it, not to positions
+    front = plan_tables.pareto_front(table)
+    assert front.dtype == bool and list(front.index) == list(table.index)
+    # a: lightest and fastest at 10 GB; b: slower at the same memory; c: no faster than a on more memory;
+    # d and e: equal in both, both on it; f: slower than d on more; g: fastest of 40 GB, h slower at the same
+    # memory; i: only as fast as g on more memory
+    assert table.loc[front, "candidate"].tolist() == ["a", "d", "e", "g"]
+    single = pd.DataFrame({"required_gb": [12.5], "tokens_per_s": [100.0]}, index=[5])
+    assert plan_tables.pareto_front(single).tolist() == [True]
+    assert plan_tables.pareto_front(table.iloc[:0]).tolist() == []
+    assert plan_tables.pareto_front(table, memory="tokens_per_s", throughput="required_gb").any()  # any two columns
+
+
+def test_the_front_of_a_real_plan_is_what_the_scatter_draws(default_plan):
     table = plan_tables.candidates_frame(default_plan)
-    assert set(table["fits"]) == {"fits", "rejected"}
-    assert (table.loc[table["fits"] == "rejected", "rejection"].str.contains("over the")).all()
+    front = plan_tables.pareto_front(table)
+    # checked against the definition, pair by pair: nothing on the front is dominated, everything off it is
+    x, y = table["required_gb"].to_numpy(), table["tokens_per_s"].to_numpy()
+    dominated = [any(x[j] <= x[i] and y[j] >= y[i] and (x[j] < x[i] or y[j] > y[i]) for j in range(len(table)))
+                 for i in range(len(table))]
+    assert front.tolist() == [not d for d in dominated]
+    assert 1 < front.sum() < len(table)
+    recommended = table["rank"] == 1
+    assert front[recommended].all()  # the fastest fitting candidate: nothing fitting is faster, nothing lighter
     window = plan_tables.decision_window(default_plan)
-    chart = charts.build_candidates_chart(table, 80.0, window)
-    points, rule, label = layers(chart)
-    assert fields(points)["x"] == "required_gb" and fields(points)["y"] == "tokens_per_s"
+    inside = plan_tables.in_window(table, window)
+    drawn = table.assign(front=front)[inside]
+    chart = charts.build_candidates_chart(drawn, 80.0, window)
+    step, points, rule, label = layers(chart)
+    spec = chart.to_dict()
+    data_of = {name: pd.DataFrame(rows) for name, rows in spec["datasets"].items()}
+    on_front = data_of[points["data"]["name"]]
+    assert on_front["candidate"].tolist() == drawn.loc[drawn["front"]].sort_values(
+        ["required_gb", "tokens_per_s"], ascending=[True, False])["candidate"].tolist()
+    assert step["data"] == points["data"]  # the step line joins those points, in order of memory
+    assert step["mark"] == {"type": "line", "interpolate": "step-after", "strokeWidth": 1.5,
+                            "color": colours.MARK["front"]}
+    assert fields(step)["x"] == "required_gb" and fields(step)["y"] == "tokens_per_s"
     assert fields(points)["color"] == "fits" and fields(points)["shape"] == "recompute"
-    assert fields(rule)["x"] == "budget_gb"
-    assert label["mark"]["text"] == "budget 80 GB"
+    assert points["encoding"]["color"]["scale"] == {"domain": ["fits", "rejected"],
+                                                    "range": [colours.FIT["fits"], colours.FIT["rejected"]]}
+    assert fields(rule)["x"] == "budget_gb" and label["mark"]["text"] == "budget 80 GB"
+    assert rule["mark"]["color"] == label["mark"]["color"] == colours.MARK["limit"]
     assert_reads_in_full(chart)
     assert points["encoding"]["color"]["legend"] == legend_of(2, "fits the budget")
     assert points["encoding"]["shape"]["legend"] == legend_of(4, "recompute")
+    # the toggle: every other candidate in the window, grey, behind the front
+    with_cloud = charts.build_candidates_chart(drawn, 80.0, window, cloud=True)
+    behind, *rest = layers(with_cloud)
+    assert rest == layers(chart)
+    assert behind["mark"]["color"] == colours.MARK["other candidates"] and "color" not in behind["encoding"]
+    behind_rows = pd.DataFrame(with_cloud.to_dict()["datasets"][behind["data"]["name"]])
+    assert sorted(behind_rows["candidate"]) == sorted(drawn.loc[~drawn["front"], "candidate"])
+    assert len(behind_rows) + len(on_front) == len(drawn)
 
 
 def test_the_scatter_zooms_to_where_the_choice_is_made(default_plan):
@@ -157,7 +205,7 @@ def test_the_scatter_zooms_to_where_the_choice_is_made(default_plan):
     # and the nearest rejected ones (83.9, 86.3 and 86.4 GB); the 91.0 GB one and the heavier ones are off-chart
     assert sorted(drawn.loc[drawn["fits"] == "rejected", "required_gb"].round(1)) == [83.9, 86.3, 86.4]
     assert (~inside).sum() == 9
-    points, _, _ = layers(charts.build_candidates_chart(drawn, 80.0, window))
+    _, points, _, _ = layers(charts.build_candidates_chart(drawn.assign(front=True), 80.0, window))
     assert points["encoding"]["x"]["scale"] == {"domain": list(window), "nice": False}
     assert points["encoding"]["y"]["scale"] == {"zero": False}
 
@@ -207,12 +255,13 @@ def test_another_plan_differs_by_its_model_budget_or_hardware(default_plan):
 
 def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():
     h100 = get_hardware("h100-sxm")
-    frame = charts.roof_frame({"datasheet bf16": (h100.peak("bf16"), h100.hbm_bytes_per_s)})
+    table = roofs.roof_table(h100, pd.DataFrame(columns=["dtype", "tflop_per_s"]), pd.DataFrame(), ["bf16"])
+    frame = charts.roof_frame(table)
     ridge = ridge_intensity(h100.peak("bf16"), h100.hbm_bytes_per_s)
     at_ridge = frame.loc[frame["intensity"] == ridge, "tflop_per_s"].iloc[0]
     assert at_ridge == pytest.approx(989.4)
     assert frame["tflop_per_s"].max() == pytest.approx(989.4)
-    points = pd.DataFrame({"kind": ["matmul bf16"], "label": ["1024^3"],
+    points = pd.DataFrame({"kind": ["matmul"], "dtype": ["bf16"], "label": ["1024^3"],
                            "intensity": [matmul_intensity(1024, 1024, 1024)], "tflop_per_s": [700.0]})
     roofline = charts.build_roofline_chart(frame, points)
     for layer in layers(roofline):
@@ -222,10 +271,49 @@ def test_roofline_is_log_log_and_its_roofs_meet_at_the_ridge():
     assert_reads_in_full(roofline)
     lines, dots = layers(roofline)
     assert lines["encoding"]["strokeDash"]["legend"] == legend_of(2, "roof")
-    # one legend of kinds (colour and shape alike), markers solid and large enough to read
-    assert dots["encoding"]["color"]["legend"] == dots["encoding"]["shape"]["legend"] == legend_of(4, "measured")
+    assert lines["encoding"]["strokeDash"]["scale"] == {"domain": ["datasheet"], "range": [[1, 0]]}  # solid
+    # one legend of dtypes, lines and points alike, in the dtype's colour; one of kinds, by shape
+    assert lines["encoding"]["color"] == dots["encoding"]["color"]
+    assert dots["encoding"]["color"]["legend"] == legend_of(5, "dtype")
+    assert dots["encoding"]["color"]["scale"] == {"domain": ["bf16"], "range": [colours.DTYPE["bf16"]]}
+    assert dots["encoding"]["shape"]["legend"] == legend_of(4, "measured")
     assert dots["mark"] == {"type": "point", "filled": True, "size": 110, "opacity": 1}
-    assert dots["encoding"]["color"]["scale"] == {"scheme": "tableau10"}
+
+
+def test_each_dtype_is_drawn_against_its_own_roof():
+    """Matmuls in fp8, bf16 and fp32 on an H100: a datasheet roof per dtype at its peak, a measured roof per dtype
+    at its best rate, in that dtype's colour, never the bf16 roof for all."""
+    h100 = get_hardware("h100-sxm")
+    matmul = pd.DataFrame({"dtype": ["fp8", "fp8", "bf16", "fp32"], "m": [4096, 8192, 4096, 4096],
+                           "n": [4096, 8192, 4096, 4096], "k": [4096, 8192, 4096, 4096], "batch": [1, 1, 1, 1],
+                           "tflop_per_s": [1200.0, 1400.5, 700.25, 48.0]})
+    elementwise = pd.DataFrame({"op": ["add"], "dtype": ["bf16"], "elements": [2**28], "bytes_moved": [3 * 2**29],
+                                "median_s": [3 * 2**29 / 3.0e12], "gb_per_s": [3000.0]})
+    points = roofs.roofline_points(matmul, pd.DataFrame(), elementwise)
+    assert sorted(set(points["kind"])) == ["elementwise", "matmul"]
+    dtypes = roofs.present_dtypes(points)
+    assert dtypes == ["fp32", "bf16", "fp8"]  # the datasheet's order
+    table = roofs.roof_table(h100, matmul, elementwise, dtypes)
+    assert list(table.columns) == roofs.ROOF_COLUMNS
+    assert table[["roof", "source", "dtype"]].values.tolist() == [
+        ["datasheet fp32", "datasheet", "fp32"], ["measured fp32", "measured", "fp32"],
+        ["datasheet bf16", "datasheet", "bf16"], ["measured bf16", "measured", "bf16"],
+        ["datasheet fp8", "datasheet", "fp8"], ["measured fp8", "measured", "fp8"]]
+    peaks = table.set_index("roof")["peak_flop_per_s"]
+    assert peaks.to_dict() == {"datasheet fp32": 67e12, "measured fp32": 48.0e12, "datasheet bf16": 989.4e12,
+                               "measured bf16": 700.25e12, "datasheet fp8": 1978.9e12, "measured fp8": 1400.5e12}
+    assert set(table.loc[table["source"] == "datasheet", "bytes_per_s"]) == {3.35e12}
+    assert set(table.loc[table["source"] == "measured", "bytes_per_s"]) == {3000.0e9}
+    # the frame the chart draws: each roof levels off at its own peak, exactly
+    drawn = charts.roof_frame(table)
+    assert drawn.groupby("roof", sort=False)["tflop_per_s"].max().to_dict() == (peaks / 1e12).to_dict()
+    assert drawn.groupby("roof")["dtype"].unique().map(list).to_dict() == table.set_index("roof")["dtype"].map(
+        lambda d: [d]).to_dict()
+    _, dots = layers(charts.build_roofline_chart(drawn, points))
+    assert dots["encoding"]["color"]["scale"] == {"domain": dtypes, "range": [colours.DTYPE[d] for d in dtypes]}
+    # a CPU: no datasheet, a measured roof for each dtype it multiplied in and none for the others
+    cpu = roofs.roof_table(None, matmul[matmul["dtype"] != "fp8"], elementwise, dtypes)
+    assert cpu["roof"].tolist() == ["measured fp32", "measured bf16"]
 
 
 def test_hardware_charts_from_the_smoke_store(smoke_store):
@@ -233,8 +321,14 @@ def test_hardware_charts_from_the_smoke_store(smoke_store):
     (device,) = data.devices(url)
     matmul, elementwise, attention = data.matmul(url, device), data.elementwise(url, device), data.attention(url, device)
     points = roofs.roofline_points(matmul, attention, elementwise)
-    assert {"elementwise"} < set(points["kind"]) and any(k.startswith("matmul ") for k in points["kind"])
-    assert any(k.startswith("attention ") for k in points["kind"])
+    assert {"elementwise", "matmul"} < set(points["kind"]) and any(k.startswith("attention ") for k in points["kind"])
+    assert set(points["dtype"]) <= set(colours.DTYPE)
+    # every dtype multiplied in has its measured roof, at its best rate
+    table = roofs.roof_table(None, matmul, elementwise, roofs.present_dtypes(points))
+    measured = sorted(set(matmul["dtype"]))
+    assert sorted(table["dtype"]) == measured and set(table["source"]) == {"measured"}
+    assert table.set_index("dtype")["peak_flop_per_s"].to_dict() == \
+        (matmul.groupby("dtype")["tflop_per_s"].max() * 1e12).to_dict()
     roof = roofs.roofs(None, matmul, elementwise, "fp32")
     assert list(roof) == ["measured fp32"]  # a CPU has no datasheet roof
     peak, bandwidth = roof["measured fp32"]

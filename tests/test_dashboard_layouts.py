@@ -26,7 +26,7 @@ from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.timing.step import datasheet_profile
 from headroom.core.units import GB
-from headroom.dashboard import charts, plan_tables, planning
+from headroom.dashboard import charts, colours, plan_tables, planning, widths
 from headroom.dashboard.text import plain
 from tests.dashboard_support import render_url
 
@@ -146,7 +146,7 @@ def test_time_by_term_adds_up_to_the_step(pipelined):
     page, _ = pipelined
     winner, runner_up = (plan_tables.shown_candidate(o) for o in page.layouts[:2])
     frame = plan_tables.time_terms_frame(page, {"A": winner, "B": runner_up})
-    assert tuple(winner.time.by_term()) == plan_tables.TIME_TERMS == tuple(charts.TERM_COLORS)
+    assert tuple(winner.time.by_term()) == plan_tables.TIME_TERMS == tuple(colours.TIME)
     for row, candidate in (("A", winner), ("B", runner_up)):
         terms = frame[frame["row"] == row].set_index("term")["seconds"]
         assert list(terms.index) == list(plan_tables.TIME_TERMS)
@@ -240,30 +240,52 @@ def test_a_search_shows_its_tables_and_charts_in_full(monkeypatch, tmp_path, sma
                               get_preset("bench-llama-small"), *planning.datasheet_hardware(planning.PlanInputs().hardware))
     assert page.recommendation is not None and page.rejected  # some layouts fit, some candidates do not
     layouts = next(d for d in at.dataframe if "why" in d.value.columns)
-    # the reason a layout lost wraps over three lines in a wide column; the search's GPU count and "fits" are left
-    # out (every layout has the one, a missing rank says the other)
+    # every layout name on one line, and the reason a layout lost wrapped whole in what the other columns leave of
+    # the page at 1,440 px; the search's GPU count and "fits" are left out (every layout has the one, a missing rank
+    # says the other)
     assert list(layouts.proto.column_order) == ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb", "why"]
-    assert layouts.proto.row_height == 70 and layouts.proto.placeholder == "-"
-    config = json.loads(layouts.proto.columns)
-    assert config["why"] == {"label": "why not chosen", "width": 380, "type_config": {"type": "text"}}
-    assert config["layout"] == {"label": "layout", "width": 230, "type_config": {"type": "text"}}
+    assert layouts.proto.placeholder == "-"
+    shown_whole(layouts, one_line=("layout",), wrapped="why")
     rejected = next(d for d in at.dataframe if "broken_by" in d.value.columns)
-    assert list(rejected.value.columns) == ["candidate", "layout", "tokens_per_s", "required_gb", "over_gb", "broken_by"]
+    # a layout leaves no room for a rejected candidate's tokens/s; what breaks the budget wraps, whole
+    assert list(rejected.value.columns) == ["candidate", "layout", "required_gb", "over_gb", "broken_by"]
     assert list(rejected.value["required_gb"]) == sorted(c.required_bytes / GB for c in page.rejected)
-    assert rejected.proto.row_height == 70
+    shown_whole(rejected, one_line=("candidate", "layout"), wrapped="broken_by")
     # the memory chart draws the closest rejected candidate with its layout, as its caption names it
     closest = plan_tables.closest_rejected(page)
     label = f"{closest.label} on {closest.layout}"
     (memory,) = [d for d in chart_data(at, "component") if "candidate" in d.columns]
     assert label in set(memory["candidate"])
     assert any(f"the closest rejected candidate, {label}, needs" in c.value for c in at.caption)
-    # the scatter spans the decision window and holds the candidates inside it
+    # the scatter spans the decision window and draws the Pareto front inside it; the toggle adds the rest
     specs = [json.loads(e.proto.spec) for e in at.get("vega_lite_chart")]
-    (points,) = [spec["layer"][0] for spec in specs if "shape" in spec.get("layer", [spec])[0]["encoding"]]
+    (points,) = [layer for spec in specs for layer in spec.get("layer", [spec]) if "shape" in layer["encoding"]]
     window = plan_tables.decision_window(page)
     assert points["encoding"]["x"]["scale"]["domain"] == list(window)
-    drawn = chart_data(at, "fits")[0]
-    assert len(drawn) == int(plan_tables.in_window(plan_tables.candidates_frame(page), window).sum()) > 0
+    table = plan_tables.candidates_frame(page)
+    inside = plan_tables.in_window(table, window)
+    on_front = plan_tables.pareto_front(table) & inside
+    (drawn,) = chart_data(at, "fits")
+    assert sorted(drawn["candidate"]) == sorted(table.loc[on_front, "candidate"]) and 0 < len(drawn) < inside.sum()
+    assert at.toggle(key="candidates_cloud").value is False
+    at.toggle(key="candidates_cloud").set_value(True).run()
+    (scatter,) = [e for e in at.get("vega_lite_chart") if "fits" in e.proto.spec]
+    assert sum(len(convert_arrow_bytes_to_pandas_df(d.data.data)) for d in scatter.proto.datasets
+               if "required_gb" in convert_arrow_bytes_to_pandas_df(d.data.data)) == int(inside.sum())
+
+
+def shown_whole(table, one_line: tuple[str, ...], wrapped: str) -> None:
+    """``table`` (an st.dataframe) fits the page at 1,440 px and shows its texts whole: each of ``one_line`` on
+    one line, ``wrapped`` over rows tall enough to hold its longest text (headroom.dashboard.widths' font)."""
+    config = json.loads(table.proto.columns)
+    shown = list(table.proto.column_order) or list(table.value.columns)
+    width = {name: config[name]["width"] for name in shown}
+    assert sum(width.values()) <= widths.MAIN_PX, width
+    for name in one_line:
+        assert all(widths.text_px(text) + 2 * widths.CELL_PADDING_PX <= width[name] for text in table.value[name])
+    lines = max(widths.wrapped_lines(text, width[wrapped]) for text in table.value[wrapped])
+    assert lines > 1 and table.proto.row_height > widths.WRAPS_ABOVE_PX  # so Streamlit wraps the cells
+    assert table.proto.row_height >= widths.FONT_PX * (1 + widths.LINE_HEIGHT * (lines - 1))
 
 
 def test_pins_in_the_url_are_honoured(monkeypatch, tmp_path):
@@ -284,7 +306,8 @@ def test_a_bad_pin_shows_the_error_message(monkeypatch, tmp_path):
     at = render_url(tmp_path, monkeypatch, {"model": "llama3.2-1b", "gpus": "8", "tp": "3"})
     with pytest.raises(ConfigError) as expected:
         TrainConfig(seq_len=4096, layout=Layout(tp=3)).check_model(get_preset("llama3.2-1b"))
-    assert [e.value for e in at.error] == [plain(str(expected.value))]  # as text, never as markup
+    assert "use --tp among 1, 2, 4, 8, 16" in str(expected.value)  # the CLI's words; the page names its control
+    assert [e.value for e in at.error] == [plain(str(expected.value).replace("--tp", "tp (tensor)"))]  # as text
     assert not at.success and not at.get("vega_lite_chart")
 
 

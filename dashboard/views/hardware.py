@@ -1,4 +1,4 @@
-"""Hardware: per device, its roofline, matmul throughput by size and bandwidth by op."""
+"""Hardware: per device, its roofline (a roof per dtype), matmul throughput by size and bandwidth by op."""
 
 from __future__ import annotations
 
@@ -23,30 +23,32 @@ attention = data.attention(url, device)
 run_rows = data.runs(url)
 device_type = run_rows.loc[run_rows["device_name"] == device, "device_type"].iloc[0]
 spec = roofs.datasheet_row(device, device_type)
-measured_dtypes = [d for d in DTYPES if d in set(matmul["dtype"])]
+points = roofs.roofline_points(matmul, attention, elementwise)
 st.caption(
     f"{plain(device)} ({device_type}); datasheet: {spec.name + ' — ' + spec.source if spec else 'none (CPU or unknown device)'}. "
     f"{len(matmul)} matmul, {len(attention)} attention and {len(elementwise)} elementwise results "
     f"from {plan_tables.count(int(run_rows['device_name'].eq(device).sum()), 'run')}."
 )
-if not measured_dtypes and spec is None:
+if not len(matmul) and spec is None:
     st.info("No matmul measurements for this device yet.")
     st.stop()
-dtype_choices = measured_dtypes or [d for d in DTYPES if spec and d in spec.peak_flop_per_s]
-dtype = st.selectbox("roof dtype", dtype_choices,
-                     index=dtype_choices.index("bf16") if "bf16" in dtype_choices else 0, key="hardware_dtype")
 
 st.subheader("Roofline")
-roof_table = roofs.roofs(spec, matmul, elementwise, dtype)
-points = roofs.roofline_points(matmul, attention, elementwise)
+# Each dtype measured has its own roofs; a device measured in none shows its datasheet's.
+dtypes = roofs.present_dtypes(points) or [d for d in DTYPES if spec is not None and d in spec.peak_flop_per_s]
+roof_table = roofs.roof_table(spec, matmul, elementwise, dtypes)
 st.altair_chart(charts.build_roofline_chart(charts.roof_frame(roof_table), points), width="stretch")
-for name, (peak, bandwidth) in roof_table.items():
-    st.markdown(f"- **{name}** roof: {peak / 1e12:,.3g} TFLOP/s, {bandwidth / 1e9:,.4g} GB/s, "
-                f"ridge at {peak / bandwidth:,.3g} FLOP/byte")
-st.caption("Intensity: matmul 2mnk over both operands read and the result written once; attention "
-           "4bs²hd, halved when causal as FlashAttention's benchmarks count it (the masked half is skipped), over "
-           "Q, K, V read and O written; elementwise placed at one FLOP per element over its bytes moved. Measured "
-           "roof: best matmul rate in this dtype and the best bandwidth of any memory-bound op.")
+for roof in roof_table.itertuples(index=False):
+    tflop_per_s = roof.peak_flop_per_s / 1e12
+    peak = f"{tflop_per_s:,.0f}" if tflop_per_s >= 100 else f"{tflop_per_s:.3g}"  # 1,979, not 1.98e+03
+    st.markdown(f"- **{roof.roof}** roof: {peak} TFLOP/s, {roof.bytes_per_s / 1e9:,.4g} GB/s, "
+                f"ridge at {roof.peak_flop_per_s / roof.bytes_per_s:,.3g} FLOP/byte")
+st.caption("Each dtype's points are drawn against its own roofs, in its colour: the datasheet's dense peak for "
+           "that dtype (solid) and the best matmul rate measured in it (dashed), both with the bandwidth slope "
+           "(datasheet HBM; measured: the best bandwidth of any memory-bound op). Intensity: matmul 2mnk over both "
+           "operands read and the result written once; attention 4bs²hd, halved when causal as FlashAttention's "
+           "benchmarks count it (the masked half is skipped), over Q, K, V read and O written; elementwise placed "
+           "at one FLOP per element over its bytes moved.")
 
 left, right = st.columns(2)
 with left:

@@ -10,7 +10,6 @@ from pathlib import Path
 import streamlit as st
 
 from headroom.core.errors import ConfigError
-from headroom.core.exports import EXPORTERS, export
 from headroom.core.measured.calibration import Calibration
 from headroom.core.planning import search_work
 from headroom.core.planning.planner import (
@@ -34,9 +33,12 @@ from headroom.core.specs.stack import STACKS
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB
 from headroom.dashboard import charts, columns, data, plan_notes, plan_tables, planning
+from headroom.dashboard.export_tabs import export_tabs
 from headroom.dashboard.notices import store_notice
 from headroom.dashboard.planning import AUTO, AXIS_CHOICES, MAX_GPUS, PlanInputs
-from headroom.dashboard.text import plain, shown_calibration
+from headroom.dashboard.text import confidence_markdown, plain
+from headroom.dashboard.widths import fitted_columns
+from headroom.dashboard.wording import said
 
 EXPORT_FILES = {"hf": ("training_args.py", "python"), "torchtitan": ("torchtitan_train.sh", "bash"),
                 "megatron": ("megatron_args.txt", "bash"), "deepspeed": ("ds_config.json", "json"),
@@ -100,25 +102,29 @@ with st.sidebar:
                                 key="plan_capacity_factor",
                                 help="each expert takes at most ceil(t k / E x C) rows, drops the rest and is padded")
     st.number_input("sequence length (tokens)", min_value=1, step=256, key="plan_seq_len")
-    st.number_input("global batch (sequences per step, all ranks)", min_value=1, step=1, key="plan_global_batch")
-    st.text_input("memory budget per GPU (80GB, 80GiB, 81920MiB; GB = 1e9 bytes)", key="plan_budget",
+    st.number_input("global batch", min_value=1, step=1, key="plan_global_batch",
+                    help="sequences per optimizer step, all data-parallel ranks together")
+    st.text_input("memory budget per GPU", key="plan_budget", help="80GB, 80 GB, 80GiB or 81920MiB; GB = 1e9 bytes",
                   placeholder="80GB, or all of a smaller card")
     st.selectbox("hardware", hardware_options, format_func=printable, key="plan_hardware")
     st.subheader("Cluster and layout")
-    st.number_input(f"GPUs to search (0 = plan this one layout; at most {MAX_GPUS})", min_value=0, step=8,
-                    key="plan_gpus", help="every tp x pp x cp x dp layout and sharding stage of this many GPUs")
+    st.number_input("GPUs to search", min_value=0, step=8, key="plan_gpus",
+                    help=f"every tp x pp x cp x dp layout and sharding stage of this many GPUs, at most {MAX_GPUS}; "
+                    "0 plans the one layout the axes below give")
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
     st.selectbox("inter-node interconnect (per GPU)", ["", *LINKS_BY_KEY], key="plan_interconnect",
-                 format_func=lambda key: f"{key}: {LINKS_BY_KEY[key].name}" if key
-                 else "auto: the GPU generation's network")
-    st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or without a GPU count takes "
-               f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without --gpus.")
+                 format_func=lambda key: key or "auto",  # the names are long for the sidebar: its help has them
+                 help="auto: the GPU generation's network; "
+                 + "; ".join(f"{key}: {link.name}" for key, link in LINKS_BY_KEY.items()))
+    st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or with no GPUs to search takes "
+               f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without a GPU count.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
                    "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)"}
-    for row in (("tp", "pp", "cp"), ("dp", "zero", "sp"), ("schedule", "virtual_stages", "ep")):
-        for column, axis in zip(st.columns(3), row, strict=True):
+    # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "virtual_stages"), ("schedule",)):
+        for column, axis in zip(st.columns(len(row)), row, strict=True):
             with column:
                 if axis in AXIS_CHOICES:
                     st.selectbox(axis_labels[axis], AXIS_CHOICES[axis], key=f"plan_{axis}")
@@ -134,11 +140,11 @@ with st.sidebar:
     st.subheader("Pin a configuration")
     st.caption("auto leaves it to the planner; a micro-batch (or accumulation) and a policy pinned on one layout "
                "evaluate exactly that configuration, even when it does not fit.")
-    pin_columns = st.columns(3)
+    pin_columns = st.columns(2)  # three to a row break "accumulation" in the middle
     pin_columns[0].text_input("micro-batch", key="plan_micro_batch", placeholder=AUTO)
     pin_columns[1].text_input("accumulation", key="plan_accumulation", placeholder=AUTO)
-    pin_columns[2].text_input("recompute", key="plan_recompute", placeholder=AUTO,
-                              help="none, selective, op-selective, full, every-K (K blocks a segment) or offload")
+    st.text_input("recompute", key="plan_recompute", placeholder=AUTO,
+                  help="none, selective, op-selective, full, every-K (K blocks a segment) or offload")
 
 inputs = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in fields(PlanInputs)})
 st.session_state.plan_inputs = inputs
@@ -172,7 +178,7 @@ try:
                     if inputs.gpus else "Planning..."):
         result = cached_plan(inputs, spec, profile, calibration)
 except (ConfigError, ValueError) as err:
-    st.error(plain(err))
+    st.error(said(err))
     st.stop()
 
 request, best = result.request, result.recommendation
@@ -196,12 +202,12 @@ st.markdown(
 if request.cluster is not None:
     st.caption(plan_notes.cluster_text(request.cluster, profile))
 if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
-    st.warning(plain(over_budget[0].upper() + over_budget[1:]) + ".")
+    st.warning(said(over_budget[0].upper() + over_budget[1:]) + ".")
 elif request.budget_bytes < profile.memory_bytes:
-    st.caption(plain(f"Budget: {budget_share(request.budget_bytes, profile)}; set the budget to "
-                     f"{whole_device_budget(profile)} to plan all of it."))
+    st.caption(said(f"Budget: {budget_share(request.budget_bytes, profile)}; set the budget to "
+                    f"{whole_device_budget(profile)} to plan all of it."))
 for model_note in request.train.model_notes(spec):  # a context extended; what the config asks and is not counted
-    st.info(plain(model_note) + ".")
+    st.info(said(model_note) + ".")
 if result.unsearched:
     limit = (f"this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s" if result.stopped_at == "time limit"
              else f"its work bound ({search_work.LIMIT:,} candidates)")
@@ -219,7 +225,7 @@ if best is None:
         st.error(f"**Recommendation:** {plan_tables.recommendation_text(result)} "
                  f"({len(result.rejected)} candidates rejected)")
     for line in result.advice:
-        st.markdown(f"- {plain(line)}")
+        st.markdown(f"- {said(line)}")
 else:
     st.success(f"**{'Pinned' if pinned is not None else 'Recommendation'}:** {plan_tables.recommendation_text(result)}")
 if shown is not None:
@@ -231,7 +237,7 @@ if shown is not None:
     cols = st.columns(4)
     for column, (label, value, why) in zip(cols, plan_tables.utilization_figures(shown, unit), strict=True):
         column.metric(label, value, help=why)
-st.markdown(f"**Confidence:** {shown_calibration(result.calibration).confidence()}")
+st.markdown(confidence_markdown(result.calibration, result))
 if profile.assumptions:
     st.caption("Assumed, not measured: " + "; ".join(plain(a) for a in profile.assumptions))
 st.caption(f"Margin: peak x {profile.fragmentation_text()} allocator fragmentation + "
@@ -256,9 +262,11 @@ if best is not None:
 if searched:
     fitting_layouts = sum(o.fits for o in result.layouts)
     st.subheader(f"Layouts searched ({fitting_layouts} of {len(result.layouts)} fit)")
-    st.dataframe(plan_tables.layouts_frame(result), hide_index=True, column_config=columns.PLAN,
-                 column_order=columns.LAYOUTS_SHOWN, row_height=columns.WRAPPING_ROW_HEIGHT,
-                 placeholder=columns.MISSING)
+    layouts = plan_tables.layouts_frame(result)
+    layout_columns, layout_rows = fitted_columns(columns.PLAN, layouts, columns.LAYOUTS_SHOWN, whole=("layout",),
+                                                 wrapped="why")  # every layout name whole, every reason too
+    st.dataframe(layouts, hide_index=True, column_config=layout_columns, column_order=columns.LAYOUTS_SHOWN,
+                 row_height=layout_rows, placeholder=columns.MISSING)
     options = plan_tables.layout_options(result)
     if len(options) >= 2:
         st.subheader("Compare two layouts")
@@ -305,7 +313,7 @@ else:
         other_profile, other_calibration = data.hardware(url, other_inputs.hardware)
         other = cached_plan(other_inputs, other_spec, other_profile, other_calibration)
     except (ConfigError, ValueError) as err:
-        st.error(f"The other plan: {plain(err)}")
+        st.error(f"The other plan: {said(err)}")
     else:
         change = plan_tables.tokens_per_s_change(result, other)
         for column, (tag, plan) in zip(st.columns(2), (("This plan", result), ("Other plan", other)), strict=True):
@@ -328,24 +336,36 @@ st.caption(plan_tables.shown_text(result, shown))
 st.altair_chart(charts.build_peak_bar_chart(plan_tables.peak_components_frame(result, shown), budget_gb),
                 width="stretch")
 
-st.subheader("Throughput vs memory, every candidate")
+st.subheader("Throughput vs memory: the Pareto front")
 window = plan_tables.decision_window(result)
 inside = plan_tables.in_window(table, window)
-st.altair_chart(charts.build_candidates_chart(table[inside], budget_gb, window), width="stretch")
+front = plan_tables.pareto_front(table)
+cloud = st.toggle("show every candidate behind the front", value=False, key="candidates_cloud")
+st.altair_chart(charts.build_candidates_chart(table.assign(front=front)[inside], budget_gb, window, cloud=cloud),
+                width="stretch")
 off_chart = int((~inside).sum())
-st.caption(f"Required memory from {window[0]:,.1f} to {window[1]:,.1f} GB, where the choice is made: "
+st.caption(f"{int(front.sum()):,} of {len(table):,} candidates are on the Pareto front: no other needs less memory "
+           "and runs faster." + (" The others are grey behind it." if cloud else "")
+           + f" Required memory from {window[0]:,.1f} to {window[1]:,.1f} GB, where the choice is made: "
            + (f"{off_chart} of {len(table)} candidates lie outside it (the tables below list every one)."
               if off_chart else f"all {len(table)} candidates."))
 
 st.subheader(f"Ranked candidates ({len(result.candidates)} fit)")
-st.dataframe(table[table["fits"] == "fits"].drop(columns=["fits", "rejection", "over_gb", "broken_by"]),
-             hide_index=True, column_config=columns.PLAN, placeholder=columns.MISSING)
+fitting = table[table["fits"] == "fits"].drop(columns=["fits", "rejection", "over_gb", "broken_by"])
+# Shown in 1,440 px: the candidate's label holds its micro-batch, accumulation and policy, headroom is the budget
+# less what it needs.
+ranked_shown = ["rank", "candidate", *(["layout"] if searched else []), "tokens_per_s", "step_time_s", "peak_gb",
+                "required_gb"]
+st.dataframe(fitting, hide_index=True, column_order=ranked_shown, placeholder=columns.MISSING,
+             column_config=fitted_columns(columns.PLAN, fitting, ranked_shown, whole=("candidate", "layout"))[0])
 st.subheader(f"Rejected ({len(result.rejected)}), closest to the budget first")
-rejected_columns = ["candidate", *(["layout"] if searched else []), "tokens_per_s", "required_gb", "over_gb",
-                    "broken_by"]
-st.dataframe(table[table["fits"] == "rejected"].sort_values("required_gb")[rejected_columns], hide_index=True,
-             column_config=columns.PLAN, placeholder=columns.MISSING,
-             row_height=columns.WRAPPING_ROW_HEIGHT if searched else None)  # the layout column leaves less room
+rejected_columns = ["candidate", *(["layout"] if searched else ["tokens_per_s"]), "required_gb", "over_gb",
+                    "broken_by"]  # a layout leaves no room for a rejected candidate's tokens/s
+rejected = table[table["fits"] == "rejected"].sort_values("required_gb")[rejected_columns]
+rejected_config, rejected_rows = fitted_columns(columns.PLAN, rejected, rejected_columns,
+                                                whole=("candidate", "layout"), wrapped="broken_by")
+st.dataframe(rejected, hide_index=True, column_config=rejected_config, placeholder=columns.MISSING,
+             row_height=rejected_rows)  # what breaks the budget wraps, whole, in what the other columns leave
 if len(result.rejected):
     st.caption(f"Needs = peak x {profile.fragmentation_text()} fragmentation + "
                f"{request.context_reserve_bytes / GB:.1f} GB context. What breaks the budget: the static state "
@@ -353,12 +373,16 @@ if len(result.rejected):
 
 if best is not None:
     st.subheader("Export")
-    for tab, fmt in zip(st.tabs(list(EXPORTERS)), EXPORTERS, strict=True):
+    tabs = export_tabs(request, best)  # the candidate's own layout, whatever the search started from
+    if approximate := [t.format for t in tabs if not t.expresses_layout]:
+        st.caption(f"Approximate: {', '.join(approximate)} cannot express {best.layout}; the notes say what each "
+                   "sets instead. The tabs start with the formats that can, fewest notes first.")
+    for tab, shown_tab in zip(st.tabs([t.label for t in tabs]), tabs, strict=True):
+        fmt, exported = shown_tab.format, shown_tab.exported
         filename, language = EXPORT_FILES.get(fmt, (f"{fmt}.txt", None))
-        exported = export(fmt, request, best)  # the candidate's own layout, whatever the search started from
         with tab:
-            st.code(exported.text, language=language)
+            st.code(exported.text, language=language, wrap_lines=True)  # long comments wrap, not scroll
             if not exported.notes_in_text:  # a format without comments: its notes go beside it
                 for note in exported.notes:
-                    st.caption(f"Note: {note}")
+                    st.caption(f"Note: {said(note)}")
             st.download_button(f"download {filename}", exported.text, file_name=filename, key=f"download_{fmt}")
