@@ -122,13 +122,10 @@ def global_batch(args: argparse.Namespace) -> int:
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
     """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
     layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **ONE_GPU)
-    train = train_config(args, micro_batch=1, recompute="none", layout=layout)  # the flags' own checks
     return PlanAsk(
-        global_batch=global_batch(args), seq_len=train.seq_len,
-        budget_bytes=None if args.budget is None else parse_budget(args.budget),
-        precision=train.precision, optimizer=train.optimizer, attention=train.attention, dropout=train.dropout,
-        stack=train.stack, layout=layout, pinned=pinned_axes(args), gpus=args.gpus,
-        gpus_per_node=args.gpus_per_node, interconnect=args.interconnect, allow_offload=args.offload,
+        global_batch=global_batch(args), train=train_config(args, micro_batch=1, recompute="none", layout=layout),
+        budget_bytes=None if args.budget is None else parse_budget(args.budget), pinned=pinned_axes(args),
+        gpus=args.gpus, gpus_per_node=args.gpus_per_node, interconnect=args.interconnect, allow_offload=args.offload,
         micro_batch=args.micro_batch, accumulation=args.accumulation,
         recompute=None if args.recompute is None else parse_policy(args.recompute),
         train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,

@@ -37,6 +37,7 @@ from headroom.core.planning.planner import (
     Plan,
     PlanRequest,
 )
+from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import LINKS_BY_KEY
 from headroom.core.specs.layout import SCHEDULES, Layout
@@ -284,10 +285,11 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
         raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
     search = inputs.gpus > 0
     return PlanAsk(
-        global_batch=inputs.global_batch, seq_len=inputs.seq_len,
+        global_batch=inputs.global_batch,
+        train=TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
+                          attention=inputs.attention, stack=inputs.stack, layout=build_layout(inputs)),
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
-        precision=inputs.precision, optimizer=inputs.optimizer, attention=inputs.attention, stack=inputs.stack,
-        layout=build_layout(inputs), pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
+        pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
         gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None, allow_offload=inputs.offload,
         **configuration_pins(inputs),
     )

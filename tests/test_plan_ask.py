@@ -9,6 +9,7 @@ from headroom.cli.main import build_parser
 from headroom.cli.plan import plan_request
 from headroom.core.planning.ask import PlanAsk
 from headroom.core.planning.planner import DEFAULT_BUDGET_BYTES
+from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE, get_hardware
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
@@ -18,6 +19,7 @@ from headroom.core.units import GB
 from headroom.dashboard import planning
 
 MODEL = planning.PlanInputs().model
+TP2 = TrainConfig(seq_len=2048, layout=Layout(tp=2))
 CASES = [
     ((), {}),
     (("--budget", "40GB"), {"budget": "40GB"}),
@@ -53,10 +55,10 @@ def test_left_out_settings_take_the_products_defaults():
     assert (one.budget_bytes, one.cluster, one.gpus, one.pinned) == (DEFAULT_BUDGET_BYTES, None, None, frozenset())
     assert (one.train.seq_len, one.train.precision, one.train.layout) == (2048, "amp-bf16", Layout())
     assert PlanAsk(global_batch=8).request(spec, a100_40).budget_bytes == a100_40.memory_bytes == 40 * GB
-    searched = PlanAsk(global_batch=64, gpus=16, layout=Layout(tp=2), pinned=frozenset({"tp"})).request(spec, h200)
+    searched = PlanAsk(global_batch=64, gpus=16, train=TP2, pinned=frozenset({"tp"})).request(spec, h200)
     assert (searched.gpus, searched.pinned, searched.cluster) == (16, frozenset({"tp"}), h200.cluster(8, None))
     # Pinned axes mean nothing without a search: the one layout is planned as given.
-    assert PlanAsk(global_batch=8, layout=Layout(tp=2), pinned=frozenset({"tp"})).request(spec, h200).pinned == \
+    assert PlanAsk(global_batch=8, train=TP2, pinned=frozenset({"tp"})).request(spec, h200).pinned == \
         frozenset()
     pins = PlanAsk(global_batch=8, micro_batch=2, recompute=parse_policy("full")).request(spec, h200)
     assert (pins.micro_batch, pins.accumulation, str(pins.recompute)) == (2, None, "full")

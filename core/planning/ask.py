@@ -17,11 +17,10 @@ tests/test_plan_ask.py holds the command and the page to it on every datasheet d
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headroom.core.planning.planner import PlanRequest, default_budget
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.timing.step import HardwareProfile
@@ -41,21 +40,17 @@ class PlanAsk:
 
     global_batch: int
     """Sequences per optimizer step, across all data-parallel ranks."""
-    seq_len: int = DEFAULT_SEQ_LEN
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(seq_len=DEFAULT_SEQ_LEN))
+    """Sequence, precision, optimizer, attention, dropout, stack and layout (the planner chooses the
+    micro-batch and the policy). Its layout, without ``gpus``: the one layout planned (the front end fills
+    free axes from `ONE_GPU`); with ``gpus``: the values of the ``pinned`` axes
+    (headroom.core.planning.layout_search.pinned_layout)."""
     budget_bytes: int | None = None
     """Per GPU; None: `default_budget` of the hardware."""
-    precision: str = "amp-bf16"
-    optimizer: str = "adamw"
-    attention: str = "flash"
-    dropout: float = 0.0
-    stack: str = "reference"
-    layout: Layout = SINGLE
-    """Without ``gpus``: the one layout planned (the front end fills free axes from `ONE_GPU`). With
-    ``gpus``: the values of the ``pinned`` axes (headroom.core.planning.layout_search.pinned_layout)."""
     pinned: frozenset[str] = frozenset()
     """Layout axes kept by a search; ignored without ``gpus``."""
     gpus: int | None = None
-    """Search every layout of this many GPUs; None: plan ``layout``."""
+    """Search every layout of this many GPUs; None: plan ``train.layout``."""
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     interconnect: str | None = None
     """headroom.core.specs.interconnect key of the link between nodes; None: the card generation's network."""
@@ -69,11 +64,9 @@ class PlanAsk:
     def request(self, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
         """The planner's request for ``spec`` on ``profile``'s hardware; ConfigError names an invalid setting."""
         search = self.gpus is not None
-        train = TrainConfig(seq_len=self.seq_len, precision=self.precision, optimizer=self.optimizer,
-                            attention=self.attention, dropout=self.dropout, stack=self.stack, layout=self.layout)
-        spans_gpus = search or self.layout.world > 1
+        spans_gpus = search or self.train.layout.world > 1
         return PlanRequest(
-            spec=spec, train=train, global_batch=self.global_batch,
+            spec=spec, train=self.train, global_batch=self.global_batch,
             budget_bytes=default_budget(profile) if self.budget_bytes is None else self.budget_bytes,
             allow_offload=self.allow_offload, gpus=self.gpus, pinned=self.pinned if search else frozenset(),
             cluster=profile.cluster(self.gpus_per_node, self.interconnect) if spans_gpus else None,
