@@ -9,6 +9,11 @@ stops it):
 - ``CRASH_STEPS``: rank 1 exits 1 without a word, as a killed process would.
 - ``BROKEN_STEPS`` on the first setup: every rank exits before beginning any
   setup, as a broken environment would make it.
+
+Rank 1 fails a setup only once rank 0 has reported its row for it (`_arrive`,
+`_await_rank_0`): real ranks meet in a collective at every step, so neither
+runs ahead of the other, while these stand-ins would; rank 1 could fail and
+have the launcher stop rank 0 before rank 0 had reported the setups before.
 """
 
 from __future__ import annotations
@@ -17,7 +22,9 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 from headroom.agent.launch import (
     emit,  # the standard library only: these ranks start in milliseconds
@@ -33,6 +40,24 @@ def step_key(index: int) -> str:
 
 
 FAIL_STEPS, CRASH_STEPS, BROKEN_STEPS = 13, 14, 15
+MEETING_S = 60.0
+"""How long rank 1 waits for rank 0 before failing anyway (the test's launch timeout)."""
+
+
+def _meeting_point(index: int) -> Path:
+    """A file rank 0 creates once it has reported setup ``index``; named by this launch's run id."""
+    return Path(tempfile.gettempdir()) / f"headroom-fake-ranks-{os.environ['TORCHELASTIC_RUN_ID']}-{index}"
+
+
+def _arrive(index: int) -> None:
+    _meeting_point(index).touch()
+
+
+def _await_rank_0(index: int) -> None:
+    point, deadline = _meeting_point(index), time.monotonic() + MEETING_S
+    while not point.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    point.unlink(missing_ok=True)
 
 
 def main() -> int:
@@ -48,7 +73,10 @@ def main() -> int:
         emit(begin_key(index), rank, {})
         if doc["steps"] in (FAIL_STEPS, CRASH_STEPS) and rank == 0:
             emit(step_key(index), rank, {"details": {"pid": os.getpid(), "setup_in_launch": position}})
+            _arrive(index)
             time.sleep(120)  # waiting for rank 1, as in a collective; the launcher stops this process
+        if doc["steps"] in (FAIL_STEPS, CRASH_STEPS):
+            _await_rank_0(index)
         if doc["steps"] == FAIL_STEPS:
             emit(step_key(index), rank, {"status": "error", "message": "RuntimeError: injected by the test"})
             return 1
