@@ -17,7 +17,7 @@ import math
 import pandas as pd
 
 from headroom.core.measured.calibration import Calibration
-from headroom.core.measured.measurements import TrainStepRecord
+from headroom.core.measured.measurements import timing_noise
 from headroom.core.units import GB
 
 MISSING = "-"
@@ -49,18 +49,13 @@ def time_points(train: pd.DataFrame) -> pd.DataFrame:
 
 
 def noisy(train: pd.DataFrame) -> pd.Series:
-    """Why each step's timing cannot be trusted, "" where it can: headroom.core.measured.measurements.TrainStepRecord.noisy, the
-    rule by which headroom.core.measured.calibration leaves a step out of the step-time (and communication) factor. The agent
-    found the host busy, or the slowest repetition took more than its median again."""
-    def reason(row) -> str:
-        record = TrainStepRecord(
-            model_name=row.model_name, model_spec={}, seq_len=row.seq_len, micro_batch=row.micro_batch,
-            accumulation_steps=row.accumulation_steps, precision=row.precision, optimizer=row.optimizer,
-            attention=row.attention, recompute=row.recompute, median_s=_number(row.median_s),
-            min_s=_number(row.min_s), max_s=_number(row.max_s), busy=_number(row.host_busy) == 1)
-        return record.noisy or ""
-
-    return pd.Series([reason(row) for row in train.itertuples()], index=train.index, dtype=object)
+    """Why each step's timing cannot be trusted, "" where it can: headroom.core.measured.measurements.timing_noise,
+    the rule by which headroom.core.measured.calibration leaves a step out of the step-time (and communication)
+    factor. The agent found the host busy, or the slowest repetition took more than its median again."""
+    figures = [train[name].astype(float).to_numpy() for name in ("median_s", "min_s", "max_s")]
+    busy = train["host_busy"].astype(float).to_numpy() == 1  # NULL (an older row) reads as NaN: not busy
+    reasons = (timing_noise(bool(b), *map(_number, values)) for b, *values in zip(busy, *figures))
+    return pd.Series([reason or "" for reason in reasons], index=train.index, dtype=object)
 
 
 STATS_COLUMNS = ["device", "policy", "steps", "measured / predicted (median)", "median |error|", "worst |error|"]

@@ -108,6 +108,19 @@ class ElementwiseRecord:
     bytes_per_s: float
 
 
+def timing_noise(busy: bool, median_s: float | None, min_s: float | None, max_s: float | None) -> str | None:
+    """Why a measured step's timing cannot be trusted, or None: the agent found the host busy, or its slowest and
+    fastest repetitions differ by more than ``STEP_RANGE_LIMIT`` of its median. A missing figure (None) says
+    nothing either way."""
+    if busy:
+        return "the agent found the host busy"
+    if median_s and min_s is not None and max_s is not None:
+        spread = (max_s - min_s) / median_s
+        if spread > STEP_RANGE_LIMIT:
+            return f"its steps spread {spread:.0%} of their median"
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class TrainStepRecord:
     """One ok measured training step: the configuration it ran and what it measured."""
@@ -148,13 +161,7 @@ class TrainStepRecord:
     @property
     def noisy(self) -> str | None:
         """Why this step's timing cannot be trusted, or None (headroom.core.measured.calibration leaves such steps out)."""
-        if self.busy:
-            return "the agent found the host busy"
-        if self.median_s and self.min_s is not None and self.max_s is not None:
-            spread = (self.max_s - self.min_s) / self.median_s
-            if spread > STEP_RANGE_LIMIT:
-                return f"its steps spread {spread:.0%} of their median"
-        return None
+        return timing_noise(self.busy, self.median_s, self.min_s, self.max_s)
 
     @property
     def key(self) -> tuple:
