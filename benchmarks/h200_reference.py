@@ -34,7 +34,7 @@ from headroom.core.planning.regret import MeasuredConfig, Regret, regret, tight_
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import get_hardware
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.op_time import HostCosts
 from headroom.core.timing.step import HardwareProfile, datasheet_profile, step_time
 from headroom.core.units import GB
@@ -55,9 +55,7 @@ def train_steps() -> tuple[dict, ...]:
 
 
 def config_of(row: dict) -> TrainConfig:
-    return TrainConfig(seq_len=row["seq_len"], micro_batch=row["micro_batch"], precision=row["precision"],
-                       optimizer=row["optimizer"], attention=row["attention"],
-                       recompute=parse_policy(row["recompute"]))
+    return RunConfig.from_columns(row).train
 
 
 def predicted_s(row: dict, profile: HardwareProfile) -> float:
@@ -99,8 +97,8 @@ def calibration_of(profile: HardwareProfile) -> Calibration:
 
 
 def _measured() -> list[MeasuredConfig]:
-    return [MeasuredConfig(r["micro_batch"], r["accumulation_steps"], r["recompute"], r["status"], r["tokens_per_s"],
-                           r["peak_reserved_bytes"]) for r in train_steps()]
+    return [MeasuredConfig(RunConfig.from_columns(r), r["status"], r["tokens_per_s"], r["peak_reserved_bytes"])
+            for r in train_steps()]
 
 
 def regrets(profile: HardwareProfile, calibration: Calibration | None = None) -> dict[str, Regret]:

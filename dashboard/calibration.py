@@ -12,13 +12,21 @@ step took more than predicted).
 
 from __future__ import annotations
 
+import json
 import math
+from urllib.parse import urlencode
 
 import pandas as pd
 
+from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import Calibration
 from headroom.core.measured.measurements import timing_noise
+from headroom.core.specs.presets import PRESETS
+from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
+from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.stack import stack_name
 from headroom.core.units import GB
+from headroom.dashboard.planning import MEASURED_PREFIX, PlanInputs
 
 MISSING = "-"
 """What a text cell shows where nothing was measured (as headroom.dashboard.columns.MISSING, without Streamlit)."""
@@ -39,13 +47,43 @@ def memory_points(train: pd.DataFrame) -> pd.DataFrame:
 
 
 def time_points(train: pd.DataFrame) -> pd.DataFrame:
-    """(device, policy, label, predicted, measured, error, noisy) in seconds per optimizer step; ``noisy`` says
-    why a step is left out of the step-time factor (`noisy`), empty for a step it keeps."""
+    """(device, policy, label, predicted, measured, error, noisy, plan) in seconds per optimizer step; ``noisy``
+    says why a step is left out of the step-time factor (`noisy`), empty for a step it keeps; ``plan`` is the
+    Plan page's link that evaluates the step's configuration (`plan_links`)."""
     frame = pd.DataFrame({
         "device": train["device_name"], "policy": train["recompute"], "label": _labels(train),
         "predicted": train["predicted_step_time_s"], "measured": train["median_s"], "noisy": noisy(train),
+        "plan": plan_links(train),
     })
     return _finish(frame)
+
+
+STEP_KEYS = ["device_name", "model_name", *RUN_COLUMNS, "dropout", "stack", "layout"]
+"""What a step's Plan-page link depends on: its device, model and run configuration."""
+
+
+def plan_links(train: pd.DataFrame) -> pd.Series:
+    """Each step's link to the Plan page (a URL of the dashboard's own, "/?..."), evaluating its run configuration
+    on its device's measurements (headroom.dashboard.planning.PlanInputs.of_run); None where the page cannot: a
+    model that is no preset, or a configuration today's core cannot read. Built once per distinct step."""
+    steps = train[STEP_KEYS].astype(object).fillna({"dropout": 0.0, "stack": "reference", "layout": ""})
+    group = steps.groupby(STEP_KEYS, sort=False, dropna=False).ngroup()  # numbered as they first appear
+    first = steps[~group.duplicated()]
+    links = [_plan_link(dict(zip(STEP_KEYS, key, strict=True))) for key in first.itertuples(index=False, name=None)]
+    return pd.Series([links[i] for i in group], index=train.index, dtype=object)
+
+
+def _plan_link(step: dict) -> str | None:
+    if step["model_name"] not in PRESETS:
+        return None
+    try:
+        run = RunConfig.from_columns(step, dropout=float(step["dropout"]), stack=stack_name(step["stack"]),
+                                     layout=json.loads(step["layout"]) if step["layout"] else None)
+    except (ConfigError, ValueError):
+        return None
+    inputs = PlanInputs.of_run(run, model=step["model_name"], hardware=MEASURED_PREFIX + step["device_name"])
+    default = PlanInputs().to_query()
+    return "/?" + urlencode({key: value for key, value in inputs.to_query().items() if value != default[key]})
 
 
 def noisy(train: pd.DataFrame) -> pd.Series:

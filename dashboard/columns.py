@@ -88,6 +88,8 @@ STEPS = {
     "measured": st.column_config.NumberColumn("measured (s)", format=SECONDS_FORMAT),
     "error": _percent("error"),
     "noisy": st.column_config.TextColumn("left out of the factor: noisy", width="medium"),
+    "plan": st.column_config.LinkColumn("plan", display_text="open on the Plan page", width="medium",
+                                        help="the Plan page, evaluating this step's configuration on its device"),
 }
 """Every measured step's time (headroom.dashboard.calibration.time_points)."""
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
-from sqlalchemy import func, select
+from sqlalchemy import String, cast, func, select
 
 from headroom.core.measured.calibration import Calibration
 from headroom.core.timing.step import HardwareProfile
@@ -198,9 +198,14 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     """ok training steps with what was measured (the step time's median, fastest and slowest repetition, and
     ``host_busy``, the agent's verdict on the host) and what the core predicted at measurement time."""
     t = TrainStepResult
-    busy = t.details[("host", "busy")].as_boolean().label("host_busy")  # as headroom.db.profiles reads it (NULL: older rows)
+    # As headroom.db.profiles reads them: the host's verdict, and the dropout and stack the prediction was made for
+    # (NULL on older rows); the layout as its JSON text (NULL on one device), decoded only where a page needs it.
+    busy = t.details[("host", "busy")].as_boolean().label("host_busy")
+    dropout = t.prediction[("config", "dropout")].as_float().label("dropout")
+    stack = t.prediction[("config", "stack")].as_string().label("stack")
     query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
-                      t.precision, t.optimizer, t.median_s, t.min_s, t.max_s, busy, t.tokens_per_s, t.mfu,
+                      t.precision, t.optimizer, dropout, stack, cast(t.layout, String).label("layout"),
+                      t.median_s, t.min_s, t.max_s, busy, t.tokens_per_s, t.mfu,
                       t.peak_allocated_bytes, t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
                       t.predicted_activation_bytes, t.predicted_step_time_s, device=device)
     return _frame(url, query)

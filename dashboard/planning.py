@@ -7,9 +7,11 @@ falling back to the defaults below for anything missing or unreadable;
 
 The layout axes are pins: ``?gpus=64&tp=8`` searches every layout of 64 GPUs
 with tp fixed at 8; ``auto`` (the default) leaves an axis to the search. So are
-``micro_batch``, ``accumulation`` and ``recompute``: with the micro-batch (or the
+``micro_batch``, ``accumulation_steps`` and ``recompute``: with the micro-batch (or the
 accumulation) and the policy pinned on one layout the page evaluates exactly that
-configuration, fitting or not, as ``headroom plan`` does. Without
+configuration, fitting or not, as ``headroom plan`` does. The keys of a run
+configuration are its document's (headroom.core.specs.run_config.RunConfig, the layout's
+fields one key each): `PlanInputs.of_run` pins one, `PlanInputs.run_config` reads it back. Without
 a GPU count (``gpus=0``) the page plans one layout, the auto axes taking
 headroom.core.planning.ask.ONE_GPU. `build_request` reads the inputs into the
 `PlanAsk` that ``headroom plan`` also builds from its flags, and core turns it
@@ -44,6 +46,8 @@ from headroom.core.specs.layout import SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.specs.stack import stack_name
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import parse_budget
@@ -114,15 +118,18 @@ class PlanInputs:
     stack: str = "reference"
     """The training stack whose kernels and checkpointing the plan follows (headroom.core.specs.stack)."""
     offload: bool = False
+    dropout: float = 0.0
+    """Dropout probability (gpt blocks only), as ``headroom plan --dropout``."""
     # A configuration to evaluate, each AUTO (the planner's to choose) or a value that pins it, as `headroom plan
     # --micro-batch / --accumulation / --recompute` do.
     micro_batch: str = AUTO
-    accumulation: str = AUTO
+    accumulation_steps: str = AUTO
     recompute: str = AUTO
 
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> PlanInputs:
         """Inputs from a query string; a missing or malformed value keeps its default."""
+        query = {RENAMED.get(key, key): value for key, value in query.items()}  # a link shared before a rename
         values = {}
         for f in fields(cls):
             if f.name not in query:
@@ -150,6 +157,26 @@ class PlanInputs:
 
     def to_query(self) -> dict[str, str]:
         return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in asdict(self).items()}
+
+    @classmethod
+    def of_run(cls, run: RunConfig, **rest: Any) -> PlanInputs:
+        """Inputs that evaluate exactly ``run`` on its layout: every key of its document pinned, the global batch
+        its layout trains per optimizer step; ``rest`` sets the others (model, hardware, ...)."""
+        document = run.to_dict()
+        values = {key: document[key] for key in RUN_KEYS if key not in PINNABLE}
+        values |= {axis: _axis_value(value) for axis, value in document["layout"].items()}
+        values |= {key: str(values[key]) for key in CONFIGURATION_PINS}
+        return cls(global_batch=run.sequences_per_rank * run.train.layout.dp, gpus=0, **values, **rest)
+
+    def run_config(self) -> RunConfig | None:
+        """The configuration these inputs evaluate when they pin one (one layout, micro-batch, accumulation and
+        policy all pinned); None when the planner is left to choose. ConfigError names a bad input."""
+        pins = configuration_pins(self)
+        if self.gpus or None in pins.values():
+            return None
+        train = plan_ask(self).train
+        return RunConfig(train=replace(train, micro_batch=pins["micro_batch"], recompute=pins["recompute"]),
+                         accumulation_steps=pins["accumulation"])
 
     def with_(self, **changes) -> PlanInputs:
         return replace(self, **changes)
@@ -197,8 +224,18 @@ def _axis_text(axis: str, raw: str) -> str:
         raise ConfigError(f"{axis.replace('_', ' ')} {raw!r} is neither auto nor a whole number") from None
 
 
-CONFIGURATION_PINS = ("micro_batch", "accumulation", "recompute")
+CONFIGURATION_PINS = ("micro_batch", "accumulation_steps", "recompute")
 """PlanInputs fields that pin the configuration rather than the layout."""
+RUN_KEYS = tuple(key for key in RUN_DOCUMENT_KEYS if key not in ("version", "layout")) + tuple(PINNABLE)
+"""The query string's keys of a run configuration: its document's (headroom.core.specs.run_config), the layout's
+fields one key each. `PlanInputs` holds each under that name (tests/test_dashboard_plan_inputs.py)."""
+RENAMED = {"accumulation": "accumulation_steps"}
+"""Query-string keys renamed since links were shared: the old name reads as the new."""
+
+
+def _axis_value(value: Any) -> str:
+    """A layout field as an axis text: "on"/"off" for sp, else its value."""
+    return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
 def _pin_text(name: str, raw: str) -> str:
@@ -222,7 +259,7 @@ def configuration_pins(inputs: PlanInputs) -> dict[str, Any]:
     """The pinned micro-batch, accumulation and policy as PlanRequest takes them (None where AUTO)."""
     texts = {name: _pin_text(name, getattr(inputs, name)) for name in CONFIGURATION_PINS}
     return {"micro_batch": None if texts["micro_batch"] == AUTO else int(texts["micro_batch"]),
-            "accumulation": None if texts["accumulation"] == AUTO else int(texts["accumulation"]),
+            "accumulation": None if texts["accumulation_steps"] == AUTO else int(texts["accumulation_steps"]),
             "recompute": None if texts["recompute"] == AUTO else parse_policy(texts["recompute"])}
 
 
@@ -233,11 +270,8 @@ def pinned_axes(inputs: PlanInputs) -> frozenset[str]:
 
 def pins_text(request: PlanRequest) -> str:
     """The request's pinned axes with their values, in the Layout's field order: "tp 2, sp off, zero 1"."""
-    def value(axis: str) -> str:
-        held = getattr(request.layout, axis)
-        return ("on" if held else "off") if isinstance(held, bool) else str(held)
-
-    return ", ".join(f"{axis.replace('_', ' ')} {value(axis)}" for axis in PINNABLE if axis in request.pinned)
+    return ", ".join(f"{axis.replace('_', ' ')} {_axis_value(getattr(request.layout, axis))}" for axis in PINNABLE
+                     if axis in request.pinned)
 
 
 def build_layout(inputs: PlanInputs) -> Layout:
@@ -287,7 +321,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
     return PlanAsk(
         global_batch=inputs.global_batch,
         train=TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
-                          attention=inputs.attention, stack=inputs.stack, layout=build_layout(inputs)),
+                          attention=inputs.attention, dropout=inputs.dropout, stack=inputs.stack,
+                          layout=build_layout(inputs)),
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
         pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
         gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None, allow_offload=inputs.offload,

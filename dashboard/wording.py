@@ -39,6 +39,7 @@ FLAG_LABELS: dict[str, str] = {
     "--precision": "precision",
     "--optimizer": "optimizer",
     "--attention": "attention",
+    "--dropout": "dropout (gpt blocks)",
     "--stack": "training stack",
     "--offload": "consider offloading activations to host",
     "--micro-batch": "micro-batch",
@@ -50,7 +51,7 @@ FLAG_LABELS: dict[str, str] = {
 SWITCHES = frozenset({"--offload"})
 """Flags that take no value: the page's control is a checkbox, ticked."""
 NUMBERS = frozenset({"--seq-len", "--global-batch", "--budget", "--gpus", "--gpus-per-node", "--tp", "--pp", "--cp",
-                     "--dp", "--zero", "--virtual-stages", "--ep", "--micro-batch", "--accumulation"})
+                     "--dp", "--zero", "--virtual-stages", "--ep", "--micro-batch", "--accumulation", "--dropout"})
 """Flags whose value is a number (a size for ``--budget``): a word after one ("a shorter --seq-len by hand") is
 the sentence's, not the flag's value. The other flags take a name ("--stack hf", "--sp on")."""
 

@@ -49,6 +49,9 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_co
 from sqlalchemy.types import TypeDecorator
 
 from headroom.core.specs.hardware import DTYPES
+from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
+from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.stack import stack_name
 from headroom.core.timing.collective_ops import OPS as COLLECTIVE_OPS
 
 RUN_STATUSES: tuple[str, ...] = ("running", "completed", "failed", "aborted")
@@ -327,6 +330,16 @@ class TrainStepResult(TimedResult):
     """Median exposed communication within a step on this rank: the time it waited for collectives, seconds."""
     predicted_communication_s: Mapped[float | None] = mapped_column(default=None)
     """The core's exposed communication per step (headroom.core.timing.step.StepTime.communication_s)."""
+
+    @property
+    def run_config(self) -> RunConfig:
+        """The configuration the step ran: its columns, the layout, and the dropout and stack its prediction was
+        made for (as headroom.db.profiles.train_step_records reads them). ConfigError where today's core cannot
+        read it."""
+        said = (self.prediction or {}).get("config") or {}
+        return RunConfig.from_columns({key: getattr(self, key) for key in RUN_COLUMNS},
+                                      dropout=float(said.get("dropout") or 0.0),
+                                      stack=stack_name(said.get("stack") or "reference"), layout=self.layout)
 
 
 class CollectiveResult(TimedResult):

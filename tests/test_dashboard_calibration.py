@@ -6,10 +6,14 @@ policy), and today's core's with the factor plans apply (in-sample); "-" where n
 from __future__ import annotations
 
 from pathlib import Path
+from urllib.parse import parse_qsl, urlsplit
 
 import pandas as pd
 import pytest
 
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.run_config import RunConfig
+from headroom.dashboard.planning import PlanInputs
 from headroom.db.models import TrainStepResult
 from headroom.db.store import open_store
 from tests.db_support import LLAMA2_7B, fingerprint, results
@@ -61,6 +65,11 @@ def test_the_step_time_table_leaves_out_and_counts_the_noisy_steps_as_the_factor
     assert time.to_dict("records") == [
         {"device": DEVICE, "policy": "none", "steps": 1, "measured / predicted (median)": pytest.approx(1.25),
          "median |error|": pytest.approx(0.25), "worst |error|": pytest.approx(0.25), "noisy, left out": 2}]
+    links = [PlanInputs.from_query(dict(parse_qsl(urlsplit(link).query))) for link in steps["plan"]]
+    assert [(i.model, i.hardware, i.run_config()) for i in links] == [
+        ("llama2-7b", f"measured: {DEVICE}", RunConfig(train=TrainConfig(seq_len=4096, micro_batch=micro)))
+        for micro in (1, 2, 4)]
+    assert all(urlsplit(link).path == "/" for link in steps["plan"])  # the Plan page, the app's default
     step_time = factors[factors["quantity"] == "step time"].iloc[0]
     assert (step_time["steps used"], step_time["left out"]) == (1, 2)  # the factor's own count
     assert factors.to_dict("records")[2] == {  # one GPU: no communication measured
@@ -94,7 +103,8 @@ def test_noisy_follows_the_cores_rule():
     train = pd.DataFrame({
         "device_name": ["gpu"] * 4, "model_name": ["m"] * 4, "seq_len": [8] * 4, "micro_batch": [1, 2, 4, 8],
         "accumulation_steps": [1] * 4, "recompute": ["none"] * 4, "precision": ["fp32"] * 4,
-        "optimizer": ["adamw"] * 4, "attention": ["flash"] * 4,
+        "optimizer": ["adamw"] * 4, "attention": ["flash"] * 4, "dropout": [None] * 4, "stack": [None] * 4,
+        "layout": [None] * 4,
         "median_s": [1.0, 1.0, 1.0, 1.0], "min_s": [0.9, 0.5, 0.9, None], "max_s": [1.1, 1.5, 2.5, None],
         "host_busy": [None, float("nan"), False, True],
         "predicted_step_time_s": [0.5, 1.0, 2.0, 4.0]})

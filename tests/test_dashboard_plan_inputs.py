@@ -4,11 +4,17 @@ ignored (or to apply to the pipelined layouts only)."""
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import pytest
 
+from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import LINKS_BY_KEY
+from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import PRESETS
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import KEYS, RunConfig
 from headroom.dashboard import planning
 from headroom.dashboard.planning import PlanInputs
 
@@ -112,13 +118,48 @@ def test_the_page_says_what_plan_notes_beside_its_figures(tmp_path, monkeypatch)
 
 
 def test_pins_in_the_url_are_read_and_a_bad_one_stays_auto():
-    inputs = PlanInputs.from_query({"micro_batch": "08", "accumulation": "auto", "recompute": "Every-2"})
-    assert (inputs.micro_batch, inputs.accumulation, inputs.recompute) == ("8", "auto", "every-2")
-    bad = PlanInputs.from_query({"micro_batch": "-2", "accumulation": "two", "recompute": "some"})
-    assert (bad.micro_batch, bad.accumulation, bad.recompute) == ("auto", "auto", "auto")
+    inputs = PlanInputs.from_query({"micro_batch": "08", "accumulation_steps": "auto", "recompute": "Every-2"})
+    assert (inputs.micro_batch, inputs.accumulation_steps, inputs.recompute) == ("8", "auto", "every-2")
+    bad = PlanInputs.from_query({"micro_batch": "-2", "accumulation_steps": "two", "recompute": "some"})
+    assert (bad.micro_batch, bad.accumulation_steps, bad.recompute) == ("auto", "auto", "auto")
     profile, _ = planning.datasheet_hardware(inputs.hardware)
     request = planning.build_request(inputs.with_(global_batch=8), planning.resolve_preset(inputs.model), profile)
     assert (request.micro_batch, request.accumulation, str(request.recompute)) == (8, None, "every-2")
+    assert PlanInputs.from_query({"accumulation": "4"}).accumulation_steps == "4"  # a link from before the rename
+
+
+RUNS = [
+    RunConfig(train=TrainConfig(seq_len=2048)),
+    RunConfig(train=TrainConfig(seq_len=1024, micro_batch=2, precision="bf16-pure", optimizer="sgd", dropout=0.1,
+                                attention="standard", recompute=parse_policy("every-2"), stack="megatron"),
+              accumulation_steps=8),
+    RunConfig(train=TrainConfig(seq_len=8192, recompute=parse_policy("selective"), stack="megatron",
+                                layout=Layout(tp=8, sp=True, pp=4, schedule="interleaved", virtual_stages=2, cp=2,
+                                              dp=16, zero=1)),
+              accumulation_steps=4),
+]
+
+
+def test_the_query_string_holds_each_key_of_a_run_configuration():
+    """A key added to the run configuration's document (or to the layout) must have its place in the URL."""
+    held = {f.name for f in fields(PlanInputs)}
+    assert set(planning.RUN_KEYS) <= held
+    assert set(planning.RUN_KEYS) == (set(KEYS) - {"version", "layout"}) | {f.name for f in fields(Layout)}
+
+
+@pytest.mark.parametrize("run", RUNS, ids=lambda r: r.label)
+def test_a_run_configuration_travels_in_the_url_and_is_planned_as_it_is(run):
+    model = "gpt2-xl" if run.train.dropout else "llama3-70b"  # llama blocks have no dropout
+    inputs = PlanInputs.of_run(run, model=model, hardware=planning.DATASHEET_PREFIX + "h100-sxm")
+    shared = PlanInputs.from_query(inputs.to_query())
+    assert shared == inputs and shared.run_config() == run
+    assert inputs.with_(micro_batch=planning.AUTO).run_config() is None  # the planner's to choose
+    assert inputs.with_(gpus=run.train.layout.world).run_config() is None  # a search
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    request = planning.build_request(inputs, planning.resolve_preset(model), profile)
+    pinned = replace(request.train, micro_batch=request.micro_batch, recompute=request.recompute)
+    assert RunConfig(train=pinned, accumulation_steps=request.accumulation) == run
+    assert (request.layout, request.global_batch) == (run.train.layout, run.sequences_per_rank * run.train.layout.dp)
 
 
 def test_a_pinned_configuration_that_does_not_fit_is_shown_with_its_time(tmp_path, monkeypatch):

@@ -39,12 +39,12 @@ CASES = {
     "--stack liger --tp 2: Liger's": "training stack: liger, tp (tensor): 2: Liger's",
     "--pp x --virtual-stages": "pp (pipeline) x virtual stages",
     "use --attention flash": "use attention: flash",
+    "llama blocks have no dropout; use --dropout 0": "llama blocks have no dropout; use dropout (gpt blocks): 0",
     "80 GB of the H200's 141 GB; `--budget 141GB` for all of it":
         "80 GB of the H200's 141 GB; memory budget per GPU: 141 GB for all of it",
     "--gpus=8": "GPUs to search: 8",
     # left as written: a command to run, a flag the page has no control for, a framework's own flags
     "`headroom plan --gpus 16` searches on": "`headroom plan --gpus 16` searches on",
-    "llama blocks have no dropout; use --dropout 0": "llama blocks have no dropout; use --dropout 0",
     "set: --recompute-modules layernorm; re-plan with --stack megatron":
         "set: --recompute-modules layernorm; re-plan with training stack: megatron",
     "--bf16 --grad-reduce-in-bf16": "--bf16 --grad-reduce-in-bf16",

@@ -21,7 +21,7 @@ def _measured(result, tokens_per_s, reserved=None, status="ok"):
     out = []
     for c in (*result.candidates, *result.rejected):
         key = (c.config.micro_batch, c.accumulation_steps, str(c.config.recompute))
-        out.append(MeasuredConfig(*key, status(key) if callable(status) else status, tokens_per_s(key),
+        out.append(MeasuredConfig(c.run_config, status(key) if callable(status) else status, tokens_per_s(key),
                                   reserved(key) if reserved else None))
     return out
 
@@ -66,8 +66,8 @@ def test_without_allocator_statistics_fit_is_the_prediction():
 def test_tight_budget_rules_out_every_plain_configuration_and_keeps_another():
     result = plan(REQUEST, PROFILE)
     plain = ("none", "selective")  # selective with fused attention keeps nearly what none keeps
-    reserved = {m.key: (20 + m.micro_batch * (8 if m.recompute in plain else 1)) * GB + (MB if m.recompute == "none" else 0)
-                for m in _measured(result, lambda k: 1.0)}
+    reserved = {(micro, accum, policy): (20 + micro * (8 if policy in plain else 1)) * GB + (MB if policy == "none" else 0)
+                for micro, accum, policy in (m.key for m in _measured(result, lambda k: 1.0))}
     measured = _measured(result, lambda k: 1.0, reserved=lambda k: reserved[k])
     budget = tight_budget(result, measured)
     smallest_plain = min(r for k, r in reserved.items() if k[2] in plain) + GB  # + the context reserve

@@ -11,11 +11,12 @@ from headroom.agent.bench_train import TrainSetup
 from headroom.agent.train_ranks import setup_document, setup_from_document
 from headroom.core.errors import ConfigError
 from headroom.core.measured.measurements import TrainStepRecord
+from headroom.core.memory.estimate import estimate
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
-from headroom.core.specs.run_config import KEYS, VERSION, RunConfig
+from headroom.core.specs.run_config import COLUMNS, KEYS, VERSION, RunConfig
 from headroom.db.models import TrainStepResult
 
 CONFIGS = [
@@ -76,8 +77,25 @@ def test_a_missing_key_is_named():
 
 def test_the_store_columns_are_the_training_step_rows():
     columns = CONFIGS[1].columns()
+    assert tuple(columns) == COLUMNS
     assert set(columns) <= set(TrainStepResult.__table__.columns.keys())
     assert set(columns) | {"dropout", "stack", "layout", "version"} == set(KEYS)
+    with pytest.raises(ConfigError, match=r"^run configuration: missing columns 'recompute', 'optimizer'$"):
+        RunConfig.from_columns({key: columns[key] for key in COLUMNS if key not in ("recompute", "optimizer")})
+
+
+@pytest.mark.parametrize("run", CONFIGS, ids=lambda r: r.label)
+def test_a_stored_row_reads_back_the_configuration_the_agent_wrote(run):
+    """A row as the agent writes one (headroom.agent.bench_train, train_ranks): the columns, the layout off one
+    device, and the estimate's document as the prediction, whose configuration holds the dropout and the stack."""
+    spec = replace(get_preset("gpt2-xl" if run.train.dropout else "llama3-8b"), max_seq_len=8192)  # llama: no dropout
+    layout = run.train.layout
+    row = TrainStepResult(model_name=spec.name, model_spec=spec.to_dict(), **run.columns(),
+                          layout=None if layout == Layout() else run.to_dict()["layout"],
+                          prediction=estimate(spec, run.train, "cuda", run.accumulation_steps).to_dict())
+    assert row.run_config == run
+    assert RunConfig.from_columns(run.columns(), dropout=run.train.dropout, stack=run.train.stack,
+                                  layout=row.layout) == run
 
 
 @pytest.mark.parametrize("run", CONFIGS, ids=lambda r: r.label)

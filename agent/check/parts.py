@@ -27,6 +27,7 @@ from headroom.agent.ledger_check import LedgerCase, check
 from headroom.agent.runner import profile_from_store, run_suite
 from headroom.agent.sdpa import kernel_label, kernels_run
 from headroom.agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
+from headroom.core.errors import ConfigError
 from headroom.core.planning.planner import PlanRequest, plan
 from headroom.core.planning.regret import MeasuredConfig, regret, tight_budget
 from headroom.core.specs.config import TrainConfig
@@ -194,10 +195,13 @@ def _measured(store: Store, sweep: TrainSweep) -> list[MeasuredConfig]:
         rows = session.scalars(query).all()
     latest = {}
     for row in rows:
-        if row.micro_batch * row.accumulation_steps == sweep.global_batch:
-            latest[(row.micro_batch, row.accumulation_steps, row.recompute)] = MeasuredConfig(
-                row.micro_batch, row.accumulation_steps, row.recompute, row.status, row.tokens_per_s,
-                row.peak_reserved_bytes)
+        if row.micro_batch * row.accumulation_steps != sweep.global_batch:
+            continue
+        try:
+            run = row.run_config
+        except ConfigError:  # written by an older Headroom in terms today's cannot read: no plan can choose it
+            continue
+        latest[run.choice] = MeasuredConfig(run, row.status, row.tokens_per_s, row.peak_reserved_bytes)
     return list(latest.values())
 
 

@@ -28,7 +28,7 @@ import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, replace
 
 from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import (
@@ -43,7 +43,7 @@ from headroom.core.specs.hardware import match_device
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import parse_policy
-from headroom.core.specs.run_config import VERSION as RUN_CONFIG_VERSION
+from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
 from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
 from headroom.core.timing.device_curves import CURVES
@@ -178,11 +178,8 @@ class TrainStepRecord:
     @property
     def run_config(self) -> RunConfig:
         """The configuration the step ran; ConfigError where today's core cannot read it."""
-        return RunConfig.from_dict({
-            "version": RUN_CONFIG_VERSION, "seq_len": self.seq_len, "micro_batch": self.micro_batch,
-            "accumulation_steps": self.accumulation_steps, "precision": self.precision, "optimizer": self.optimizer,
-            "attention": self.attention, "dropout": self.dropout, "recompute": self.recompute, "stack": self.stack,
-            "layout": dict(self.layout) if self.layout else asdict(Layout())})
+        return RunConfig.from_columns({key: getattr(self, key) for key in RUN_COLUMNS}, dropout=self.dropout,
+                                      stack=self.stack, layout=self.layout)
 
     @property
     def label(self) -> str:

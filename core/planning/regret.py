@@ -21,16 +21,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headroom.core.planning.planner import Candidate, Plan
+from headroom.core.specs.run_config import RunConfig
 from headroom.core.units import MB
 
 
 @dataclass(frozen=True, slots=True)
 class MeasuredConfig:
-    """One configuration as the box ran it."""
+    """One configuration as the box ran it, and what became of it."""
 
-    micro_batch: int
-    accumulation_steps: int
-    recompute: str
+    run: RunConfig
     status: str
     """``ok``, ``oom``, ``error`` or ``skipped``, as the store records it."""
     tokens_per_s: float | None
@@ -39,11 +38,11 @@ class MeasuredConfig:
 
     @property
     def key(self) -> tuple[int, int, str]:
-        return self.micro_batch, self.accumulation_steps, self.recompute
+        return self.run.choice
 
     @property
     def label(self) -> str:
-        return f"micro {self.micro_batch} x accum {self.accumulation_steps}, {self.recompute}"
+        return self.run.label
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +67,7 @@ class Regret:
 
 
 def _key(candidate: Candidate) -> tuple[int, int, str]:
-    return candidate.config.micro_batch, candidate.accumulation_steps, str(candidate.config.recompute)
+    return candidate.run_config.choice
 
 
 def _fits(plan: Plan, measured: MeasuredConfig) -> bool:

@@ -26,8 +26,9 @@ VERSION = 1
 MAX_ACCUMULATION = 2**20
 """Micro-batches per optimizer step at most: bounded like the micro-batch itself."""
 
-KEYS = ("version", "seq_len", "micro_batch", "accumulation_steps", "recompute", "attention", "precision", "optimizer",
-        "dropout", "stack", "layout")
+COLUMNS = ("seq_len", "micro_batch", "accumulation_steps", "recompute", "attention", "precision", "optimizer")
+"""The store's flat columns of a step, in the order `RunConfig.columns` writes them."""
+KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
 
 
@@ -48,6 +49,11 @@ class RunConfig:
         return self.train.micro_batch * self.accumulation_steps
 
     @property
+    def choice(self) -> tuple[int, int, str]:
+        """(micro-batch, accumulation, policy): what the planner chooses for a model, sequence, batch and layout."""
+        return self.train.micro_batch, self.accumulation_steps, str(self.train.recompute)
+
+    @property
     def label(self) -> str:
         """"micro 2 x accum 4, every-2": the planner's and the agent's short name for it."""
         return f"micro {self.train.micro_batch} x accum {self.accumulation_steps}, {self.train.recompute}"
@@ -58,6 +64,17 @@ class RunConfig:
         return {"seq_len": t.seq_len, "micro_batch": t.micro_batch, "accumulation_steps": self.accumulation_steps,
                 "recompute": str(t.recompute), "attention": t.attention, "precision": t.precision,
                 "optimizer": t.optimizer}
+
+    @classmethod
+    def from_columns(cls, columns: Mapping[str, Any], *, dropout: float = 0.0, stack: str = "reference",
+                     layout: Mapping[str, Any] | None = None) -> RunConfig:
+        """The configuration of a stored step: its `COLUMNS` (other keys are ignored) and what the store keeps
+        beside them (None layout: one device). ConfigError names a missing or invalid value."""
+        missing = [key for key in COLUMNS if key not in columns]
+        if missing:
+            raise ConfigError(f"run configuration: missing columns {', '.join(map(repr, missing))}")
+        return cls.from_dict({"version": VERSION, **{key: columns[key] for key in COLUMNS}, "dropout": dropout,
+                              "stack": stack, "layout": dict(layout) if layout else asdict(Layout())})
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document: plain JSON types, the policy by name, the layout by its fields."""

@@ -51,7 +51,7 @@ st.caption(f"{noisy} of {len(time)} measured steps' times are noisy (the agent f
            "plans apply does. Memory counts every step: bytes do not depend on a busy host.")
 if len(time):
     with st.expander(f"Every measured step's time ({len(time)})"):
-        st.dataframe(time[["device", "label", "predicted", "measured", "error", "noisy"]], hide_index=True,
+        st.dataframe(time[["device", "label", "predicted", "measured", "error", "noisy", "plan"]], hide_index=True,
                      column_config=columns.STEPS, placeholder=columns.MISSING)
 
 st.subheader("What plans apply")

@@ -133,6 +133,8 @@ with st.sidebar:
     st.selectbox("precision", list(PRECISIONS), key="plan_precision")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
+    st.number_input("dropout (gpt blocks)", min_value=0.0, max_value=0.95, step=0.05, key="plan_dropout",
+                    help="dropout probability of a gpt block; llama blocks have none")
     st.selectbox("training stack", list(STACKS), key="plan_stack",
                  help="whose kernels and checkpointing the plan follows: "
                  + "; ".join(f"{s.name}: {s.summary}" for s in STACKS.values()))
@@ -142,7 +144,7 @@ with st.sidebar:
                "evaluate exactly that configuration, even when it does not fit.")
     pin_columns = st.columns(2)  # three to a row break "accumulation" in the middle
     pin_columns[0].text_input("micro-batch", key="plan_micro_batch", placeholder=AUTO)
-    pin_columns[1].text_input("accumulation", key="plan_accumulation", placeholder=AUTO)
+    pin_columns[1].text_input("accumulation", key="plan_accumulation_steps", placeholder=AUTO)
     st.text_input("recompute", key="plan_recompute", placeholder=AUTO,
                   help="none, selective, op-selective, full, every-K (K blocks a segment) or offload")
 
