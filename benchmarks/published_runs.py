@@ -24,7 +24,8 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
   amp-bf16, bf16 with PURE is bf16-pure. Planned on the reference stack (plain PyTorch FSDP, as Composer runs it),
   on the A100 tables' "1600 Gbps node-node interconnect (RoCE)" (200 Gb/s a GPU) and NDR for the H100 tables
   (they name none). The benchmark scripts run MPT's Triton FlashAttention (``attn_impl: triton``), a
-  FlashAttention-1-class kernel: its attention is priced at ``FA1_ERA_ATTENTION`` of the device's rate.
+  FlashAttention-1-class kernel: its attention is priced at `fa1_class_efficiency` of the device's peak, half of
+  FlashAttention-2's rate there.
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class PublishedRun:
     """``tflop_per_s_per_gpu`` (Megatron's Eq. 3 count) or ``tokens_per_s_per_gpu``."""
     inter: str
     """The network between nodes as published (headroom.core.specs.interconnect key)."""
-    attention_rate: float = 1.0
-    """The run's attention kernel's rate over the one the device's curves assume (FlashAttention-2 class)."""
+    attention_efficiency: float | None = None
+    """The run's attention kernel's executed FLOP/s over the dense bf16 peak, where it ran another kernel than the
+    device's curves assume (headroom.core.timing.device_curves); None: the curves' own."""
 
     @property
     def gpus(self) -> int:
@@ -134,11 +136,24 @@ def _torchtitan_runs() -> list[PublishedRun]:
 
 LLM_FOUNDRY = "llm-foundry benchmarking README"
 
-FA1_ERA_ATTENTION = 25 / 50
+FLASH_ATTENTION_2 = {
+    "a100": (0.50, "50-73% of the A100's peak, the low end (Dao 2023, arXiv 2307.08691, abstract)"),
+    "h100": (0.35, "\"only 35% utilization on the H100\" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, "
+                   "abstract)"),
+}
+"""FlashAttention-2's executed FLOP/s over the dense bf16 peak, by GPU family, with its source. On Hopper the device
+curves take the cuDNN kernel the H200 measured (56%), which uses Hopper's own instructions; FlashAttention-2 does not."""
+FA1_OVER_FA2 = 25 / 50
 """MPT's ``attn_impl: triton`` (the benchmark scripts' default) is the Triton FlashAttention of 2022-23, a
 FlashAttention-1-class kernel: "FlashAttention ... reaching only 25-40% of the theoretical maximum FLOPs/s",
-FlashAttention-2 "50-73%" (Dao 2023, arXiv 2307.08691, abstract; A100). The low ends' ratio, as the device curves
-take FlashAttention-2's low end; on the H100 the same ratio is assumed."""
+FlashAttention-2 "50-73%" (Dao 2023, arXiv 2307.08691, abstract; A100). The low ends' ratio; on the H100 the same
+ratio is assumed."""
+
+
+def fa1_class_efficiency(hardware: str) -> float:
+    """MPT's Triton FlashAttention on ``hardware`` (a datasheet key of the A100 or H100 families): `FA1_OVER_FA2` of
+    FlashAttention-2's rate there (`FLASH_ATTENTION_2`)."""
+    return FA1_OVER_FA2 * FLASH_ATTENTION_2[hardware.split("-")[0]][0]
 LLM_FOUNDRY_CSV = Path(__file__).resolve().parent / "data" / "llm_foundry_bf16.csv"
 
 _MPT = {  # scripts/train/yamls/pretrain/mpt-*.yaml: (layers, d_model, heads); expansion ratio 4, vocabulary 50,368
@@ -208,7 +223,7 @@ def _llm_foundry_runs() -> list[PublishedRun]:
                                  source=f"{LLM_FOUNDRY}, {table}", hardware=hardware,
                                  spec=mpt_spec(row.model, row.seq_len), config=config, global_batch=row.global_batch,
                                  published=row.tokens_per_s_per_gpu, unit="tokens_per_s_per_gpu",
-                                 inter=inter, attention_rate=FA1_ERA_ATTENTION))
+                                 inter=inter, attention_efficiency=fa1_class_efficiency(hardware)))
     return runs
 
 

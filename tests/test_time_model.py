@@ -199,8 +199,9 @@ def test_narayanan_runs_within_the_issues_targets():
 
 
 def test_llm_foundry_tables_within_what_the_model_achieves():
-    """Median |error| per table: A100 80GB 7.9%, A100 40GB 9.9%; every H100 run predicted 16-66% faster than it
-    ran (docs/time-model.md: the open gap)."""
+    """Median |error| per table: A100 80GB 7.9%, A100 40GB 9.9%; the H100 runs -2% to +48% (66 of 70 predicted
+    faster than they ran: docs/time-model.md, the open gap), those of 16,384 tokens or more, where attention at
+    half FlashAttention-2's H100 rate dominates, within 8%."""
     rows = [r for r in validation.published_rows() if r.source.startswith("llm-foundry")]
     by_table = {}
     for r in rows:
@@ -210,7 +211,10 @@ def test_llm_foundry_tables_within_what_the_model_achieves():
     assert statistics.median([abs(r.error) for r in by_table["A100 80GB"]]) <= 0.08
     assert statistics.median([abs(r.error) for r in by_table["A100 40GB"]]) <= 0.10
     h100 = by_table["H100 80GB BF16"] + by_table[">= 128"]
-    assert min(r.error for r in h100) > 0.15 and max(r.error for r in h100) < 0.67
+    assert min(r.error for r in h100) > -0.03 and max(r.error for r in h100) < 0.49
+    assert sum(r.error > 0 for r in h100) == 66
+    long = [r for r in h100 if int(r.name.split(", s ")[1].split(",")[0]) >= 16384]
+    assert len(long) == 12 and max(abs(r.error) for r in long) < 0.08
 
 
 def test_mpt_specs_have_the_parameters_the_benchmark_tables_count():
