@@ -239,9 +239,10 @@ def build_bandwidth_chart(elementwise: pd.DataFrame, datasheet_gb_per_s: float |
     return svg(alt.layer(bars, *labelled_rule("gb_per_s", datasheet_gb_per_s, text, "y")))
 
 
-def device_scale(devices: Iterable[str]) -> alt.Scale:
-    """The colour scale of the devices a chart draws (headroom.dashboard.colours.device_colours)."""
-    found = colours.device_colours(devices)
+def device_scale(devices: Iterable[str], every: Iterable[str] = ()) -> alt.Scale:
+    """The colour scale of the devices a chart draws, each in its colour among ``every`` device of the store
+    (headroom.dashboard.colours.device_colours)."""
+    found = colours.device_colours(devices, every)
     return alt.Scale(domain=list(found), range=list(found.values()))
 
 
@@ -260,14 +261,14 @@ def time_domain(times: pd.Series) -> list[str]:
     return [low.isoformat(), high.isoformat()]
 
 
-def build_timeline_chart(timeline: pd.DataFrame) -> alt.LayerChart:
+def build_timeline_chart(timeline: pd.DataFrame, every: Iterable[str] = ()) -> alt.LayerChart:
     """One key figure over time per device (``device``, ``started_at``, ``value``, ``drop``), drops circled in
-    the colour of a drop."""
+    the colour of a drop; ``every``: the store's devices, which decide each device's colour."""
     base = alt.Chart(timeline).encode(
         x=alt.X("started_at:T", title="run started (UTC)", scale=alt.Scale(domain=time_domain(timeline["started_at"])),
                 axis=alt.Axis(labelLimit=0, format=TIME_FORMAT, tickCount=5, labelOverlap=True)),
         y=alt.Y("value:Q", title=timeline["figure"].iloc[0] if len(timeline) else "value", axis=AXIS),
-        color=alt.Color("device:N", legend=legend("device", columns=3), scale=device_scale(timeline["device"])),
+        color=alt.Color("device:N", legend=legend("device", columns=3), scale=device_scale(timeline["device"], every)),
     )
     lines = base.mark_line(strokeWidth=2.5, point=alt.OverlayMarkDef(**MARKER)).encode(
         tooltip=["device:N", "hostname:N", alt.Tooltip("started_at:T", format=TIME_FORMAT),
@@ -280,8 +281,9 @@ def build_timeline_chart(timeline: pd.DataFrame) -> alt.LayerChart:
     return svg(alt.layer(lines, drops))
 
 
-def build_calibration_chart(points: pd.DataFrame, unit: str) -> alt.LayerChart:
-    """Predicted vs measured (``predicted``, ``measured``, ``device``, ``policy``), log-log, with y = x."""
+def build_calibration_chart(points: pd.DataFrame, unit: str, every: Iterable[str] = ()) -> alt.LayerChart:
+    """Predicted vs measured (``predicted``, ``measured``, ``device``, ``policy``), log-log, with y = x;
+    ``every``: the store's devices, which decide each device's colour."""
     low = float(min(points["predicted"].min(), points["measured"].min())) if len(points) else 1.0
     high = float(max(points["predicted"].max(), points["measured"].max())) if len(points) else 10.0
     scale = alt.Scale(type="log")
@@ -290,7 +292,7 @@ def build_calibration_chart(points: pd.DataFrame, unit: str) -> alt.LayerChart:
         y=alt.Y("predicted:Q", scale=scale, title=f"predicted ({unit})", axis=AXIS),
         # Half a page wide (the Calibration page puts two side by side): devices above, policies below.
         color=alt.Color("device:N", legend=legend("device", columns=2, orient="top"),
-                        scale=device_scale(points["device"])),
+                        scale=device_scale(points["device"], every)),
         shape=alt.Shape("policy:N", legend=legend("policy", columns=3)),
         tooltip=["device:N", "label:N", alt.Tooltip("predicted:Q", format=".4g"),
                  alt.Tooltip("measured:Q", format=".4g"), alt.Tooltip("error:Q", format="+.1%")],

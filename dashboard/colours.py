@@ -72,6 +72,10 @@ def domain_range(colours: Mapping[str, str], present: Iterable[str] | None = Non
     return names, [colours.get(name, UNLISTED) for name in names]
 
 
-def device_colours(devices: Iterable[str]) -> dict[str, str]:
-    """Each device's colour: `DEVICES` in the order of the names."""
-    return {name: DEVICES[i % len(DEVICES)] for i, name in enumerate(sorted(set(devices)))}
+def device_colours(devices: Iterable[str], every: Iterable[str] = ()) -> dict[str, str]:
+    """Each of ``devices``' colour, by name: `DEVICES` in the sorted order of ``every`` (every device the store
+    holds, so that a device keeps its colour on each page and whichever others are drawn beside it) and of any
+    of ``devices`` it does not name."""
+    drawn = set(devices)
+    order = {name: i for i, name in enumerate(sorted(set(every) | drawn))}
+    return {name: DEVICES[order[name] % len(DEVICES)] for name in sorted(drawn)}

@@ -69,6 +69,29 @@ def test_the_tables_cover_what_the_charts_name():
     assert set(drawn["component"].map(charts.plain_name)) <= set(colours.MEMORY)
     assert {"forward transient", "backward transient", "optimizer transient", "margin"} <= set(colours.MEMORY)
     assert colours.device_colours(["b", "a", "b"]) == {"a": colours.DEVICES[0], "b": colours.DEVICES[1]}
+
+
+def test_a_device_keeps_its_colour_whichever_others_a_chart_draws():
+    """The History page draws the devices picked, the Calibration page those with training steps: each device
+    takes its place among the store's devices."""
+    store = ["NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3", "NVIDIA H200"]
+    history = charts.build_timeline_chart(pd.DataFrame({
+        "device": [store[2], store[0]], "started_at": pd.to_datetime(["2026-01-01", "2026-01-02"], utc=True),
+        "value": [1.0, 2.0], "drop": [False, False], "figure": ["bf16"] * 2, "hostname": ["h"] * 2,
+        "uuid": ["u1", "u2"], "change": [0.0, 0.0]}), store)
+    calibration = charts.build_calibration_chart(pd.DataFrame({
+        "device": [store[2]], "policy": ["none"], "label": ["s"], "predicted": [1.0], "measured": [1.1],
+        "error": [0.1]}), "s", store)
+    scales = [_colour_scale(history), _colour_scale(calibration)]
+    assert scales == [{"domain": [store[0], store[2]], "range": [colours.DEVICES[0], colours.DEVICES[2]]},
+                      {"domain": [store[2]], "range": [colours.DEVICES[2]]}]
+
+
+def _colour_scale(chart) -> dict:
+    """The device colour scale of a chart's layer that draws the devices."""
+    layers = chart.to_dict()["layer"]
+    return next(layer["encoding"]["color"]["scale"] for layer in layers
+                if layer.get("encoding", {}).get("color", {}).get("field") == "device")
     assert colours.domain_range(colours.FIT, ["rejected", "new"]) == (["rejected", "new"],
                                                                       [colours.FIT["rejected"], colours.UNLISTED])
 

@@ -36,11 +36,11 @@ with left:
         st.caption("Devices without allocator statistics (CPUs) show the saved-activation bytes autograd held "
                    "against the predicted ones: a check of the activation accounting, not a peak.")
     if len(memory):
-        st.altair_chart(charts.build_calibration_chart(memory, "GB = 1e9 bytes"), width="stretch")
+        st.altair_chart(charts.build_calibration_chart(memory, "GB = 1e9 bytes", data.devices(url)), width="stretch")
 with right:
     st.subheader("Step time (s)")
     if len(time):
-        st.altair_chart(charts.build_calibration_chart(time, "s per step"), width="stretch")
+        st.altair_chart(charts.build_calibration_chart(time, "s per step", data.devices(url)), width="stretch")
 for title, points in ((memory_title.removesuffix(" (GB)"), memory), ("Step time", time)):
     st.markdown(f"**{title} against the prediction stored with each step (no factor): error by device and policy**")
     st.dataframe(calibration.error_stats(points), hide_index=True, column_config=columns.ERROR_STATS,

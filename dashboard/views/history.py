@@ -42,7 +42,7 @@ line = history.timeline(mine, figure)
 if line.empty:
     st.info(f"No {figure} measured on the chosen devices.")
 else:
-    st.altair_chart(charts.build_timeline_chart(line), width="stretch")
+    st.altair_chart(charts.build_timeline_chart(line, data.devices(url)), width="stretch")
     drops = line[line["drop"]]
     if drops.empty:
         st.success(f"No drop of more than {history.DROP_FRACTION:.0%} against a device's previous median.")
