@@ -33,13 +33,12 @@ from headroom.agent import (
     bench_train,
 )
 from headroom.agent.cases import Case
+from headroom.agent.names import KINDS, SUITES
 from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.timing.step import HardwareProfile
-
-KINDS = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +144,6 @@ GPU_SUITES = {
         train=GPU_TRAIN,
     ),
 }
-SUITES = tuple(GPU_SUITES)
 
 
 def suite_size(suite: str, device: torch.device) -> SuiteSize:

@@ -6,6 +6,7 @@ import argparse
 import dataclasses
 import sys
 
+from headroom.agent.names import KINDS, SUITES
 from headroom.cli.stop import Stopped, stoppable
 from headroom.cli.train_flags import (
     POLICIES_HELP,
@@ -20,8 +21,6 @@ from headroom.core.safe_text import MAX_LABELS, text_problem
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.stack import STACKS, get_stack
 
-SUITE_NAMES = ("smoke", "quick", "standard", "full")
-KIND_NAMES = ("matmul", "elementwise", "attention", "dispatch", "train", "collectives")
 MAX_LOCAL_RANKS = 64
 """Processes the agent starts on one box, one per rank: more than the GPUs of any node, and more CPU processes
 than gloo measures anything with. Checked before anything is launched."""
@@ -46,12 +45,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Run a benchmark suite and record every result, with the box's fingerprint, in the store. "
         "Example: headroom agent run --suite quick --device cuda:0",
     )
-    run.add_argument("--suite", default="quick", choices=SUITE_NAMES,
+    run.add_argument("--suite", default="quick", choices=SUITES,
                      help="smoke (<60 s on a CPU, for tests), quick (<3 min on an H100), standard (<10 min), full (default quick)")
     run.add_argument("--device", default=None, help="cuda:N, cuda, all (every visible GPU, one run each) or cpu (default: cuda:0 if present, else cpu)")
     run.add_argument("--db", help="result store URL (default: HEADROOM_DB or the default SQLite file; see `headroom db info`)")
     run.add_argument("--only", default=None,
-                     help=f"comma-separated kinds to run: {','.join(KIND_NAMES)} (default all; collectives when "
+                     help=f"comma-separated kinds to run: {','.join(KINDS)} (default all; collectives when "
                      "there are ranks to measure them over, see --nproc)")
     run.add_argument("--nproc", type=int, default=None,
                      help="processes for the collective benchmarks, one per device (default: every visible GPU "
@@ -134,12 +133,12 @@ def devices(spec: str | None):
 def parse_kinds(text: str | None) -> tuple[str, ...]:
     """``--only``: the kinds named, each known; None: all of them."""
     if text is None:
-        return KIND_NAMES
+        return KINDS
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = sorted(set(kinds) - set(KIND_NAMES))
+    unknown = sorted(set(kinds) - set(KINDS))
     if not kinds or unknown:
         what = f"unknown kind(s) {', '.join(unknown)}" if unknown else "names no kind"
-        raise ConfigError(f"--only {text!r}: {what}; valid: {','.join(KIND_NAMES)}")
+        raise ConfigError(f"--only {text!r}: {what}; valid: {','.join(KINDS)}")
     return kinds
 
 

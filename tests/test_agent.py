@@ -177,6 +177,15 @@ def test_suite_kinds_are_validated():
         build_cases("smoke", CPU, ("bogus",))
 
 
+def test_every_suite_the_cli_offers_is_built():
+    """headroom.agent.names holds the names the CLI parses without torch; headroom.agent.suites builds each."""
+    from headroom.agent.names import SUITES
+    from headroom.agent.suites import GPU_SUITES, suite_size
+
+    assert tuple(GPU_SUITES) == SUITES
+    assert all(suite_size(suite, CPU) is not None for suite in SUITES)
+
+
 def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
     db, elsewhere = f"sqlite:///{tmp_path / 'box.db'}", f"sqlite:///{tmp_path / 'fleet.db'}"
     train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1",

@@ -27,7 +27,8 @@ from pathlib import Path
 
 import pytest
 
-from headroom.cli.agent import SUITE_NAMES, parse_labels
+from headroom.agent.names import SUITES
+from headroom.cli.agent import parse_labels
 from headroom.cli.main import build_parser
 
 yaml = pytest.importorskip("yaml")
@@ -176,7 +177,7 @@ def test_every_headroom_command_is_valid(name):
     for argv in commands:
         args = parse(argv)
         if args.command == "agent":
-            assert args.suite in SUITE_NAMES
+            assert args.suite in SUITES
             parse_labels(args.label)  # KEY=VALUE each, as the agent will require
         if name != "fleet.md" and args.command == "agent":
             assert (args.suite, args.device) == ("standard", "all"), argv
