@@ -5,8 +5,8 @@ DeepSpeed's config no pipeline or ring attention, Lightning no pipeline, context
 should not be the one a user copies without looking, so the tabs are ordered by what each exporter says it
 cannot express (headroom.core.exports: one note per setting it writes differently from the plan):
 
-1. formats that express the layout before those that do not (a note saying the format "cannot express" a
-   parallel axis, which every exporter words that way);
+1. formats that express the layout before those that do not (an export's ``unexpressed`` axes, each of which
+   one of its notes names);
 2. then fewest notes first;
 3. ties in headroom.core.exports.EXPORTERS's order.
 
@@ -20,11 +20,6 @@ from dataclasses import dataclass
 
 from headroom.core.exports import EXPORTERS, Export, export
 from headroom.core.planning.planner import Candidate, PlanRequest
-
-LAYOUT_REFUSALS = ("cannot express", "cannot be expressed")
-"""How an exporter's note says its format has no setting for one of the layout's parallel axes
-(headroom.core.exports.huggingface, deepspeed, lightning); tests/test_dashboard_export_tabs.py holds every
-exporter to it on layouts each cannot express."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,8 +37,8 @@ class ExportTab:
 
 
 def expresses_layout(exported: Export) -> bool:
-    """Whether none of ``exported``'s notes says its format cannot express the plan's layout."""
-    return not any(refusal in note for note in exported.notes for refusal in LAYOUT_REFUSALS)
+    """Whether ``exported``'s format has a setting for every parallel axis of the plan's layout."""
+    return not exported.unexpressed
 
 
 def ordered_tabs(exports: Sequence[Export]) -> list[ExportTab]:

@@ -259,8 +259,10 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
     assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
-    assert report["export"]["format"] == "deepspeed"
+    assert (report["export"]["format"], report["export"]["unexpressed"]) == ("deepspeed", [])  # tp: AutoTP
     assert json.loads(report["export"]["text"])["train_batch_size"] == 64
+    hf = json.loads(run_cli(*args, "--json", "--export", "hf").stdout)["export"]
+    assert hf["unexpressed"] == ["tp"] and any("cannot express tp 2" in note for note in hf["notes"])
     megatron = run_cli(*args, "--export", "megatron")
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
 

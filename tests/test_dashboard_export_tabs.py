@@ -7,17 +7,17 @@ import pytest
 
 from headroom.core.exports import EXPORTERS, Export
 from headroom.dashboard import planning
-from headroom.dashboard.export_tabs import LAYOUT_REFUSALS, export_tabs, ordered_tabs
+from headroom.dashboard.export_tabs import export_tabs, ordered_tabs
 
 
-def exported(fmt: str, *notes: str) -> Export:
-    return Export(format=fmt, text="", notes=notes, notes_in_text=False)
+def exported(fmt: str, *notes: str, unexpressed: tuple[str, ...] = ()) -> Export:
+    return Export(format=fmt, text="", notes=notes, notes_in_text=False, unexpressed=unexpressed)
 
 
 def test_tabs_put_the_layout_first_then_fewest_notes_then_the_exporters_order():
-    refused = "TrainingArguments cannot express pp 2: ..."
-    tabs = ordered_tabs([exported("hf", refused), exported("torchtitan", "a", "b"), exported("megatron", "a"),
-                         exported("deepspeed", "a"), exported("lightning", "pp 2 cannot be expressed")])
+    tabs = ordered_tabs([exported("hf", "pp", unexpressed=("pp",)), exported("torchtitan", "a", "b"),
+                         exported("megatron", "a"), exported("deepspeed", "a"),
+                         exported("lightning", "pp", unexpressed=("pp",))])
     assert [t.label for t in tabs] == ["megatron", "deepspeed", "torchtitan", "hf (approximate)",
                                        "lightning (approximate)"]
     assert [t.expresses_layout for t in tabs] == [True, True, True, False, False]
@@ -50,7 +50,7 @@ def test_the_page_opens_on_a_format_that_expresses_the_layout(layout):
     tabs = export_tabs(plan.request, best)
     assert [t.label for t in tabs] == CASES[layout]
     pinned = "".join(f"{axis} {value}" for axis, value in PINS[layout].items())
-    for tab in tabs:  # approximate exactly where a note says the format cannot express the pinned axis
-        refusals = [n for n in tab.exported.notes if any(r in n for r in LAYOUT_REFUSALS)]
-        assert bool(refusals) == tab.label.endswith("(approximate)")
-        assert all(pinned in refusal for refusal in refusals), refusals
+    for tab in tabs:  # approximate exactly where the format has no setting for the pinned axis, which a note names
+        assert tab.exported.unexpressed == ((next(iter(PINS[layout])),) if tab.label.endswith("(approximate)")
+                                            else ())
+        assert not tab.exported.unexpressed or any(pinned in note for note in tab.exported.notes)

@@ -110,7 +110,19 @@ def test_every_format_parses_as_is_and_keeps_its_notes(fmt, case):
         for note in exported.notes:
             assert f"# note: {note}" in exported.text
     assert str(exported) == exported.text
-    assert exported.to_dict() == {"format": fmt, "text": exported.text, "notes": list(exported.notes)}
+    layout = CASES[case][1].layout
+    unexpressed = tuple(axis for axis in NO_SETTING[fmt] if getattr(layout, axis) > 1)
+    assert exported.unexpressed == unexpressed
+    assert all(any(f"{axis} {getattr(layout, axis)}" in note for note in exported.notes) for axis in unexpressed)
+    assert exported.to_dict() == {"format": fmt, "text": exported.text, "notes": list(exported.notes),
+                                  "unexpressed": list(unexpressed)}
+
+
+NO_SETTING = {"hf": ("tp", "pp", "cp", "ep"), "torchtitan": (), "megatron": (), "deepspeed": ("pp", "cp"),
+              "lightning": ("pp", "cp", "ep")}
+"""The layout axes each format has no setting for: the HF Trainer none of tp (set when the model loads), pp, cp,
+ep; DeepSpeed's config no pipeline (a PipelineModule in code) or ring attention; Lightning no pipeline, context
+or expert strategy."""
 
 
 def test_megatron_carries_the_layout():

@@ -32,6 +32,11 @@ from headroom.core.exports.run import Export, Run, offload_note
 WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
 
 
+UNEXPRESSED = ("pp", "cp")
+"""The layout axes DeepSpeed's config has no setting for (a pipeline is a PipelineModule in code; its sequence
+parallelism is Ulysses, not ring attention)."""
+
+
 def _precision(run: Run, config: dict[str, Any], notes: list[str]) -> None:
     if run.precision == "fp32":
         return
@@ -107,4 +112,5 @@ def deepspeed(run: Run) -> Export:
     _precision(run, config, notes)
     _layout(run, config, notes)
     _checkpointing(run, notes)
-    return Export("deepspeed", json.dumps(config, indent=2), tuple(notes), notes_in_text=False)
+    return Export("deepspeed", json.dumps(config, indent=2), tuple(notes), notes_in_text=False,
+                  unexpressed=run.axes_among(UNEXPRESSED))

@@ -107,12 +107,14 @@ def _precision(run: Run, notes: list[str]) -> bool:
     return True
 
 
+UNEXPRESSED = ("tp", "pp", "cp", "ep")
+"""The layout axes TrainingArguments has no setting for."""
+
+
 def _layout(run: Run, notes: list[str]) -> None:
     layout = run.layout
-    axes = [f"{name} {size}" for name, size in (("tp", layout.tp), ("pp", layout.pp), ("cp", layout.cp),
-                                                 ("ep", layout.ep)) if size > 1]
-    if axes:
-        notes.append(f"TrainingArguments cannot express {', '.join(axes)}: tensor parallelism is set when the model "
+    if run.axes_among(UNEXPRESSED):
+        notes.append(f"TrainingArguments cannot express {run.axes_text(UNEXPRESSED)}: tensor parallelism is set when the model "
                      "loads (from_pretrained(..., distributed_config=DistributedConfig(tp_size=...)), transformers "
                      "5) and context parallelism by accelerate's ParallelismConfig(cp_size=...) (parallelism_config=, "
                      "accelerate >= 1.10.1), not written here; the HF Trainer has no pipeline parallelism or expert "
@@ -166,4 +168,4 @@ def huggingface(run: Run) -> Export:
     lines = [*before, "from transformers import TrainingArguments", "", "args = TrainingArguments(", *args, ")",
              (f"# {ranks(layout.dp)} (data-parallel) x {run.micro_batch} x {run.accumulation_steps} = "
               f"{run.global_batch} sequences of {run.seq_len} tokens per step")]
-    return commented("hf", lines, notes, run)
+    return commented("hf", lines, notes, run, unexpressed=run.axes_among(UNEXPRESSED))

@@ -32,6 +32,10 @@ PRECISIONS = {"fp32": "32-true", "amp-bf16": "bf16-mixed", "bf16-pure": "bf16-tr
 """headroom's precision recipe -> Lightning's precision flag (the closest; notes say where it differs)."""
 
 
+UNEXPRESSED = ("pp", "cp", "ep")
+"""The layout axes Lightning has no strategy for."""
+
+
 def _strategy(run: Run, notes: list[str]) -> tuple[str, list[str], bool]:
     """(strategy expression, import lines, whether it checkpoints blocks itself)."""
     layout = run.layout
@@ -94,10 +98,9 @@ def lightning(run: Run) -> Export:
     strategy, imports, in_strategy = _strategy(run, notes)
     _checkpointing(run, in_strategy, notes)
     precision = _precision(run, strategy.startswith("DeepSpeedStrategy"), notes)
-    if layout.pp > 1 or layout.cp > 1 or layout.ep > 1:
-        axes = ", ".join(f"{name} {size}" for name, size in (("pp", layout.pp), ("cp", layout.cp), ("ep", layout.ep))
-                         if size > 1)
-        notes.append(f"Lightning has no pipeline, context or expert parallel strategy: {axes} cannot be expressed")
+    if run.axes_among(UNEXPRESSED):
+        notes.append(f"Lightning has no pipeline, context or expert parallel strategy: {run.axes_text(UNEXPRESSED)} "
+                     "cannot be expressed")
     devices = max(d for d in divisors(layout.world) if d <= run.gpus_per_node)  # Lightning's devices are per node
     nodes = layout.world // devices
     lines = [
@@ -115,4 +118,4 @@ def lightning(run: Run) -> Export:
         f"    accumulate_grad_batches={run.accumulation_steps},",
         ")",
     ]
-    return commented("lightning", lines, notes, run)
+    return commented("lightning", lines, notes, run, unexpressed=run.axes_among(UNEXPRESSED))

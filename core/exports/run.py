@@ -10,6 +10,7 @@ them; for the others (JSON, a command line) the caller shows them apart
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,13 +34,17 @@ class Export:
     """What the format cannot express, or expresses differently from the plan: one sentence each."""
     notes_in_text: bool
     """The format has comments and ``text`` carries every note as one; otherwise show ``notes`` beside it."""
+    unexpressed: tuple[str, ...] = ()
+    """The layout's parallel axes (of tp, pp, cp, ep) the format has no setting for, each named in a note; empty
+    when it carries the whole layout."""
 
     def __str__(self) -> str:
         return self.text
 
     def to_dict(self) -> dict[str, Any]:
         """The ``export`` entry of ``headroom plan --json --export FORMAT``."""
-        return {"format": self.format, "text": self.text, "notes": list(self.notes)}
+        return {"format": self.format, "text": self.text, "notes": list(self.notes),
+                "unexpressed": list(self.unexpressed)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,6 +93,14 @@ class Run:
     def n_layers(self) -> int:
         return self.spec.n_layers
 
+    def axes_among(self, names: Sequence[str]) -> tuple[str, ...]:
+        """Those of ``names`` (layout axes: tp, pp, cp, ep) the run's layout uses, a size above 1, in that order."""
+        return tuple(name for name in names if getattr(self.layout, name) > 1)
+
+    def axes_text(self, names: Sequence[str]) -> str:
+        """`axes_among` with their sizes: "pp 2, cp 4"."""
+        return ", ".join(f"{name} {getattr(self.layout, name)}" for name in self.axes_among(names))
+
     @property
     def per_rank_batch(self) -> int:
         """Sequences per data-parallel rank per optimizer step: micro-batch x accumulation."""
@@ -104,10 +117,11 @@ class Run:
                 f"recompute {self.policy}, {self.precision}")
 
 
-def commented(fmt: str, lines: list[str], notes: list[str], run: Run, header: tuple[str, ...] = ()) -> Export:
+def commented(fmt: str, lines: list[str], notes: list[str], run: Run, header: tuple[str, ...] = (),
+              unexpressed: tuple[str, ...] = ()) -> Export:
     """``lines`` under '#' comments: the plan's summary, ``header``, then every note."""
     top = [f"# {run.summary()}", *(f"# {h}" for h in header), *(f"# note: {n}" for n in notes)]
-    return Export(fmt, "\n".join([*top, "", *lines]), tuple(notes), notes_in_text=True)
+    return Export(fmt, "\n".join([*top, "", *lines]), tuple(notes), notes_in_text=True, unexpressed=unexpressed)
 
 
 def ranks(n: int) -> str:
