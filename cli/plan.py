@@ -226,7 +226,7 @@ def render(result: Plan, top: int | None) -> str:
         *(f"  {line}" for line in result.calibration.confidence_lines(
             spec.name, req.gpus or req.train.layout.world,
             str((best or result.pinned).config.recompute) if best or result.pinned else None)),
-        *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.train.model_notes(spec)) if note),
+        *(f"note: {note}" for note in (budget_note(req.budget_bytes, profile), *req.notes()) if note),
         "",
     ]
     pinned = result.pinned

@@ -23,9 +23,10 @@ from headroom.agent.recompute import torchtitan_saved  # noqa: E402
 from headroom.core.errors import ConfigError  # noqa: E402
 from headroom.core.memory.flops import step_flops  # noqa: E402
 from headroom.core.memory.ledger import activation_ledger  # noqa: E402
-from headroom.core.planning.planner import PlanRequest, policies_worth_trying  # noqa: E402
+from headroom.core.planning.planner import PlanRequest, plan, policies_worth_trying  # noqa: E402
 from headroom.core.specs.config import TrainConfig  # noqa: E402
 from headroom.core.specs.hardware import get_hardware  # noqa: E402
+from headroom.core.specs.layout import Layout  # noqa: E402
 from headroom.core.specs.presets import get_preset  # noqa: E402
 from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from headroom.core.timing.step import datasheet_profile  # noqa: E402
@@ -173,6 +174,23 @@ def test_the_stack_offers_only_its_own_policies():
     moe = dataclasses.replace(LLAMA, n_experts=4, experts_per_token=2)
     with pytest.raises(ConfigError, match="which experts' outputs it keeps depends on the routing"):
         activation_ledger(moe, TrainConfig(seq_len=64, stack="torchtitan", recompute=parse_policy("op-selective")))
+
+
+def test_a_mixture_of_experts_is_planned_on_torchtitan_without_per_op_checkpointing():
+    """The planner leaves out the one policy it cannot account for the model, and says so; pinned, it is refused."""
+    moe = get_preset("mixtral-8x7b")
+    train = TrainConfig(seq_len=4096, stack="torchtitan", layout=Layout(dp=16, zero=3, ep=4))
+    request = PlanRequest(spec=moe, train=train, global_batch=64)
+    assert [str(p) for p in policies_worth_trying(request)] == ["none", "full"]
+    result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
+    assert result.recommendation is not None
+    assert {str(c.config.recompute) for c in (*result.candidates, *result.rejected)} == {"none", "full"}
+    assert request.notes() == ("op-selective checkpointing is not tried: mixtral-8x7b: torchtitan's per-op "
+                               "checkpointing of a mixture of experts caches every second matmul, so which experts' "
+                               "outputs it keeps depends on the routing: not modelled",)
+    with pytest.raises(ConfigError, match=r"depends on the routing: not modelled; pin full or none, or leave "
+                                          r"--recompute to the planner$"):
+        dataclasses.replace(request, recompute=parse_policy("op-selective"))
 
 
 def test_megatron_offers_its_own_policies_and_no_op_level_one():

@@ -148,6 +148,8 @@ class PlanRequest:
                 raise ConfigError(f"--{name} must be a positive integer, got {value!r}")
         if self.recompute is not None:
             get_stack(self.train.stack).check_policy(self.recompute)
+            if (why := self.train.unmodelled_policy(self.spec, self.recompute)) is not None:
+                raise ConfigError(f"{why}; pin full or none, or leave --recompute to the planner")
         if self.gpus is not None:
             return  # each layout's per-rank batch differs: a layout the pins do not divide is skipped
         per_rank = self.per_rank_batch
@@ -163,6 +165,15 @@ class PlanRequest:
             raise ConfigError(f"--micro-batch {self.micro_batch} x --accumulation {self.accumulation} is "
                               f"{self.micro_batch * self.accumulation} sequences per rank, not the per-rank batch "
                               f"{per_rank} (global batch {self.global_batch} / dp {self.dp})")
+
+    def notes(self) -> tuple[str, ...]:
+        """What a plan of this request says beside its figures: the model's notes
+        (headroom.core.specs.config.TrainConfig.model_notes) and the policies its stack offers that are not tried
+        for this model, with why."""
+        left_out = () if self.recompute is not None else tuple(
+            f"{policy} checkpointing is not tried: {why}" for policy in offered_policies(self)
+            if (why := self.train.unmodelled_policy(self.spec, policy)) is not None)
+        return (*self.train.model_notes(self.spec), *left_out)
 
     @property
     def pins_one_candidate(self) -> bool:
@@ -395,6 +406,12 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
     """
     if request.recompute is not None:
         return [request.recompute]
+    return [p for p in offered_policies(request) if request.train.unmodelled_policy(request.spec, p) is None]
+
+
+def offered_policies(request: PlanRequest) -> list[RecomputePolicy]:
+    """`policies_worth_trying` before leaving out what cannot be accounted for the model (`PlanRequest.notes`
+    says which and why)."""
     layers = request.spec.n_layers
     layers = layers // request.layout.pp
     probe = activation_ledger(request.spec, request.base_config(1, RecomputePolicy("none")))
@@ -623,7 +640,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             if result.request.gpus or result.request.layout.world > 1 else None,
         },
         "calibration": result.calibration.to_dict(),
-        "notes": [note for note in (budget_note(budget, profile), *result.request.train.model_notes(result.request.spec))
+        "notes": [note for note in (budget_note(budget, profile), *result.request.notes())
                   if note],
         "recommendation": best.to_dict(budget) if best else None,
         "pinned": _pinned_dict(result),

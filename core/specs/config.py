@@ -127,6 +127,14 @@ class TrainConfig:
                     "training there extends the context (RoPE scaling); memory and time are accounted the same")
         return None
 
+    def unmodelled_policy(self, spec: ModelSpec, policy: RecomputePolicy) -> str | None:
+        """Why ``policy`` cannot be accounted for ``spec`` on this stack, or None: torchtitan's per-op
+        checkpointing of a mixture of experts (which expert outputs it keeps depends on the routing)."""
+        if spec.is_moe and policy.caches_matmuls and get_stack(self.stack).every_other_mm:
+            return (f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every second "
+                    "matmul, so which experts' outputs it keeps depends on the routing: not modelled")
+        return None
+
     def model_notes(self, spec: ModelSpec) -> tuple[str, ...]:
         """What every estimate and plan of ``spec`` says beside its figures: a context extended, and what the
         model's config asks that the accounting does not count (ModelSpec.caveats, and soft-capping where the
@@ -201,10 +209,8 @@ class TrainConfig:
             raise ConfigError(f"--stack {stack.name} --sp on: transformers' tensor parallelism replicates the norms "
                               "and the residual stream (its DistributedConfig's enable_sequence_parallel is not wired "
                               "up); use --sp off")
-        if spec.is_moe and self.recompute.caches_matmuls and stack.every_other_mm:
-            raise ConfigError(f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every "
-                              "second matmul, so which experts' outputs it keeps depends on the routing: not modelled; "
-                              "use full or none")
+        if (why := self.unmodelled_policy(spec, self.recompute)) is not None:
+            raise ConfigError(f"{why}; use full or none")
         if spec.is_moe and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(
                 f"{spec.name}: a mixture of experts ({spec.n_experts} experts, {spec.experts_per_token} per token) is "

@@ -208,7 +208,7 @@ if (over_budget := budget_note(request.budget_bytes, profile)) is not None:
 elif request.budget_bytes < profile.memory_bytes:
     st.caption(said(f"Budget: {budget_share(request.budget_bytes, profile)}; set the budget to "
                     f"{whole_device_budget(profile)} to plan all of it."))
-for model_note in request.train.model_notes(spec):  # a context extended; what the config asks and is not counted
+for model_note in request.notes():  # a context extended; what the config asks and is not counted; policies left out
     st.info(said(model_note) + ".")
 if result.unsearched:
     limit = (f"this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s" if result.stopped_at == "time limit"
