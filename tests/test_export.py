@@ -361,7 +361,8 @@ def test_lightning_strategies():
     assert (args["devices"], args["num_nodes"]) == ("8", "2")
     exported = export("lightning", PARALLEL, PARALLEL_BEST)
     args = trainer_arguments(exported.text)
-    assert args["strategy"] == "ModelParallelStrategy(data_parallel_size=2, tensor_parallel_size=2)"
+    # tp 2 x pp 2 x dp 2: Lightning has no pipeline, so the pipeline's ranks are data-parallel to it
+    assert args["strategy"] == "ModelParallelStrategy(data_parallel_size=4, tensor_parallel_size=2)"
     assert any("pp 2 cannot be expressed" in n for n in exported.notes)
 
 
@@ -386,3 +387,50 @@ def test_unknown_format():
     valid = "hf, torchtitan, megatron, deepspeed, lightning"
     with pytest.raises(ConfigError, match=f"unknown export format 'axolotl'; valid: {valid}"):
         export("axolotl", REQUEST, BEST)
+
+
+def _lightning_batch(text: str) -> tuple[int, int, str]:
+    """(DataLoader batch_size, accumulate_grad_batches, the strategy's source) of a Lightning export."""
+    tree = ast.parse(text)
+    calls = {getattr(n.func, "id", None) or getattr(n.func, "attr", None): n for n in ast.walk(tree)
+             if isinstance(n, ast.Call)}
+    loader = {k.arg: ast.literal_eval(k.value) for k in calls["DataLoader"].keywords}
+    trainer = {k.arg: k.value for k in calls["Trainer"].keywords}
+    return loader["batch_size"], ast.literal_eval(trainer["accumulate_grad_batches"]), ast.unparse(trainer["strategy"])
+
+
+BATCH_LAYOUTS = {  # layout, global batch: the ranks DeepSpeed and Lightning count as data-parallel differ from dp
+    "pp 8, cp 4 on 64": (Layout(pp=8, cp=4, dp=2, zero=3), 64),
+    "tp 2, pp 2 on 16": (Layout(tp=2, sp=True, pp=2, dp=4, zero=1), 64),
+    "dp 8 (as planned)": (Layout(dp=8, zero=3), 64),
+    "pp 4 on 8, batch 6": (Layout(pp=4, dp=2), 6),
+}
+
+
+@pytest.mark.parametrize("case", BATCH_LAYOUTS)
+def test_the_batch_arithmetic_is_what_the_framework_checks(case):
+    """DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x its data-parallel ranks
+    (every rank outside a tensor-parallel group, as its config cannot carry a pipeline or ring attention);
+    Lightning trains micro x accumulation x its data-parallel ranks, whatever the plan said."""
+    layout, global_batch = BATCH_LAYOUTS[case]
+    request, best = candidate(layout, global_batch=global_batch, spec=get_preset("llama3-70b"), seq_len=8192)
+    counted = layout.world // layout.tp
+    config = json.loads(export("deepspeed", request, best).text)
+    micro, accumulation = config["train_micro_batch_size_per_gpu"], config["gradient_accumulation_steps"]
+    assert (micro, accumulation) == (best.config.micro_batch, best.accumulation_steps)
+    if layout.pp == layout.cp == 1:
+        assert config["train_batch_size"] == micro * accumulation * counted == global_batch
+    else:
+        assert "train_batch_size" not in config  # inferred by DeepSpeed from the two, never refused
+        note = next(n for n in export("deepspeed", request, best).notes if n.startswith("train_batch_size"))
+        assert f"it trains {micro * accumulation * counted:,}" in note
+    exported = export("lightning", request, best)
+    batch, accumulate, strategy = _lightning_batch(exported.text)
+    if global_batch % counted == 0:
+        assert batch * accumulate * counted == global_batch
+    else:  # 6 sequences over 8 ranks: cannot be kept, and the note says what it trains instead
+        assert (batch, accumulate) == (best.config.micro_batch, best.accumulation_steps)
+        assert any(f"trains {batch * accumulate * counted:,} sequences a step; plan a multiple of {counted}" in n
+                   for n in exported.notes)
+    if layout.tp > 1:
+        assert f"data_parallel_size={counted}, tensor_parallel_size={layout.tp}" in strategy

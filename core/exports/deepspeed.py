@@ -101,14 +101,31 @@ def _checkpointing(run: Run, notes: list[str]) -> None:
                                                "checkpointed inputs to host memory)"))
 
 
+def _batch(run: Run, config: dict[str, Any], notes: list[str]) -> None:
+    """DeepSpeed checks train_batch_size = micro-batch x accumulation x the ranks it counts as data-parallel
+    (every rank, less those of a tensor-parallel group and of a PipelineModule's stages). Ranks of a pipeline
+    built in code, or of a context-parallel group it cannot set, make that count differ from the plan's dp:
+    then train_batch_size is left out and DeepSpeed infers it ("you can choose to only specify two of the three
+    parameters", DeepSpeed's config-json docs) instead of refusing the config."""
+    config["train_micro_batch_size_per_gpu"] = run.micro_batch
+    config["gradient_accumulation_steps"] = run.accumulation_steps
+    layout = run.layout
+    if layout.pp == 1 and layout.cp == 1:
+        config["train_batch_size"] = run.global_batch
+        return
+    counted = layout.world // layout.tp
+    notes.append(f"train_batch_size is left out: DeepSpeed infers it as micro-batch {run.micro_batch} x "
+                 f"accumulation {run.accumulation_steps} x the ranks it counts as data-parallel, the planned "
+                 f"{run.global_batch:,} sequences a step only when those are dp {layout.dp} (the "
+                 f"{run.axes_text(UNEXPRESSED)} groups built in model code); counting their ranks as data-parallel "
+                 f"too ({counted:,}-way), it trains {run.per_rank_batch * counted:,}")
+
+
 def deepspeed(run: Run) -> Export:
-    config: dict[str, Any] = {
-        "train_batch_size": run.global_batch,
-        "train_micro_batch_size_per_gpu": run.micro_batch,
-        "gradient_accumulation_steps": run.accumulation_steps,
-        "zero_optimization": {"stage": run.layout.zero},
-    }
+    config: dict[str, Any] = {}
     notes: list[str] = []
+    _batch(run, config, notes)
+    config["zero_optimization"] = {"stage": run.layout.zero}
     _precision(run, config, notes)
     _layout(run, config, notes)
     _checkpointing(run, notes)
