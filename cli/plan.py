@@ -259,6 +259,7 @@ def render(result: Plan, top: int | None) -> str:
         lines.append(f"  communication: {total:.3f} s of collectives, {best.time.communication_s:.3f} s exposed after overlap: "
                      + "; ".join(f"{axis} {op.replace('_', '-')} {n / GB:.2f} GB on {link}"
                                  for (axis, op, link), n in moved.items()))
+        lines += [f"  overlap: {overlap.text()}" for overlap in best.time.overlaps]
     if len(best.estimate.ranks) > 1:
         lines.append("  memory per rank kind: " + ", ".join(
             f"{r.rank.name} {r.peak_bytes / GB:.1f} GB ({float(r.rank.in_flight):g} micro-batches in flight)"

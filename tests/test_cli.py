@@ -259,6 +259,13 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
     assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
+    # Every overlappable axis against its window; with tp's traffic (never hidden), what the step waits for.
+    assert {o["axis"] for o in best["overlap"]} == {t["axis"] for t in best["communication"] if t["overlappable"]}
+    for o in best["overlap"]:
+        assert o["slack_s"] == pytest.approx(o["window_s"] - o["communication_s"])
+        assert o["exposed_s"] == pytest.approx(max(0.0, -o["slack_s"]))
+    hidden_never = sum(t["seconds"] for t in best["communication"] if not t["overlappable"])
+    assert best["time_s"]["communication"] == pytest.approx(hidden_never + sum(o["exposed_s"] for o in best["overlap"]))
     assert (report["export"]["format"], report["export"]["unexpressed"]) == ("deepspeed", [])  # tp: AutoTP
     assert json.loads(report["export"]["text"])["train_batch_size"] == 64
     hf = json.loads(run_cli(*args, "--json", "--export", "hf").stdout)["export"]

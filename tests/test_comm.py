@@ -34,6 +34,7 @@ from headroom.core.timing.comm import (
     group_link,
     largest_rank_parameters,
     members_per_node,
+    overlaps,
     ring_steps,
     step_communication,
     total_seconds,
@@ -342,6 +343,22 @@ def test_exposed_time_hides_overlappable_terms_up_to_their_compute():
     assert exposed_seconds(terms, {"dp": 10 * dp, "tp": 10 * tp}) == pytest.approx(tp)
     with pytest.raises(ConfigError, match="dp"):
         exposed_seconds(terms, {"dp": -1.0})
+
+
+def test_each_hidden_axis_says_how_close_it_came_to_being_exposed():
+    """The slack of hidden collectives: a window four times the dp traffic is 25% full with three quarters to
+    spare; a window of a quarter leaves three quarters exposed; tp never overlaps and has no entry."""
+    terms = step_communication(SPEC, config(tp=2, dp=4), 1, FLAT)
+    dp = sum(t.seconds for t in terms if t.axis == "dp")
+    (roomy,) = overlaps(terms, {"dp": 4 * dp})
+    assert (roomy.axis, roomy.communication_s, roomy.window_s) == ("dp", dp, 4 * dp)
+    assert (roomy.exposed_s, roomy.slack_s, roomy.fill) == (0.0, pytest.approx(3 * dp), pytest.approx(0.25))
+    assert roomy.text() == f"dp {dp:.3f} s of collectives under {4 * dp:.3f} s of compute (25%): {3 * dp:.3f} s to spare"
+    (tight,) = overlaps(terms, {"dp": dp / 4})
+    assert (tight.exposed_s, tight.slack_s) == (pytest.approx(3 * dp / 4), pytest.approx(-3 * dp / 4))
+    assert tight.text().endswith(f"(400%): {3 * dp / 4:.3f} s exposed")
+    (none,) = overlaps(terms, {})
+    assert (none.window_s, none.fill, none.exposed_s) == (0.0, None, dp)
 
 
 def test_default_efficiency_is_the_nccl_ring_figure():

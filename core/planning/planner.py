@@ -331,6 +331,7 @@ class Candidate:
                  "overlappable": t.overlappable, "note": t.note}
                 for t in self.time.communication
             ],
+            "overlap": [overlap.to_dict() for overlap in self.time.overlaps],
             "rejection": self.rejection,
         }
 

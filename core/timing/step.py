@@ -58,7 +58,9 @@ from headroom.core.timing.collective_curves import CollectiveCurves
 from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
     CommTerm,
+    Overlap,
     exposed_seconds,
+    overlaps,
     step_communication,
 )
 from headroom.core.timing.device_curves import CURVES
@@ -227,6 +229,9 @@ class StepTime:
     """Pipeline idle time (per step)."""
     communication: tuple[CommTerm, ...] = ()
     """Every collective of the step, before overlap."""
+    overlaps: tuple[Overlap, ...] = ()
+    """Each axis's overlappable collectives against the compute that hides them: what is exposed, and the
+    slack of what is hidden (headroom.core.timing.comm.Overlap)."""
     host_s: float = 0.0
     """Host time to dispatch one micro-batch's ops (forward, backward and recompute)."""
     host_runs_ahead: bool = True
@@ -323,11 +328,12 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     if cluster is None:
         raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
     terms = step_communication(spec, cfg, m, cluster)
-    exposed = exposed_seconds(terms, {
+    windows = {
         "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
         "cp": m * (blocks.attention_s + blocks.backward_attention_s),
-    })
-    return replace(compute, communication_s=exposed, bubble_s=bubble_s, communication=terms)
+    }
+    return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
+                   overlaps=overlaps(terms, windows))
 
 
 def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,

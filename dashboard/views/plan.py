@@ -256,6 +256,8 @@ if best is not None:
     st.altair_chart(charts.build_peak_bar_chart(plan_tables.rank_memory_frame(result, {"": best}), budget_gb,
                                                 row="row"), width="stretch")
     collectives = plan_tables.communication_frame(best)
+    for overlap in best.time.overlaps:  # how close the hidden collectives come to being exposed
+        st.caption(f"Overlap: {overlap.text()}.")
     if len(collectives):
         with st.expander(f"Collectives of one step ({len(collectives)}), before overlap"):
             st.dataframe(collectives, hide_index=True, column_config=columns.COLLECTIVES,
