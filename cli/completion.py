@@ -49,9 +49,14 @@ class Option:
 
 
 def _suggested(flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Values to offer for an option that also takes others: the presets for ``--model`` (or a file), the named
+    networks for ``--interconnect`` (or NICs x Gb/s)."""
+    from headroom.core.specs.interconnect import LINKS_BY_KEY
     from headroom.core.specs.presets import PRESETS
 
-    return tuple(PRESETS) if "--model" in flags else ()
+    if "--model" in flags:
+        return tuple(PRESETS)
+    return tuple(LINKS_BY_KEY) if "--interconnect" in flags else ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,12 +36,22 @@ from headroom.core.safe_text import printable, printable_lines
 from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
+    NETWORK_EXAMPLE,
+    network,
 )
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB, parse_budget
 from headroom.db.hardware import resolve_hardware
 
+
+def _network(text: str) -> str:
+    """``--interconnect``'s value, checked when the flags are read (a plan on one GPU never builds the network)."""
+    try:
+        network(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
@@ -69,10 +79,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
     layout.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
                         help=f"GPUs joined by the node's own link (default {DEFAULT_GPUS_PER_NODE})")
-    layout.add_argument("--interconnect", default=None, choices=list(LINKS_BY_KEY),
-                        help="link between nodes, per GPU (default: the GPU generation's network, ib-hdr for an A100, "
-                             "ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S or RTX "
-                             f"4090, else {DEFAULT_INTER_NODE_LINK}); see core/specs/interconnect.py for every row's source")
+    layout.add_argument("--interconnect", default=None, metavar="NETWORK", type=_network,
+                        help=f"network between nodes: one of {', '.join(LINKS_BY_KEY)} (one NIC per GPU), or NICs x "
+                             f"Gb/s a node ({NETWORK_EXAMPLE}); default: the GPU generation's network, ib-hdr for an "
+                             "A100, ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S "
+                             f"or RTX 4090, else {DEFAULT_INTER_NODE_LINK}; see core/specs/interconnect.py for every "
+                             "row's source")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free", training=training, axes=layout)
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")

@@ -9,7 +9,12 @@ from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
 from headroom.core.specs.hardware import HARDWARE
-from headroom.core.specs.interconnect import LINKS_BY_KEY, Cluster
+from headroom.core.specs.interconnect import (
+    LINKS_BY_KEY,
+    NETWORK_EXAMPLE,
+    Cluster,
+    network,
+)
 from headroom.core.specs.presets import PRESETS
 from headroom.core.timing.step import HardwareProfile
 from headroom.dashboard.planning import (
@@ -64,12 +69,22 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
             f"datasheet rows (`headroom hardware`): {', '.join(hw.key for hw in HARDWARE)}.")))
     elif hardware != inputs.hardware:
         found.append(Fallback("hardware", hardware, ""))
-    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
+    if inputs.interconnect and not _is_network(inputs.interconnect):
         default = PlanInputs().interconnect
         found.append(Fallback("interconnect", default, (
             f"The URL names the interconnect '{plain(inputs.interconnect)}', which is not one: planning the "
-            f"GPU generation's network instead. Interconnects: {', '.join(LINKS_BY_KEY)}.")))
+            f"GPU generation's network instead. Networks: {', '.join(LINKS_BY_KEY)}, or NICs x Gb/s a node "
+            f"({NETWORK_EXAMPLE}).")))
     return found
+
+
+def _is_network(text: str) -> bool:
+    """A network `headroom plan --interconnect` takes: a named row or NICs x Gb/s."""
+    try:
+        network(text)
+    except ConfigError:
+        return False
+    return True
 
 
 def pipeline_note(inputs: PlanInputs) -> str | None:

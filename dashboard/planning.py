@@ -41,7 +41,7 @@ from headroom.core.planning.planner import (
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
-from headroom.core.specs.interconnect import LINKS_BY_KEY
+from headroom.core.specs.interconnect import network
 from headroom.core.specs.layout import SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
@@ -100,7 +100,8 @@ class PlanInputs:
     """Search every layout of this many GPUs; 0 plans the one layout the axes give."""
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     interconnect: str = ""
-    """headroom.core.specs.interconnect key of the link between nodes; empty: the hardware generation's network
+    """The network between nodes: a headroom.core.specs.interconnect key, or NICs x Gb/s a node ("4x200g",
+    headroom.core.specs.interconnect.network); empty: the hardware generation's network
     (headroom.core.specs.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
     # The Layout's fields (headroom.core.planning.layout_search.PINNABLE), each AUTO or a value that pins it.
     tp: str = AUTO
@@ -315,8 +316,8 @@ def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile)
 def plan_ask(inputs: PlanInputs) -> PlanAsk:
     """The page's inputs as the question every front end asks (headroom.core.planning.ask): None where the page
     leaves a setting to its default, as ``headroom plan`` does for a flag left out."""
-    if inputs.interconnect and inputs.interconnect not in LINKS_BY_KEY:
-        raise ConfigError(f"interconnect {inputs.interconnect!r} is not one of {', '.join(LINKS_BY_KEY)}")
+    if inputs.interconnect:
+        network(inputs.interconnect)  # ConfigError names a network that is neither a row nor NICs x Gb/s
     search = inputs.gpus > 0
     return PlanAsk(
         global_batch=inputs.global_batch,

@@ -26,7 +26,7 @@ FLAG_LABELS: dict[str, str] = {
     "--hardware": "hardware",
     "--gpus": "GPUs to search",
     "--gpus-per-node": "GPUs per node",
-    "--interconnect": "inter-node interconnect (per GPU)",
+    "--interconnect": "inter-node network",
     "--tp": "tp (tensor)",
     "--pp": "pp (pipeline)",
     "--cp": "cp (context)",

@@ -20,6 +20,7 @@ from headroom.core.specs.interconnect import (
     cluster_for,
     default_cluster,
     get_link,
+    network,
 )
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
@@ -399,3 +400,30 @@ def test_a_pairs_all_gather_on_infinity_fabric_takes_four_times_an_eight_gpu_gro
     assert pair - latency == pytest.approx(2**30 * (1 / 2) / (64e9 * 0.8), rel=1e-12)
     assert eight - 7 * latency == pytest.approx(2**30 * (7 / 8) / (448e9 * 0.8), rel=1e-12)
     assert (pair - latency) / (eight - 7 * latency) == pytest.approx(4, rel=1e-12)
+
+
+# ---- a network given as NICs x Gb/s a node ----------------------------------------------------------
+
+
+def test_a_network_is_named_or_given_by_its_nics_and_line_rate():
+    link, nics = network("4x200g")
+    assert (link.key, link.bytes_per_s, nics) == ("4x200g", 25e9, 4)
+    assert network(" 8 X 400 Gb/s ")[0].key == "8x400g" and network("2x100gbe")[0].bytes_per_s == 12.5e9
+    assert network("ib-ndr") == (get_link("ib-ndr"), 0)
+    for bad, message in (("0x200g", "NICs a node must be 1-64"), ("4x0g", "line rate"),
+                         ("4x200tb", "unknown interconnect '4x200tb'")):
+        with pytest.raises(ConfigError, match=message):
+            network(bad)
+
+
+def test_members_of_a_group_share_a_node_with_fewer_nics_than_gpus():
+    """Four 200 Gb/s NICs for eight GPUs: eight dp members a node drive the four (100 GB/s, against 200 with a
+    NIC each), one member a node (tp 8 within it) its one NIC (25 GB/s) as before."""
+    shared = default_cluster("h100-sxm", inter="4x200g")
+    own = default_cluster("h100-sxm", inter="roce-200g")
+    assert shared.nics_per_node == 4 and own.nics_per_node == 0
+    wide = Layout(dp=16)
+    assert group_link("dp", wide, shared).bytes_per_s == 100e9
+    assert group_link("dp", wide, own).bytes_per_s == 200e9
+    narrow = Layout(tp=8, dp=2)
+    assert group_link("dp", narrow, shared).bytes_per_s == group_link("dp", narrow, own).bytes_per_s == 25e9

@@ -118,7 +118,8 @@ def test_bad_inputs_raise_the_message_the_page_shows():
         "0 (plan the one layout) or a positive count": planning.PlanInputs(gpus=-8),
         "tp 'two' is neither auto nor a whole number": planning.PlanInputs(tp="two"),
         "sp on needs tp pinned": planning.PlanInputs(gpus=8, sp="on"),
-        "interconnect 'carrier-pigeon' is not one of": planning.PlanInputs(interconnect="carrier-pigeon", dp="2"),
+        "unknown interconnect 'carrier-pigeon'; known: nvlink3": planning.PlanInputs(interconnect="carrier-pigeon",
+                                                                                    dp="2"),
         "zero (sharding stage) must be 0, 1, 2 or 3, got 5": planning.PlanInputs(zero="5"),
     }
     for message, inputs in cases.items():

@@ -51,9 +51,18 @@ def test_an_unknown_hardware_in_the_url_is_named_with_the_choices(tmp_path, monk
         "datasheet row: planning datasheet\\: h100-sxm instead. Measured in this store: none; datasheet rows "
         f"(`headroom hardware`): {DATASHEET_ROWS}.",
         "The URL names the interconnect 'carrier-pigeon', which is not one: planning the GPU generation's network "
-        f"instead. Interconnects: {', '.join(LINKS_BY_KEY)}."]
+        f"instead. Networks: {', '.join(LINKS_BY_KEY)}, or NICs x Gb/s a node (4x200g: four 200 Gb/s NICs a node)."]
     assert at.selectbox(key="plan_hardware").value == "datasheet: h100-sxm"
     assert at.selectbox(key="plan_interconnect").value == ""  # auto: an H100's NDR
+
+
+def test_a_network_given_as_nics_and_their_rate_is_planned_on(tmp_path, monkeypatch):
+    """As `headroom plan --interconnect 4x200g`: offered in the list, kept in the URL, the plan's cluster."""
+    at = render_url(tmp_path, monkeypatch, {"interconnect": "4x200g", "gpus": "16", "global_batch": "32"})
+    assert not warnings(at)
+    assert at.selectbox(key="plan_interconnect").value == "4x200g"
+    assert at.query_params["interconnect"] == "4x200g"
+    assert any("nodes on 4 x 200 Gb/s NICs a node" in str(c.value) for c in at.caption)
 
 
 def test_a_measured_device_the_store_lacks_is_named_and_replaced_by_the_documented_default(smoke_store,

@@ -596,6 +596,7 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
     return {"gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra.key, "inter": cluster.inter.key,
+            "nics_per_node": cluster.nics_per_node or cluster.gpus_per_node,
             "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
             "source": "measured" if cluster.measured else "datasheet", "assumed": cluster.assumed,
             "measured": None if cluster.measured is None else {

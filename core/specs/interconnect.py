@@ -22,6 +22,7 @@ describe say "assumed".
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass, replace
 
 from headroom.core.errors import ConfigError
@@ -173,7 +174,29 @@ def get_link(key: str) -> Link:
         return LINKS_BY_KEY[wanted]
     close = difflib.get_close_matches(wanted, LINKS_BY_KEY, n=3, cutoff=0.4)
     hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(LINKS_BY_KEY)}"
-    raise ConfigError(f"unknown interconnect {key!r}; {hint}")
+    raise ConfigError(f"unknown interconnect {key!r}; {hint}, or NICs x Gb/s a node ({NETWORK_EXAMPLE})")
+
+
+NETWORK_EXAMPLE = "4x200g: four 200 Gb/s NICs a node"
+_NETWORK = re.compile(r"^(?P<nics>\d+)\s*x\s*(?P<rate>\d+(?:\.\d+)?)\s*(?:g|gb/s|gbps|gbit/s|gbe)?$")
+MAX_NICS, MAX_NIC_GBIT_S = 64, 3200
+
+
+def network(text: str) -> tuple[Link, int]:
+    """The link between nodes named by ``text``, and the NICs a node has (0: one per GPU, as every row of
+    `LINKS`). ``text`` is a row's key, or a network described by its NICs a node and their line rate,
+    ``NxRATE`` in Gb/s ("4x200g", "8 x 400 Gb/s"): each NIC's bandwidth is its line rate / 8, its latency
+    NCCL's network hop. ConfigError names what is wrong."""
+    found = _NETWORK.match(text.strip().lower())
+    if found is None:
+        return get_link(text), 0
+    nics, rate = int(found["nics"]), float(found["rate"])
+    if not 0 < nics <= MAX_NICS or not 0 < rate <= MAX_NIC_GBIT_S:
+        raise ConfigError(f"interconnect {text!r}: NICs a node must be 1-{MAX_NICS} and each NIC's line rate "
+                          f"0-{MAX_NIC_GBIT_S:,} Gb/s, as in {NETWORK_EXAMPLE}")
+    key = f"{nics}x{rate:g}g"
+    return Link(key=key, name=f"{nics} x {rate:g} Gb/s NICs a node", bytes_per_s=rate * _GB / 8, latency_s=14.0e-6,
+                source=f"given: {nics} NICs of {rate:g} Gb/s a node, line rate / 8; {_NCCL_HWLAT} (network)"), nics
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -183,7 +206,9 @@ class Cluster:
     intra: Link
     """Between GPUs of one node."""
     inter: Link
-    """Between nodes, per GPU (one NIC per GPU)."""
+    """Between nodes: one NIC's bandwidth."""
+    nics_per_node: int = 0
+    """NICs a node (a network given as NxRATE, `network`); 0: one per GPU, as every datasheet network row."""
     assumed: str = ""
     """Why a link is a stand-in rather than the device's own (empty when both are its datasheet's)."""
     measured: CollectiveCurves | None = None
@@ -194,6 +219,9 @@ class Cluster:
         value = self.gpus_per_node
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise ConfigError(f"gpus-per-node must be a positive integer, got {value!r}")
+        nics = self.nics_per_node
+        if isinstance(nics, bool) or not isinstance(nics, int) or not 0 <= nics <= MAX_NICS:
+            raise ConfigError(f"NICs a node must be 0 (one per GPU) to {MAX_NICS}, got {nics!r}")
         for name in ("intra", "inter"):
             if not isinstance(getattr(self, name), Link):
                 raise ConfigError(f"{name} must be a headroom.core.specs.interconnect.Link, got {getattr(self, name)!r}; "
@@ -205,8 +233,9 @@ def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str | None
     """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (by default its generation's
     network, `default_inter_node_link`)."""
     spec = get_hardware(hardware_key)
-    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]),
-                   inter=get_link(inter or default_inter_node_link(spec.key)), measured=measured)
+    link, nics = network(inter or default_inter_node_link(spec.key))
+    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]), inter=link,
+                   nics_per_node=nics, measured=measured)
 
 
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"
@@ -224,5 +253,6 @@ def cluster_for(device: str, gpus_per_node: int = 8, inter: str | None = None,
     except ConfigError:
         link = get_link(FALLBACK_INTRA_NODE_LINK)
         assumed = "" if measured else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
-        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=get_link(inter or DEFAULT_INTER_NODE_LINK),
-                       assumed=assumed, measured=measured)
+        between, nics = network(inter or DEFAULT_INTER_NODE_LINK)
+        return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=between, nics_per_node=nics, assumed=assumed,
+                       measured=measured)

@@ -128,12 +128,15 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
     NIC, rail by rail, and only a ring's node-crossing hop uses a NIC, so a group with k members a node moves
     its bus bytes at k NICs' bandwidth (eight GPUs a node with eight NDR NICs: 400 GB/s, the 400-450 GB/s bus
     bandwidth multi-node nccl-tests reach on H100 SXM with NDR, Saturn Cloud's cluster-validation guide), one
-    member at its one NIC's. On a mesh (MI300X's Infinity Fabric) the node's link is the share the group's size
-    reaches (Link.for_group)."""
+    member at its one NIC's; where a node has fewer NICs than the group has members there (a network given as
+    NICs x Gb/s, Cluster.nics_per_node), they share them. On a mesh (MI300X's Infinity Fabric) the node's link
+    is the share the group's size reaches (Link.for_group)."""
     intra = cluster.intra.for_group(op, _group(axis, layout)[1])
     if not crosses_nodes(axis, layout, cluster):
         return intra
     nics = members_per_node(axis, layout, cluster)
+    if cluster.nics_per_node:  # fewer NICs than GPUs: members share them
+        nics = min(nics, cluster.nics_per_node)
     inter = cluster.inter if nics == 1 else replace(
         cluster.inter, name=f"{cluster.inter.name}, {nics} NICs a node", bytes_per_s=cluster.inter.bytes_per_s * nics)
     return min((inter, intra), key=lambda link: link.bytes_per_s)

@@ -25,7 +25,7 @@ from headroom.core.specs.hf_config import (
     parse_hf_config,
     spec_from_config_file,
 )
-from headroom.core.specs.interconnect import LINKS_BY_KEY
+from headroom.core.specs.interconnect import LINKS_BY_KEY, NETWORK_EXAMPLE
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from headroom.core.specs.presets import PRESETS
@@ -113,10 +113,12 @@ with st.sidebar:
                     "0 plans the one layout the axes below give")
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
-    st.selectbox("inter-node interconnect (per GPU)", ["", *LINKS_BY_KEY], key="plan_interconnect",
+    given = st.session_state.plan_interconnect  # a network typed as NICs x Gb/s stays among the choices
+    st.selectbox("inter-node network", ["", *LINKS_BY_KEY, *([given] if given not in LINKS_BY_KEY else [])],
+                 key="plan_interconnect", accept_new_options=True,
                  format_func=lambda key: key or "auto",  # the names are long for the sidebar: its help has them
-                 help="auto: the GPU generation's network; "
-                 + "; ".join(f"{key}: {link.name}" for key, link in LINKS_BY_KEY.items()))
+                 help="auto: the GPU generation's network; or type NICs x Gb/s a node "
+                 f"({NETWORK_EXAMPLE}); " + "; ".join(f"{key}: {link.name}" for key, link in LINKS_BY_KEY.items()))
     st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or with no GPUs to search takes "
                f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without a GPU count.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
