@@ -296,10 +296,10 @@ def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli, monkeypa
     (("--budget", "1e400GB"), "size '1e400GB' is too large to be a size in bytes"),
     (("--budget", "2000TB"), "budget '2000TB' is outside 1 MiB to 1 PB"),
     (("--global-tokens", "4096", "--seq-len", "0"), "seq-len must be a positive integer, got 0"),
-    (("--global-batch", "8", "--interconnect", "foo"), "argument --interconnect: unknown interconnect 'foo'; known: "
-                                                       "nvlink3, nvlink4"),
-    (("--global-batch", "8", "--interconnect", "0x200g"), "argument --interconnect: interconnect '0x200g': NICs a node "
-                                                          "must be 1-64"),
+    (("--global-batch", "8", "--interconnect", "foo"),
+     "argument --interconnect: unknown interconnect 'foo'; known: nvlink3, nvlink4"),
+    (("--global-batch", "8", "--interconnect", "0x200g"),
+     "argument --interconnect: interconnect '0x200g': NICs a node must be 1-64"),
     (("--global-batch", "8", "--tp"), "argument --tp: expected one argument"),
     (("--global-batch", "24", "--gpus", "12"),
      "12 GPUs are not whole nodes of 8 (--gpus-per-node): use 8 or 16 GPUs, or --gpus-per-node among 2, 3, 4, 6"),
