@@ -8,12 +8,10 @@ from dataclasses import fields, replace
 
 import pytest
 
-from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import LINKS_BY_KEY
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import PRESETS
-from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS, RunConfig
 from headroom.dashboard import planning
 from headroom.dashboard.planning import PlanInputs
@@ -22,6 +20,7 @@ pytest.importorskip("streamlit")
 from streamlit.testing.v1 import AppTest  # noqa: E402
 
 from tests.dashboard_support import APP, render_url  # noqa: E402
+from tests.run_configs import RUNS  # noqa: E402
 
 DATASHEET_ROWS = ", ".join(hw.key for hw in HARDWARE)
 
@@ -137,16 +136,6 @@ def test_pins_in_the_url_are_read_and_a_bad_one_stays_auto():
     assert PlanInputs.from_query({"accumulation": "4"}).accumulation_steps == "4"  # a link from before the rename
 
 
-RUNS = [
-    RunConfig(train=TrainConfig(seq_len=2048)),
-    RunConfig(train=TrainConfig(seq_len=1024, micro_batch=2, precision="bf16-pure", optimizer="sgd", dropout=0.1,
-                                attention="standard", recompute=parse_policy("every-2"), stack="megatron"),
-              accumulation_steps=8),
-    RunConfig(train=TrainConfig(seq_len=8192, recompute=parse_policy("selective"), stack="megatron",
-                                layout=Layout(tp=8, sp=True, pp=4, schedule="interleaved", virtual_stages=2, cp=2,
-                                              dp=16, zero=1)),
-              accumulation_steps=4),
-]
 
 
 def test_the_query_string_holds_each_key_of_a_run_configuration():

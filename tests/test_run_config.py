@@ -12,23 +12,13 @@ from headroom.agent.train_ranks import setup_document, setup_from_document
 from headroom.core.errors import ConfigError
 from headroom.core.measured.measurements import TrainStepRecord
 from headroom.core.memory.estimate import estimate
-from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
-from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import COLUMNS, KEYS, VERSION, RunConfig
 from headroom.db.models import TrainStepResult
+from tests.run_configs import RUNS
 
-CONFIGS = [
-    RunConfig(train=TrainConfig(seq_len=2048)),
-    RunConfig(train=TrainConfig(seq_len=4096, micro_batch=2, precision="bf16-pure", optimizer="sgd", dropout=0.1,
-                                attention="standard", recompute=parse_policy("every-2"), stack="megatron"),
-              accumulation_steps=8),
-    RunConfig(train=TrainConfig(seq_len=8192, recompute=parse_policy("selective"), stack="megatron",
-                                layout=Layout(tp=8, sp=True, pp=4, schedule="interleaved", virtual_stages=2, cp=2,
-                                              dp=16, zero=1)),
-              accumulation_steps=4),
-]
+CONFIGS = RUNS
 
 
 @pytest.mark.parametrize("run", CONFIGS, ids=lambda r: r.label)
@@ -41,7 +31,7 @@ def test_the_document_reads_back_as_the_same_configuration(run):
 def test_the_document_of_a_configuration_written_by_hand():
     run = CONFIGS[1]
     assert run.to_dict() == {
-        "version": 1, "seq_len": 4096, "micro_batch": 2, "accumulation_steps": 8, "recompute": "every-2",
+        "version": 1, "seq_len": 1024, "micro_batch": 2, "accumulation_steps": 8, "recompute": "every-2",
         "attention": "standard", "precision": "bf16-pure", "optimizer": "sgd", "dropout": 0.1, "stack": "megatron",
         "layout": {"tp": 1, "sp": False, "pp": 1, "schedule": "1f1b", "virtual_stages": 1, "cp": 1, "dp": 1,
                    "zero": 0, "ep": 1},
@@ -88,7 +78,7 @@ def test_the_store_columns_are_the_training_step_rows():
 def test_a_stored_row_reads_back_the_configuration_the_agent_wrote(run):
     """A row as the agent writes one (headroom.agent.bench_train, train_ranks): the columns, the layout off one
     device, and the estimate's document as the prediction, whose configuration holds the dropout and the stack."""
-    spec = replace(get_preset("gpt2-xl" if run.train.dropout else "llama3-8b"), max_seq_len=8192)  # llama: no dropout
+    spec = get_preset("gpt2-xl" if run.train.dropout else "llama3-8b")  # llama blocks have no dropout
     layout = run.train.layout
     row = TrainStepResult(model_name=spec.name, model_spec=spec.to_dict(), **run.columns(),
                           layout=None if layout == Layout() else run.to_dict()["layout"],
