@@ -53,6 +53,7 @@ def _network(text: str) -> str:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
 
+
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "plan",
@@ -222,7 +223,8 @@ def render(result: Plan, top: int | None) -> str:
         inside = (f"collectives measured {c.measured.source} (groups of {', '.join(map(str, c.measured.group_sizes()))}), "
                   f"else {c.intra.name}" if c.measured else c.intra.name)
         if profile.device == "cuda":
-            lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} (datasheet links"
+            links = "datasheet link inside a node, the network as given" if c.nics_per_node else "datasheet links"
+            lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} ({links}"
                          + (f"; {c.assumed})" if c.assumed else ")"))
         else:  # a CPU's ranks: no GPU, and no link of its own unless its collectives were measured
             lines.append(f"cluster: {c.gpus_per_node} ranks a node on the CPU {profile.name}, no GPU: "

@@ -81,7 +81,10 @@ def _plan_link(step: dict) -> str | None:
                                      layout=json.loads(step["layout"]) if step["layout"] else None)
     except (ConfigError, ValueError):
         return None
-    inputs = PlanInputs.of_run(run, model=step["model_name"], hardware=MEASURED_PREFIX + step["device_name"])
+    # The agent ran every rank of a step on one box: that box's GPUs are one node.
+    node = max(PlanInputs().gpus_per_node, run.train.layout.world)
+    inputs = PlanInputs.of_run(run, model=step["model_name"], hardware=MEASURED_PREFIX + step["device_name"],
+                               gpus_per_node=node)
     default = PlanInputs().to_query()
     return "/?" + urlencode({key: value for key, value in inputs.to_query().items() if value != default[key]})
 

@@ -75,7 +75,11 @@ def domain_range(colours: Mapping[str, str], present: Iterable[str] | None = Non
 def device_colours(devices: Iterable[str], every: Iterable[str] = ()) -> dict[str, str]:
     """Each of ``devices``' colour, by name: `DEVICES` in the sorted order of ``every`` (every device the store
     holds, so that a device keeps its colour on each page and whichever others are drawn beside it) and of any
-    of ``devices`` it does not name."""
-    drawn = set(devices)
-    order = {name: i for i, name in enumerate(sorted(set(every) | drawn))}
-    return {name: DEVICES[order[name] % len(DEVICES)] for name in sorted(drawn)}
+    of ``devices`` it does not name. A store of more devices than `DEVICES` has colours gives two of them one
+    colour; where two such are drawn together, the drawn devices take `DEVICES` in their own order instead."""
+    drawn = sorted(set(devices))
+    order = {name: i for i, name in enumerate(sorted(set(every) | set(drawn)))}
+    kept = {name: DEVICES[order[name] % len(DEVICES)] for name in drawn}
+    if len(set(kept.values())) < len(kept) <= len(DEVICES):
+        return {name: DEVICES[i] for i, name in enumerate(drawn)}
+    return kept

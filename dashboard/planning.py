@@ -21,6 +21,7 @@ shows, as text and tables, lives in headroom.dashboard.plan_tables.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
@@ -130,7 +131,9 @@ class PlanInputs:
     @classmethod
     def from_query(cls, query: Mapping[str, str]) -> PlanInputs:
         """Inputs from a query string; a missing or malformed value keeps its default."""
-        query = {RENAMED.get(key, key): value for key, value in query.items()}  # a link shared before a rename
+        # A link shared before a rename: the old key reads as the new, which wins where both are given.
+        query = {**{RENAMED[key]: value for key, value in query.items() if key in RENAMED},
+                 **{key: value for key, value in query.items() if key not in RENAMED}}
         values = {}
         for f in fields(cls):
             if f.name not in query:
@@ -149,7 +152,10 @@ class PlanInputs:
                 elif isinstance(default, int):
                     values[f.name] = int(raw)
                 elif isinstance(default, float):
-                    values[f.name] = float(raw)
+                    number = float(raw)
+                    if not math.isfinite(number):
+                        continue  # nan, inf: malformed
+                    values[f.name] = number
                 else:
                     values[f.name] = raw
             except (ValueError, ConfigError):

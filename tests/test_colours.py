@@ -85,6 +85,12 @@ def test_a_device_keeps_its_colour_whichever_others_a_chart_draws():
     scales = [_colour_scale(history), _colour_scale(calibration)]
     assert scales == [{"domain": [store[0], store[2]], "range": [colours.DEVICES[0], colours.DEVICES[2]]},
                       {"domain": [store[2]], "range": [colours.DEVICES[2]]}]
+    # A store of more devices than colours: two drawn together that share one take the drawn order instead.
+    many = [f"device {i:02d}" for i in range(len(colours.DEVICES) + 1)]
+    assert colours.device_colours([many[0], many[-1]], many) == {many[0]: colours.DEVICES[0],
+                                                                 many[-1]: colours.DEVICES[1]}
+    assert colours.device_colours([many[1], many[-1]], many) == {many[1]: colours.DEVICES[1],
+                                                                 many[-1]: colours.DEVICES[0]}
 
 
 def _colour_scale(chart) -> dict:

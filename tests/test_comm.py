@@ -416,14 +416,15 @@ def test_a_network_is_named_or_given_by_its_nics_and_line_rate():
             network(bad)
 
 
-def test_members_of_a_group_share_a_node_with_fewer_nics_than_gpus():
-    """Four 200 Gb/s NICs for eight GPUs: eight dp members a node drive the four (100 GB/s, against 200 with a
-    NIC each), one member a node (tp 8 within it) its one NIC (25 GB/s) as before."""
+def test_the_groups_of_a_node_share_its_nics():
+    """Four 200 Gb/s NICs for eight GPUs, half a NIC a GPU: eight dp members a node drive the four (100 GB/s,
+    against 200 with a NIC each); under tp 8 the node's eight dp groups, one member each, share them too (12.5
+    GB/s each, against a NIC each); sixteen NICs for eight GPUs give a node's eight members all sixteen."""
     shared = default_cluster("h100-sxm", inter="4x200g")
     own = default_cluster("h100-sxm", inter="roce-200g")
     assert shared.nics_per_node == 4 and own.nics_per_node == 0
-    wide = Layout(dp=16)
-    assert group_link("dp", wide, shared).bytes_per_s == 100e9
-    assert group_link("dp", wide, own).bytes_per_s == 200e9
-    narrow = Layout(tp=8, dp=2)
-    assert group_link("dp", narrow, shared).bytes_per_s == group_link("dp", narrow, own).bytes_per_s == 25e9
+    wide, narrow = Layout(dp=16), Layout(tp=8, dp=2)
+    assert [group_link("dp", wide, c).bytes_per_s for c in (shared, own)] == [100e9, 200e9]
+    assert [group_link("dp", narrow, c).bytes_per_s for c in (shared, own)] == [12.5e9, 25e9]
+    assert group_link("dp", Layout(tp=4, dp=4), shared).bytes_per_s == 25e9  # two members a node, one NIC's worth
+    assert group_link("dp", wide, default_cluster("h100-sxm", inter="16x200g")).bytes_per_s == 400e9

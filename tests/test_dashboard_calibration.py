@@ -5,6 +5,8 @@ policy), and today's core's with the factor plans apply (in-sample); "-" where n
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
 from pathlib import Path
 from urllib.parse import parse_qsl, urlsplit
 
@@ -151,3 +153,30 @@ def test_the_confidence_shows_stored_names_as_text_one_topic_an_item():
     assert confidence_markdown(fit).split("\n")[:2] == [
         "**Confidence:**",
         f"- Measured on {plain(forged)}: 1 step. Models: {plain(forged)}. GPUs: 1. Policies: \\*none\\*."]
+
+
+def test_each_steps_link_carries_its_layout_stack_and_dropout_as_the_store_holds_them():
+    """The layout's JSON text, and the dropout and stack its stored prediction was made for, read back into the
+    configuration the link pins; a model that is no preset, or a policy today's core cannot read, has none."""
+    from headroom.core.specs.layout import Layout
+    from headroom.core.specs.recompute import parse_policy
+    from headroom.dashboard.calibration import plan_links
+
+    wide = Layout(tp=2, sp=True, dp=8, zero=1)
+    rows = [("llama3.2-1b", 2048, "full", None, "torchtitan", wide, 4),
+            ("gpt2-small", 1024, "none", 0.1, None, None, 1),
+            ("my-own-model", 2048, "none", None, None, None, 1),
+            ("llama3.2-1b", 2048, "sometimes", None, None, None, 1)]
+    train = pd.DataFrame([{
+        "device_name": DEVICE, "model_name": model, "seq_len": seq, "micro_batch": 1, "accumulation_steps": accum,
+        "recompute": policy, "attention": "flash", "precision": "amp-bf16", "optimizer": "adamw",
+        "dropout": dropout, "stack": stack, "layout": None if layout is None else json.dumps(asdict(layout))}
+        for model, seq, policy, dropout, stack, layout, accum in rows])
+    links = list(plan_links(train))
+    assert links[2:] == [None, None]
+    shared = [PlanInputs.from_query(dict(parse_qsl(urlsplit(link).query))) for link in links[:2]]
+    assert [(i.model, i.gpus_per_node, i.run_config()) for i in shared] == [
+        ("llama3.2-1b", 16, RunConfig(train=TrainConfig(seq_len=2048, recompute=parse_policy("full"),
+                                                        stack="torchtitan", layout=wide), accumulation_steps=4)),
+        ("gpt2-small", 8, RunConfig(train=TrainConfig(seq_len=1024, dropout=0.1)))]
+

@@ -28,10 +28,10 @@ CASES = {
     # one GPU: every format expresses it; the notes are about the stack, precision and launch
     "tp 1, pp 1, cp 1, dp 1, zero 0": ["lightning", "hf", "torchtitan", "deepspeed", "megatron"],
     # pipeline and context parallelism: no setting in the HF Trainer, DeepSpeed's config or Lightning
-    # (Lightning and DeepSpeed also say how they count the pipeline or context ranks in the batch)
-    "tp 1, pp 2 (1f1b), cp 1, dp 1, zero 0": ["torchtitan", "megatron", "hf (approximate)",
-                                              "lightning (approximate)", "deepspeed (approximate)"],
-    "tp 1, pp 1, cp 2, dp 1, zero 0": ["torchtitan", "megatron", "hf (approximate)", "lightning (approximate)",
+    # (Lightning, the HF Trainer and DeepSpeed also say how they count the pipeline or context ranks in the batch)
+    "tp 1, pp 2 (1f1b), cp 1, dp 1, zero 0": ["torchtitan", "megatron", "lightning (approximate)",
+                                              "hf (approximate)", "deepspeed (approximate)"],
+    "tp 1, pp 1, cp 2, dp 1, zero 0": ["torchtitan", "megatron", "lightning (approximate)", "hf (approximate)",
                                        "deepspeed (approximate)"],
     # tensor parallelism: TrainingArguments has none (transformers sets it when the model loads)
     "tp 2, pp 1, cp 1, dp 1, zero 0": ["deepspeed", "lightning", "torchtitan", "megatron", "hf (approximate)"],

@@ -59,7 +59,8 @@ def test_a_network_given_as_nics_and_their_rate_is_planned_on(tmp_path, monkeypa
     """As `headroom plan --interconnect 4x200g`: offered in the list, kept in the URL, the plan's cluster."""
     at = render_url(tmp_path, monkeypatch, {"interconnect": "4x200g", "gpus": "16", "global_batch": "32"})
     assert not warnings(at)
-    assert at.selectbox(key="plan_interconnect").value == "4x200g"
+    network = at.selectbox(key="plan_interconnect")
+    assert network.value == "4x200g" and network.options == ["auto", *LINKS_BY_KEY, "4x200g"]
     assert at.query_params["interconnect"] == "4x200g"
     assert any("nodes on 4 x 200 Gb/s NICs a node" in str(c.value) for c in at.caption)
 
@@ -134,8 +135,8 @@ def test_pins_in_the_url_are_read_and_a_bad_one_stays_auto():
     request = planning.build_request(inputs.with_(global_batch=8), planning.resolve_preset(inputs.model), profile)
     assert (request.micro_batch, request.accumulation, str(request.recompute)) == (8, None, "every-2")
     assert PlanInputs.from_query({"accumulation": "4"}).accumulation_steps == "4"  # a link from before the rename
-
-
+    assert PlanInputs.from_query({"accumulation_steps": "4", "accumulation": "2"}).accumulation_steps == "4"
+    assert PlanInputs.from_query({"dropout": "nan", "capacity_factor": "inf"}) == PlanInputs()  # malformed: defaults
 
 
 def test_the_query_string_holds_each_key_of_a_run_configuration():

@@ -118,11 +118,11 @@ def test_every_format_parses_as_is_and_keeps_its_notes(fmt, case):
                                   "unexpressed": list(unexpressed)}
 
 
-NO_SETTING = {"hf": ("tp", "pp", "cp", "ep"), "torchtitan": (), "megatron": (), "deepspeed": ("pp", "cp"),
+NO_SETTING = {"hf": ("tp", "pp", "cp", "ep"), "torchtitan": (), "megatron": (), "deepspeed": ("pp", "cp", "ep"),
               "lightning": ("pp", "cp", "ep")}
 """The layout axes each format has no setting for: the HF Trainer none of tp (set when the model loads), pp, cp,
-ep; DeepSpeed's config no pipeline (a PipelineModule in code) or ring attention; Lightning no pipeline, context
-or expert strategy."""
+ep; DeepSpeed's config no pipeline (a PipelineModule in code), experts (deepspeed.moe in code) or ring attention;
+Lightning no pipeline, context or expert strategy."""
 
 
 def test_megatron_carries_the_layout():
@@ -411,7 +411,7 @@ BATCH_LAYOUTS = {  # layout, global batch: the ranks DeepSpeed and Lightning cou
 def test_the_batch_arithmetic_is_what_the_framework_checks(case):
     """DeepSpeed refuses a config whose train_batch_size is not micro x accumulation x its data-parallel ranks
     (every rank outside a tensor-parallel group, as its config cannot carry a pipeline or ring attention);
-    Lightning trains micro x accumulation x its data-parallel ranks, whatever the plan said."""
+    Lightning and the HF Trainer train micro x accumulation x their data-parallel ranks, whatever the plan said."""
     layout, global_batch = BATCH_LAYOUTS[case]
     request, best = candidate(layout, global_batch=global_batch, spec=get_preset("llama3-70b"), seq_len=8192)
     counted = layout.world // layout.tp
@@ -424,13 +424,17 @@ def test_the_batch_arithmetic_is_what_the_framework_checks(case):
         assert "train_batch_size" not in config  # inferred by DeepSpeed from the two, never refused
         note = next(n for n in export("deepspeed", request, best).notes if n.startswith("train_batch_size"))
         assert f"it trains {micro * accumulation * counted:,}" in note
-    exported = export("lightning", request, best)
-    batch, accumulate, strategy = _lightning_batch(exported.text)
-    if global_batch % counted == 0:
-        assert batch * accumulate * counted == global_batch
-    else:  # 6 sequences over 8 ranks: cannot be kept, and the note says what it trains instead
-        assert (batch, accumulate) == (best.config.micro_batch, best.accumulation_steps)
-        assert any(f"trains {batch * accumulate * counted:,} sequences a step; plan a multiple of {counted}" in n
-                   for n in exported.notes)
+    lightning = export("lightning", request, best)
+    batch, accumulate, strategy = _lightning_batch(lightning.text)
+    hf = export("hf", request, best)
+    arguments = training_arguments(hf.text)
+    for exported, (micro, steps) in ((lightning, (batch, accumulate)), (hf, (
+            arguments["per_device_train_batch_size"], arguments["gradient_accumulation_steps"]))):
+        if global_batch % counted == 0:  # the batch asked for, in micro-batches no larger than planned
+            assert micro * steps * counted == global_batch and micro <= best.config.micro_batch
+        else:  # 6 sequences over 8 ranks: cannot be kept, and the note says what it trains instead
+            assert (micro, steps) == (best.config.micro_batch, best.accumulation_steps)
+            assert any(f"trains {micro * steps * counted:,} sequences a step; plan a multiple of {counted}" in n
+                       for n in exported.notes)
     if layout.tp > 1:
         assert f"data_parallel_size={counted}, tensor_parallel_size={layout.tp}" in strategy

@@ -88,8 +88,8 @@ def test_training_arguments_load(case, monkeypatch, tmp_path):
     namespace = {"model": model}  # the user's model, for snippets that configure its checkpointing
     exec(compile(export("hf", request, best).text, "training_args.py", "exec"), namespace)
     args = namespace["args"]
-    assert args.per_device_train_batch_size == best.config.micro_batch
-    assert args.gradient_accumulation_steps == best.accumulation_steps
+    counted = best.layout.world // best.layout.tp  # the Trainer's data-parallel ranks: it has no pipeline or context
+    assert args.per_device_train_batch_size * args.gradient_accumulation_steps * counted == request.global_batch
     assert args.bf16 == (best.config.precision != "fp32")
     if model.is_gradient_checkpointing:  # the op-selective policy set on the model runs a step
         model.train()

@@ -32,9 +32,9 @@ from headroom.core.exports.run import Export, Run, offload_note
 WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
 
 
-UNEXPRESSED = ("pp", "cp")
-"""The layout axes DeepSpeed's config has no setting for (a pipeline is a PipelineModule in code; its sequence
-parallelism is Ulysses, not ring attention)."""
+UNEXPRESSED = ("pp", "cp", "ep")
+"""The layout axes DeepSpeed's config has no setting for (a pipeline is a PipelineModule in code, experts a
+deepspeed.moe.layer.MoE in code; its sequence parallelism is Ulysses, not ring attention)."""
 
 
 def _precision(run: Run, config: dict[str, Any], notes: list[str]) -> None:
@@ -117,7 +117,7 @@ def _batch(run: Run, config: dict[str, Any], notes: list[str]) -> None:
     notes.append(f"train_batch_size is left out: DeepSpeed infers it as micro-batch {run.micro_batch} x "
                  f"accumulation {run.accumulation_steps} x the ranks it counts as data-parallel, the planned "
                  f"{run.global_batch:,} sequences a step only when those are dp {layout.dp} (the "
-                 f"{run.axes_text(UNEXPRESSED)} groups built in model code); counting their ranks as data-parallel "
+                 f"{run.axes_text(('pp', 'cp'))} groups built in model code); counting their ranks as data-parallel "
                  f"too ({counted:,}-way), it trains {run.per_rank_batch * counted:,}")
 
 

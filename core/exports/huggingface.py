@@ -33,6 +33,7 @@ from headroom.core.exports.run import (
     Run,
     capacity_note,
     commented,
+    data_parallel_batch,
     offload_note,
     ranks,
     stack_note,
@@ -144,10 +145,12 @@ def huggingface(run: Run) -> Export:
     _attention(run, notes)
     bf16 = _precision(run, notes)
     fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
+    micro, accumulation = data_parallel_batch(run, "The HF Trainer", notes)
+    counted = layout.world // layout.tp
     args = [
         '    output_dir="out",',
-        f"    per_device_train_batch_size={run.micro_batch},",
-        f"    gradient_accumulation_steps={run.accumulation_steps},",
+        f"    per_device_train_batch_size={micro},",
+        f"    gradient_accumulation_steps={accumulation},",
         f"    gradient_checkpointing={whole_layers and fsdp is None},",
         '    gradient_checkpointing_kwargs={"use_reentrant": False},',
         f"    bf16={bf16},",
@@ -166,6 +169,6 @@ def huggingface(run: Run) -> Export:
                      "an SGD(momentum=0.9) through Trainer(optimizers=...)")
     _layout(run, notes)
     lines = [*before, "from transformers import TrainingArguments", "", "args = TrainingArguments(", *args, ")",
-             (f"# {ranks(layout.dp)} (data-parallel) x {run.micro_batch} x {run.accumulation_steps} = "
-              f"{run.global_batch} sequences of {run.seq_len} tokens per step")]
+             (f"# {ranks(counted)} (data-parallel) x {micro} x {accumulation} = "
+              f"{counted * micro * accumulation} sequences of {run.seq_len} tokens per step")]
     return commented("hf", lines, notes, run, unexpressed=run.axes_among(UNEXPRESSED))

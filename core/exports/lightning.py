@@ -24,6 +24,7 @@ from headroom.core.exports.run import (
     Run,
     capacity_note,
     commented,
+    data_parallel_batch,
     offload_note,
 )
 
@@ -45,7 +46,7 @@ def _strategy(run: Run, notes: list[str]) -> tuple[str, list[str], bool]:
                      f"{'with' if layout.sp else 'without'} SequenceParallel on the norms, as planned), and "
                      + ("fully_shard over the data-parallel mesh (ZeRO-3) there too" if layout.zero == 3
                         else f"has no ZeRO-{layout.zero}: replicate the data-parallel mesh there"))
-        dp = layout.world // layout.tp  # no pipeline or context parallelism: their ranks are data-parallel (`_batch`)
+        dp = layout.world // layout.tp  # no pipeline or context parallelism: their ranks are data-parallel
         return (f"ModelParallelStrategy(data_parallel_size={dp}, tensor_parallel_size={layout.tp})",
                 ["from lightning.pytorch.strategies import ModelParallelStrategy"], False)
     if layout.dp == 1 and layout.world == 1:
@@ -91,28 +92,6 @@ def _precision(run: Run, deepspeed: bool, notes: list[str]) -> str:
     return PRECISIONS[run.precision]
 
 
-def _batch(run: Run, notes: list[str]) -> tuple[int, int]:
-    """(micro-batch, accumulation) to give Lightning. It counts every rank outside a tensor-parallel group as
-    data-parallel: where the plan has pipeline or context ranks it has no strategy for, the plan's global batch
-    is split over Lightning's count instead, so the run trains the batch asked for."""
-    layout = run.layout
-    counted = layout.world // layout.tp
-    if counted == layout.dp:
-        return run.micro_batch, run.accumulation_steps
-    counting = (f"Lightning counts the {layout.world:,} ranks as {counted:,}-way data-parallel (it has no strategy "
-                f"for {run.axes_text(('pp', 'cp'))})")
-    if run.global_batch % counted:
-        notes.append(f"{counting}: the global batch {run.global_batch:,} does not split over them, and micro-batch "
-                     f"{run.micro_batch} x accumulation {run.accumulation_steps} trains "
-                     f"{run.per_rank_batch * counted:,} sequences a step; plan a multiple of {counted:,}")
-        return run.micro_batch, run.accumulation_steps
-    per_rank = run.global_batch // counted
-    micro = max(d for d in divisors(per_rank) if d <= run.micro_batch)
-    notes.append(f"{counting}: micro-batch {micro} x accumulation {per_rank // micro} a rank keeps the global batch "
-                 f"of {run.global_batch:,}; the plan's memory and time are for its own layout, not this one")
-    return micro, per_rank // micro
-
-
 def lightning(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
@@ -121,7 +100,7 @@ def lightning(run: Run) -> Export:
     strategy, imports, in_strategy = _strategy(run, notes)
     _checkpointing(run, in_strategy, notes)
     precision = _precision(run, strategy.startswith("DeepSpeedStrategy"), notes)
-    micro, accumulation = _batch(run, notes)
+    micro, accumulation = data_parallel_batch(run, "Lightning", notes)
     if run.axes_among(UNEXPRESSED):
         notes.append(f"Lightning has no pipeline, context or expert parallel strategy: {run.axes_text(UNEXPRESSED)} "
                      "cannot be expressed")

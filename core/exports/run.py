@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.planning.planner import Candidate, PlanRequest
 from headroom.core.specs.layout import Layout
@@ -115,6 +116,29 @@ class Run:
         return (f"headroom plan: {self.model}, seq-len {self.seq_len}, global batch {self.global_batch}; "
                 f"{self.layout}; micro-batch {self.micro_batch} x accumulation {self.accumulation_steps}, "
                 f"recompute {self.policy}, {self.precision}")
+
+
+def data_parallel_batch(run: Run, framework: str, notes: list[str]) -> tuple[int, int]:
+    """(micro-batch, accumulation) for a framework that counts every rank outside a tensor-parallel group as
+    data-parallel, having no pipeline or context parallelism (the HF Trainer, Lightning): where the plan has
+    pipeline or context ranks, its global batch split over the framework's count instead, so the run trains
+    the batch asked for; a note says so, or, where the batch does not split, what the run trains instead."""
+    layout = run.layout
+    counted = layout.world // layout.tp
+    if counted == layout.dp:
+        return run.micro_batch, run.accumulation_steps
+    counting = (f"{framework} counts the {layout.world:,} ranks as {counted:,}-way data-parallel (it has no setting "
+                f"for {run.axes_text(('pp', 'cp'))})")
+    if run.global_batch % counted:
+        notes.append(f"{counting}: the global batch {run.global_batch:,} does not split over them, and micro-batch "
+                     f"{run.micro_batch} x accumulation {run.accumulation_steps} trains "
+                     f"{run.per_rank_batch * counted:,} sequences a step; plan a multiple of {counted:,}")
+        return run.micro_batch, run.accumulation_steps
+    per_rank = run.global_batch // counted
+    micro = max(d for d in divisors(per_rank) if d <= run.micro_batch)
+    notes.append(f"{counting}: micro-batch {micro} x accumulation {per_rank // micro} a rank keeps the global batch "
+                 f"of {run.global_batch:,}; the plan's memory and time are for its own layout, not this one")
+    return micro, per_rank // micro
 
 
 def commented(fmt: str, lines: list[str], notes: list[str], run: Run, header: tuple[str, ...] = (),

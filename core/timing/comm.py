@@ -128,17 +128,18 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
     NIC, rail by rail, and only a ring's node-crossing hop uses a NIC, so a group with k members a node moves
     its bus bytes at k NICs' bandwidth (eight GPUs a node with eight NDR NICs: 400 GB/s, the 400-450 GB/s bus
     bandwidth multi-node nccl-tests reach on H100 SXM with NDR, Saturn Cloud's cluster-validation guide), one
-    member at its one NIC's; where a node has fewer NICs than the group has members there (a network given as
-    NICs x Gb/s, Cluster.nics_per_node), they share them. On a mesh (MI300X's Infinity Fabric) the node's link
-    is the share the group's size reaches (Link.for_group)."""
+    member at its one NIC's. A network given as NICs x Gb/s a node (Cluster.nics_per_node) is shared by the
+    node's GPUs: every group along an axis runs its collective at once, so a group with k of a node's g GPUs
+    has k / g of the node's NICs (four NICs for eight GPUs: half a NIC a member). On a mesh (MI300X's Infinity
+    Fabric) the node's link is the share the group's size reaches (Link.for_group)."""
     intra = cluster.intra.for_group(op, _group(axis, layout)[1])
     if not crosses_nodes(axis, layout, cluster):
         return intra
-    nics = members_per_node(axis, layout, cluster)
-    if cluster.nics_per_node:  # fewer NICs than GPUs: members share them
-        nics = min(nics, cluster.nics_per_node)
+    members = members_per_node(axis, layout, cluster)
+    nics = members * cluster.nics_per_node / cluster.gpus_per_node if cluster.nics_per_node else members
     inter = cluster.inter if nics == 1 else replace(
-        cluster.inter, name=f"{cluster.inter.name}, {nics} NICs a node", bytes_per_s=cluster.inter.bytes_per_s * nics)
+        cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth for {members} members a node",
+        bytes_per_s=cluster.inter.bytes_per_s * nics)
     return min((inter, intra), key=lambda link: link.bytes_per_s)
 
 

@@ -114,7 +114,7 @@ with st.sidebar:
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
     given = st.session_state.plan_interconnect  # a network typed as NICs x Gb/s stays among the choices
-    st.selectbox("inter-node network", ["", *LINKS_BY_KEY, *([given] if given not in LINKS_BY_KEY else [])],
+    st.selectbox("inter-node network", ["", *LINKS_BY_KEY, *([given] if given and given not in LINKS_BY_KEY else [])],
                  key="plan_interconnect", accept_new_options=True,
                  format_func=lambda key: key or "auto",  # the names are long for the sidebar: its help has them
                  help="auto: the GPU generation's network; or type NICs x Gb/s a node "
