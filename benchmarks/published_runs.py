@@ -138,8 +138,8 @@ LLM_FOUNDRY = "llm-foundry benchmarking README"
 
 FLASH_ATTENTION_2 = {
     "a100": (0.50, "50-73% of the A100's peak, the low end (Dao 2023, arXiv 2307.08691, abstract)"),
-    "h100": (0.35, "\"only 35% utilization on the H100\" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, "
-                   "abstract)"),
+    "h100": (0.35, ("\"only 35% utilization on the H100\" (Shah et al. 2024, FlashAttention-3, arXiv 2407.08608, "
+                    "abstract)")),
 }
 """FlashAttention-2's executed FLOP/s over the dense bf16 peak, by GPU family, with its source. On Hopper the device
 curves take the cuDNN kernel the H200 measured (56%), which uses Hopper's own instructions; FlashAttention-2 does not."""

@@ -185,9 +185,10 @@ def test_a_mixture_of_experts_is_planned_on_torchtitan_without_per_op_checkpoint
     result = plan(request, datasheet_profile(get_hardware("h100-sxm")))
     assert result.recommendation is not None
     assert {str(c.config.recompute) for c in (*result.candidates, *result.rejected)} == {"none", "full"}
-    assert request.notes() == ("op-selective checkpointing is not tried: mixtral-8x7b: torchtitan's per-op "
-                               "checkpointing of a mixture of experts caches every second matmul, so which experts' "
-                               "outputs it keeps depends on the routing: not modelled",)
+    said = ("op-selective checkpointing is not tried: mixtral-8x7b: torchtitan's per-op checkpointing of a mixture "
+            "of experts caches every second matmul, so which experts' outputs it keeps depends on the routing: not "
+            "modelled")
+    assert request.notes() == (said,)
     with pytest.raises(ConfigError, match=r"depends on the routing: not modelled; pin full or none, or leave "
                                           r"--recompute to the planner$"):
         dataclasses.replace(request, recompute=parse_policy("op-selective"))
