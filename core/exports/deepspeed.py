@@ -113,7 +113,7 @@ def _batch(run: Run, config: dict[str, Any], notes: list[str]) -> None:
     if layout.pp == 1 and layout.cp == 1:
         config["train_batch_size"] = run.global_batch
         return
-    counted = layout.world // layout.tp
+    counted = run.counted_data_parallel
     notes.append(f"train_batch_size is left out: DeepSpeed infers it as micro-batch {run.micro_batch} x "
                  f"accumulation {run.accumulation_steps} x the ranks it counts as data-parallel, the planned "
                  f"{run.global_batch:,} sequences a step only when those are dp {layout.dp} (the "

@@ -146,7 +146,7 @@ def huggingface(run: Run) -> Export:
     bf16 = _precision(run, notes)
     fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
     micro, accumulation = data_parallel_batch(run, "The HF Trainer", notes)
-    counted = layout.world // layout.tp
+    counted = run.counted_data_parallel
     args = [
         '    output_dir="out",',
         f"    per_device_train_batch_size={micro},",

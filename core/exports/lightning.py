@@ -46,7 +46,7 @@ def _strategy(run: Run, notes: list[str]) -> tuple[str, list[str], bool]:
                      f"{'with' if layout.sp else 'without'} SequenceParallel on the norms, as planned), and "
                      + ("fully_shard over the data-parallel mesh (ZeRO-3) there too" if layout.zero == 3
                         else f"has no ZeRO-{layout.zero}: replicate the data-parallel mesh there"))
-        dp = layout.world // layout.tp  # no pipeline or context parallelism: their ranks are data-parallel
+        dp = run.counted_data_parallel  # no pipeline or context parallelism: their ranks are data-parallel
         return (f"ModelParallelStrategy(data_parallel_size={dp}, tensor_parallel_size={layout.tp})",
                 ["from lightning.pytorch.strategies import ModelParallelStrategy"], False)
     if layout.dp == 1 and layout.world == 1:

@@ -103,6 +103,12 @@ class Run:
         return ", ".join(f"{name} {getattr(self.layout, name)}" for name in self.axes_among(names))
 
     @property
+    def counted_data_parallel(self) -> int:
+        """The ranks a framework without pipeline or context parallelism counts as data-parallel: every rank
+        outside a tensor-parallel group (the plan's dp where pp and cp are 1)."""
+        return self.layout.world // self.layout.tp
+
+    @property
     def per_rank_batch(self) -> int:
         """Sequences per data-parallel rank per optimizer step: micro-batch x accumulation."""
         return self.micro_batch * self.accumulation_steps
@@ -124,7 +130,7 @@ def data_parallel_batch(run: Run, framework: str, notes: list[str]) -> tuple[int
     pipeline or context ranks, its global batch split over the framework's count instead, so the run trains
     the batch asked for; a note says so, or, where the batch does not split, what the run trains instead."""
     layout = run.layout
-    counted = layout.world // layout.tp
+    counted = run.counted_data_parallel
     if counted == layout.dp:
         return run.micro_batch, run.accumulation_steps
     counting = (f"{framework} counts the {layout.world:,} ranks as {counted:,}-way data-parallel (it has no setting "
