@@ -157,14 +157,16 @@ def vocabulary_loss():
 
 
 def shard_fully(model: Decoder, mesh: DeviceMesh, param_dtype: torch.dtype | None = torch.bfloat16,
-                reduce_dtype: torch.dtype | None = torch.float32, units: Units = "blocks") -> Decoder:
+                reduce_dtype: torch.dtype | None = torch.float32, units: Units = "blocks",
+                reshard_after_forward: bool | int = True) -> Decoder:
     """FSDP2 over ``mesh``, parameters gathered in ``param_dtype`` and gradients reduced in ``reduce_dtype``.
 
     ``units``: ``blocks``, each block a unit and the root (embedding, final
     norm, head) one more, which FSDP keeps gathered from forward to backward;
     or ``torchtitan``, its Llama wrapping: the embedding, each block, the final
     norm with the head (not resharded after forward: backward needs it first),
-    then the root, which holds no parameters of its own.
+    then the root, which holds no parameters of its own. ``reshard_after_forward``: FSDP2's, for the
+    embedding's and the blocks' units (headroom.core.specs.data_parallel).
     """
     if units not in UNITS:
         raise ValueError(f"FSDP units {units!r} are not one of {', '.join(UNITS)}")
@@ -173,9 +175,9 @@ def shard_fully(model: Decoder, mesh: DeviceMesh, param_dtype: torch.dtype | Non
         if model.spec.tied_embeddings:
             raise ValueError(f"{model.spec.name}: tied embeddings share a parameter between the embedding "
                              "and head units; use units='blocks'")
-        fully_shard(model.embed, mesh=mesh, mp_policy=policy)
+        fully_shard(model.embed, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     for block in model.blocks:
-        fully_shard(block, mesh=mesh, mp_policy=policy)
+        fully_shard(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
     if units == "torchtitan":
         fully_shard([model.final_norm, model.lm_head], mesh=mesh, mp_policy=policy, reshard_after_forward=False)
     fully_shard(model, mesh=mesh, mp_policy=policy)

@@ -110,7 +110,18 @@ def two_ranks(tmp_path_factory) -> list[dict]:
     pytest.importorskip("torch")
     from tests.distributed.launch import launch
 
-    return once_per_run(tmp_path_factory, "two-ranks", lambda folder: launch(2, ["tp", "fsdp", "ddp", "ep"]))
+    return once_per_run(tmp_path_factory, "two-ranks",
+                        lambda folder: launch(2, ["tp", "fsdp", "fsdp-schedule", "ddp", "ep"]))
+
+
+@pytest.fixture(scope="session")
+def four_ranks(tmp_path_factory) -> list[dict]:
+    """FSDP2, and its collectives under each resharding setting, on four gloo ranks (four processes on however
+    many cores there are; slow tests only), measured once per test run."""
+    pytest.importorskip("torch")
+    from tests.distributed.launch import launch
+
+    return once_per_run(tmp_path_factory, "four-ranks", lambda folder: launch(4, ["fsdp", "fsdp-schedule"]))
 
 
 MARKUP_NAME = "[click here](https://evil.example) ![x](https://evil.example/p.png) *GPU*"

@@ -305,9 +305,16 @@ def test_pipeline_sends_activation_and_gradient_per_micro_batch_and_virtual_stag
     assert amp.message_bytes == 2 * BSHE  # an fp32 model's residual stream, autocast or not
 
 
-def test_ddp_all_reduces_gradients_once_per_step():
-    (term,) = terms_of({"dp": 4}, m=8)[("dp", "all_reduce")]
-    assert term.message_bytes == SPEC.parameters * 2 and term.calls == 1 and term.overlappable
+def test_ddp_all_reduces_gradients_when_the_stack_syncs_them():
+    """The agent's and torchtitan's loops reduce every micro-batch; Megatron-LM and the HF Trainer run all but the
+    last under no_sync; a pipeline on torch's pipelining defers too; the layout's setting overrides."""
+    for stack, layout, calls in (("reference", {}, 8), ("torchtitan", {}, 8), ("megatron", {}, 1), ("hf", {}, 1),
+                                 ("reference", {"pp": 2}, 1), ("megatron", {"defer_gradient_sync": False}, 8),
+                                 ("reference", {"defer_gradient_sync": True}, 1)):
+        (term,) = terms_of({"dp": 4} | layout, m=8, stack=stack)[("dp", "all_reduce")]
+        message = largest_rank_parameters(SPEC, Layout(dp=4, **layout)) * 2
+        assert (term.message_bytes, term.calls, term.window) == (message, calls, "backward"), stack
+        assert term.note.startswith("gradients " + ("once per step" if calls == 1 else "every micro-batch"))
 
 
 def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():
@@ -318,13 +325,47 @@ def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():
     assert z2[("dp", "all_gather")][0].message_bytes == SPEC.parameters * 2
 
 
-def test_zero_3_gathers_twice_and_reduce_scatters_once_per_micro_batch():
+HEAD_UNIT = SPEC.norm_parameters() + SPEC.vocab_size * SPEC.hidden
+"""The final norm and head's FSDP unit, never resharded after forward."""
+
+
+def _fsdp_terms(m: int = 4, stack: str = "reference", **layout) -> list:
+    cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", stack=stack,
+                      layout=Layout(dp=8, zero=3, **layout))
+    return [(t.op, t.window, t.message_bytes, t.calls, t.group_size)
+            for t in step_communication(SPEC, cfg, m, FLAT, efficiency=1.0) if t.axis == "dp"]
+
+
+def test_zero_3_gathers_in_forward_and_again_in_backward_and_reduce_scatters_every_micro_batch():
+    p = SPEC.parameters
+    assert _fsdp_terms() == [("all_gather", "forward", p * 2, 4, 8),  # bf16 gathers
+                             ("all_gather", "backward", (p - HEAD_UNIT) * 2, 4, 8),  # not the head's unit
+                             ("reduce_scatter", "backward", p * 4, 4, 8)]  # fp32 gradients
     cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", layout=Layout(dp=8, zero=3))
-    terms = {t.op: t for t in step_communication(SPEC, cfg, 4, FLAT, efficiency=1.0)}
-    gather, scatter = terms["all_gather"], terms["reduce_scatter"]
-    assert gather.message_bytes == SPEC.parameters * 2 and gather.calls == 2 * 4  # bf16 gathers
-    assert scatter.message_bytes == SPEC.parameters * 4 and scatter.calls == 4  # fp32 gradients
-    assert gather.seconds == pytest.approx(8 * 7 / 8 * SPEC.parameters * 2 / 450e9)
+    gather = step_communication(SPEC, cfg, 4, FLAT, efficiency=1.0)[0]
+    assert gather.seconds == pytest.approx(4 * 7 / 8 * p * 2 / 450e9)
+
+
+def test_fsdp_resharding_and_gradient_sync_settings_change_the_calls():
+    p = SPEC.parameters
+    kept = _fsdp_terms(reshard_after_forward=False)
+    assert kept == [("all_gather", "forward", p * 2, 4, 8), ("reduce_scatter", "backward", p * 4, 4, 8)]
+    shard = _fsdp_terms(reshard_after_forward=4)  # backward gathers over the 4 ranks a shard was kept over
+    assert shard[1] == ("all_gather", "backward", (p - HEAD_UNIT) * 2, 4, 4)
+    assert _fsdp_terms(defer_gradient_sync=True)[-1] == ("reduce_scatter", "backward", p * 4, 1, 8)
+    assert _fsdp_terms(stack="hf")[-1] == ("reduce_scatter", "backward", p * 4, 1, 8)  # the Trainer's no_sync
+
+
+def test_torchtitan_under_a_pipeline_gathers_each_unit_once_per_step():
+    """torchtitan keeps its units gathered under a pipeline (reshard_after_forward = not pp) and torch's
+    pipelining keeps them from one micro-batch to the next and reduces once, in the last backward."""
+    cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", stack="torchtitan",
+                      layout=Layout(pp=2, dp=4, zero=3))
+    terms = [(t.op, t.window, t.calls) for t in step_communication(SPEC, cfg, 8, FLAT) if t.axis == "dp"]
+    assert terms == [("all_gather", "forward", 1), ("reduce_scatter", "backward", 1)]
+    reference = dataclasses.replace(cfg, stack="reference")  # resharded after forward, kept between micro-batches
+    terms = [(t.op, t.window, t.calls) for t in step_communication(SPEC, reference, 8, FLAT) if t.axis == "dp"]
+    assert terms == [("all_gather", "forward", 8), ("all_gather", "backward", 8), ("reduce_scatter", "backward", 1)]
 
 
 def test_context_parallel_ranks_join_the_gradient_reduction():
@@ -340,10 +381,11 @@ def test_exposed_time_hides_overlappable_terms_up_to_their_compute():
     dp = sum(t.seconds for t in terms if t.axis == "dp")
     assert total_seconds(terms) == pytest.approx(tp + dp)
     assert exposed_seconds(terms, {}) == pytest.approx(tp + dp)
-    assert exposed_seconds(terms, {"dp": dp / 4}) == pytest.approx(tp + 3 * dp / 4)
-    assert exposed_seconds(terms, {"dp": 10 * dp, "tp": 10 * tp}) == pytest.approx(tp)
-    with pytest.raises(ConfigError, match="dp"):
-        exposed_seconds(terms, {"dp": -1.0})
+    assert exposed_seconds(terms, {("dp", "backward"): dp / 4}) == pytest.approx(tp + 3 * dp / 4)
+    assert exposed_seconds(terms, {("dp", "backward"): 10 * dp, ("tp", ""): 10 * tp}) == pytest.approx(tp)
+    assert exposed_seconds(terms, {("dp", "forward"): 10 * dp}) == pytest.approx(tp + dp)  # not its window
+    with pytest.raises(ConfigError, match="dp backward"):
+        exposed_seconds(terms, {("dp", "backward"): -1.0})
 
 
 def test_each_hidden_axis_says_how_close_it_came_to_being_exposed():
@@ -351,11 +393,12 @@ def test_each_hidden_axis_says_how_close_it_came_to_being_exposed():
     spare; a window of a quarter leaves three quarters exposed; tp never overlaps and has no entry."""
     terms = step_communication(SPEC, config(tp=2, dp=4), 1, FLAT)
     dp = sum(t.seconds for t in terms if t.axis == "dp")
-    (roomy,) = overlaps(terms, {"dp": 4 * dp})
-    assert (roomy.axis, roomy.communication_s, roomy.window_s) == ("dp", dp, 4 * dp)
+    (roomy,) = overlaps(terms, {("dp", "backward"): 4 * dp})
+    assert (roomy.axis, roomy.window, roomy.communication_s, roomy.window_s) == ("dp", "backward", dp, 4 * dp)
     assert (roomy.exposed_s, roomy.slack_s, roomy.fill) == (0.0, pytest.approx(3 * dp), pytest.approx(0.25))
-    assert roomy.text() == f"dp {dp:.3f} s of collectives under {4 * dp:.3f} s of compute (25%): {3 * dp:.3f} s to spare"
-    (tight,) = overlaps(terms, {"dp": dp / 4})
+    assert roomy.text() == (f"dp backward {dp:.3f} s of collectives under {4 * dp:.3f} s of compute (25%): "
+                            f"{3 * dp:.3f} s to spare")
+    (tight,) = overlaps(terms, {("dp", "backward"): dp / 4})
     assert (tight.exposed_s, tight.slack_s) == (pytest.approx(3 * dp / 4), pytest.approx(-3 * dp / 4))
     assert tight.text().endswith(f"(400%): {3 * dp / 4:.3f} s exposed")
     (none,) = overlaps(terms, {})

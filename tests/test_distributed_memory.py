@@ -40,7 +40,6 @@ from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from headroom.core.timing.comm import _vocabulary_calls, step_communication  # noqa: E402
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
-from tests.distributed.launch import launch  # noqa: E402
 from tests.distributed.tensor_parallel import POLICIES, cases  # noqa: E402
 
 TP = 2
@@ -48,12 +47,6 @@ TP_CASES = {case.name: case for case in cases(TP)}
 SHARDED = [name for name, case in TP_CASES.items() if case.tp > 1]
 DTYPES = {"float32": "fp32", "bfloat16": "bf16", "bool": "bool", "int64": "int64"}
 """torch's dtype names as the ledger writes them."""
-
-
-@pytest.fixture(scope="session")
-def four_ranks() -> list[dict]:
-    """FSDP2 on four ranks (four processes on however many cores there are)."""
-    return launch(4, ["fsdp"])
 
 
 def _block_tensors(record: dict, layer: int = 0, kinds=("activation", "input")) -> list[dict]:

@@ -13,8 +13,8 @@ from headroom.core.memory.pipeline import bubble_fraction, in_flight, rank_kinds
 from headroom.core.memory.static import (
     fsdp_first_shard_parameters,
     fsdp_units,
+    gathered_in_forward,
     korthikanti_layer_activations,
-    largest_neighbours,
     rank_parameters,
     static_memory,
     static_memory_of,
@@ -194,10 +194,13 @@ def test_fsdp_gathers_two_neighbouring_units_not_the_whole_model():
     block = (LLAMA.parameters - 2 * 32000 * 4096 - 4096) // 32  # its norms: 2 x 4,096 in a block, 4,096 at the end
     assert runs == ((LLAMA.embedding_parameters(), 1), (block, 32), (4096 + 32000 * 4096, 1))
     forward, backward = result.gathered_parameter_bytes
-    assert forward == 2 * (2 * block)  # two 202M-parameter blocks, bf16 (more than the 131M embedding + one)
+    assert forward == 2 * (2 * block)  # a 202M-parameter block's buffer and its copy, bf16 (not the 131M embedding)
     assert backward == forward + block * (2 + 4)
-    assert largest_neighbours(((5, 1), (3, 1))) == 8 and largest_neighbours(((7, 1),)) == 7
-    assert largest_neighbours(((1, 1), (3, 4), (2, 1))) == 6
+    # Resharded: twice the largest unit. Kept: every unit before, and the last twice. A shard over 2: half of
+    # each unit before.
+    assert gathered_in_forward(((5, 1), (3, 1)), True) == 10 and gathered_in_forward(((7, 1),), True) == 14
+    assert gathered_in_forward(((1, 1), (3, 4), (2, 1)), False) == 1 + 12 + 2 * 2
+    assert gathered_in_forward(((1, 1), (3, 4), (2, 1)), 2) == max(1 + 3 * 2 + 2 * 3, 1 + 4 * 2 + 2 * 2)
     assert result.autocast_cache_bytes == 0 and result.weight_copy_bytes == 0
     # Every dim 0 of llama2-7b (32000, 4096, 11008) splits evenly over 8: no padding, N / 8 exactly.
     first_shard = sum(math.prod(shape) // 8 for shape in LLAMA.parameter_shapes())

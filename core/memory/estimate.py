@@ -20,7 +20,7 @@ from headroom.core.memory.pipeline import RankKind, check_micro_batches, rank_ki
 from headroom.core.memory.static import (
     StaticMemory,
     fsdp_units,
-    largest_neighbours,
+    gathered_in_forward,
     rank_matmul_weights,
     static_memory,
 )
@@ -88,19 +88,37 @@ class Estimate:
 
     @property
     def gathered_parameter_bytes(self) -> tuple[int, int]:
-        """FSDP (ZeRO-3): the unsharded units alive at once in forward and in backward.
+        """FSDP (ZeRO-3): the unsharded units alive at once in forward and in backward
+        (headroom.core.specs.data_parallel says when a unit is freed).
 
-        Forward: the current and the prefetched unit, in the compute dtype (the largest two
-        neighbours). Backward: those, plus the current unit's unsharded gradient in the compute dtype
-        and its fp32 copy for the reduce-scatter (FSDP2's default reduce dtype is the parameters').
+        Forward (`gathered_in_forward`): each unit's all-gather buffer and the parameters copied out of it,
+        and what the units before it keep: nothing where they are resharded after forward, all of them where
+        they are kept to backward or from one micro-batch to the next (torch's pipelining), a 1/k shard where
+        a shard is kept over k ranks. Backward: that, plus the largest unit's unsharded gradient in the compute
+        dtype and its copy in the reduce dtype for the reduce-scatter (FSDP2's default reduce dtype is the
+        parameters'), a bound.
         """
         if self.config.zero < 3 or self.config.dp * self.config.layout.cp == 1:
             return 0, 0
         units = fsdp_units(self.spec, self.config.layout, self.rank)
         compute = self.config.recipe.activation_bytes
         reduce = self.config.recipe.grad_bytes
-        gathered = largest_neighbours(units) * compute
+        schedule = self.config.data_parallel
+        reshard = False if schedule.keeps_gathered_between_micro_batches else schedule.reshard_after_forward
+        gathered = gathered_in_forward(units, reshard) * compute
         return gathered, gathered + max(size for size, _ in units) * (compute + reduce)
+
+    @property
+    def deferred_gradient_bytes(self) -> int:
+        """FSDP with gradients reduced once per step: each unit's unsharded gradient, kept in the reduce dtype
+        from one micro-batch's backward to the next (FSDPParam.to_accumulated_grad_if_needed), in place of the
+        sharded gradients, which exist only after the last backward; nothing with one micro-batch."""
+        config = self.config
+        if (config.zero < 3 or config.dp * config.layout.cp == 1 or self.accumulation_steps == 1
+                or not config.data_parallel.defer_gradient_sync):
+            return 0
+        units = fsdp_units(self.spec, config.layout, self.rank)
+        return sum(size * n for size, n in units) * config.recipe.grad_bytes
 
     @property
     def _static_at_loss(self) -> int:
@@ -138,7 +156,8 @@ class Estimate:
         moments. The forward, backward and optimizer moments agree with an H200 to 0.3%
         (tests/test_reference_data.py); the recompute bound never formed a measured peak.
         """
-        gradients = self.static.gradients if self.accumulation_steps > 1 else 0
+        deferred = self.deferred_gradient_bytes
+        gradients = deferred or (self.static.gradients if self.accumulation_steps > 1 else 0)
         kept = self.weight_copy_bytes
         activations = (self.activation_bytes, self.logits_bytes)
         ledger = self.ledger
@@ -152,7 +171,7 @@ class Estimate:
                 "backward_transient", max(ledger.loss_gradient_bytes, ledger.ring_buffer_bytes))),
         }
         if ledger.recompute_bytes:
-            moments["recompute"] = self._moment(self.static.gradients, kept, backward_units, activations,
+            moments["recompute"] = self._moment(deferred or self.static.gradients, kept, backward_units, activations,
                                                 ("backward_transient", ledger.recompute_bytes))
         # Every gradient exists and every activation, weight copy and gathered unit is gone.
         moments["optimizer step"] = self._moment(self.static.gradients, 0, 0, (0, 0), (
@@ -244,6 +263,7 @@ class Estimate:
             "gradient_buckets": self.static.gradient_buckets,
             "gathered_parameters_forward": self.gathered_parameter_bytes[0],
             "gathered_parameters_backward": self.gathered_parameter_bytes[1],
+            "deferred_gradients": self.deferred_gradient_bytes,
             "weight_copies": self.weight_copy_bytes,
             "activations": self.activation_bytes,
             "activations_per_layer": self.ledger.per_layer_bytes,

@@ -11,7 +11,6 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, replace
-from itertools import pairwise
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, rank_kinds
@@ -136,10 +135,19 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[tuple[i
     return tuple(runs)
 
 
-def largest_neighbours(runs: tuple[tuple[int, int], ...]) -> int:
-    """The largest sum of two units in a row (the one unit's size where there is one), of `fsdp_units`."""
-    pairs = [2 * size for size, n in runs if n > 1] + [a + b for (a, _), (b, _) in pairwise(runs)]
-    return max(pairs, default=max((size for size, _ in runs), default=0))
+def gathered_in_forward(runs: tuple[tuple[int, int], ...], reshard: bool | int) -> int:
+    """The most parameters FSDP2 holds gathered at once in a forward, of `fsdp_units`' runs: at each unit, its
+    flat all-gather buffer and its unsharded parameters copied out of it (both the unit's size, for a moment),
+    and what each earlier unit keeps after its forward (``reshard``, FSDP2's ``reshard_after_forward``): nothing
+    (True), all of it (False: kept to backward), or a 1/k shard (an int k). The head's unit, never resharded, is the last, so it keeps
+    nothing before anything. Measured on two gloo ranks: twice the largest unit resharded, every unit and
+    the last once more kept (tests/test_fsdp_schedule.py)."""
+    best, before = 0, 0
+    for size, n in runs:
+        held = 0 if reshard is True else size if reshard is False else -(-size // reshard)
+        best = max(best, before + (n - 1) * held + 2 * size)  # a run's last unit has the most before it
+        before += n * held
+    return best
 
 
 @functools.lru_cache(maxsize=64)  # a plan asks once per candidate; the answer is the model's and the ranks'

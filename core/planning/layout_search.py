@@ -21,11 +21,14 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
   one without a pipeline (``hf``, ``hf-liger``) at pp 1, and one without
   sequence parallelism (``hf``) with sp off.
 
-An axis the user pinned (``--tp 2``) takes only that value.
+An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parallel setting
+(``--reshard-after-forward``, ``--defer-gradient-sync``) is carried into every layout it applies to: the first
+only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import fields
 
@@ -41,10 +44,16 @@ PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
 def pinned_layout(values: Mapping[str, object]) -> Layout:
     """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
-    the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp."""
+    the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp; a pinned
+    reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over."""
     held = dict(values)
     if "ep" in held and "dp" not in held:
         held["dp"] = held["ep"]
+    kept = held.get("reshard_after_forward")
+    if kept is not None:  # FSDP's setting, checked against the ranks of each layout tried
+        held.setdefault("zero", 3)
+        if not isinstance(kept, bool) and "dp" not in held:
+            held["dp"] = 2 * kept // math.gcd(2 * kept, held.get("cp", 1))
     return Layout(**held)  # type: ignore[arg-type]
 
 
@@ -114,6 +123,15 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     else:
         schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+    settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync")
+                if name in pinned}
+    if "reshard_after_forward" in settings:  # FSDP's setting: only its stage, on ranks a shard can be kept over
+        kept = settings["reshard_after_forward"]
+        zeros = [z for z in zeros if z == 3]
+        if not isinstance(kept, bool) and not (1 < kept < dp * cp and (dp * cp) % kept == 0):
+            return
+    if "defer_gradient_sync" in settings:
+        zeros = [z for z in zeros if z in (0, 3)]
     if "ep" in pinned:
         eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
     else:
@@ -126,4 +144,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     for schedule, v in schedules:
         for zero in zeros:
             for ep in eps:
-                yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep)
+                kept, experts = settings.get("reshard_after_forward", True), dp * cp // ep
+                if ep > 1 and not isinstance(kept, bool) and not (1 < kept < experts and experts % kept == 0):
+                    continue  # the experts' weights are sharded over dp x cp / ep ranks, which k must divide too
+                yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep,
+                             **settings)

@@ -328,9 +328,10 @@ class Candidate:
             "communication": [
                 {"axis": t.axis, "op": t.op, "message_bytes": t.message_bytes, "calls": t.calls,
                  "group_size": t.group_size, "link": t.link_key, "seconds": t.seconds,
-                 "overlappable": t.overlappable, "note": t.note}
+                 "overlappable": t.overlappable, "window": t.window, "note": t.note}
                 for t in self.time.communication
             ],
+            "data_parallel": self.config.data_parallel.to_dict(self.layout.zero),
             "overlap": [overlap.to_dict() for overlap in self.time.overlaps],
             "rejection": self.rejection,
         }

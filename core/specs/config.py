@@ -7,6 +7,10 @@ from typing import Literal
 
 from headroom.core.divisors import divisors_near
 from headroom.core.errors import ConfigError
+from headroom.core.specs.data_parallel import (
+    DataParallelSchedule,
+    data_parallel_schedule,
+)
 from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
 from headroom.core.specs.precision import (
@@ -92,6 +96,12 @@ class TrainConfig:
     @property
     def recipe(self) -> PrecisionRecipe:
         return get_precision(self.precision)
+
+    @property
+    def data_parallel(self) -> DataParallelSchedule:
+        """How the data-parallel ranks run a step: FSDP's resharding and when gradients are reduced, the layout's
+        settings or the stack's defaults (headroom.core.specs.data_parallel)."""
+        return data_parallel_schedule(self.layout, self.stack)
 
     @property
     def fsdp_mixed_precision(self) -> bool:

@@ -24,6 +24,18 @@ Five parallel axes and a sharding stage, multiplied out as
   dp x cp / ep ranks (torchtitan's ``efsdp`` mesh, Megatron's expert
   data-parallel group).
 
+Two settings say how the data-parallel ranks run (headroom.core.specs.data_parallel resolves them, each
+stack's default when left None):
+
+- ``reshard_after_forward`` (zero 3): FSDP2's argument of that name. True frees a
+  unit's gathered parameters after its forward and gathers them again for its
+  backward; False keeps them from forward to backward; an integer k keeps a
+  1/k shard of them, gathered again in backward over k ranks (a node's GPUs).
+- ``defer_gradient_sync`` (zero 0 and 3): the gradients are reduced once per
+  optimizer step, in the last micro-batch's backward, and kept unreduced
+  between (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``),
+  rather than every micro-batch.
+
 `Layout.check` names the first size that does not divide, and what would.
 """
 
@@ -33,7 +45,7 @@ import math
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from headroom.core.divisors import divisors_near
+from headroom.core.divisors import divisors, divisors_near
 from headroom.core.errors import ConfigError
 
 MAX_GPUS = 2**20
@@ -70,6 +82,11 @@ class Layout:
     """Sharding stage over the data-parallel ranks: 0 none, 1 optimizer, 2 +gradients, 3 +parameters."""
     ep: int = 1
     """Expert-parallel ranks: a mixture of experts' routed experts split over ep of the dp x cp ranks."""
+    reshard_after_forward: bool | int | None = None
+    """FSDP (zero 3): True, False or k ranks to keep a shard over between a unit's forward and backward;
+    None: the stack's default."""
+    defer_gradient_sync: bool | None = None
+    """Zero 0 and 3: reduce gradients in the last micro-batch's backward only; None: the stack's default."""
 
     def __post_init__(self) -> None:
         for axis in (*AXES, "virtual_stages", "ep"):
@@ -87,12 +104,41 @@ class Layout:
                               f"{divisors_near(self.dp * self.cp, self.ep)}")
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallelism splits work between tensor-parallel ranks: it needs tp > 1")
+        self._check_data_parallel_settings()
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
             raise ConfigError("the interleaved schedule needs virtual-stages >= 2 (model chunks per pipeline rank)")
         if self.schedule != "interleaved" and self.virtual_stages != 1:
             raise ConfigError(f"virtual-stages {self.virtual_stages} needs the interleaved schedule, not {self.schedule}")
+
+    def _check_data_parallel_settings(self) -> None:
+        reshard, defer = self.reshard_after_forward, self.defer_gradient_sync
+        if reshard is not None:
+            if not isinstance(reshard, int):  # bool is an int
+                raise ConfigError(f"reshard-after-forward must be true, false or a number of ranks, got {reshard!r}")
+            if self.zero != 3:
+                raise ConfigError(f"reshard-after-forward is FSDP's setting and needs zero 3 (parameters sharded), "
+                                  f"not zero {self.zero}")
+            if not isinstance(reshard, bool):
+                groups = {"dp x cp": self.dp * self.cp}
+                if self.ep > 1:
+                    groups["dp x cp / ep"] = self.expert_data_parallel
+                bad = [f"{name} = {n}" for name, n in groups.items() if not (1 < reshard < n and n % reshard == 0)]
+                if bad:
+                    fits = [d for d in divisors(min(groups.values())) if 1 < d < min(groups.values())
+                            and all(n % d == 0 for n in groups.values())]
+                    raise ConfigError(
+                        f"reshard-after-forward {reshard}: a shard kept over k ranks needs k above 1, below the "
+                        f"ranks that shard the parameters and dividing them ({', '.join(bad)}); use true, false"
+                        + (f" or one of {', '.join(map(str, fits))}" if fits else ""))
+        if defer is not None:
+            if not isinstance(defer, bool):
+                raise ConfigError(f"defer-gradient-sync must be true or false, got {defer!r}")
+            if self.zero not in (0, 3):
+                what = "once per step" if self.zero == 1 else "every micro-batch (it keeps only its shard)"
+                raise ConfigError(f"defer-gradient-sync applies to zero 0 (DDP) and zero 3 (FSDP); zero {self.zero} "
+                                  f"reduces gradients {what}: leave it out")
 
     @property
     def world(self) -> int:
@@ -106,8 +152,10 @@ class Layout:
 
     def fewest_data_parallel(self) -> Layout:
         """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
-        dp x cp): what one rank's shapes are the same under, whatever dp is. Never spans more GPUs than this."""
-        return replace(self, dp=self.ep // math.gcd(self.ep, self.cp))
+        dp x cp), without its data-parallel settings: what one rank's shapes are the same under, whatever dp
+        is and however its ranks sync. Never spans more GPUs than this."""
+        return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
+                       defer_gradient_sync=None)
 
     @property
     def model_parallel(self) -> int:
@@ -129,6 +177,11 @@ class Layout:
         parts += [f"cp {self.cp}", f"dp {self.dp}", f"zero {self.zero}"]
         if self.ep > 1:
             parts.append(f"ep {self.ep}")
+        if self.reshard_after_forward is not None:
+            parts.append({True: "reshard", False: "no reshard"}.get(self.reshard_after_forward,
+                                                                     f"reshard to {self.reshard_after_forward}"))
+        if self.defer_gradient_sync is not None:
+            parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
         return ", ".join(parts)
 
     def check_model(self, name: str, *, n_layers: int, n_heads: int, n_kv_heads: int, seq_len: int) -> None:

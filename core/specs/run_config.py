@@ -77,10 +77,11 @@ class RunConfig:
                               "stack": stack, "layout": dict(layout) if layout else asdict(Layout())})
 
     def to_dict(self) -> dict[str, Any]:
-        """The versioned document: plain JSON types, the policy by name, the layout by its fields."""
+        """The versioned document: plain JSON types, the policy by name, the layout by its fields (a data-parallel
+        setting left to the stack, None, is left out: a document without one reads as before)."""
         t = self.train
         return {"version": VERSION, **self.columns(), "dropout": t.dropout, "stack": t.stack,
-                "layout": asdict(t.layout)}
+                "layout": {key: value for key, value in asdict(t.layout).items() if value is not None}}
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> RunConfig:

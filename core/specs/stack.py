@@ -188,6 +188,15 @@ class Stack:
     (headroom.core.specs.config.hf_stack_covers)."""
     measured: bool = False
     """The agent's decoder runs this stack's kernels, so ``headroom agent train`` can measure it."""
+    defers_gradient_sync: bool = False
+    """Its training loop reduces the data-parallel gradients only in the last micro-batch's backward, whatever
+    the layout (headroom.core.specs.data_parallel); without it, only under a pipeline that does so itself."""
+    torch_pipelining: bool = False
+    """Its pipeline runs on ``torch.distributed.pipelining``, whose stages defer the gradient reduction and keep
+    FSDP's units gathered from one micro-batch to the next (``PipelineStage.backward_maybe_with_nosync``)."""
+    fsdp_reshards_under_pipeline: bool = True
+    """Under a pipeline its FSDP still frees each unit's parameters after forward (FSDP2's default); False:
+    torchtitan's default policy keeps them (``reshard_after_forward = not pp_enabled``)."""
     summary: str = ""
 
     def loss_at(self, tp: int) -> Loss:
@@ -205,24 +214,25 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("reference", True, splits_column_inputs=True, measured=True,
+    Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_reduce_scatters=True,
+          caches_reduce_scatters=True, torch_pipelining=True, fsdp_reshards_under_pipeline=False,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
-          rms_norm="fused", fused_softmax=True,
+          rms_norm="fused", fused_softmax=True, defers_gradient_sync=True,
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),
     Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared", transformers_modules=True,
+          defers_gradient_sync=True,
           sequence_parallel=False, pipeline_parallel=False, splits_column_inputs=True, gathers_logits=True,
           summary="transformers' modules under the HF Trainer: none, full; its own tensor parallelism (no sequence "
                   "parallelism, logits gathered), no pipeline"),
     Stack("hf-liger", True, policies=("none", "full"), rms_norm="fused", rope="shared", swiglu="silu-mul",
           loss="fused-linear", tensor_parallel=False, sequence_parallel=False, pipeline_parallel=False,
-          transformers_modules=True,
+          transformers_modules=True, defers_gradient_sync=True,
           summary="the same with use_liger_kernel (Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, "
                   "no logits kept): none, full, no tensor or pipeline parallelism"),
 )}

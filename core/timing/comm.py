@@ -35,21 +35,28 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from headroom.core.errors import ConfigError
-from headroom.core.memory.pipeline import rank_kinds
-from headroom.core.memory.static import rank_expert_parameters, rank_parameters
+from headroom.core.memory.pipeline import RankKind, rank_kinds
+from headroom.core.memory.static import (
+    fsdp_units,
+    rank_expert_parameters,
+    rank_parameters,
+)
 from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.data_parallel import DataParallelSchedule
 from headroom.core.specs.interconnect import Cluster, Link
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.precision import DTYPE_BYTES
+from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
 from headroom.core.timing.collective_ops import bus_factor, ring_steps
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
-GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp", "ep", "edp")
+GROUPS: tuple[str, ...] = (*RANK_ORDER, "dp-cp", "ep", "edp", "dp-cp-reshard", "edp-reshard")
 """Group axes; ``dp-cp`` is the gradient group: context-parallel ranks hold the same weights as data-parallel ones;
-``ep`` the ranks that split the experts, ``edp`` the ranks that hold the same experts (dp x cp / ep)."""
+``ep`` the ranks that split the experts, ``edp`` the ranks that hold the same experts (dp x cp / ep);
+``dp-cp-reshard`` and ``edp-reshard`` the k neighbouring ranks of those a shard is kept over between forward and
+backward (Layout.reshard_after_forward = k)."""
 
 MEASURED = "measured"
 """A term's ``link_key`` when its time comes from the box's measured collectives (Cluster.measured)."""
@@ -104,6 +111,10 @@ def _group(axis: str, layout: Layout) -> tuple[int, int]:
         return layout.tp, layout.ep
     if axis == "edp":
         return layout.tp * layout.ep, layout.expert_data_parallel
+    if axis.endswith("-reshard"):
+        kept = layout.reshard_after_forward
+        size = kept if isinstance(kept, int) and not isinstance(kept, bool) else 1
+        return _group(axis.removesuffix("-reshard"), layout)[0], size
     stride = 1
     for inner in RANK_ORDER[: RANK_ORDER.index(axis)]:
         stride *= getattr(layout, inner)
@@ -148,7 +159,18 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
 
 def largest_rank_parameters(spec: ModelSpec, layout: Layout) -> int:
     """Parameters of the most loaded rank kind before data-parallel sharding (headroom.core.memory.static.rank_parameters)."""
-    return max(rank_parameters(spec, layout, rank) for rank in rank_kinds(layout, spec.n_layers, 1))
+    return rank_parameters(spec, layout, largest_rank(spec, layout))
+
+
+def largest_rank(spec: ModelSpec, layout: Layout) -> RankKind:
+    """The rank kind holding the most parameters before data-parallel sharding (the first such)."""
+    return max(rank_kinds(layout, spec.n_layers, 1), key=lambda rank: rank_parameters(spec, layout, rank))
+
+
+def kept_unit_parameters(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
+    """Parameters of the FSDP unit never resharded after forward: the final norm and head's, on the last stage
+    (headroom.core.specs.data_parallel)."""
+    return fsdp_units(spec, layout, rank)[-1][0] if rank.last else 0
 
 
 # ---- traffic of one step ------------------------------------------------------------------
@@ -175,6 +197,9 @@ class CommTerm:
     """All calls of the step, seconds."""
     overlappable: bool
     """Can run while compute runs (see `exposed_seconds`)."""
+    window: str
+    """The compute an overlappable term hides behind, with its axis (`overlaps`): ``forward``, ``backward``
+    or ``attention``; empty where it cannot overlap."""
     note: str
     """What moves and why, with its source."""
 
@@ -352,7 +377,7 @@ def step_communication(
     terms: list[CommTerm] = []
 
     def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str,
-            group: str | None = None) -> None:
+            group: str | None = None, window: str = "") -> None:
         group = group or ("dp-cp" if axis == "dp" else axis)
         link = group_link(group, layout, cluster, op)
         measured = None
@@ -361,7 +386,7 @@ def step_communication(
         per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency)
         terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
                               link_key=MEASURED if measured is not None else link.key, seconds=calls * per_call,
-                              overlappable=overlappable, note=note))
+                              overlappable=overlappable, window=window if overlappable else "", note=note))
 
     if layout.tp > 1:
         for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers) + _vocabulary_calls(spec, config):
@@ -370,8 +395,10 @@ def step_communication(
         kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
         hops = m * layers * (layout.cp - 1)
         add("cp", "send_recv", kv, forwards * hops, layout.cp, True,
-            "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""))
-        add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV")
+            "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""),
+            window="attention")
+        add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV",
+            window="attention")
     if layout.pp > 1:
         activation = _ceil(b * s * h * DTYPE_BYTES[config.block_param_dtype], layout.tp if layout.sp else 1)
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,
@@ -382,30 +409,55 @@ def step_communication(
         add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
             f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")
     experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
-    for p, ranks, group, what in (
-            (largest_rank_parameters(spec, layout) - experts, layout.dp * layout.cp, "dp-cp", "dp x cp"),
-            (experts, layout.expert_data_parallel, "edp", "dp x cp / ep")):
+    largest = largest_rank(spec, layout)
+    kept = kept_unit_parameters(spec, layout, largest)
+    schedule = config.data_parallel
+    for p, whole, ranks, group, what in (
+            (rank_parameters(spec, layout, largest) - experts, kept, layout.dp * layout.cp, "dp-cp", "dp x cp"),
+            (experts, 0, layout.expert_data_parallel, "edp", "dp x cp / ep")):
         if p == 0 or ranks == 1:
             continue
         over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
-        for op, message, calls, note in _sharding_collectives(layout.zero, m, p * recipe.grad_bytes,
-                                                              p * recipe.param_bytes, p * e):
-            add("dp", op, message, calls, ranks, True, f"{note} {over}", group)
+        for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe):
+            op, message, calls, size, reshard_group, window, note = call
+            add("dp", op, message, calls, size, True, f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
+                f"{group}-reshard" if reshard_group else group, window)
     return tuple(terms)
 
 
-def _sharding_collectives(zero: int, m: int, grads: int, params: int, gathered: int) -> list[tuple[str, int, int, str]]:
-    """(op, message bytes, calls, what) of one sharding group's collectives in a step of ``m`` micro-batches:
-    ``grads``/``params`` the group's gradient and parameter bytes, ``gathered`` its parameters in the compute
-    dtype (what FSDP gathers)."""
+def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,
+                          recipe: PrecisionRecipe) -> list[tuple[str, int, int, int, bool, str, str]]:
+    """(op, message bytes, calls, group size, over the reshard group, window, what) of one sharding group's
+    collectives in a step of ``m`` micro-batches: ``p`` parameters over ``ranks`` ranks, ``kept`` of them in a
+    unit FSDP does not reshard after forward.
+
+    Zero 0: the gradients all-reduced once or every micro-batch (`DataParallelSchedule.reductions`), behind
+    backward. Zero 1: reduce-scattered once, zero 2 every micro-batch; the updated parameters all-gathered
+    once, counted behind the last backward. Zero 3 (FSDP): parameters gathered in the compute dtype in
+    forward (every micro-batch, or once where nothing frees them between) and, for the units resharded after
+    forward, again in backward over all the ranks or the k a shard was kept over; the gradients
+    reduce-scattered once or every micro-batch, in the gradients' dtype (fp32 under amp-bf16, torchtitan's
+    default reduce dtype)."""
+    grads, params, gathered = p * recipe.grad_bytes, p * recipe.param_bytes, p * recipe.activation_bytes
+    reductions = schedule.reductions(m)
+    every = "once per step" if reductions == 1 else "every micro-batch"
     if zero == 0:
-        return [("all_reduce", grads, 1, "gradients once per step")]
+        return [("all_reduce", grads, reductions, ranks, False, "backward", f"gradients {every}")]
     if zero in (1, 2):
         calls = 1 if zero == 1 else m
-        return [("reduce_scatter", grads, calls, f"gradients {'once per step' if calls == 1 else 'every micro-batch'}"),
-                ("all_gather", params, 1, "updated parameters once per step")]
-    return [("all_gather", gathered, 2 * m, "FSDP: parameters in the compute dtype, forward and backward, every micro-batch"),
-            ("reduce_scatter", grads, m, "FSDP: gradients every micro-batch")]
+        return [("reduce_scatter", grads, calls, ranks, False, "backward",
+                 f"gradients {'once per step' if calls == 1 else 'every micro-batch'}"),
+                ("all_gather", params, 1, ranks, False, "backward", "updated parameters once per step")]
+    forward, backward = schedule.forward_gathers(m), schedule.backward_gathers(m)
+    calls = [("all_gather", gathered, forward, ranks, False, "forward",
+              "FSDP: parameters in the compute dtype, forward, "
+              + ("every micro-batch" if forward == m else "once per step (kept gathered between micro-batches)"))]
+    if backward and p > kept:
+        size = schedule.backward_gather_ranks(ranks)
+        calls.append(("all_gather", (p - kept) * recipe.activation_bytes, backward, size, size != ranks, "backward",
+                      "FSDP: parameters resharded after forward, again in backward, every micro-batch"))
+    calls.append(("reduce_scatter", grads, reductions, ranks, False, "backward", f"FSDP: gradients {every}"))
+    return calls
 
 
 def total_seconds(terms: Iterable[CommTerm]) -> float:
@@ -415,13 +467,15 @@ def total_seconds(terms: Iterable[CommTerm]) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Overlap:
-    """One axis's overlappable collectives in a step against the compute they can hide behind."""
+    """One axis's overlappable collectives in one window of a step against the compute of that window."""
 
     axis: str
     communication_s: float
-    """The axis's overlappable collectives, seconds per step."""
+    """The axis's overlappable collectives in the window, seconds per step."""
     window_s: float
     """The compute they overlap with, seconds per step (`exposed_seconds` says which)."""
+    window: str = ""
+    """Which compute: ``forward``, ``backward`` or ``attention`` (CommTerm.window)."""
 
     @property
     def exposed_s(self) -> float:
@@ -439,39 +493,48 @@ class Overlap:
         """The share of the window the collectives take (over 1: exposed); None with no window."""
         return self.communication_s / self.window_s if self.window_s > 0 else None
 
+    @property
+    def name(self) -> str:
+        """"dp backward": the axis and its window."""
+        return f"{self.axis} {self.window}".strip()
+
     def text(self) -> str:
-        """"dp 78.000 s of collectives under 85.000 s of compute (92%): 7.000 s to spare"."""
+        """"dp backward 78.000 s of collectives under 85.000 s of compute (92%): 7.000 s to spare"."""
         share = f" ({self.fill:.0%})" if self.fill is not None else ""
         outcome = (f"{self.slack_s:.3f} s to spare" if self.slack_s >= 0 else f"{self.exposed_s:.3f} s exposed")
-        return (f"{self.axis} {self.communication_s:.3f} s of collectives under {self.window_s:.3f} s of compute"
+        return (f"{self.name} {self.communication_s:.3f} s of collectives under {self.window_s:.3f} s of compute"
                 f"{share}: {outcome}")
 
     def to_dict(self) -> dict[str, object]:
-        return {"axis": self.axis, "communication_s": self.communication_s, "window_s": self.window_s,
-                "exposed_s": self.exposed_s, "slack_s": self.slack_s, "fill": self.fill}
+        return {"axis": self.axis, "window": self.window, "communication_s": self.communication_s,
+                "window_s": self.window_s, "exposed_s": self.exposed_s, "slack_s": self.slack_s, "fill": self.fill}
 
 
-def overlaps(terms: Iterable[CommTerm], hideable_s: Mapping[str, float]) -> tuple[Overlap, ...]:
-    """Each axis's overlappable collectives against the compute that can hide them, by axis name.
+def overlaps(terms: Iterable[CommTerm], hideable_s: Mapping[tuple[str, str], float]) -> tuple[Overlap, ...]:
+    """Each axis's overlappable collectives against the compute that can hide them, window by window.
 
-    Rule: the overlappable terms of one axis hide behind up to ``hideable_s[axis]`` seconds of compute and the
-    rest is exposed; an axis missing from the mapping hides nothing. The caller picks the compute each axis
-    can hide behind, e.g. dp under zero 0-2: the backward compute (gradients reduce while earlier layers still
-    run backward); dp under zero 3: forward + backward compute (prefetched gathers); cp: the attention compute.
-    Axes are independent: the same compute may hide several.
+    Rule: the overlappable terms of one axis and window (CommTerm.window) hide behind up to
+    ``hideable_s[axis, window]`` seconds of compute and the rest is exposed; a pair missing from the mapping
+    hides nothing. The caller says how much compute each window holds in a step, e.g. dp's ``backward``: the
+    backward passes that reduce gradients (they reduce while earlier layers still run backward); dp's
+    ``forward``: the forward passes that gather FSDP's parameters (prefetched a unit ahead); cp's
+    ``attention``: the attention compute. Windows are independent: the same compute may hide several axes.
     """
     terms = tuple(terms)
-    for axis, budget in hideable_s.items():
+    for key, budget in hideable_s.items():
         if isinstance(budget, bool) or not isinstance(budget, (int, float)) or budget < 0:
-            raise ConfigError(f"compute time to hide {axis} communication behind must be >= 0 s, got {budget!r}")
+            raise ConfigError(f"compute time to hide {' '.join(key)} communication behind must be >= 0 s, "
+                              f"got {budget!r}")
+    keys = sorted({(t.axis, t.window) for t in terms if t.overlappable})
     return tuple(
-        Overlap(axis, sum(t.seconds for t in terms if t.overlappable and t.axis == axis), hideable_s.get(axis, 0.0))
-        for axis in sorted({t.axis for t in terms if t.overlappable}))
+        Overlap(axis, sum(t.seconds for t in terms if t.overlappable and (t.axis, t.window) == (axis, window)),
+                hideable_s.get((axis, window), 0.0), window)
+        for axis, window in keys)
 
 
-def exposed_seconds(terms: Iterable[CommTerm], hideable_s: Mapping[str, float]) -> float:
+def exposed_seconds(terms: Iterable[CommTerm], hideable_s: Mapping[tuple[str, str], float]) -> float:
     """Communication time the step waits for: every term that cannot overlap (tp, pp) in full, and what each
-    axis's overlappable terms leave exposed (`overlaps`)."""
+    axis's overlappable terms leave exposed in each window (`overlaps`)."""
     terms = tuple(terms)
     return (sum(term.seconds for term in terms if not term.overlappable)
             + sum(overlap.exposed_s for overlap in overlaps(terms, hideable_s)))

@@ -27,9 +27,10 @@ per optimizer step:
 - optimizer: a memory-bound pass reading parameters, gradients, master copy and state, and writing all but
   the gradients;
 - communication (headroom.core.timing.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
-  hidden behind the compute it overlaps with (the last micro-batch's backward for DDP and ZeRO-1, every
-  backward for ZeRO-2, every forward and backward for FSDP), context-parallel ring traffic behind the
-  attention; what is left over is exposed and counted;
+  hidden behind the passes it runs in (`_dp_windows`: FSDP's forward gathers behind the forwards that gather,
+  gradient reductions and backward gathers behind the backwards that run them, the last alone where
+  gradients are reduced once per step), context-parallel ring traffic behind the attention; what is left
+  over is exposed and counted;
 - bubble: a pipeline idles (pp - 1) / v micro-batch times per step (headroom.core.memory.pipeline.bubble_fraction).
 
 Per rank, the blocks are the rank's n_layers / pp at the rank's shapes (tensor, sequence and context
@@ -328,10 +329,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     if cluster is None:
         raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
     terms = step_communication(spec, cfg, m, cluster)
-    windows = {
-        "dp": _dp_hideable(layout.zero, m, forward_s, backward_s + recomputed),
-        "cp": m * (blocks.attention_s + blocks.backward_attention_s),
-    }
+    windows = _dp_windows(cfg, m, forward_s, backward_s + recomputed) | {
+        ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s)}
     return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
                    overlaps=overlaps(terms, windows))
 
@@ -392,15 +391,18 @@ def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: 
     return host
 
 
-def _dp_hideable(zero: int, m: int, forward_s: float, backward_s: float) -> float:
-    """Compute the data-parallel traffic can hide behind: the last backward for DDP and ZeRO-1 (gradients
-    are reduced once, as the last micro-batch's backward produces them), every backward for ZeRO-2,
-    every forward and backward for FSDP (gathers prefetched a unit ahead)."""
-    if zero <= 1:
-        return backward_s
-    if zero == 2:
-        return m * backward_s
-    return m * (forward_s + backward_s)
+def _dp_windows(config: TrainConfig, m: int, forward_s: float, backward_s: float) -> dict[tuple[str, str], float]:
+    """The compute the data-parallel collectives hide behind, per step: the backward passes that reduce gradients
+    or gather FSDP's parameters again (the last alone where gradients are reduced once and nothing is gathered
+    in backward: DDP's and ZeRO-1's gradients, and the updated parameters ZeRO-1 and 2 gather after the step,
+    counted there), and FSDP's forward passes that gather parameters (prefetched a unit ahead)."""
+    schedule, zero = config.data_parallel, config.zero
+    if zero == 3:
+        per_micro_batch = schedule.backward_gathers(m) or schedule.reductions(m) == m
+        return {("dp", "forward"): schedule.forward_gathers(m) * forward_s,
+                ("dp", "backward"): (m if per_micro_batch else 1) * backward_s}
+    backwards = {0: schedule.reductions(m), 1: 1, 2: m}[zero]
+    return {("dp", "backward"): backwards * backward_s}
 
 
 def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int | None = None) -> float:

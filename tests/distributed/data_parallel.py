@@ -91,12 +91,15 @@ def _units(model: nn.Module) -> dict[str, object]:
 
 def _gathered_bytes(group) -> int:
     """Bytes of a unit's unsharded parameters allocated now: its flat all-gather buffer while one
-    exists, and each parameter's unsharded storage (FSDP frees them by resizing to 0)."""
+    exists, each parameter's unsharded storage (FSDP frees them by resizing to 0), and the shard over
+    fewer ranks it keeps after forward under ``reshard_after_forward=k``."""
     result = group._all_gather_result
     total = result.all_gather_output.untyped_storage().nbytes() if result is not None else 0
     for param in group.fsdp_params:
         for t in (*getattr(param, "all_gather_outputs", ()), *getattr(param, "_unsharded_inner_tensors", ())):
             total += t.untyped_storage().nbytes()
+        kept = getattr(param, "_sharded_post_forward_param_data", None)
+        total += kept.untyped_storage().nbytes() if kept is not None else 0
     return total
 
 

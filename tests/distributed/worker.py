@@ -22,15 +22,15 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-SUITES = ("tp", "fsdp", "ddp", "ep", "hf-tp")
+SUITES = ("tp", "fsdp", "fsdp-schedule", "ddp", "ep", "hf-tp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True, help="directory for one JSON per rank")
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=list(SUITES),
-                        help="what to measure: tensor parallelism, FSDP2, DDP, expert parallelism, transformers' "
-                             "tensor parallelism")
+                        help="what to measure: tensor parallelism, FSDP2, FSDP2's collectives under each resharding "
+                             "and gradient-sync setting, DDP, expert parallelism, transformers' tensor parallelism")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="seconds any collective may wait before the process group gives up")
     return parser.parse_args(argv)
@@ -52,6 +52,12 @@ def run(suites: list[str], world: int, out: Path) -> dict:
         started = time.perf_counter()
         result["fsdp"] = {units: measure_fsdp(mesh, units) for units in UNITS}
         result.setdefault("seconds", {})["fsdp"] = time.perf_counter() - started
+    if "fsdp-schedule" in suites:
+        from tests.distributed import fsdp_schedule
+
+        started = time.perf_counter()
+        result["fsdp_schedule"] = fsdp_schedule.measure(mesh)
+        result.setdefault("seconds", {})["fsdp-schedule"] = time.perf_counter() - started
     if "ddp" in suites:
         started = time.perf_counter()
         result["ddp"] = measure_ddp()
