@@ -210,7 +210,7 @@ def render(result: Plan, top: int | None) -> str:
     req, profile, best = result.request, result.profile, result.recommendation
     spec = req.spec
     unit, reserve = ("GPU", "CUDA context") if profile.device == "cuda" else ("device", "runtime reserve")
-    where = (f"{req.gpus} GPUs, every layout searched" + (f" ({', '.join(sorted(req.pinned))} pinned)" if req.pinned else "")
+    where = (f"{req.gpus} GPUs, every layout searched" + (f" ({', '.join(sorted(p.replace('_', '-') for p in req.pinned))} pinned)" if req.pinned else "")
              if req.gpus is not None else f"layout {req.layout}")
     lines = [
         f"plan: {spec.name} ({spec.parameters / 1e9:.2f}B parameters), seq-len {req.seq_len}, global batch "
@@ -274,6 +274,8 @@ def render(result: Plan, top: int | None) -> str:
                      + "; ".join(f"{axis} {op.replace('_', '-')} {n / GB:.2f} GB on {link}"
                                  for (axis, op, link), n in moved.items()))
         lines += [f"  overlap: {overlap.text()}" for overlap in best.time.overlaps]
+    if best.layout.dp * best.layout.cp > 1:
+        lines.append(f"  data parallel: {best.config.data_parallel.text(best.layout.zero)}")
     if len(best.estimate.ranks) > 1:
         lines.append("  memory per rank kind: " + ", ".join(
             f"{r.rank.name} {r.peak_bytes / GB:.1f} GB ({float(r.rank.in_flight):g} micro-batches in flight)"

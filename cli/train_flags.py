@@ -83,9 +83,31 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     p.add_argument("--ep", type=int, default=None if free else 1,
                    help="expert-parallel ranks of a mixture of experts, taken from the dp x cp ranks: each holds "
                    "1/ep of the routed experts (default " + ("chosen by the planner" if free else "1") + ")")
+    p.add_argument("--reshard-after-forward", type=reshard_value, default=None, metavar="true|false|K",
+                   help="FSDP (zero 3): free each unit's gathered parameters after its forward (true), keep them to "
+                        "its backward (false), or keep a shard over K ranks, gathered again over those K in backward "
+                        "(default: the stack's; torchtitan keeps them under a pipeline, every stack frees them "
+                        "otherwise)")
+    p.add_argument("--defer-gradient-sync", default=None, choices=("on", "off"),
+                   help="zero 0 and 3: reduce the gradients once per step, in the last micro-batch's backward (on), "
+                        "or every micro-batch (off) (default: the stack's; megatron and hf defer, reference and "
+                        "torchtitan only under a pipeline)")
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
+
+
+def reshard_value(text: str) -> bool | int:
+    """``--reshard-after-forward``: true, false or a number of ranks (Layout checks the number)."""
+    word = text.strip().lower()
+    if word in ("true", "on", "yes"):
+        return True
+    if word in ("false", "off", "no"):
+        return False
+    try:
+        return int(word)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not true, false or a number of ranks") from None
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -103,7 +125,7 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
-             "ep": "ep"}
+             "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")
@@ -131,7 +153,7 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
-        if f.name == "sp" and raw is not None:
+        if f.name in ("sp", "defer_gradient_sync") and raw is not None:
             raw = raw == "on"
         if raw is not None:
             values[f.name] = raw

@@ -65,8 +65,12 @@ PAGE_TIME_LIMIT_S = 10.0
 """A search on the page tries layouts, simplest first, for this long at most (headroom.core.planning.planner.plan's time
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
-AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES)}
-"""Axes picked from a list; the others are typed (auto or a whole number)."""
+AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
+                                            "defer_gradient_sync": (AUTO, "on", "off")}
+"""Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
+off)."""
+ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward")
+"""Layout fields whose on and off are True and False."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +118,9 @@ class PlanInputs:
     dp: str = AUTO
     zero: str = AUTO
     ep: str = AUTO
+    reshard_after_forward: str = AUTO
+    """FSDP's: on, off or k ranks to keep a shard over (headroom.core.specs.data_parallel)."""
+    defer_gradient_sync: str = AUTO
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -220,6 +227,10 @@ def _axis_text(axis: str, raw: str) -> str:
     text = str(raw).strip().lower()
     if text in ("", AUTO):
         return AUTO
+    if axis == "reshard_after_forward":
+        text = {"true": "on", "yes": "on", "false": "off", "no": "off"}.get(text, text)
+        if text in ("on", "off"):
+            return text
     if axis in AXIS_CHOICES:
         text = {"true": "on", "1": "on", "yes": "on", "false": "off", "0": "off", "no": "off"}.get(text, text)
         if text not in AXIS_CHOICES[axis]:
@@ -241,7 +252,10 @@ RENAMED = {"accumulation": "accumulation_steps"}
 
 
 def _axis_value(value: Any) -> str:
-    """A layout field as an axis text: "on"/"off" for sp, else its value."""
+    """A layout field as an axis text: "on"/"off" for a flag, AUTO for a setting left to the stack, else its
+    value."""
+    if value is None:
+        return AUTO
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
@@ -290,7 +304,8 @@ def build_layout(inputs: PlanInputs) -> Layout:
     for axis in PINNABLE:
         text = _axis_text(axis, getattr(inputs, axis))
         if text != AUTO:
-            values[axis] = text == "on" if axis == "sp" else text if axis == "schedule" else int(text)
+            values[axis] = (text == "on" if axis in ON_OFF and text in ("on", "off")
+                            else text if axis == "schedule" else int(text))
     if search and values.get("sp") and "tp" not in values:
         raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
     if values.get("schedule") == "interleaved":

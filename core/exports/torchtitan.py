@@ -160,6 +160,24 @@ def _other_notes(run: Run, notes: list[str]) -> None:
                         ": 8 bytes of state a parameter"))
 
 
+def _data_parallel_settings(run: Run, notes: list[str]) -> list[str]:
+    """FSDP's resharding as torchtitan's ``fsdp_reshard_after_forward`` policy (``always``, ``never``; left out,
+    its ``default``: kept under a pipeline), and what its policy and training loop cannot say."""
+    layout = run.layout
+    kept = layout.reshard_after_forward
+    flags = []
+    if kept is not None and not isinstance(kept, bool):
+        notes.append(f"torchtitan's fsdp_reshard_after_forward is always, never or default: it cannot keep a shard "
+                     f"over {kept} ranks; its default policy is used")
+    elif kept is not None:
+        flags.append(f"--parallelism.fsdp_reshard_after_forward {'always' if kept else 'never'}")
+    if layout.defer_gradient_sync is not None and layout.defer_gradient_sync != (layout.pp > 1):
+        notes.append("torchtitan reduces gradients every micro-batch, and once per step under a pipeline; no setting "
+                     f"changes that, so the plan's {'deferred' if layout.defer_gradient_sync else 'every-micro-batch'} "
+                     "reduction is not what it runs")
+    return flags
+
+
 def torchtitan(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
@@ -186,6 +204,7 @@ def torchtitan(run: Run) -> Export:
         parallelism.append(f"--parallelism.expert_parallel_degree {layout.ep}")
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
+    parallelism += _data_parallel_settings(run, notes)
     if layout.pp > 1:
         # Even chunks, embeddings and head counted as no layer: headroom's split (headroom.core.memory.pipeline).
         parallelism += [

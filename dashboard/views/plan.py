@@ -123,9 +123,11 @@ with st.sidebar:
                f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without a GPU count.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
-                   "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)"}
+                   "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)",
+                   "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync"}
     # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
-    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "virtual_stages"), ("schedule",)):
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "virtual_stages"), ("schedule",),
+                ("reshard_after_forward", "defer_gradient_sync")):
         for column, axis in zip(st.columns(len(row)), row, strict=True):
             with column:
                 if axis in AXIS_CHOICES:

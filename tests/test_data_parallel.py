@@ -1,0 +1,131 @@
+"""The data-parallel settings (headroom.core.specs.data_parallel): each stack's defaults with their sources, the
+checks on a setting, what each does to the memory of an FSDP rank, and the flags and page inputs that set them.
+The collectives and gathered bytes themselves are measured against FSDP2 in tests/test_fsdp_schedule.py."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate
+from headroom.core.memory.static import fsdp_units
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.data_parallel import data_parallel_schedule
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.run_config import RunConfig
+from headroom.dashboard.planning import PlanInputs, build_layout
+
+LLAMA = get_preset("llama3-8b")
+
+
+@pytest.mark.parametrize(("stack", "pp", "reshard", "defer", "kept"), [
+    ("reference", 1, True, False, False),  # the agent's loop: backward every micro-batch, nothing around it
+    ("reference", 2, True, True, True),  # torch.distributed.pipelining defers and keeps units gathered
+    ("torchtitan", 1, True, False, False),  # trainer.py's train_step
+    ("torchtitan", 2, False, True, True),  # reshard_after_forward = not pp_enabled; pipelining as above
+    ("megatron", 1, True, True, False),  # its schedules' no_sync on all but the last micro-batch
+    ("megatron", 2, True, True, False),
+    ("hf", 1, True, True, False),  # the Trainer's no_sync: accelerate's set_requires_gradient_sync(False)
+    ("hf-liger", 1, True, True, False),
+])
+def test_each_stack_has_its_sourced_defaults(stack, pp, reshard, defer, kept):
+    schedule = data_parallel_schedule(Layout(pp=pp, dp=4, zero=3), stack)
+    assert (schedule.reshard_after_forward, schedule.defer_gradient_sync,
+            schedule.keeps_gathered_between_micro_batches) == (reshard, defer, kept)
+
+
+def test_a_setting_given_wins_over_the_stack():
+    schedule = data_parallel_schedule(Layout(pp=2, dp=8, zero=3, reshard_after_forward=4, defer_gradient_sync=False),
+                                      "torchtitan")
+    assert (schedule.reshard_after_forward, schedule.defer_gradient_sync) == (4, False)
+    assert schedule.text(3) == ("FSDP units kept as a shard over 4 ranks from forward to backward, and from one "
+                                "micro-batch to the next; gradients reduced every micro-batch")
+    assert data_parallel_schedule(Layout(dp=4), "megatron").text(0) == "gradients reduced once per step (the last micro-batch)"
+
+
+@pytest.mark.parametrize(("layout", "message"), [
+    ({"dp": 8, "zero": 2, "reshard_after_forward": True}, r"needs zero 3 \(parameters sharded\), not zero 2"),
+    ({"dp": 8, "zero": 3, "reshard_after_forward": 3}, r"\(dp x cp = 8\); use true, false or one of 2, 4"),
+    ({"dp": 8, "zero": 3, "reshard_after_forward": 8}, "below the ranks that shard the parameters"),
+    ({"dp": 8, "zero": 3, "ep": 4, "reshard_after_forward": 4}, r"dp x cp / ep = 2\); use true, false$"),
+    ({"dp": 8, "zero": 3, "reshard_after_forward": "yes"}, "true, false or a number of ranks, got 'yes'"),
+    ({"dp": 8, "zero": 1, "defer_gradient_sync": True}, "zero 1 reduces gradients once per step: leave it out"),
+    ({"dp": 8, "zero": 2, "defer_gradient_sync": False}, "every micro-batch \\(it keeps only its shard\\)"),
+])
+def test_a_setting_that_cannot_apply_is_refused_by_name(layout, message):
+    with pytest.raises(ConfigError, match=message):
+        Layout(**layout)
+
+
+def test_a_rank_whose_fsdp_units_stay_gathered_holds_all_of_them():
+    """Llama 3 8B on 8 ranks, amp-bf16: resharded, forward holds the largest unit (the head's, 525M parameters)
+    twice, its buffer and its copy; kept, every unit and the head's once more; a shard over 4, a quarter of each
+    unit before the head. The last adds the largest unit's bf16 and fp32 gradients in backward."""
+    def gathered(**settings) -> tuple[int, int]:
+        config = TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3, **settings))
+        return estimate(LLAMA, config, "cuda").gathered_parameter_bytes
+
+    runs = fsdp_units(LLAMA, Layout(dp=8, zero=3), estimate(LLAMA, TrainConfig(seq_len=8), "cuda").rank)
+    total, head = sum(size * n for size, n in runs), runs[-1][0]
+    assert head == max(size for size, _ in runs) == LLAMA.norm_parameters() + LLAMA.vocab_size * LLAMA.hidden
+    assert gathered() == (2 * head * 2, 2 * head * 2 + head * 6)
+    assert gathered(reshard_after_forward=False)[0] == (total + head) * 2
+    assert gathered(reshard_after_forward=4)[0] == ((total - head) // 4 + 2 * head) * 2
+
+
+def test_deferred_fsdp_gradients_stay_whole_in_the_reduce_dtype():
+    config = TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3, defer_gradient_sync=True))
+    deferred = estimate(LLAMA, config, "cuda", accumulation_steps=4)
+    assert deferred.deferred_gradient_bytes == LLAMA.parameters * 4  # fp32, the whole model, not its eighth
+    assert deferred.peak_components["gradients"] == LLAMA.parameters * 4
+    synced = estimate(LLAMA, TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=3)), "cuda", accumulation_steps=4)
+    assert synced.deferred_gradient_bytes == 0 and synced.peak_components["gradients"] == synced.static.gradients
+    assert estimate(LLAMA, config, "cuda").deferred_gradient_bytes == 0  # one micro-batch keeps nothing between
+
+
+def test_the_document_of_a_run_carries_a_setting_given_and_leaves_out_one_left_to_the_stack():
+    layout = Layout(dp=8, zero=3, reshard_after_forward=4)
+    run = RunConfig(train=TrainConfig(seq_len=4096, layout=layout), accumulation_steps=2)
+    document = run.to_dict()
+    assert document["layout"]["reshard_after_forward"] == 4 and "defer_gradient_sync" not in document["layout"]
+    assert RunConfig.from_dict(json.loads(json.dumps(document))) == run
+
+
+def test_plan_takes_the_settings_as_flags(run_cli):
+    result = run_cli("plan", "--model", "llama3-8b", "--seq-len", "2048", "--global-batch", "64", "--gpus", "16",
+                     "--zero", "3", "--tp", "1", "--pp", "1", "--cp", "1", "--reshard-after-forward", "8",
+                     "--defer-gradient-sync", "on", "--json")
+    assert result.returncode == 0, result.stderr
+    best = json.loads(result.stdout)["recommendation"]
+    assert best["layout"]["reshard_after_forward"] == 8 and best["layout"]["defer_gradient_sync"] is True
+    assert best["data_parallel"]["text"] == ("FSDP units kept as a shard over 8 ranks from forward to backward; "
+                                             "gradients reduced once per step (the last micro-batch)")
+    again = [t for t in best["communication"] if t["op"] == "all_gather" and t["window"] == "backward"]
+    assert [t["group_size"] for t in again] == [8]
+    bad = run_cli("plan", "--model", "llama3-8b", "--global-batch", "64", "--reshard-after-forward", "maybe")
+    assert bad.returncode == 2 and "'maybe' is not true, false or a number of ranks" in bad.stderr
+
+
+def test_the_plan_page_pins_the_settings():
+    inputs = PlanInputs.from_query({"gpus": "0", "dp": "8", "zero": "3", "reshard_after_forward": "False",
+                                    "defer_gradient_sync": "on"})
+    assert (inputs.reshard_after_forward, inputs.defer_gradient_sync) == ("off", "on")
+    layout = build_layout(inputs)
+    assert (layout.reshard_after_forward, layout.defer_gradient_sync) == (False, True)
+    assert build_layout(PlanInputs.from_query({"dp": "8", "zero": "3", "reshard_after_forward": "4"})) \
+        .reshard_after_forward == 4
+    assert PlanInputs.from_query({"reshard_after_forward": "sometimes"}).reshard_after_forward == "auto"
+
+
+def test_the_torchtitan_export_carries_the_resharding_it_can_say(run_cli):
+    base = ("plan", "--model", "llama3-8b", "--seq-len", "2048", "--global-batch", "64", "--gpus", "16", "--zero",
+            "3", "--tp", "1", "--pp", "1", "--cp", "1", "--export", "torchtitan")
+    never = run_cli(*base, "--reshard-after-forward", "false")
+    assert never.returncode == 0, never.stderr
+    assert "--parallelism.fsdp_reshard_after_forward never" in never.stdout
+    shard = run_cli(*base, "--reshard-after-forward", "8")
+    assert "--parallelism.fsdp_reshard_after_forward" not in shard.stdout
+    assert "cannot keep a shard over 8 ranks" in shard.stdout
