@@ -341,12 +341,14 @@ def step_communication(
       autocast, as the agent's pipeline stage returns it), divided by tp under sp (megatron-core's p2p tensor shape; the
       scatter-gather of Narayanan et al. 2021 Sec. 4.1 is not modelled). Not overlapped.
     - dp: over the dp x cp ranks that share weights, P = largest_rank_parameters:
-      zero 0 one all-reduce of P x grad_bytes per step (gradient accumulation
-      without sync until the last micro-batch); zero 1 one reduce-scatter of the
+      zero 0 an all-reduce of P x grad_bytes once per step or every micro-batch
+      (headroom.core.specs.data_parallel: the stack's loop, or the layout's
+      setting); zero 1 one reduce-scatter of the
       gradients and one all-gather of P x param_bytes per step; zero 2 the same but
       the gradient reduce-scatter runs every micro-batch (only a shard of the
-      gradient is kept); zero 3 (FSDP) per micro-batch an all-gather of P x e forward
-      and again backward (FSDP MixedPrecisionPolicy.param_dtype = compute dtype) and a
+      gradient is kept); zero 3 (FSDP) an all-gather of P x e forward per micro-batch
+      (once per step where units stay gathered) and again backward for the units
+      resharded after forward (over k ranks for a shard kept over k) (FSDP MixedPrecisionPolicy.param_dtype = compute dtype) and a
       reduce-scatter of P x grad_bytes (the sharded gradient's dtype: fp32 under
       amp-bf16, torchtitan's default reduce dtype; FSDP2 with reduce_dtype=None
       would reduce in bf16). Overlapped. Not counted: the tied-embedding gradient
