@@ -87,6 +87,15 @@ class Estimate:
         return 2 * rank_matmul_weights(self.spec, self.config.layout, self.rank)
 
     @property
+    def fsdp_units(self) -> tuple[tuple[int, int], ...]:
+        """The units FSDP gathers on this rank (headroom.core.memory.static.fsdp_units); none without ZeRO-3 or
+        without ranks to shard over."""
+        config = self.config
+        if config.zero < 3 or config.dp * config.layout.cp == 1:
+            return ()
+        return fsdp_units(self.spec, config.layout, self.rank)
+
+    @property
     def gathered_parameter_bytes(self) -> tuple[int, int]:
         """FSDP (ZeRO-3): the unsharded units alive at once in forward and in backward
         (headroom.core.specs.data_parallel says when a unit is freed).
@@ -98,9 +107,9 @@ class Estimate:
         dtype and its copy in the reduce dtype for the reduce-scatter (FSDP2's default reduce dtype is the
         parameters'), a bound.
         """
-        if self.config.zero < 3 or self.config.dp * self.config.layout.cp == 1:
+        units = self.fsdp_units
+        if not units:
             return 0, 0
-        units = fsdp_units(self.spec, self.config.layout, self.rank)
         compute = self.config.recipe.activation_bytes
         reduce = self.config.recipe.grad_bytes
         schedule = self.config.data_parallel
@@ -113,12 +122,9 @@ class Estimate:
         """FSDP with gradients reduced once per step: each unit's unsharded gradient, kept in the reduce dtype
         from one micro-batch's backward to the next (FSDPParam.to_accumulated_grad_if_needed), in place of the
         sharded gradients, which exist only after the last backward; nothing with one micro-batch."""
-        config = self.config
-        if (config.zero < 3 or config.dp * config.layout.cp == 1 or self.accumulation_steps == 1
-                or not config.data_parallel.defer_gradient_sync):
+        if self.accumulation_steps == 1 or not self.config.data_parallel.defer_gradient_sync:
             return 0
-        units = fsdp_units(self.spec, config.layout, self.rank)
-        return sum(size * n for size, n in units) * config.recipe.grad_bytes
+        return sum(size * n for size, n in self.fsdp_units) * self.config.recipe.grad_bytes
 
     @property
     def _static_at_loss(self) -> int:

@@ -35,7 +35,7 @@ from dataclasses import fields
 from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.layout import Layout
+from headroom.core.specs.layout import Layout, shard_fits, sharding_groups
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
 
@@ -125,11 +125,9 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
     settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync")
                 if name in pinned}
-    if "reshard_after_forward" in settings:  # FSDP's setting: only its stage, on ranks a shard can be kept over
-        kept = settings["reshard_after_forward"]
+    kept = settings.get("reshard_after_forward", True)
+    if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]
-        if not isinstance(kept, bool) and not (1 < kept < dp * cp and (dp * cp) % kept == 0):
-            return
     if "defer_gradient_sync" in settings:
         zeros = [z for z in zeros if z in (0, 3)]
     if "ep" in pinned:
@@ -144,8 +142,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     for schedule, v in schedules:
         for zero in zeros:
             for ep in eps:
-                kept, experts = settings.get("reshard_after_forward", True), dp * cp // ep
-                if ep > 1 and not isinstance(kept, bool) and not (1 < kept < experts and experts % kept == 0):
-                    continue  # the experts' weights are sharded over dp x cp / ep ranks, which k must divide too
+                if not isinstance(kept, bool) and not shard_fits(kept, sharding_groups(dp, cp, ep)):
+                    continue  # no shard can be kept over k of these ranks
                 yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep,
                              **settings)

@@ -75,9 +75,8 @@ class DataParallelSchedule:
             reshard, f"kept as a shard over {reshard} ranks from forward to backward")
         if self.keeps_gathered_between_micro_batches:
             units += ", and from one micro-batch to the next"
-        sync = "once per step (the last micro-batch)" if self.defer_gradient_sync else "every micro-batch"
-        if zero in (1, 2):
-            sync = "once per step" if zero == 1 else "every micro-batch"
+        sync = {1: "once per step", 2: "every micro-batch"}.get(
+            zero, "once per step (the last micro-batch)" if self.defer_gradient_sync else "every micro-batch")
         return (f"FSDP units {units}; " if zero == 3 else "") + f"gradients reduced {sync}"
 
     def to_dict(self, zero: int) -> dict[str, object]:

@@ -62,6 +62,18 @@ def _positive(name: str, value: object) -> None:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
 
 
+def sharding_groups(dp: int, cp: int, ep: int) -> dict[str, int]:
+    """The ranks that shard FSDP's parameters, by name: dp x cp, and under expert parallelism dp x cp / ep for
+    the experts' weights."""
+    return {"dp x cp": dp * cp} | ({"dp x cp / ep": dp * cp // ep} if ep > 1 else {})
+
+
+def shard_fits(k: int, groups: dict[str, int]) -> bool:
+    """A shard can be kept over k ranks of each group (``reshard_after_forward=k``): k above 1, below the
+    group's ranks and dividing them."""
+    return all(1 < k < n and n % k == 0 for n in groups.values())
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Layout:
     tp: int = 1
@@ -120,18 +132,14 @@ class Layout:
             if self.zero != 3:
                 raise ConfigError(f"reshard-after-forward is FSDP's setting and needs zero 3 (parameters sharded), "
                                   f"not zero {self.zero}")
-            if not isinstance(reshard, bool):
-                groups = {"dp x cp": self.dp * self.cp}
-                if self.ep > 1:
-                    groups["dp x cp / ep"] = self.expert_data_parallel
-                bad = [f"{name} = {n}" for name, n in groups.items() if not (1 < reshard < n and n % reshard == 0)]
-                if bad:
-                    fits = [d for d in divisors(min(groups.values())) if 1 < d < min(groups.values())
-                            and all(n % d == 0 for n in groups.values())]
-                    raise ConfigError(
-                        f"reshard-after-forward {reshard}: a shard kept over k ranks needs k above 1, below the "
-                        f"ranks that shard the parameters and dividing them ({', '.join(bad)}); use true, false"
-                        + (f" or one of {', '.join(map(str, fits))}" if fits else ""))
+            groups = sharding_groups(self.dp, self.cp, self.ep)
+            if not isinstance(reshard, bool) and not shard_fits(reshard, groups):
+                bad = [f"{name} = {n}" for name, n in groups.items() if not shard_fits(reshard, {name: n})]
+                fits = [d for d in divisors(min(groups.values())) if shard_fits(d, groups)]
+                raise ConfigError(
+                    f"reshard-after-forward {reshard}: a shard kept over k ranks needs k above 1, below the "
+                    f"ranks that shard the parameters and dividing them ({', '.join(bad)}); use true, false"
+                    + (f" or one of {', '.join(map(str, fits))}" if fits else ""))
         if defer is not None:
             if not isinstance(defer, bool):
                 raise ConfigError(f"defer-gradient-sync must be true or false, got {defer!r}")

@@ -49,7 +49,6 @@ from typing import Literal
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
 from headroom.core.memory.pipeline import bubble_fraction
-from headroom.core.memory.static import fsdp_units
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HardwareSpec
@@ -373,9 +372,9 @@ def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, f
     over the achieved bandwidth; none without ZeRO-3 or without ranks to shard over."""
     config = estimate.config
     ranks = config.dp * config.layout.cp
-    if config.zero < 3 or ranks == 1:
+    if not estimate.fsdp_units:
         return 0.0, 0.0
-    parameters = sum(size * n for size, n in fsdp_units(estimate.spec, config.layout, estimate.rank))
+    parameters = sum(size * n for size, n in estimate.fsdp_units)
     compute, reduce = config.recipe.activation_bytes, config.recipe.grad_bytes
     gather = 2 * parameters * compute * (1 + 1 / ranks)  # copy-in of the shard, copy-out of the whole, r + w
     reduce_copies = 2 * parameters * reduce * (1 + 1 / ranks)  # the whole into the buffer, the shard out
