@@ -1,9 +1,10 @@
 """Pipeline parallelism for the agent's decoder with ``torch.distributed.pipelining``.
 
-The decoder is cut into ``pp`` stages the way torchtitan cuts Llama (its
-``pipeline_llama_manual_split``): stage i holds blocks
-``i n/pp .. (i+1) n/pp - 1``, the first stage also the embedding, the last
-the final norm and the head. Each rank builds the whole decoder from the same
+The decoder is cut into ``pp`` stages of consecutive blocks, as many on each
+as the layout's split gives (headroom.core.specs.stages: ``n/pp`` each, the
+way torchtitan's manual split cuts Llama, or the counts ``--stage-layers``
+gives), the first stage also the embedding, the last the final norm and the
+head. Each rank builds the whole decoder from the same
 seed and keeps its stage (`Stage`), so the stages together hold the one
 model a single device would train.
 
@@ -64,16 +65,16 @@ class Stage(nn.Module):
     norm and head on the last. Takes token ids (first stage) or the previous stage's hidden states and
     returns hidden states, or the logits on the last stage (the schedule runs the loss, headroom.agent.model.token_loss)."""
 
-    def __init__(self, decoder: Decoder, index: int, stages: int, autocast: bool) -> None:
+    def __init__(self, decoder: Decoder, index: int, layers: tuple[int, ...], autocast: bool) -> None:
         super().__init__()
-        n = len(decoder.blocks)
-        if n % stages:
-            raise ConfigError(f"{decoder.spec.name}: its {n} layers do not split over pp {stages}")
-        per_stage = n // stages
-        self.first, self.last = index == 0, index == stages - 1
+        if sum(layers) != len(decoder.blocks):
+            raise ConfigError(f"{decoder.spec.name}: stages of {','.join(map(str, layers))} blocks do not hold its "
+                              f"{len(decoder.blocks)} layers")
+        self.first, self.last = index == 0, index == len(layers) - 1
         self.embed = decoder.embed if self.first else None
         self.positions = decoder.positions if self.first else None
-        self.blocks = nn.ModuleList(decoder.blocks[index * per_stage:(index + 1) * per_stage])
+        start = sum(layers[:index])
+        self.blocks = nn.ModuleList(decoder.blocks[start:start + layers[index]])
         self.final_norm = decoder.final_norm if self.last else None
         self.lm_head = decoder.lm_head if self.last else None
         self.recompute, self.stack, self.dropout = decoder.recompute, decoder.stack, decoder.dropout
@@ -176,7 +177,7 @@ def build(setup: bench_train.TrainSetup, rank: int, device: torch.device) -> Pip
     check_pipeline(layout, setup.spec.tied_embeddings)
     torch.manual_seed(0)
     decoder = bench_train.build_model(setup, device)
-    stage = Stage(decoder, rank, layout.pp, autocast=cfg.recipe.autocast)
+    stage = Stage(decoder, rank, cfg.stage_layers(setup.spec), autocast=cfg.recipe.autocast)
     del decoder  # the other stages' blocks go with it
     optimizer = bench_train.make_optimizer(cfg.optimizer, stage.parameters(), device)
     return PipelineTrainer(stage, optimizer, schedule(stage, rank, layout.pp, device, layout.schedule,

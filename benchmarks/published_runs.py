@@ -113,8 +113,7 @@ def _narayanan_runs() -> list[PublishedRun]:
     return runs
 
 
-LLAMA31_405B = ModelSpec(name="llama3.1-405b", block="llama", n_layers=126, hidden=16384, n_heads=128, n_kv_heads=8,
-                         ffn_hidden=53248, vocab_size=128256, max_seq_len=131072, tied_embeddings=False)
+LLAMA31_405B = get_preset("llama3.1-405b")
 
 
 def _torchtitan_runs() -> list[PublishedRun]:

@@ -54,7 +54,7 @@ def test_the_parser_is_walked_whole():
     (("headroom", "db", "import", "--d"), ["--db"]),
     (("headroom", "agent", "train", "--rec"), ["--recompute"]),
     (("headroom", "completion", ""), ["bash", "zsh", "fish"]),
-    (("headroom", "plan", "--model", "llama3"), ["llama3-8b", "llama3-70b", "llama3.2-1b"]),
+    (("headroom", "plan", "--model", "llama3"), ["llama3-8b", "llama3-70b", "llama3.2-1b", "llama3.1-405b"]),
 ])
 def test_bash_offers_what_the_parser_takes(bash, typed, offered):
     assert _bash_complete(bash, *typed) == offered

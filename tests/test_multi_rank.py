@@ -80,8 +80,9 @@ SWEEP = [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=accumula
     (1, Layout(tp=2, sp=True)),
     (4, Layout(pp=2)),  # 1F1B, 4 micro-batches
     (3, Layout(pp=2, schedule="gpipe")),
-)]
-"""Three setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
+)] + [TrainSetup(spec=get_preset("bench-llama-small"), steps=3, accumulation_steps=2, config=TrainConfig(
+    seq_len=64, micro_batch=2, precision="fp32", layout=Layout(pp=2, stage_layers=(1, 3))))]
+"""Four setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
 
 
 def _headroom(*args: str) -> str:
@@ -184,8 +185,10 @@ def _steps(url: str, layout: dict, micro_batch: int = 2) -> list[TrainStepResult
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True}, {"pp": 2, "schedule": "1f1b"},
-                                    {"pp": 2, "schedule": "gpipe"}], ids=["fsdp2", "tp2-sp", "pp2-1f1b", "pp2-gpipe"])
+@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True},
+                                    {"pp": 2, "schedule": "1f1b", "stage_layers": None},
+                                    {"pp": 2, "schedule": "gpipe"}, {"pp": 2, "stage_layers": [1, 3]}],
+                         ids=["fsdp2", "tp2-sp", "pp2-1f1b", "pp2-gpipe", "pp2-stages-1-3"])
 def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
     rows = _steps(fleet[0], layout)
     assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
@@ -208,7 +211,7 @@ def test_fsdp_ranks_hold_the_predicted_gradient_shard(fleet):
 def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight(fleet):
     """Stage 0 of a 2-stage 1F1B pipeline keeps pp - 0 = 2 micro-batches' activations at once, stage 1
     one (headroom.core.memory.pipeline.in_flight); each holds its own blocks, embedding or head, and their gradients."""
-    rows = _steps(fleet[0], {"pp": 2, "schedule": "1f1b"})
+    rows = _steps(fleet[0], {"pp": 2, "schedule": "1f1b", "stage_layers": None})
     assert [r.prediction["rank"] for r in rows] == ["first stage", "last stage"]
     for r, in_flight in zip(rows, (2, 1), strict=True):
         assert r.accumulation_steps == 4 and r.layout["schedule"] == "1f1b"
@@ -219,6 +222,30 @@ def test_pipeline_stages_hold_their_layers_gradients_and_micro_batches_in_flight
         assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
     first, last = rows
     assert "embed.weight" in first.details["gradient_shards"] and "lm_head.weight" in last.details["gradient_shards"]
+
+
+@pytest.mark.slow
+def test_uneven_stages_hold_the_blocks_they_are_given(fleet):
+    """--stage-layers 1,3 on a 4-layer model, 1F1B over 2 micro-batches: the first stage holds the embedding and
+    one block with 2 micro-batches in flight, the last three blocks and the head with one; each holds its own
+    blocks' parameters and gradients, and saves what the core predicts for its stage, byte for byte."""
+    rows = _steps(fleet[0], {"pp": 2, "stage_layers": [1, 3]})
+    assert [(r.rank, r.prediction["rank"], r.status) for r in rows] == [(0, "first stage", "ok"),
+                                                                         (1, "last stage", "ok")]
+    for r, layers, in_flight in zip(rows, (1, 3), (2, 1), strict=True):
+        assert next(k["layers"] for k in r.prediction["ranks"] if k["rank"] == r.prediction["rank"]) == layers
+        assert r.activation_bytes == r.predicted_activation_bytes, r.details["probe"]
+        assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
+        assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
+        measured = r.details["in_flight"]
+        assert measured["micro_batches_in_flight"] == in_flight == _predicted_in_flight(r)
+        assert measured["saved_peak_bytes"] == in_flight * measured["saved_micro_batch_bytes"]
+    first, last = rows
+    blocks = {name.split(".")[1] for name in first.details["gradient_shards"] if name.startswith("blocks.")}
+    assert blocks == {"0"} and "embed.weight" in first.details["gradient_shards"]
+    assert {name.split(".")[1] for name in last.details["gradient_shards"] if name.startswith("blocks.")} == {"0", "1", "2"}
+    # One block against three: the first stage idles while the last runs, and its predicted wait says so.
+    assert first.predicted_communication_s > last.predicted_communication_s
 
 
 def _predicted_in_flight(row: TrainStepResult) -> float:
@@ -244,7 +271,7 @@ def test_a_sweep_of_one_world_size_runs_in_one_launch(fleet):
     assert [(r.micro_batch, r.rank, r.details["setup_in_launch"]) for r in rows[:4]] == [
         (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
     assert [(r.layout["tp"], r.layout["pp"], r.rank, r.details["setup_in_launch"]) for r in rows[4:]] == [
-        (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3)]
+        (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3), (1, 2, 0, 4), (1, 2, 1, 4)]
 
 
 @pytest.mark.slow

@@ -313,14 +313,17 @@ def layout_dict(layout: Layout) -> dict[str, Any]:
 
 
 def for_rank(prediction: Estimate, global_rank: int) -> Estimate:
-    """The estimate of global rank ``global_rank``: its pipeline stage's kind (ranks numbered tp, cp, dp,
-    pp from fastest to slowest, as headroom.core.timing.comm places them)."""
+    """The estimate of global rank ``global_rank``: its pipeline stage's kind, the one that holds as many blocks
+    at the same end of the pipeline (ranks numbered tp, cp, dp, pp from fastest to slowest, as
+    headroom.core.timing.comm places them)."""
     layout = prediction.config.layout
     if not 0 <= global_rank < layout.world:
         raise ConfigError(f"rank {global_rank} is not one of the layout's {layout.world} ranks")
     stage = global_rank // (layout.tp * layout.cp * layout.dp)
+    layers = prediction.config.stage_layers(prediction.spec)[stage]
     kinds = prediction.ranks or (prediction,)
-    return next(k for k in kinds if k.rank.first == (stage == 0) and k.rank.last == (stage == layout.pp - 1))
+    return next(k for k in kinds if (k.rank.layers, k.rank.first, k.rank.last)
+                == (layers, stage == 0, stage == layout.pp - 1))
 
 
 MAX_ACCUMULATION_STEPS = 2**24
@@ -341,7 +344,7 @@ def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumul
         Estimate(spec=spec, config=config, device=device, static=static_memory(spec, config, rank),
                  ledger=activation_ledger(spec, config, device, rank=rank), flops=flops,
                  accumulation_steps=accumulation_steps, rank=rank)
-        for rank in rank_kinds(config.layout, spec.n_layers, accumulation_steps)
+        for rank in rank_kinds(config.layout, config.stage_layers(spec), accumulation_steps)
     )
     worst = max(ranks, key=lambda r: r.peak_bytes)
     if len(ranks) == 1:

@@ -33,7 +33,7 @@ from fractions import Fraction
 from headroom.core.errors import ConfigError
 from headroom.core.memory.attention_trace import masked_sdpa_refusal
 from headroom.core.memory.forward_trace import new_trace, trace_block, trace_forward
-from headroom.core.memory.pipeline import RankKind, rank_kinds
+from headroom.core.memory.pipeline import RankKind, first_rank
 from headroom.core.memory.trace import Dims, Kind, Repeat, SavedTensor
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules, device_rules
@@ -162,7 +162,7 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
     """
     config.check_model(spec)
     rules = rules or device_rules(device)
-    rank = rank or rank_kinds(config.layout, spec.n_layers, 1)[0]
+    rank = rank or first_rank(config.layout, spec.n_layers, config.stack)
     one_micro_batch = rank if rank.in_flight == 1 else replace(rank, in_flight=Fraction(1))
     key = (spec, _ledger_key(config), rules, one_micro_batch)
     kept = _kept_ledgers.get()
@@ -237,7 +237,7 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
     kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
     ring = 4 * kv_chunk if config.layout.cp > 1 else 0
     return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
-                  recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks),
+                  recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks, rank.layers),
                   forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
 
 
@@ -262,13 +262,13 @@ def _fused_linear_chunk_bytes(d: Dims, amp: bool, input_bytes: int, device: str)
     return rows * vocab * matmul + max(rows * h * matmul, weight_gradient) + 4 * tokens
 
 
-def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, loss_kept: int) -> int:
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, loss_kept: int, layers: int) -> int:
     """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
     recompute (full, every-K, op-selective, offload), or one attention core
     (selective). What the loss kept (``loss_kept``: its probabilities over the vocabulary, or Liger's two
-    gradients) is freed by the time a block's backward runs.
+    gradients) is freed by the time a block's backward runs. ``layers``: the rank's blocks.
     """
     policy = config.recompute
     if not policy.recomputes and not (policy.offloads and rules.offload_moves):
@@ -279,7 +279,7 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, l
     if spec.dense_layers:
         block = max(block, _block_bytes(spec, config, rules, "none", 0))
     if policy.recomputes_blocks:
-        segment = policy.segment_layers(spec.n_layers // config.layout.pp) * block
+        segment = policy.segment_layers(layers) * block
     elif policy.recomputes_attention:
         segment = block - _block_bytes(spec, config, rules, "selective", layer)
     else:  # op-selective recomputes, offload brings back, one block at a time

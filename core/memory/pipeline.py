@@ -1,9 +1,10 @@
 """Pipeline stages: which layers a rank holds, how many micro-batches it keeps in flight, the bubble.
 
 A pipeline of ``pp`` stages runs ``m`` micro-batches per optimizer step.
-Each stage holds ``n_layers / pp`` blocks (under ``interleaved``, in ``v``
-chunks of ``n_layers / (pp v)``); the first stage also holds the embedding,
-the last the final norm, the head and the loss.
+Each stage holds its share of the blocks (headroom.core.specs.stages: ``n_layers
+/ pp`` each by default; under ``interleaved``, in ``v`` chunks); the first
+stage also holds the embedding, the last the final norm, the head and the
+loss.
 
 Activations in flight on stage i (0-based), in micro-batches of the stage's
 layers, at the schedule's steady state:
@@ -30,6 +31,7 @@ from fractions import Fraction
 
 from headroom.core.errors import ConfigError
 from headroom.core.specs.layout import Layout
+from headroom.core.specs.stages import stage_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -37,7 +39,8 @@ class RankKind:
     """One kind of rank: the ranks of one pipeline stage are alike (tp, cp and dp ranks are symmetric)."""
 
     name: str
-    """``only`` (no pipeline), ``first stage``, ``middle stage`` or ``last stage``."""
+    """``only`` (no pipeline), ``first stage``, ``middle stage`` or ``last stage``; ``middle stage i`` where
+    the middle stages hold different numbers of blocks."""
     stage: int
     layers: int
     """Blocks this rank holds (all its chunks)."""
@@ -71,16 +74,33 @@ def check_micro_batches(layout: Layout, micro_batches: int) -> None:
         )
 
 
-def rank_kinds(layout: Layout, n_layers: int, micro_batches: int) -> tuple[RankKind, ...]:
-    """Every kind of rank: one without a pipeline; first, middle (when pp > 2) and last stages with one."""
-    layers = n_layers // layout.pp
+def rank_kinds(layout: Layout, layers: tuple[int, ...], micro_batches: int) -> tuple[RankKind, ...]:
+    """Every kind of rank, given each stage's blocks (headroom.core.specs.stages.stage_layers): one without a
+    pipeline; with one the first and last stages, and of the middle stages the first to hold each count of
+    blocks (it keeps the most micro-batches in flight of those alike)."""
     if layout.pp == 1:
-        return (RankKind("only", 0, layers, True, True, Fraction(1)),)
-    stages = [("first stage", 0), *([("middle stage", 1)] if layout.pp > 2 else []), ("last stage", layout.pp - 1)]
+        return (RankKind("only", 0, layers[0], True, True, Fraction(1)),)
+    middles = {n: stage for stage, n in reversed(list(enumerate(layers[1:-1], start=1)))}
+    named = ["middle stage"] if len(middles) == 1 else [f"middle stage {stage}" for stage in sorted(middles.values())]
+    stages = [("first stage", 0), *zip(named, sorted(middles.values()), strict=True), ("last stage", layout.pp - 1)]
     return tuple(
-        RankKind(name, stage, layers, stage == 0, stage == layout.pp - 1, in_flight(layout, stage, micro_batches))
+        RankKind(name, stage, layers[stage], stage == 0, stage == layout.pp - 1,
+                 in_flight(layout, stage, micro_batches))
         for name, stage in stages
     )
+
+
+def first_rank(layout: Layout, n_layers: int, stack: str = "reference") -> RankKind:
+    """The first stage's kind (the only one without a pipeline) under the stack's split."""
+    return rank_kinds(layout, stage_layers(layout, n_layers, stack), 1)[0]
+
+
+def pipeline_seconds(stage_s: tuple[float, ...], micro_batches: int, virtual_stages: int = 1) -> float:
+    """One step of a pipeline whose stage i takes ``stage_s[i]`` a micro-batch: the slowest stage runs every
+    micro-batch and each other stage's one micro-batch fills and drains the pipe, m t_max + (sum t - t_max) / v.
+    Alike stages give Narayanan et al.'s (m + (pp - 1) / v) t (2021, Sec. 2.2)."""
+    slowest = max(stage_s)
+    return micro_batches * slowest + (sum(stage_s) - slowest) / virtual_stages
 
 
 def bubble_fraction(layout: Layout, micro_batches: int) -> Fraction:

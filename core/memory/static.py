@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, replace
 
 from headroom.core.errors import ConfigError
-from headroom.core.memory.pipeline import RankKind, rank_kinds
+from headroom.core.memory.pipeline import RankKind, first_rank
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
@@ -89,7 +89,7 @@ def _experts_elsewhere(spec: ModelSpec, layout: Layout) -> int:
 def rank_expert_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
     """The routed-expert parameters one rank holds (its 1/ep of each expert block's), which are sharded and
     reduced over the dp x cp / ep ranks that hold the same experts rather than over all dp x cp."""
-    rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
+    rank = rank or first_rank(layout, spec.n_layers)
     return _rank_blocks(spec, rank).get(True, 0) * (spec.routed_expert_parameters() // layout.ep)
 
 
@@ -100,7 +100,7 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
     With tied embeddings and a pipeline, the last stage keeps its own copy of the embedding matrix
     for the head (Megatron-LM's word-embedding copy, its gradient all-reduced with the first stage's).
     """
-    rank = rank or rank_kinds(layout, spec.n_layers, 1)[0]
+    rank = rank or first_rank(layout, spec.n_layers)
     t = layout.tp
     total = sum(n * _rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items())
     words = -(-spec.vocab_size * spec.hidden // t)

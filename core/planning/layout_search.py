@@ -7,8 +7,11 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 - sequence parallelism is on whenever tp > 1 and the stack has it: it moves
   the same bytes as plain tensor parallelism (Korthikanti et al. 2022,
   Sec. 4.2.2) and keeps less.
-- pp divides the layers; with pp > 1 both ``1f1b`` and ``interleaved`` with
-  two virtual stages (when the layers split that far) are tried.
+- pp splits the layers by the stack's rule (headroom.core.specs.stages: evenly,
+  or where they do not divide, or under torchtitan always, with the embedding
+  and head counted as a block each); with pp > 1 both ``1f1b`` and
+  ``interleaved`` with two virtual stages (when the layers split that far) are
+  tried. Pinned stage layers pin pp to their count and the schedule to 1f1b.
 - cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
 - dp is what is left; it must divide the global batch. The sharding stage is
   tried from 0 to 3 when there is more than one data-parallel rank.
@@ -38,6 +41,7 @@ from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout, shard_fits, sharding_groups
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stages import stage_layers
 
 PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
@@ -99,7 +103,8 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
         if gpus % tp:
             continue
-        for pp in choices("pp", [p for p in divisors(gpus // tp) if spec.n_layers % p == 0 and (pipelines or p == 1)]):
+        for pp in choices("pp", [p for p in divisors(gpus // tp) if (pipelines or p == 1)
+                                 and _splits(spec, train, Layout(pp=p))]):
             if (gpus // tp) % pp:
                 continue
             for cp in choices("cp", divisors(gpus // (tp * pp))):
@@ -111,20 +116,35 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
                 yield from _variants(spec, train, tp, pp, cp, dp, pinned)
 
 
+def _splits(spec: ModelSpec, train: TrainConfig, layout: Layout) -> bool:
+    """The stack can split the model's layers over the layout's pipeline (headroom.core.specs.stages), or the
+    pinned stage layers apply to it."""
+    given = train.layout.stage_layers
+    if given is not None:
+        return layout.pp == len(given) and layout.schedule != "interleaved"
+    try:
+        stage_layers(layout, spec.n_layers, train.stack)
+    except ConfigError:
+        return False
+    return True
+
+
 def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp: int,
               pinned: frozenset[str]) -> Iterator[Layout]:
     fixed = train.layout
     sp = fixed.sp if "sp" in pinned else tp > 1 and get_stack(train.stack).sequence_parallel
     if sp and tp == 1:
         return
-    if "schedule" in pinned or "virtual_stages" in pinned:  # for the depths whose layers split that far
+    if "schedule" in pinned or "virtual_stages" in pinned or "stage_layers" in pinned:
         schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
-        schedules = [(schedule, v) for schedule, v in schedules if spec.n_layers % (pp * v) == 0]
     else:
-        schedules = [("1f1b", 1)] + ([("interleaved", 2)] if pp > 1 and spec.n_layers % (2 * pp) == 0 else [])
+        schedules = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
+    # for the depths whose layers split that far
+    schedules = [(schedule, v) for schedule, v in schedules
+                 if pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v))]
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
-    settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync")
-                if name in pinned}
+    settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync", "stage_layers")
+                if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]

@@ -316,6 +316,7 @@ class Candidate:
             "fragmentation": self.fragmentation,
             "headroom_bytes": budget_bytes - self.required_bytes,
             "layout": layout_dict(self.layout),
+            "stage_layers": list(self.config.stage_layers(self.estimate.spec)),
             "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
             "memory_bytes": self.estimate.memory_dict(),
             "ranks": self.estimate.ranks_list(),
@@ -414,8 +415,7 @@ def policies_worth_trying(request: PlanRequest) -> list[RecomputePolicy]:
 def offered_policies(request: PlanRequest) -> list[RecomputePolicy]:
     """`policies_worth_trying` before leaving out what cannot be accounted for the model (`PlanRequest.notes`
     says which and why)."""
-    layers = request.spec.n_layers
-    layers = layers // request.layout.pp
+    layers = max(request.train.stage_layers(request.spec))
     probe = activation_ledger(request.spec, request.base_config(1, RecomputePolicy("none")))
     per_layer = max(1, probe.per_layer_bytes)
     block_input = _block_input_bytes(request)

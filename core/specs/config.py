@@ -20,6 +20,7 @@ from headroom.core.specs.precision import (
 )
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack, stack_name
+from headroom.core.specs.stages import stage_layers
 
 MAX_MICRO_BATCH = 2**20
 """Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
@@ -186,6 +187,10 @@ class TrainConfig:
         return (get_stack(self.stack).transformers_modules and self.attention == "flash"
                 and not spec.attention_softcap and spec.sdpa_mask(self.seq_len, 0))
 
+    def stage_layers(self, spec: ModelSpec) -> tuple[int, ...]:
+        """Blocks on each pipeline stage, given or the stack's split (headroom.core.specs.stages)."""
+        return stage_layers(self.layout, spec.n_layers, self.stack)
+
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
@@ -232,8 +237,11 @@ class TrainConfig:
         if self.layout.ep > 1 and spec.n_experts % self.layout.ep:
             raise ConfigError(f"{spec.name}: its {spec.n_experts} routed experts do not split over ep "
                               f"{self.layout.ep}; use --ep among {divisors_near(spec.n_experts, self.layout.ep)}")
-        self.layout.check_model(spec.name, n_layers=spec.n_layers, n_heads=spec.n_heads,
-                                n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
+        self.layout.check_model(spec.name, n_heads=spec.n_heads, n_kv_heads=spec.n_kv_heads, seq_len=self.seq_len)
+        try:
+            self.stage_layers(spec)
+        except ConfigError as e:
+            raise ConfigError(f"{spec.name}: {e}") from None
         if spec.block == "llama" and self.dropout > 0:
             raise ConfigError(f"{spec.name}: llama blocks have no dropout; use --dropout 0")
         if not spec.rotary and self.seq_len > spec.max_seq_len:

@@ -8,9 +8,10 @@ Five parallel axes and a sharding stage, multiplied out as
   1/tp of every attention head group and MLP width; ``sp`` (sequence
   parallelism, Korthikanti et al. 2022) also splits the norms, dropouts and
   residual stream along the sequence between the tensor-parallel ranks.
-- ``pp`` pipeline parallelism: each rank holds ``n_layers / pp`` blocks (in
+- ``pp`` pipeline parallelism: each rank holds a stage of the blocks (in
   ``virtual_stages`` chunks under the ``interleaved`` schedule); ``1f1b`` and
-  ``gpipe`` keep one chunk per rank.
+  ``gpipe`` keep one chunk per rank. ``stage_layers`` gives each stage's
+  count; left None, the stack splits them (headroom.core.specs.stages).
 - ``cp`` context parallelism: ring attention over the sequence; each rank
   holds ``seq_len / cp`` tokens and passes K/V around the ring.
 - ``dp`` data parallelism, with ``zero`` the sharding stage over those ranks:
@@ -99,6 +100,9 @@ class Layout:
     None: the stack's default."""
     defer_gradient_sync: bool | None = None
     """Zero 0 and 3: reduce gradients in the last micro-batch's backward only; None: the stack's default."""
+    stage_layers: tuple[int, ...] | None = None
+    """Blocks on each pipeline stage, first to last (1f1b and gpipe); None: the stack's split
+    (headroom.core.specs.stages)."""
 
     def __post_init__(self) -> None:
         for axis in (*AXES, "virtual_stages", "ep"):
@@ -123,6 +127,25 @@ class Layout:
             raise ConfigError("the interleaved schedule needs virtual-stages >= 2 (model chunks per pipeline rank)")
         if self.schedule != "interleaved" and self.virtual_stages != 1:
             raise ConfigError(f"virtual-stages {self.virtual_stages} needs the interleaved schedule, not {self.schedule}")
+        self._check_stage_layers()
+
+    def _check_stage_layers(self) -> None:
+        given = self.stage_layers
+        if given is None:
+            return
+        if isinstance(given, list):
+            object.__setattr__(self, "stage_layers", given := tuple(given))
+        if not isinstance(given, tuple) or any(isinstance(n, bool) or not isinstance(n, int) or n < 0 for n in given):
+            raise ConfigError(f"stage layers must be a count of blocks per pipeline stage, e.g. 7,8,8,7; got {given!r}")
+        if self.pp == 1 or len(given) != self.pp:
+            raise ConfigError(f"stage layers {','.join(map(str, given))} give {len(given)} stage(s) for pp {self.pp}: "
+                              f"give one count per stage" + ("" if self.pp > 1 else ", with --pp above 1"))
+        if self.schedule == "interleaved":
+            raise ConfigError("stage layers apply to the 1f1b and gpipe schedules, one chunk a rank; the interleaved "
+                              "schedule splits the layers evenly over its chunks: leave stage layers out")
+        if not all(given[1:-1]):
+            raise ConfigError(f"stage layers {','.join(map(str, given))}: a middle stage holds at least one block "
+                              "(the first and last may hold only the embedding or the head)")
 
     def _check_data_parallel_settings(self) -> None:
         reshard, defer = self.reshard_after_forward, self.defer_gradient_sync
@@ -179,7 +202,8 @@ class Layout:
         parts = [f"tp {self.tp}" + (" +sp" if self.sp else "")]
         if self.pp > 1:
             schedule = f"interleaved x{self.virtual_stages}" if self.schedule == "interleaved" else self.schedule
-            parts.append(f"pp {self.pp} ({schedule})")
+            stages = f", stages {split_text(self.stage_layers)}" if self.stage_layers is not None else ""
+            parts.append(f"pp {self.pp} ({schedule}{stages})")
         else:
             parts.append("pp 1")
         parts += [f"cp {self.cp}", f"dp {self.dp}", f"zero {self.zero}"]
@@ -192,19 +216,15 @@ class Layout:
             parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
         return ", ".join(parts)
 
-    def check_model(self, name: str, *, n_layers: int, n_heads: int, n_kv_heads: int, seq_len: int) -> None:
-        """Reject a layout the model cannot be split by: heads by tp, layers by pp x v, sequence by cp."""
+    def check_model(self, name: str, *, n_heads: int, n_kv_heads: int, seq_len: int) -> None:
+        """Reject a layout the model cannot be split by: heads by tp, sequence by cp (its layers over the
+        pipeline: headroom.core.specs.stages)."""
         if n_heads % self.tp:
             raise ConfigError(f"{name}: its {n_heads} attention heads do not split over tp {self.tp}; "
                               f"use --tp among {divisors_near(n_heads, self.tp)}")
         if n_kv_heads % self.tp:
             raise ConfigError(f"{name}: its {n_kv_heads} key/value heads do not split over tp {self.tp}; "
                               f"use --tp among {divisors_near(n_kv_heads, self.tp)}")
-        if n_layers % self.chunks:
-            what = f"pp {self.pp} x {self.virtual_stages} virtual stages" if self.virtual_stages > 1 else f"pp {self.pp}"
-            flags = "--pp x --virtual-stages" if self.virtual_stages > 1 else "--pp"
-            raise ConfigError(f"{name}: its {n_layers} layers do not split over {what}; "
-                              f"use {flags} among {divisors_near(n_layers, self.chunks)}")
         # Ring attention with causal load balancing splits each sequence into 2 x cp chunks; sequence
         # parallelism then splits each rank's tokens over the tensor-parallel ranks.
         split = (2 * self.cp if self.cp > 1 else 1) * (self.tp if self.sp else 1)
@@ -220,6 +240,17 @@ class Layout:
                 f"global batch {global_batch} does not split over {self.dp} data-parallel ranks; "
                 f"use --dp among {divisors_near(global_batch, self.dp)}, or a global batch divisible by {self.dp}"
             )
+
+
+def split_text(layers: tuple[int, ...]) -> str:
+    """"7/8x14/7": each pipeline stage's blocks, runs of equal counts folded."""
+    runs: list[list[int]] = []
+    for n in layers:
+        if runs and runs[-1][0] == n:
+            runs[-1][1] += 1
+        else:
+            runs.append([n, 1])
+    return "/".join(f"{n}x{k}" if k > 1 else str(n) for n, k in runs)
 
 
 SINGLE = Layout()

@@ -58,6 +58,8 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         _llama("llama3.2-1b", 16, 2048, 32, 8, 8192, 128256, 131072, tied=True),
+        # Llama 3.1 405B (HF meta-llama/Llama-3.1-405B config.json)
+        _llama("llama3.1-405b", 126, 16384, 128, 8, 53248, 128256, 131072),
         # Mistral 7B v0.1 (HF mistralai/Mistral-7B-v0.1 config.json)
         _llama("mistral-7b", 32, 4096, 32, 8, 14336, 32000, 32768),
         # Mixtral 8x7B v0.1 (HF mistralai/Mixtral-8x7B-v0.1 config.json): 8 experts, 2 per token

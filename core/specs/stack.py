@@ -194,6 +194,9 @@ class Stack:
     torch_pipelining: bool = False
     """Its pipeline runs on ``torch.distributed.pipelining``, whose stages defer the gradient reduction and keep
     FSDP's units gathered from one micro-batch to the next (``PipelineStage.backward_maybe_with_nosync``)."""
+    weighted_stages: bool = False
+    """Its pipeline splits the layers by torchtitan's rule, the embedding and the head counted as a block each,
+    even where they divide (headroom.core.specs.stages); otherwise evenly."""
     fsdp_reshards_under_pipeline: bool = True
     """Under a pipeline its FSDP still frees each unit's parameters after forward (FSDP2's default); False:
     torchtitan's default policy keeps them (``reshard_after_forward = not pp_enabled``)."""
@@ -217,7 +220,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_reduce_scatters=True, torch_pipelining=True, fsdp_reshards_under_pipeline=False,
+          caches_reduce_scatters=True, torch_pipelining=True, fsdp_reshards_under_pipeline=False, weighted_stages=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,

@@ -48,6 +48,7 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stages import stage_layers
 from headroom.core.timing.collective_ops import bus_factor, ring_steps
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -157,14 +158,16 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
 # ---- parameters held by one rank ----------------------------------------------------
 
 
-def largest_rank_parameters(spec: ModelSpec, layout: Layout) -> int:
+def largest_rank_parameters(spec: ModelSpec, layout: Layout, stack: str = "reference") -> int:
     """Parameters of the most loaded rank kind before data-parallel sharding (headroom.core.memory.static.rank_parameters)."""
-    return rank_parameters(spec, layout, largest_rank(spec, layout))
+    return rank_parameters(spec, layout, largest_rank(spec, layout, stack))
 
 
-def largest_rank(spec: ModelSpec, layout: Layout) -> RankKind:
-    """The rank kind holding the most parameters before data-parallel sharding (the first such)."""
-    return max(rank_kinds(layout, spec.n_layers, 1), key=lambda rank: rank_parameters(spec, layout, rank))
+def largest_rank(spec: ModelSpec, layout: Layout, stack: str = "reference") -> RankKind:
+    """The rank kind holding the most parameters before data-parallel sharding (the first such), under the
+    stack's split of the layers (headroom.core.specs.stages)."""
+    kinds = rank_kinds(layout, stage_layers(layout, spec.n_layers, stack), 1)
+    return max(kinds, key=lambda rank: rank_parameters(spec, layout, rank))
 
 
 def kept_unit_parameters(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
@@ -307,8 +310,8 @@ def step_communication(
 
     b micro-batch, s = seq_len/cp, h hidden, e activation bytes (the compute dtype),
     r the residual stream's element bytes (the blocks' parameter dtype: 4 under
-    autocast, where FSDP does not gather 16-bit parameters), L' = ceil(n_layers/pp)
-    layers per rank, v virtual stages:
+    autocast, where FSDP does not gather 16-bit parameters), L' the most blocks a
+    pipeline stage holds (headroom.core.specs.stages), v virtual stages:
 
     - tp: per layer and micro-batch 2 all-reduces of b s h forward, 2 backward
       (Shoeybi et al. 2019, Sec. 3), or one per column-parallel linear where each
@@ -374,7 +377,7 @@ def step_communication(
     layout, recipe = config.layout, config.recipe
     b, h, e = config.micro_batch, spec.hidden, recipe.activation_bytes
     s = _ceil(config.seq_len, layout.cp)
-    layers = _ceil(spec.n_layers, layout.pp)
+    layers = max(config.stage_layers(spec))
     forwards = 2 if config.recompute.recomputes_blocks else 1
     terms: list[CommTerm] = []
 
@@ -411,7 +414,7 @@ def step_communication(
         add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
             f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")
     experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
-    largest = largest_rank(spec, layout)
+    largest = largest_rank(spec, layout, config.stack)
     kept = kept_unit_parameters(spec, layout, largest)
     schedule = config.data_parallel
     for p, whole, ranks, group, what in (

@@ -31,11 +31,13 @@ per optimizer step:
   gradient reductions and backward gathers behind the backwards that run them, the last alone where
   gradients are reduced once per step), context-parallel ring traffic behind the attention; what is left
   over is exposed and counted;
-- bubble: a pipeline idles (pp - 1) / v micro-batch times per step (headroom.core.memory.pipeline.bubble_fraction).
+- bubble: what the rank waits for a pipeline to fill and drain and for slower stages: the pipeline's m t_max +
+  (sum t - t_max) / v over every stage's micro-batch time t (stages differ in blocks, embedding and head), less
+  the rank's own m micro-batches; alike stages idle (pp - 1) / v micro-batch times (`_bubble_s`).
 
-Per rank, the blocks are the rank's n_layers / pp at the rank's shapes (tensor, sequence and context
-parallelism split them), and the head counted on every rank (the last stage, the slowest, sets the
-pipeline's pace). No factor multiplies the sum: docs/time-model.md lists every constant and its source.
+Per rank, the blocks are the rank's stage's (headroom.core.specs.stages) at the rank's shapes (tensor, sequence
+and context parallelism split them), with the embedding on the first stage and the head and loss on the last.
+No factor multiplies the sum: docs/time-model.md lists every constant and its source.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ from typing import Literal
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
-from headroom.core.memory.pipeline import bubble_fraction
+from headroom.core.memory.pipeline import pipeline_seconds
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HardwareSpec
@@ -299,20 +301,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     spec, cfg = estimate.spec, estimate.config
     layout = cfg.layout
     rank = estimate.rank
-    ops = forward_ops(spec, cfg, profile.device, rank.layers, first=rank.first, last=rank.last)
-    price = profile.price
-    blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
-    head = price(ops.head)
-    forward_s = blocks.forward_s + head.forward_s
-    backward_s = blocks.backward_s + head.backward_s
-    recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
-    offload_s = 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
-    forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
-    forward_s += forward_copy_s
-    backward_s += backward_copy_s
-    backward_kernels = blocks.backward_launches + head.backward_launches
-    launches = ops.launches + rerun_ops + backward_kernels
-    host_s = _host_s(profile.host, cfg, ops.launches, rerun_ops, backward_kernels)
+    price = _priced_once(profile)
+    mine, blocks = _micro_batch(estimate, profile, price, rank.layers, rank.first, rank.last)
 
     static = estimate.static
     accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
@@ -320,22 +310,101 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
 
     m = accumulation_steps
-    compute = StepTime(forward_s, backward_s, recomputed, offload_s, accumulation_s, optimizer_s, m,
-                       host_s=host_s, host_runs_ahead=profile.host_runs_ahead, launches=launches)
-    bubble_s = float(bubble_fraction(layout, m)) * m * compute.per_micro_batch_s
+    compute = replace(mine, accumulation_s=accumulation_s, optimizer_s=optimizer_s, micro_batches=m)
+    bubble_s = _bubble_s(estimate, profile, price, compute)
     if layout.world == 1:
         return replace(compute, bubble_s=bubble_s)
     if cluster is None:
         raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
     terms = step_communication(spec, cfg, m, cluster)
-    windows = _dp_windows(cfg, m, forward_s, backward_s + recomputed) | {
+    windows = _dp_windows(cfg, m, compute.forward_s, compute.backward_s + compute.recompute_s) | {
         ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s)}
     return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
                    overlaps=overlaps(terms, windows))
 
 
-def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps,
-               price: Callable[[tuple[TracedOp, ...]], OpsTime]) -> tuple[float, int]:
+Price = Callable[[tuple[TracedOp, ...]], OpsTime]
+
+
+def _priced_once(profile: HardwareProfile) -> Price:
+    """``profile.price``, each ops tuple priced once: a pipeline's stages run the same block's ops."""
+    priced: dict[int, tuple[tuple[TracedOp, ...], OpsTime]] = {}  # the ops kept: their id stays theirs
+
+    def price(ops: tuple[TracedOp, ...]) -> OpsTime:
+        if id(ops) not in priced:
+            priced[id(ops)] = ops, profile.price(ops)
+        return priced[id(ops)][1]
+
+    return price
+
+
+def _micro_batch(estimate: Estimate, profile: HardwareProfile, price: Price, layers: int, first: bool,
+                 last: bool) -> tuple[StepTime, OpsTime]:
+    """One micro-batch on a pipeline stage of ``layers`` blocks (the embedding on the ``first``, the head and
+    loss on the ``last``), as a StepTime of one micro-batch with no per-step terms, and its blocks' device time.
+    Offload and FSDP's copies are the estimate's rank's, in proportion to the blocks where the stage is
+    another."""
+    spec, cfg, rank = estimate.spec, estimate.config, estimate.rank
+    ops = forward_ops(spec, cfg, profile.device, layers, first=first, last=last)
+    blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
+    head = price(ops.head)
+    recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
+    share = 1.0 if layers == rank.layers else layers / rank.layers if rank.layers else 0.0
+    offload_s = share * 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
+    forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
+    backward_kernels = blocks.backward_launches + head.backward_launches
+    time = StepTime(blocks.forward_s + head.forward_s + share * forward_copy_s,
+                    blocks.backward_s + head.backward_s + share * backward_copy_s, recomputed, offload_s, 0.0, 0.0, 1,
+                    host_s=_host_s(profile.host, cfg, ops.launches, rerun_ops, backward_kernels),
+                    host_runs_ahead=profile.host_runs_ahead, launches=ops.launches + rerun_ops + backward_kernels)
+    return time, blocks
+
+
+def _bubble_s(estimate: Estimate, profile: HardwareProfile, price: Price, mine: StepTime) -> float:
+    """What the rank waits in a step for the pipeline to fill and drain and for slower stages: the pipeline's
+    time (headroom.core.memory.pipeline.pipeline_seconds over every stage's micro-batch) less the rank's own
+    micro-batches. Alike stages: (pp - 1) / v micro-batch times (Narayanan et al. 2021, Sec. 2.2).
+
+    Another stage's micro-batch is this one's with its own blocks and ends: every term of `_micro_batch` but the
+    embedding's and the head's grows with the blocks, so per block it is this rank's less its ends, over its
+    blocks (a rank of no blocks times each stage whole)."""
+    layout, rank = estimate.config.layout, estimate.rank
+    if layout.pp == 1:
+        return 0.0
+    mine_ends = _ends(estimate, profile, price, rank.first, rank.last)
+    seconds: dict[tuple[int, bool, bool], float] = {(rank.layers, rank.first, rank.last): mine.per_micro_batch_s}
+
+    def stage_s(layers: int, first: bool, last: bool) -> float:
+        if not rank.layers:
+            return _micro_batch(estimate, profile, price, layers, first, last)[0].per_micro_batch_s
+        device, host = _ends(estimate, profile, price, first, last)
+        share = layers / rank.layers
+        return StepTime(device + share * (mine.device_s - mine_ends[0]), 0.0, 0.0, 0.0, 0.0, 0.0, 1,
+                        host_s=host + share * (mine.host_s - mine_ends[1]),
+                        host_runs_ahead=profile.host_runs_ahead).per_micro_batch_s
+
+    stages = []
+    for stage, n in enumerate(estimate.config.stage_layers(estimate.spec)):
+        key = (n, stage == 0, stage == layout.pp - 1)
+        if key not in seconds:
+            seconds[key] = stage_s(*key)
+        stages.append(seconds[key])
+    m = mine.micro_batches
+    return pipeline_seconds(tuple(stages), m, layout.virtual_stages) - m * mine.per_micro_batch_s
+
+
+def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: bool, last: bool) -> tuple[float, float]:
+    """Device and host seconds of a stage's embedding (``first``) and final norm, head and loss (``last``) in
+    one micro-batch, as `_micro_batch` counts them."""
+    head = forward_ops(estimate.spec, estimate.config, profile.device, 0, first=first, last=last).head
+    if not head:
+        return 0.0, 0.0
+    timed = price(head)
+    return (timed.forward_s + timed.backward_s,
+            _host_s(profile.host, estimate.config, len(head), 0, timed.backward_launches))
+
+
+def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Price) -> tuple[float, int]:
     """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
 
     Full and every-K rerun the blocks' forward, less what torch's early stop skips (headroom.core.memory.flops.recompute_flops:

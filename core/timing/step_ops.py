@@ -70,7 +70,7 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
 def _plain(config: TrainConfig) -> TrainConfig:
     """The configuration without checkpointing, and without what no op's shape depends on."""
     layout = replace(config.layout.fewest_data_parallel(), zero=3 if config.fsdp_mixed_precision else 0,
-                     schedule="1f1b", virtual_stages=1, pp=1)
+                     schedule="1f1b", virtual_stages=1, pp=1, stage_layers=None)
     return replace(config, recompute=RecomputePolicy("none"), layout=layout)
 
 
