@@ -40,6 +40,7 @@ from headroom.core.specs.interconnect import (
     network,
 )
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
+from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB, parse_budget
 from headroom.db.hardware import resolve_hardware
@@ -276,6 +277,8 @@ def render(result: Plan, top: int | None) -> str:
         lines += [f"  overlap: {overlap.text()}" for overlap in best.time.overlaps]
     if best.layout.dp * best.layout.cp > 1:
         lines.append(f"  data parallel: {best.config.data_parallel.text(best.layout.zero)}")
+    if best.layout.pp > 1:
+        lines.append(f"  pipeline stages: {split_text_for(best.layout, req.spec.n_layers, best.config.stack)}")
     if len(best.estimate.ranks) > 1:
         lines.append("  memory per rank kind: " + ", ".join(
             f"{r.rank.name} {r.peak_bytes / GB:.1f} GB ({float(r.rank.in_flight):g} micro-batches in flight)"

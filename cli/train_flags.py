@@ -95,6 +95,11 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
+    p.add_argument("--stage-layers", type=stage_layers_value, default=None, metavar="N,N,...",
+                   help="blocks on each pipeline stage, first to last, e.g. 7,8,8,7 (1f1b and gpipe; sets --pp to "
+                        "their count) (default: the stack's split: torchtitan counts the embedding and the head "
+                        "as a block each, the others split evenly, and where the layers do not divide the planner "
+                        "splits them as torchtitan does)")
 
 
 def reshard_value(text: str) -> bool | int:
@@ -108,6 +113,15 @@ def reshard_value(text: str) -> bool | int:
         return int(word)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not true, false or a number of ranks") from None
+
+
+def stage_layers_value(text: str) -> tuple[int, ...]:
+    """``--stage-layers``: comma-separated counts of blocks (Layout checks them against pp and the model)."""
+    try:
+        return tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of block counts, e.g. 7,8,8,7") \
+            from None
 
 
 def model_from_args(args: argparse.Namespace) -> ModelSpec:
@@ -125,7 +139,8 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
-             "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync"}
+             "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
+             "stage_layers": "stage_layers"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")
@@ -159,6 +174,9 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
             values[f.name] = raw
         elif f.name in defaults and f.name not in values:
             values[f.name] = defaults[f.name]
+    stages = values.get("stage_layers")
+    if stages is not None and values.get("pp", 1) == 1:  # the stages' count, unless pp says otherwise
+        values["pp"] = len(stages)
     return values
 
 

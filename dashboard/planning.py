@@ -121,6 +121,8 @@ class PlanInputs:
     reshard_after_forward: str = AUTO
     """FSDP's: on, off or k ranks to keep a shard over (headroom.core.specs.data_parallel)."""
     defer_gradient_sync: str = AUTO
+    stage_layers: str = AUTO
+    """Blocks on each pipeline stage, comma-separated (headroom.core.specs.stages); pins pp to their count."""
     precision: str = "amp-bf16"
     optimizer: str = "adamw"
     attention: str = "flash"
@@ -227,6 +229,12 @@ def _axis_text(axis: str, raw: str) -> str:
     text = str(raw).strip().lower()
     if text in ("", AUTO):
         return AUTO
+    if axis == "stage_layers":
+        try:
+            return ",".join(str(int(part)) for part in text.replace(" ", "").split(","))
+        except ValueError:
+            raise ConfigError(f"stage layers {raw!r} is neither auto nor comma-separated block counts, e.g. "
+                              "7,8,8,7") from None
     if axis == "reshard_after_forward":
         text = {"true": "on", "yes": "on", "false": "off", "no": "off"}.get(text, text)
         if text in ("on", "off"):
@@ -256,6 +264,8 @@ def _axis_value(value: Any) -> str:
     value."""
     if value is None:
         return AUTO
+    if isinstance(value, (tuple, list)):
+        return ",".join(map(str, value))
     return ("on" if value else "off") if isinstance(value, bool) else str(value)
 
 
@@ -303,9 +313,13 @@ def build_layout(inputs: PlanInputs) -> Layout:
     values: dict[str, Any] = {}
     for axis in PINNABLE:
         text = _axis_text(axis, getattr(inputs, axis))
-        if text != AUTO:
+        if axis == "stage_layers" and text != AUTO:
+            values[axis] = tuple(int(part) for part in text.split(","))
+        elif text != AUTO:
             values[axis] = (text == "on" if axis in ON_OFF and text in ("on", "off")
                             else text if axis == "schedule" else int(text))
+    if "stage_layers" in values:  # pp is their count (headroom plan --stage-layers)
+        values.setdefault("pp", len(values["stage_layers"]))
     if search and values.get("sp") and "tp" not in values:
         raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
     if values.get("schedule") == "interleaved":

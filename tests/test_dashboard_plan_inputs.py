@@ -105,6 +105,16 @@ def test_a_schedule_without_a_pipeline_is_said_to_be_ignored(tmp_path, monkeypat
     assert "pp 2 (interleaved x4)" in at.markdown[0].value
 
 
+def test_the_page_pins_a_split_of_the_layers_and_shows_it(tmp_path, monkeypatch):
+    """stage_layers=1,3 in the URL plans pp 2 with those blocks, and the page says where the split came from."""
+    at = render_url(tmp_path, monkeypatch, {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8",
+                                            "budget": "4GB", "stage_layers": "1, 3"})
+    assert not at.exception and warnings(at) == []
+    assert at.text_input(key="plan_stage_layers").value == "1,3"
+    assert "pp 2 (1f1b, stages 1/3)" in at.markdown[0].value
+    assert any(str(c.value) == "Pipeline stages: 1/3 blocks (as given)." for c in at.caption)
+
+
 def test_a_schedule_pinned_for_a_search_applies_to_its_pipelines(tmp_path, monkeypatch):
     query = {"model": "bench-llama-small", "seq_len": "128", "global_batch": "8", "gpus": "2", "virtual_stages": "2"}
     at = render_url(tmp_path, monkeypatch, query)

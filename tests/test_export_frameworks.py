@@ -17,6 +17,7 @@ import pytest
 from headroom.core.exports import export
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
+from headroom.core.specs.stages import chunk_layers
 from tests.test_export import CASES, LLAMA3, candidate, torchtitan_command
 
 MISSING = "the training frameworks the exports are checked against: pip install -e '.[frameworks]'"
@@ -159,7 +160,7 @@ def torchtitan_config():
         _, fields, subcommand = torchtitan_command(text)
         args = []
         for name, value in fields.items():
-            args += [f"--{name}"] if value is None else [f"--{name}", value]
+            args += [f"--{name}"] if value is None else [f"--{name}", *value.split(" ")]
         return ConfigManager().parse_args([*args, subcommand])
 
     return load
@@ -189,6 +190,36 @@ def test_torchtitan_command_loads(case, torchtitan_config):
     policy = torchtitan_command(exported.text)[2].removeprefix("activation-checkpoint:")
     loaded = config.activation_checkpoint
     assert (type(loaded).__qualname__ if loaded else None) == AC_CONFIGS[policy]
+
+
+@pytest.mark.parametrize("n_layers, pp, v", [(32, 4, 1), (126, 16, 1), (80, 8, 2), (32, 4, 2), (2, 2, 1), (61, 5, 1)])
+def test_the_torchtitan_stack_splits_the_layers_as_torchtitan_does(n_layers, pp, v):
+    """The torchtitan stack's split (headroom.core.specs.stages) is what torchtitan 0.3's own splitter gives with
+    its default weights for the embedding and head: Llama 3 405B over 16 stages 7, 8 x 14, 7."""
+    pytest.importorskip("torchtitan", reason=MISSING)
+    pytest.importorskip("triton", reason=MISSING)
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+    )
+
+    parts = _generate_llm_fqn_per_model_part(pp * v, n_layers, 1, 1)
+    layout = Layout(pp=pp, schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v)
+    assert chunk_layers(layout, n_layers, "torchtitan") == tuple(
+        sum(module.startswith("layers.") for module in part) for part in parts)
+
+
+def test_a_given_split_exports_module_by_module_and_torchtitan_reads_it(torchtitan_config):
+    """--stage-layers 12,20 on Llama 3 8B: torchtitan's parser reads one module list a stage, the embedding first,
+    the norm and head last, every module a name its own splitter uses."""
+    from torchtitan.distributed.pipeline_parallel import (
+        _generate_llm_fqn_per_model_part,
+    )
+
+    request, best = candidate(Layout(pp=2, stage_layers=(12, 20), dp=4), "full", spec=LLAMA3, stack="torchtitan")
+    parts = torchtitan_config(export("torchtitan", request, best).text).parallelism.module_fqns_per_model_part
+    assert [sum(m.startswith("layers.") for m in part) for part in parts] == [12, 20]
+    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
+    assert [m for part in parts for m in part] == _generate_llm_fqn_per_model_part(1, 32)[0]
 
 
 AC_CONFIGS = {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}

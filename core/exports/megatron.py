@@ -102,6 +102,25 @@ def _optimizer(run: Run, notes: list[str]) -> list[str]:
     return []
 
 
+def _stages(run: Run, notes: list[str]) -> list[str]:
+    """An uneven split of the layers (headroom.core.specs.stages): Megatron-LM gives its first and last stages
+    their own counts (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``) and splits
+    the rest evenly over the middle ones; any other split it cannot take, said in a note."""
+    chunks = run.chunk_layers
+    if len(set(chunks)) == 1:
+        return []
+    middle = chunks[1:-1]
+    if run.layout.schedule != "interleaved" and len(set(middle)) <= 1:
+        return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
+                "--decoder-last-pipeline-num-layers", str(chunks[-1])]
+    notes.append(f"Megatron-LM cannot split the layers {','.join(map(str, chunks))} over the pipeline "
+                 f"{'chunks' if run.layout.schedule == 'interleaved' else 'stages'}: it gives the first and last "
+                 "stages their own counts (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers) "
+                 "and the middle ones the rest evenly: plan with --stage-layers whose middle stages hold the same "
+                 "number of blocks")
+    return []
+
+
 def megatron(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = [(f"launch {ranks(layout.world)}: Megatron-LM derives the data-parallel size "
@@ -110,6 +129,7 @@ def megatron(run: Run) -> Export:
     if layout.sp:
         args.append("--sequence-parallel")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
+    args += _stages(run, notes)
     if layout.schedule == "interleaved":
         args += ["--num-layers-per-virtual-pipeline-stage", str(run.layers_per_chunk)]
     elif layout.schedule == "gpipe" and layout.pp > 1:

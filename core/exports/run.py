@@ -21,6 +21,7 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stages import chunk_layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +115,14 @@ class Run:
         return self.micro_batch * self.accumulation_steps
 
     @property
+    def chunk_layers(self) -> tuple[int, ...]:
+        """Blocks in each pipeline chunk, first to last (headroom.core.specs.stages)."""
+        return chunk_layers(self.layout, self.n_layers, self.stack)
+
+    @property
     def layers_per_chunk(self) -> int:
-        """Blocks in one pipeline chunk: n_layers / (pp x virtual stages)."""
-        return self.n_layers // self.layout.chunks
+        """Blocks in the largest pipeline chunk (every chunk's where they split evenly)."""
+        return max(self.chunk_layers)
 
     def summary(self) -> str:
         return (f"headroom plan: {self.model}, seq-len {self.seq_len}, global batch {self.global_batch}; "

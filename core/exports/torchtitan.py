@@ -13,6 +13,10 @@ and comes last). Names checked against torchtitan 0.3.0's
   ``enable_sequence_parallel`` (on by default), ``pipeline_parallel_degree``,
   ``pipeline_parallel_schedule`` (``1F1B``, ``Interleaved1F1B``, ``GPipe``),
   ``pipeline_parallel_microbatch_size``, ``pipeline_parallel_layers_per_stage``,
+  ``pipeline_parallel_first_stage_less_layers`` and ``_last_stage_less_layers``
+  (the blocks the embedding and the head count as when it splits the layers
+  itself, 1 each), ``module_fqns_per_model_part`` (each chunk's modules, a
+  comma-separated list each; ``distributed/pipeline_parallel.py``),
   ``context_parallel_degree``, ``expert_parallel_degree`` (ranks borrowed from
   ``dp_shard x cp``, experts sharded over the rest). FSDP spans ``dp_shard x cp`` ranks; replication
   without FSDP (DDP) runs only when data parallelism is the sole axis.
@@ -43,6 +47,7 @@ from headroom.core.exports.run import (
     ranks,
     stack_note,
 )
+from headroom.core.specs.stages import weighted_split
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
@@ -54,6 +59,28 @@ RECIPES = {
 }
 """A llama architecture -> (torchtitan module, config_registry function) whose model it is."""
 STAND_IN = ("llama3", "llama3_8b")
+
+
+def _stages(run: Run) -> list[str]:
+    """The plan's split of the layers into pipeline chunks (headroom.core.specs.stages): torchtitan's own where it
+    is (its ``_generate_llm_fqn_per_model_part``, one chunk a rank, two under a looped schedule), an even one by
+    ``pipeline_parallel_layers_per_stage`` with the embedding and head counted as no layer, any other module by
+    module (``module_fqns_per_model_part``, one comma-separated list a chunk)."""
+    layout, chunks = run.layout, run.chunk_layers
+    default_chunks = layout.pp * (2 if layout.schedule == "interleaved" else 1)
+    if layout.chunks == default_chunks and chunks == weighted_split(run.n_layers, layout.chunks):
+        return []
+    if len(set(chunks)) == 1:
+        return [f"--parallelism.pipeline_parallel_layers_per_stage {chunks[0]}",
+                "--parallelism.pipeline_parallel_first_stage_less_layers 0",
+                "--parallelism.pipeline_parallel_last_stage_less_layers 0"]
+    parts, start = [], 0
+    for i, n in enumerate(chunks):
+        modules = [f"layers.{layer}" for layer in range(start, start + n)]
+        start += n
+        modules = (["tok_embeddings"] if i == 0 else []) + modules + (["norm", "lm_head"] if i == len(chunks) - 1 else [])
+        parts.append(",".join(modules))
+    return ["--parallelism.module_fqns_per_model_part " + " ".join(parts)]
 
 
 def _recipe(run: Run, notes: list[str]) -> tuple[str, str]:
@@ -206,14 +233,8 @@ def torchtitan(run: Run) -> Export:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     parallelism += _data_parallel_settings(run, notes)
     if layout.pp > 1:
-        # Even chunks, embeddings and head counted as no layer: headroom's split (headroom.core.memory.pipeline).
-        parallelism += [
-            f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
-            f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}",
-            f"--parallelism.pipeline_parallel_layers_per_stage {run.layers_per_chunk}",
-            "--parallelism.pipeline_parallel_first_stage_less_layers 0",
-            "--parallelism.pipeline_parallel_last_stage_less_layers 0",
-        ]
+        parallelism += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
+                        f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}", *_stages(run)]
     checkpoint = _checkpointing(run, notes)
     _other_notes(run, notes)
     command = [f"{launch} -m torchtitan.train", f"--module {module} --config {recipe}", *training, *parallelism,

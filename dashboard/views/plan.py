@@ -30,6 +30,7 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from headroom.core.specs.presets import PRESETS
 from headroom.core.specs.stack import STACKS
+from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB
 from headroom.dashboard import charts, columns, data, plan_notes, plan_tables, planning
@@ -124,9 +125,10 @@ with st.sidebar:
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
                    "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)",
-                   "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync"}
+                   "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync",
+                   "stage_layers": "stage layers (e.g. 7,8,8,7)"}
     # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
-    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "virtual_stages"), ("schedule",),
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "virtual_stages"), ("schedule",), ("stage_layers",),
                 ("reshard_after_forward", "defer_gradient_sync")):
         for column, axis in zip(st.columns(len(row)), row, strict=True):
             with column:
@@ -259,6 +261,8 @@ if best is not None:
     st.subheader("Memory per rank kind")
     st.altair_chart(charts.build_peak_bar_chart(plan_tables.rank_memory_frame(result, {"": best}), budget_gb,
                                                 row="row"), width="stretch")
+    if best.layout.pp > 1:
+        st.caption(f"Pipeline stages: {split_text_for(best.layout, request.spec.n_layers, best.config.stack)}.")
     collectives = plan_tables.communication_frame(best)
     for overlap in best.time.overlaps:  # how close the hidden collectives come to being exposed
         st.caption(f"Overlap: {overlap.text()}.")
