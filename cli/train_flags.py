@@ -83,6 +83,10 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     p.add_argument("--ep", type=int, default=None if free else 1,
                    help="expert-parallel ranks of a mixture of experts, taken from the dp x cp ranks: each holds "
                    "1/ep of the routed experts (default " + ("chosen by the planner" if free else "1") + ")")
+    p.add_argument("--tp-overlap", default=None, choices=("on", "off"),
+                   help="tp with --sp on: run each block's tensor-parallel all-gathers and reduce-scatters beside the "
+                        "GEMMs they feed (megatron's --tp-comm-overlap, torchtitan's async TP under torch.compile) "
+                        "(default off, as in every stack)")
     p.add_argument("--reshard-after-forward", type=reshard_value, default=None, metavar="true|false|K",
                    help="FSDP (zero 3): free each unit's gathered parameters after its forward (true), keep them to "
                         "its backward (false), or keep a shard over K ranks, gathered again over those K in backward "
@@ -140,7 +144,7 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
              "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
-             "stage_layers": "stage_layers"}
+             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")
@@ -168,7 +172,7 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
-        if f.name in ("sp", "defer_gradient_sync") and raw is not None:
+        if f.name in ("sp", "defer_gradient_sync", "tp_overlap") and raw is not None:
             raw = raw == "on"
         if raw is not None:
             values[f.name] = raw

@@ -66,10 +66,10 @@ PAGE_TIME_LIMIT_S = 10.0
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
-                                            "defer_gradient_sync": (AUTO, "on", "off")}
+                                            "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off")}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
-ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward")
+ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap")
 """Layout fields whose on and off are True and False."""
 
 
@@ -121,6 +121,8 @@ class PlanInputs:
     reshard_after_forward: str = AUTO
     """FSDP's: on, off or k ranks to keep a shard over (headroom.core.specs.data_parallel)."""
     defer_gradient_sync: str = AUTO
+    tp_overlap: str = AUTO
+    """Tensor-parallel collectives beside the GEMMs: on, off, or the stack's default (off)."""
     stage_layers: str = AUTO
     """Blocks on each pipeline stage, comma-separated (headroom.core.specs.stages); pins pp to their count."""
     precision: str = "amp-bf16"

@@ -222,6 +222,14 @@ def test_a_given_split_exports_module_by_module_and_torchtitan_reads_it(torchtit
     assert [m for part in parts for m in part] == _generate_llm_fqn_per_model_part(1, 32)[0]
 
 
+def test_async_tensor_parallelism_reads_as_torchtitan_compiles_it(torchtitan_config):
+    """--tp-overlap on exports torchtitan's async TP with the compile it needs (its CompileConfig refuses the one
+    without the other)."""
+    request, best = candidate(Layout(tp=8, sp=True, dp=2, tp_overlap=True), "full", spec=LLAMA3, stack="torchtitan")
+    compiled = torchtitan_config(export("torchtitan", request, best).text).compile
+    assert compiled.enable and compiled.enable_async_tensor_parallel and "model" in compiled.components
+
+
 AC_CONFIGS = {"none": None, "full": "FullAC.Config", "selective": "SelectiveAC.Config"}
 """The activation-checkpoint subcommand -> the config class torchtitan builds for it."""
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from headroom.core.exports.run import Export, Run, offload_note
+from headroom.core.exports.run import Export, Run, offload_note, tp_overlap_note
 
 WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
 
@@ -62,6 +62,8 @@ def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
     layout = run.layout
     if layout.tp > 1:
         config["tensor_parallel"] = {"autotp_size": layout.tp}
+        if (note := tp_overlap_note(run, "DeepSpeed's AutoTP")) is not None:
+            notes.append(note)
         if layout.sp:
             notes.append("DeepSpeed's AutoTP splits the linear layers without sequence parallelism: norms and "
                          "dropouts run whole on every tensor-parallel rank, more activation memory than planned")

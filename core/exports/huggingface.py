@@ -37,6 +37,7 @@ from headroom.core.exports.run import (
     offload_note,
     ranks,
     stack_note,
+    tp_overlap_note,
 )
 from headroom.core.specs.config import hf_stack_covers
 
@@ -120,6 +121,8 @@ def _layout(run: Run, notes: list[str]) -> None:
                      "5) and context parallelism by accelerate's ParallelismConfig(cp_size=...) (parallelism_config=, "
                      "accelerate >= 1.10.1), not written here; the HF Trainer has no pipeline parallelism or expert "
                      "parallelism")
+    if (note := tp_overlap_note(run, "transformers")) is not None:
+        notes.append(note)
     if layout.sp:
         notes.append("transformers' tensor parallelism has no sequence parallelism: every rank keeps the norms' and "
                      "residual stream's whole sequence, more than the plan's sp counts; plan with --stack hf for "

@@ -26,6 +26,7 @@ from headroom.core.exports.run import (
     commented,
     data_parallel_batch,
     offload_note,
+    tp_overlap_note,
 )
 
 PRECISIONS = {"fp32": "32-true", "amp-bf16": "bf16-mixed", "bf16-pure": "bf16-true", "bf16-master": "bf16-mixed",
@@ -46,6 +47,8 @@ def _strategy(run: Run, notes: list[str]) -> tuple[str, list[str], bool]:
                      f"{'with' if layout.sp else 'without'} SequenceParallel on the norms, as planned), and "
                      + ("fully_shard over the data-parallel mesh (ZeRO-3) there too" if layout.zero == 3
                         else f"has no ZeRO-{layout.zero}: replicate the data-parallel mesh there"))
+        if (note := tp_overlap_note(run, "Lightning's ModelParallelStrategy")) is not None:
+            notes.append(note)
         dp = run.counted_data_parallel  # no pipeline or context parallelism: their ranks are data-parallel
         return (f"ModelParallelStrategy(data_parallel_size={dp}, tensor_parallel_size={layout.tp})",
                 ["from lightning.pytorch.strategies import ModelParallelStrategy"], False)

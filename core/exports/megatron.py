@@ -128,6 +128,8 @@ def megatron(run: Run) -> Export:
     args = ["--tensor-model-parallel-size", str(layout.tp)]
     if layout.sp:
         args.append("--sequence-parallel")
+    if layout.tp_overlap:  # Transformer Engine's userbuffers (megatron/training/arguments.py)
+        args.append("--tp-comm-overlap")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
     args += _stages(run, notes)
     if layout.schedule == "interleaved":

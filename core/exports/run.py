@@ -181,6 +181,15 @@ def capacity_note(run: Run, framework: str) -> str | None:
             "--capacity-factor for its activation memory and time")
 
 
+def tp_overlap_note(run: Run, framework: str) -> str | None:
+    """When the plan overlaps the blocks' tensor-parallel collectives with their GEMMs (Layout.tp_overlap) and the
+    framework cannot."""
+    if not run.layout.tp_overlap:
+        return None
+    return (f"{framework} has no overlap of tensor-parallel collectives with the GEMMs: they run exposed, slower "
+            "than planned; re-plan with --tp-overlap off for its step time")
+
+
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
     """When the plan follows another stack's saving rules (headroom.core.specs.stack) than the framework runs: its kernels
     (RMSNorm, RoPE, SwiGLU, cross-entropy), or under sequence parallelism what backward keeps of a gathered input."""

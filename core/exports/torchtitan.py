@@ -232,6 +232,10 @@ def torchtitan(run: Run) -> Export:
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     parallelism += _data_parallel_settings(run, notes)
+    if layout.tp_overlap:  # inductor's micro-pipelined TP (torchtitan/distributed/compile.py)
+        parallelism += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
+        notes.append("async tensor parallelism runs under torch.compile (--compile.enable), whose fused kernels save "
+                     "other tensors than the eager ones planned: memory and time may differ from the plan")
     if layout.pp > 1:
         parallelism += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
                         f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}", *_stages(run)]

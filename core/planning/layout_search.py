@@ -26,7 +26,8 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 
 An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parallel setting
 (``--reshard-after-forward``, ``--defer-gradient-sync``) is carried into every layout it applies to: the first
-only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3.
+only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3; ``--tp-overlap on``
+into the layouts with sequence parallelism (the others run without it).
 """
 
 from __future__ import annotations
@@ -49,8 +50,12 @@ PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 def pinned_layout(values: Mapping[str, object]) -> Layout:
     """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
     the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp; a pinned
-    reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over."""
+    reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over; a tp-overlap
+    on, the sequence parallelism it needs."""
     held = dict(values)
+    if held.get("tp_overlap"):
+        held.setdefault("sp", True)
+        held.setdefault("tp", 2)
     if "ep" in held and "dp" not in held:
         held["dp"] = held["ep"]
     kept = held.get("reshard_after_forward")
@@ -145,6 +150,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
     settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync", "stage_layers")
                 if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}
+    if "tp_overlap" in pinned and (sp or not fixed.tp_overlap):  # on: only where sequence parallelism runs
+        settings["tp_overlap"] = fixed.tp_overlap
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]

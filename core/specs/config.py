@@ -220,6 +220,10 @@ class TrainConfig:
             raise ConfigError(f"--stack {stack.name} --pp {self.layout.pp}: the HF Trainer has no pipeline schedule "
                               "(transformers' own pipeline only sends hidden states forward, for inference); use pp 1 "
                               "with sharding (zero 3), or --stack torchtitan or megatron for a pipeline")
+        if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:
+            raise ConfigError(f"--stack {stack.name} --tp-overlap on: only megatron (--tp-comm-overlap) and torchtitan "
+                              "(async tensor parallelism) run tensor-parallel collectives beside the GEMMs; use "
+                              "--tp-overlap off, or one of those stacks")
         if not stack.sequence_parallel and self.layout.sp:
             raise ConfigError(f"--stack {stack.name} --sp on: transformers' tensor parallelism replicates the norms "
                               "and the residual stream (its DistributedConfig's enable_sequence_parallel is not wired "

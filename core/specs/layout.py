@@ -25,6 +25,10 @@ Five parallel axes and a sharding stage, multiplied out as
   dp x cp / ep ranks (torchtitan's ``efsdp`` mesh, Megatron's expert
   data-parallel group).
 
+``tp_overlap`` (tp with sp): the tensor-parallel all-gathers and reduce-scatters of each block's linears
+run in pieces beside the matrix multiplications they feed or drain, rather than before and after them
+(Megatron-LM's ``--tp-comm-overlap``, torchtitan's async tensor parallelism); None: the stack's default, off.
+
 Two settings say how the data-parallel ranks run (headroom.core.specs.data_parallel resolves them, each
 stack's default when left None):
 
@@ -100,6 +104,9 @@ class Layout:
     None: the stack's default."""
     defer_gradient_sync: bool | None = None
     """Zero 0 and 3: reduce gradients in the last micro-batch's backward only; None: the stack's default."""
+    tp_overlap: bool | None = None
+    """Tensor parallelism (with sp): overlap each block's collectives with its GEMMs; None: the stack's default
+    (off in every stack)."""
     stage_layers: tuple[int, ...] | None = None
     """Blocks on each pipeline stage, first to last (1f1b and gpipe); None: the stack's split
     (headroom.core.specs.stages)."""
@@ -121,6 +128,11 @@ class Layout:
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallelism splits work between tensor-parallel ranks: it needs tp > 1")
         self._check_data_parallel_settings()
+        if self.tp_overlap is not None and not isinstance(self.tp_overlap, bool):
+            raise ConfigError(f"tp-overlap must be on or off, got {self.tp_overlap!r}")
+        if self.tp_overlap and not self.sp:
+            raise ConfigError("tp-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism with "
+                              "the GEMMs they feed: it needs tp > 1 with --sp on")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
@@ -183,10 +195,10 @@ class Layout:
 
     def fewest_data_parallel(self) -> Layout:
         """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
-        dp x cp), without its data-parallel settings: what one rank's shapes are the same under, whatever dp
-        is and however its ranks sync. Never spans more GPUs than this."""
+        dp x cp), without its settings of when ranks communicate: what one rank's shapes are the same under,
+        whatever dp is and however its ranks sync and overlap. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
-                       defer_gradient_sync=None)
+                       defer_gradient_sync=None, tp_overlap=None)
 
     @property
     def model_parallel(self) -> int:
@@ -212,6 +224,8 @@ class Layout:
         if self.reshard_after_forward is not None:
             parts.append({True: "reshard", False: "no reshard"}.get(self.reshard_after_forward,
                                                                      f"reshard to {self.reshard_after_forward}"))
+        if self.tp_overlap is not None:
+            parts.append("tp overlapped" if self.tp_overlap else "tp not overlapped")
         if self.defer_gradient_sync is not None:
             parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
         return ", ".join(parts)

@@ -166,6 +166,11 @@ class Stack:
     loss: Loss = "log-softmax"
     tensor_parallel: bool = True
     """The stack can split a layer over tensor-parallel ranks."""
+    overlaps_tensor_parallel: bool = False
+    """It can run each block's tensor-parallel collectives beside its GEMMs (``Layout.tp_overlap``): Megatron-LM's
+    ``--tp-comm-overlap`` (Transformer Engine's userbuffers: megatron/training/arguments.py, off by default) and
+    torchtitan's ``--compile.enable_async_tensor_parallel`` (inductor's micro-pipelined TP under
+    torch.compile: torchtitan/distributed/compile.py, off by default)."""
     sequence_parallel: bool = True
     """Under tensor parallelism it can split the norms' and dropouts' sequence over the ranks (Korthikanti et
     al. 2022)."""
@@ -221,10 +226,11 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           caches_reduce_scatters=True, torch_pipelining=True, fsdp_reshards_under_pipeline=False, weighted_stages=True,
+          overlaps_tensor_parallel=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
-          rms_norm="fused", fused_softmax=True, defers_gradient_sync=True,
+          rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),

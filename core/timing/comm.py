@@ -335,7 +335,15 @@ def step_communication(
       transformers' (tests/test_distributed_memory.py,
       tests/test_hf_tensor_parallel.py). Not counted: Megatron's extra all-gather of
       each column-parallel input in backward under sp (overlapped with the weight
-      gradient).
+      gradient). With ``Layout.tp_overlap`` (Megatron-LM's ``--tp-comm-overlap``:
+      Transformer Engine splits each all-gather and reduce-scatter of a block's
+      linears into tp pieces, each exchanged while the GEMM works on the one before;
+      torchtitan's async tensor parallelism: inductor's micro-pipelined
+      all-gather-matmul and matmul-reduce-scatter; Wang et al. 2023, "Overlap
+      Communication with Dependent Computation via Decomposition", ASPLOS) each of
+      the blocks' terms is two: its first 1/tp piece, exposed, and the rest, which
+      overlaps with the blocks' GEMMs (window ``matmuls``); the embedding's, head's
+      and loss's do not overlap.
     - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
       times per layer forward (again under block recompute) and K, V with dK, dV
       (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
@@ -394,7 +402,17 @@ def step_communication(
                               overlappable=overlappable, window=window if overlappable else "", note=note))
 
     if layout.tp > 1:
-        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers) + _vocabulary_calls(spec, config):
+        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers):
+            message = b * s * token_bytes
+            if not layout.tp_overlap:
+                add("tp", op, message, m * calls, layout.tp, False, note)
+                continue
+            # In tp pieces, each moved beside the GEMM of the one before: the first has nothing to hide behind.
+            first = _ceil(message, layout.tp)
+            add("tp", op, message - first, m * calls, layout.tp, True,
+                f"{note}; {layout.tp - 1} of its {layout.tp} pieces beside the GEMMs", window="matmuls")
+            add("tp", op, first, m * calls, layout.tp, False, f"{note}; the first of its {layout.tp} pieces")
+        for op, token_bytes, calls, note in _vocabulary_calls(spec, config):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
     if layout.cp > 1:
         kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2

@@ -29,8 +29,9 @@ per optimizer step:
 - communication (headroom.core.timing.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
   hidden behind the passes it runs in (`_dp_windows`: FSDP's forward gathers behind the forwards that gather,
   gradient reductions and backward gathers behind the backwards that run them, the last alone where
-  gradients are reduced once per step), context-parallel ring traffic behind the attention; what is left
-  over is exposed and counted;
+  gradients are reduced once per step), context-parallel ring traffic behind the attention, and with
+  ``Layout.tp_overlap`` the blocks' tensor-parallel collectives behind the blocks' GEMMs; what is left over
+  is exposed and counted;
 - bubble: what the rank waits for a pipeline to fill and drain and for slower stages: the pipeline's m t_max +
   (sum t - t_max) / v over every stage's micro-batch time t (stages differ in blocks, embedding and head), less
   the rank's own m micro-batches; alike stages idle (pp - 1) / v micro-batch times (`_bubble_s`).
@@ -318,12 +319,21 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
         raise ConfigError(f"a layout over {layout.world} GPUs needs an interconnect to time its communication")
     terms = step_communication(spec, cfg, m, cluster)
     windows = _dp_windows(cfg, m, compute.forward_s, compute.backward_s + compute.recompute_s) | {
-        ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s)}
+        ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s),
+        ("tp", "matmuls"): m * _matmuls_s(estimate, blocks)}
     return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
                    overlaps=overlaps(terms, windows))
 
 
 Price = Callable[[tuple[TracedOp, ...]], OpsTime]
+
+
+def _matmuls_s(estimate: Estimate, blocks: OpsTime) -> float:
+    """The blocks' GEMMs in one micro-batch: forward, backward's two products, and the share of forward's the
+    policy runs again (headroom.core.memory.flops: recompute FLOPs over the blocks' forward FLOPs)."""
+    flops = estimate.flops
+    again = min(1.0, flops.recompute / flops.blocks_forward) if flops.blocks_forward else 0.0
+    return blocks.gemm_s * (1 + again) + blocks.backward_gemm_s
 
 
 def _priced_once(profile: HardwareProfile) -> Price:
