@@ -15,7 +15,7 @@ from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
 from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
-from headroom.core.specs.layout import SCHEDULES, Layout
+from headroom.core.specs.layout import CP_COMMS, SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from headroom.core.specs.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
@@ -83,6 +83,11 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     p.add_argument("--ep", type=int, default=None if free else 1,
                    help="expert-parallel ranks of a mixture of experts, taken from the dp x cp ranks: each holds "
                    "1/ep of the routed experts (default " + ("chosen by the planner" if free else "1") + ")")
+    p.add_argument("--cp-comm", default=None, choices=CP_COMMS,
+                   help="cp > 1: how ranks exchange keys and values: ring (passed rank to rank, each hop beside a "
+                        "chunk's attention) or all-gather (gathered once a layer) (default: the stack's; torch's "
+                        "context parallelism gathers, under reference, torchtitan and hf; megatron passes them, "
+                        "its --cp-comm-type p2p)")
     p.add_argument("--tp-overlap", default=None, choices=("on", "off"),
                    help="tp with --sp on: run each block's tensor-parallel all-gathers and reduce-scatters beside the "
                         "GEMMs they feed (megatron's --tp-comm-overlap, torchtitan's async TP under torch.compile) "
@@ -144,7 +149,7 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
              "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
-             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap"}
+             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")

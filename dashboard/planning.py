@@ -43,7 +43,7 @@ from headroom.core.planning.planner import (
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import network
-from headroom.core.specs.layout import SCHEDULES, Layout
+from headroom.core.specs.layout import CP_COMMS, SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
@@ -66,7 +66,8 @@ PAGE_TIME_LIMIT_S = 10.0
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
-                                            "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off")}
+                                            "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off"),
+                                            "cp_comm": (AUTO, *CP_COMMS)}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
 ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap")
@@ -123,6 +124,8 @@ class PlanInputs:
     defer_gradient_sync: str = AUTO
     tp_overlap: str = AUTO
     """Tensor-parallel collectives beside the GEMMs: on, off, or the stack's default (off)."""
+    cp_comm: str = AUTO
+    """How context-parallel ranks exchange keys and values: ring, all-gather, or the stack's default."""
     stage_layers: str = AUTO
     """Blocks on each pipeline stage, comma-separated (headroom.core.specs.stages); pins pp to their count."""
     precision: str = "amp-bf16"
@@ -319,7 +322,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values[axis] = tuple(int(part) for part in text.split(","))
         elif text != AUTO:
             values[axis] = (text == "on" if axis in ON_OFF and text in ("on", "off")
-                            else text if axis == "schedule" else int(text))
+                            else text if axis in ("schedule", "cp_comm") else int(text))
     if "stage_layers" in values:  # pp is their count (headroom plan --stage-layers)
         values.setdefault("pp", len(values["stage_layers"]))
     if search and values.get("sp") and "tp" not in values:

@@ -105,23 +105,23 @@ def smoke_store(tmp_path_factory) -> SmokeStore:
 
 @pytest.fixture(scope="session")
 def two_ranks(tmp_path_factory) -> list[dict]:
-    """Tensor parallelism, FSDP2, DDP and expert parallelism on two gloo ranks (tests/distributed/): each rank's
+    """Tensor parallelism, FSDP2, DDP, expert parallelism and torch's ring attention on two gloo ranks (tests/distributed/): each rank's
     record (about 20-30 s on 2 cores), measured once per test run."""
     pytest.importorskip("torch")
     from tests.distributed.launch import launch
 
     return once_per_run(tmp_path_factory, "two-ranks",
-                        lambda folder: launch(2, ["tp", "fsdp", "fsdp-schedule", "ddp", "ep"]))
+                        lambda folder: launch(2, ["tp", "fsdp", "fsdp-schedule", "ddp", "ep", "cp"]))
 
 
 @pytest.fixture(scope="session")
 def four_ranks(tmp_path_factory) -> list[dict]:
-    """FSDP2, and its collectives under each resharding setting, on four gloo ranks (four processes on however
+    """FSDP2, its collectives under each resharding setting, and torch's ring attention on four gloo ranks (four processes on however
     many cores there are; slow tests only), measured once per test run."""
     pytest.importorskip("torch")
     from tests.distributed.launch import launch
 
-    return once_per_run(tmp_path_factory, "four-ranks", lambda folder: launch(4, ["fsdp", "fsdp-schedule"]))
+    return once_per_run(tmp_path_factory, "four-ranks", lambda folder: launch(4, ["fsdp", "fsdp-schedule", "cp"]))
 
 
 MARKUP_NAME = "[click here](https://evil.example) ![x](https://evil.example/p.png) *GPU*"

@@ -287,8 +287,9 @@ def test_tp_calls_scale_with_micro_batches_and_context_parallel_halves_the_messa
         {("all_reduce", BSHE // 2): 3 * (4 * L + 2), ("all_reduce", B * S // 2 * 4): 3 * 3})
 
 
-def test_context_parallel_ring_passes_k_and_v():
-    terms = terms_of({"cp": 4, "tp": 2})[("cp", "send_recv")]
+def test_transformer_engines_ring_passes_k_and_v():
+    """Megatron-LM's default --cp-comm-type p2p (torch's variants: tests/test_context_parallel.py)."""
+    terms = terms_of({"cp": 4, "tp": 2}, stack="megatron")[("cp", "send_recv")]
     forward, backward = terms
     kv = B * (S // 4) * (SPEC.kv_dim // 2) * E * 2
     assert forward.message_bytes == kv and forward.calls == 3 * SPEC.n_layers

@@ -84,12 +84,20 @@ def test_context_parallel_divides_the_sequence():
     assert quarter * 4 - whole == 3 * 16
 
 
-def test_ring_attention_double_buffers_k_v_and_their_gradients():
-    """cp 4 on llama3-8b: each rank's K and V chunk, current and arriving, with dK and dV in backward."""
+@pytest.mark.parametrize(("stack", "cp_comm", "chunks"), [
+    ("megatron", None, 4),  # TE's ring: K, V in use and arriving, with their gradients
+    ("megatron", "all-gather", 2 * 4),  # the whole sequence's K and V, and their gradients
+    ("reference", "ring", 2 + 4 + 4),  # torch's: K, V in use and arriving; fp32 dK, dV summed and arriving; fp32 dQ
+    ("reference", None, 4 + 4 + 4),  # torch's default, gathered: every rank's K and V
+])
+def test_ring_attention_holds_its_exchange_in_backward(stack, cp_comm, chunks):
+    """cp 4 on llama3-8b, bf16, b 2: a chunk is this rank's K and V of a layer, b x s/cp x kv_dim x 2 bf16 (the
+    fp32 gradients of K and V twice that; Q's fp32 gradient, 4096 wide, four times)."""
     spec = get_preset("llama3-8b")
-    config = TrainConfig(seq_len=8192, micro_batch=2, precision="bf16-pure", layout=Layout(cp=4))
+    config = TrainConfig(seq_len=8192, micro_batch=2, precision="bf16-pure", stack=stack,
+                         layout=Layout(cp=4, cp_comm=cp_comm))
     chunk = 2 * 2 * (8192 // 4) * spec.kv_dim * 2  # K and V, b x s/cp x kv_dim, bf16
-    assert activation_ledger(spec, config, "cuda").ring_buffer_bytes == 4 * chunk
+    assert activation_ledger(spec, config, "cuda").ring_buffer_bytes == chunks * chunk
     assert activation_ledger(spec, TrainConfig(seq_len=8192, micro_batch=2), "cuda").ring_buffer_bytes == 0
 
 

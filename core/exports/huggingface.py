@@ -123,6 +123,9 @@ def _layout(run: Run, notes: list[str]) -> None:
                      "parallelism")
     if (note := tp_overlap_note(run, "transformers")) is not None:
         notes.append(note)
+    if layout.cp > 1 and run.cp_comm == "ring":
+        notes.append("for the planned ring exchange of keys and values give accelerate's ParallelismConfig "
+                     "cp_handler=TorchContextParallelConfig(cp_comm_strategy='alltoall'); its default is 'allgather'")
     if layout.sp:
         notes.append("transformers' tensor parallelism has no sequence parallelism: every rank keeps the norms' and "
                      "residual stream's whole sequence, more than the plan's sp counts; plan with --stack hf for "

@@ -142,6 +142,8 @@ def megatron(run: Run) -> Export:
         args += ["--expert-model-parallel-size", str(layout.ep), "--moe-token-dispatcher-type", "alltoall"]
     if run.spec.capacity_factor:
         args += ["--moe-expert-capacity-factor", f"{run.spec.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
+    if layout.cp > 1 and run.cp_comm == "all-gather":  # its default is p2p, the ring
+        args += ["--cp-comm-type", "allgather"]
     args += ["--context-parallel-size", str(layout.cp),
              "--micro-batch-size", str(run.micro_batch),
              "--global-batch-size", str(run.global_batch),

@@ -115,6 +115,11 @@ class Run:
         return self.micro_batch * self.accumulation_steps
 
     @property
+    def cp_comm(self) -> str:
+        """How the plan's context-parallel ranks exchange keys and values: its setting, else its stack's."""
+        return self.layout.cp_comm or get_stack(self.stack).cp_comm
+
+    @property
     def chunk_layers(self) -> tuple[int, ...]:
         """Blocks in each pipeline chunk, first to last (headroom.core.specs.stages)."""
         return chunk_layers(self.layout, self.n_layers, self.stack)

@@ -170,6 +170,10 @@ def _checkpointing(run: Run, notes: list[str]) -> str:
 
 def _other_notes(run: Run, notes: list[str]) -> None:
     layout = run.layout
+    if layout.cp > 1 and run.cp_comm == "ring":
+        notes.append("torchtitan 0.3 has no setting for how context-parallel ranks exchange keys and values and runs "
+                     "torch's default, an all-gather a layer; for the planned ring call torch.distributed.tensor."
+                     "experimental._attention.set_rotate_method('alltoall') before training")
     if layout.cp > 1:
         notes.append(f"torchtitan's FSDP spans the dp x cp ranks: parameters, gradients and optimizer state are "
                      f"sharded over the {layout.cp} context-parallel ranks too, less memory than planned")

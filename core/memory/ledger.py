@@ -39,6 +39,7 @@ from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules, device_rules
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.stack import get_stack
 
 PROBABILITIES = ("log_softmax", "loss.softmax")
 """Names of the loss's fp32 probabilities over the vocabulary kept for backward: the log-probabilities, or the softmax
@@ -65,8 +66,8 @@ class Ledger:
     cross-entropy, whose fp32 copy is what it keeps, the head's output only; under torchtitan's, one
     fp32 tensor over the vocabulary more."""
     ring_buffer_bytes: int = 0
-    """Context parallelism: ring attention's buffers in one layer's backward, on top of what is kept:
-    the K and V chunk being used and the next one arriving, with their gradients (2 x 2 x K, V)."""
+    """Context parallelism: ring attention's buffers in one layer's backward, on top of what is kept
+    (`_ring_buffer_bytes`)."""
     repeats: tuple[Repeat, ...] = ()
     """Later segments, kept as references to a traced one (an 80-layer model traces two segments)."""
     _totals: dict[tuple[str, str], int] = field(init=False, repr=False, compare=False)
@@ -234,11 +235,25 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
         # The fp32 copy beside the log-probs and the 16-bit logits; backward, the log-probs' gradient (from
         # nll_loss) and the logits' (from log_softmax), both fp32.
         forward_transient, loss_gradient = fp32_over_vocab + head_output, 2 * fp32_over_vocab
-    kv_chunk = 2 * d.b * d.s * d.kv * config.recipe.activation_bytes  # this rank's K and V of one layer
-    ring = 4 * kv_chunk if config.layout.cp > 1 else 0
+    ring = _ring_buffer_bytes(config, d) if config.layout.cp > 1 else 0
     return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
                   recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks, rank.layers),
                   forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
+
+
+def _ring_buffer_bytes(config: TrainConfig, d: Dims) -> int:
+    """Ring attention's buffers in one layer's backward, beyond what is kept (headroom.core.timing.comm's
+    exchanges, counted from the implementations, not measured). kv: this rank's K and V of one layer in the
+    compute dtype. Transformer Engine's ring: the K and V chunk in use and the one arriving, with their
+    gradients (4 kv); its all-gather: K and V of the whole sequence and their gradients (2 cp kv). torch's: the
+    K and V in use and arriving (2 kv) or, gathered, the whole sequence's (cp kv), beside the fp32 gradients of
+    K and V being summed and arriving and of Q being summed (``convert_to_f32``)."""
+    kv = 2 * d.b * d.s * d.kv
+    kv_bytes, cp = kv * config.recipe.activation_bytes, config.layout.cp
+    ring = config.cp_comm == "ring"
+    if get_stack(config.stack).context_parallel == "transformer-engine":
+        return 4 * kv_bytes if ring else 2 * cp * kv_bytes
+    return (2 if ring else cp) * kv_bytes + 2 * kv * 4 + d.b * d.s * d.q * 4
 
 
 def _fused_linear_chunk_bytes(d: Dims, amp: bool, input_bytes: int, device: str) -> int:

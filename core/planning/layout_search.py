@@ -27,7 +27,7 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parallel setting
 (``--reshard-after-forward``, ``--defer-gradient-sync``) is carried into every layout it applies to: the first
 only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3; ``--tp-overlap on``
-into the layouts with sequence parallelism (the others run without it).
+into the layouts with sequence parallelism (the others run without it), ``--cp-comm`` into those with cp > 1.
 """
 
 from __future__ import annotations
@@ -53,6 +53,8 @@ def pinned_layout(values: Mapping[str, object]) -> Layout:
     reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over; a tp-overlap
     on, the sequence parallelism it needs."""
     held = dict(values)
+    if held.get("cp_comm"):
+        held.setdefault("cp", 2)
     if held.get("tp_overlap"):
         held.setdefault("sp", True)
         held.setdefault("tp", 2)
@@ -152,6 +154,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
                 if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}
     if "tp_overlap" in pinned and (sp or not fixed.tp_overlap):  # on: only where sequence parallelism runs
         settings["tp_overlap"] = fixed.tp_overlap
+    if "cp_comm" in pinned and cp > 1:
+        settings["cp_comm"] = fixed.cp_comm
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]

@@ -187,6 +187,11 @@ class TrainConfig:
         return (get_stack(self.stack).transformers_modules and self.attention == "flash"
                 and not spec.attention_softcap and spec.sdpa_mask(self.seq_len, 0))
 
+    @property
+    def cp_comm(self) -> str:
+        """How context-parallel ranks exchange keys and values: the layout's setting, else the stack's default."""
+        return self.layout.cp_comm or get_stack(self.stack).cp_comm
+
     def stage_layers(self, spec: ModelSpec) -> tuple[int, ...]:
         """Blocks on each pipeline stage, given or the stack's split (headroom.core.specs.stages)."""
         return stage_layers(self.layout, spec.n_layers, self.stack)

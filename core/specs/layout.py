@@ -25,6 +25,11 @@ Five parallel axes and a sharding stage, multiplied out as
   dp x cp / ep ranks (torchtitan's ``efsdp`` mesh, Megatron's expert
   data-parallel group).
 
+``cp_comm`` (cp > 1): how ring attention brings each rank the others' keys and values: ``ring`` passes
+them rank to rank, cp - 1 hops a layer, each beside one chunk's attention; ``all-gather`` gathers them
+once a layer (headroom.core.specs.stack: torch's context parallelism gathers by default, Megatron-LM passes
+them); None: the stack's default.
+
 ``tp_overlap`` (tp with sp): the tensor-parallel all-gathers and reduce-scatters of each block's linears
 run in pieces beside the matrix multiplications they feed or drain, rather than before and after them
 (Megatron-LM's ``--tp-comm-overlap``, torchtitan's async tensor parallelism); None: the stack's default, off.
@@ -60,6 +65,8 @@ size that follows from a layout (its ranks, the divisors an error suggests) is b
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
 SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
 AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
+CP_COMMS: tuple[str, ...] = ("ring", "all-gather")
+"""How context-parallel ranks exchange keys and values (headroom.core.timing.comm)."""
 
 
 def _positive(name: str, value: object) -> None:
@@ -104,6 +111,8 @@ class Layout:
     None: the stack's default."""
     defer_gradient_sync: bool | None = None
     """Zero 0 and 3: reduce gradients in the last micro-batch's backward only; None: the stack's default."""
+    cp_comm: Literal["ring", "all-gather"] | None = None
+    """Context parallelism: ``ring`` or ``all-gather`` keys and values; None: the stack's default."""
     tp_overlap: bool | None = None
     """Tensor parallelism (with sp): overlap each block's collectives with its GEMMs; None: the stack's default
     (off in every stack)."""
@@ -128,6 +137,11 @@ class Layout:
         if self.sp and self.tp == 1:
             raise ConfigError("sequence parallelism splits work between tensor-parallel ranks: it needs tp > 1")
         self._check_data_parallel_settings()
+        if self.cp_comm is not None and self.cp_comm not in CP_COMMS:
+            raise ConfigError(f"cp-comm must be one of {', '.join(CP_COMMS)}, got {self.cp_comm!r}")
+        if self.cp_comm is not None and self.cp == 1:
+            raise ConfigError(f"cp-comm {self.cp_comm} says how context-parallel ranks exchange keys and values: it "
+                              "needs cp > 1")
         if self.tp_overlap is not None and not isinstance(self.tp_overlap, bool):
             raise ConfigError(f"tp-overlap must be on or off, got {self.tp_overlap!r}")
         if self.tp_overlap and not self.sp:
@@ -195,8 +209,9 @@ class Layout:
 
     def fewest_data_parallel(self) -> Layout:
         """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
-        dp x cp), without its settings of when ranks communicate: what one rank's shapes are the same under,
-        whatever dp is and however its ranks sync and overlap. Never spans more GPUs than this."""
+        dp x cp), without its settings of when ranks communicate (not how context parallelism exchanges keys and
+        values: that changes what a rank holds): what one rank's shapes are the same under, whatever dp is and
+        however its ranks sync and overlap. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
                        defer_gradient_sync=None, tp_overlap=None)
 
@@ -224,6 +239,8 @@ class Layout:
         if self.reshard_after_forward is not None:
             parts.append({True: "reshard", False: "no reshard"}.get(self.reshard_after_forward,
                                                                      f"reshard to {self.reshard_after_forward}"))
+        if self.cp_comm is not None:
+            parts.append(f"cp by {self.cp_comm}")
         if self.tp_overlap is not None:
             parts.append("tp overlapped" if self.tp_overlap else "tp not overlapped")
         if self.defer_gradient_sync is not None:

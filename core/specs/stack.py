@@ -166,6 +166,14 @@ class Stack:
     loss: Loss = "log-softmax"
     tensor_parallel: bool = True
     """The stack can split a layer over tensor-parallel ranks."""
+    context_parallel: Literal["torch", "transformer-engine"] = "torch"
+    """Whose ring attention runs context parallelism: torch's (``torch.distributed.tensor.experimental``
+    ``_context_parallel/_attention.py``, torch 2.13: its keys and values all-gathered once a layer by default,
+    ``_cp_options.rotate_method = ALL_GATHER``, or passed rank to rank by ``set_rotate_method("alltoall")``;
+    their gradients passed rank to rank cp times either way, in fp32, ``convert_to_f32``; torchtitan and
+    accelerate, whose ``cp_comm_strategy`` defaults to ``allgather``, run it) or Transformer Engine's
+    (Megatron-LM's ``--cp-comm-type``, default ``p2p``: keys and values passed rank to rank, and their
+    gradients with them in backward; ``allgather``: gathered, exposed, ``AttnFuncWithCPAndKVAllGather``)."""
     overlaps_tensor_parallel: bool = False
     """It can run each block's tensor-parallel collectives beside its GEMMs (``Layout.tp_overlap``): Megatron-LM's
     ``--tp-comm-overlap`` (Transformer Engine's userbuffers: megatron/training/arguments.py, off by default) and
@@ -207,6 +215,12 @@ class Stack:
     torchtitan's default policy keeps them (``reshard_after_forward = not pp_enabled``)."""
     summary: str = ""
 
+    @property
+    def cp_comm(self) -> str:
+        """The context-parallel exchange it runs by default: all-gather under torch's, ring under Transformer
+        Engine's (``context_parallel``)."""
+        return "all-gather" if self.context_parallel == "torch" else "ring"
+
     def loss_at(self, tp: int) -> Loss:
         """The cross-entropy the stack computes at this tensor-parallel degree: torchtitan's own only above 1."""
         return "log-softmax" if self.loss == "loss-parallel" and tp == 1 else self.loss
@@ -231,6 +245,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
           rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
+          context_parallel="transformer-engine",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),

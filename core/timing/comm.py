@@ -257,6 +257,49 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     return calls
 
 
+def _context_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str, str]]:
+    """Ring attention's collectives in ``layers`` blocks for one micro-batch, as (op, message bytes, calls, the
+    window it overlaps with or "" where exposed, what). kv: this rank's K and V of one layer, b s/cp x kv_dim/tp x
+    2 in the compute dtype; the attention runs again where the policy recomputes it (full, every-K, selective).
+
+    torch's (headroom.core.specs.stack.Stack.context_parallel), counted call for call, with their sizes and dtypes,
+    on gloo ranks (tests/distributed/context_parallel.py): ``all-gather`` gathers kv once in forward (nccl-tests
+    S = cp kv), beside the first chunk's attention (the local one); ``ring`` passes it cp - 1 times, each beside
+    a chunk. Backward does the same with kv again, and passes K's and V's gradients cp times in fp32
+    (``convert_to_f32``), each beside a chunk but the last, which it waits for at once. Transformer Engine's
+    (megatron): ``ring`` (``p2p``) passes kv cp - 1 times forward and K, V with dK, dV cp - 1 times backward,
+    beside the chunks; ``all-gather`` gathers K and V forward and again backward and reduce-scatters dK and dV,
+    exposed (its docstring: "KV all-gather between CP ranks is exposed")."""
+    layout, policy = config.layout, config.recompute
+    cp = layout.cp
+    kv = config.micro_batch * _ceil(config.seq_len, cp) * _ceil(spec.kv_dim, layout.tp) * 2
+    kv_bytes = kv * config.recipe.activation_bytes
+    forwards = 2 if policy.recomputes_blocks or policy.recomputes_attention else 1
+    again = " (+recompute)" if forwards == 2 else ""
+    if get_stack(config.stack).context_parallel == "transformer-engine":
+        if config.cp_comm == "ring":
+            return [("send_recv", kv_bytes, forwards * layers * (cp - 1), "attention",
+                     f"ring attention forward: local K and V, cp-1 hops per layer{again}"),
+                    ("send_recv", 2 * kv_bytes, layers * (cp - 1), "attention",
+                     "ring attention backward: K, V with dK, dV, cp-1 hops per layer")]
+        half = cp * kv_bytes // 2
+        return [("all_gather", half, 2 * forwards * layers, "", f"K and V gathered per layer forward{again}"),
+                ("all_gather", half, 2 * layers, "", "K and V gathered again per layer backward"),
+                ("reduce_scatter", half, 2 * layers, "", "dK and dV reduce-scattered per layer backward")]
+    gradients = [("send_recv", kv * 4, layers * (cp - 1), "attention",
+                  "dK and dV passed on per layer backward, fp32, cp-1 of cp hops beside a chunk"),
+                 ("send_recv", kv * 4, layers, "", "dK and dV passed on per layer backward, fp32, the last hop")]
+    if config.cp_comm == "ring":
+        return [("send_recv", kv_bytes, forwards * layers * (cp - 1), "attention",
+                 f"K and V passed on per layer forward, cp-1 hops{again}"),
+                ("send_recv", kv_bytes, layers * (cp - 1), "attention", "K and V passed on per layer backward"),
+                *gradients]
+    return [("all_gather", cp * kv_bytes, forwards * layers, "first chunk",
+             f"K and V gathered per layer forward{again}"),
+            ("all_gather", cp * kv_bytes, layers, "first chunk", "K and V gathered again per layer backward"),
+            *gradients]
+
+
 LOSS_ALL_REDUCES = 3
 """A cross-entropy over logits split by vocabulary all-reduces three fp32 values a token forward: the
 logits' maximum, the target's logit and the sum of exponentials (Megatron-LM's
@@ -344,9 +387,9 @@ def step_communication(
       the blocks' terms is two: its first 1/tp piece, exposed, and the rest, which
       overlaps with the blocks' GEMMs (window ``matmuls``); the embedding's, head's
       and loss's do not overlap.
-    - cp: ring attention passes the local K and V, b s (kv_dim/tp) e x 2 bytes, cp-1
-      times per layer forward (again under block recompute) and K, V with dK, dV
-      (twice the bytes) cp-1 times backward. Overlapped with the attention compute.
+    - cp: ring attention's exchange of keys and values, by the stack's implementation
+      and the ring or all-gather variant (`_context_parallel_calls`), beside the
+      attention's chunks where it can be.
     - pp: per micro-batch a rank sends v activations forward and v gradients back,
       b s h r each (the residual stream: fp32 out of an fp32 model's stage under
       autocast, as the agent's pipeline stage returns it), divided by tp under sp (megatron-core's p2p tensor shape; the
@@ -415,13 +458,8 @@ def step_communication(
         for op, token_bytes, calls, note in _vocabulary_calls(spec, config):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
     if layout.cp > 1:
-        kv = b * s * _ceil(spec.kv_dim, layout.tp) * e * 2
-        hops = m * layers * (layout.cp - 1)
-        add("cp", "send_recv", kv, forwards * hops, layout.cp, True,
-            "ring attention forward: local K and V, cp-1 hops per layer" + (" (+recompute)" if forwards == 2 else ""),
-            window="attention")
-        add("cp", "send_recv", 2 * kv, hops, layout.cp, True, "ring attention backward: K, V with dK, dV",
-            window="attention")
+        for op, message, calls, window, note in _context_parallel_calls(spec, config, layers):
+            add("cp", op, message, m * calls, layout.cp, bool(window), note, window=window)
     if layout.pp > 1:
         activation = _ceil(b * s * h * DTYPE_BYTES[config.block_param_dtype], layout.tp if layout.sp else 1)
         add("pp", "send_recv", activation, 2 * m * layout.virtual_stages, layout.pp, False,

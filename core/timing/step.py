@@ -29,7 +29,8 @@ per optimizer step:
 - communication (headroom.core.timing.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
   hidden behind the passes it runs in (`_dp_windows`: FSDP's forward gathers behind the forwards that gather,
   gradient reductions and backward gathers behind the backwards that run them, the last alone where
-  gradients are reduced once per step), context-parallel ring traffic behind the attention, and with
+  gradients are reduced once per step), context-parallel traffic behind the attention (passed on beside
+  each chunk; an all-gather beside the first chunk only), and with
   ``Layout.tp_overlap`` the blocks' tensor-parallel collectives behind the blocks' GEMMs; what is left over
   is exposed and counted;
 - bubble: what the rank waits for a pipeline to fill and drain and for slower stages: the pipeline's m t_max +
@@ -320,6 +321,7 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     terms = step_communication(spec, cfg, m, cluster)
     windows = _dp_windows(cfg, m, compute.forward_s, compute.backward_s + compute.recompute_s) | {
         ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s),
+        ("cp", "first chunk"): m * (blocks.attention_s + blocks.backward_attention_s) / cfg.layout.cp,
         ("tp", "matmuls"): m * _matmuls_s(estimate, blocks)}
     return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
                    overlaps=overlaps(terms, windows))

@@ -126,9 +126,11 @@ with st.sidebar:
                    "zero": "ZeRO stage", "sp": "sp (sequence)", "schedule": "pipeline schedule",
                    "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)",
                    "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync",
-                   "stage_layers": "stage layers (e.g. 7,8,8,7)", "tp_overlap": "tp overlap"}
+                   "stage_layers": "stage layers (e.g. 7,8,8,7)", "tp_overlap": "tp overlap",
+                   "cp_comm": "cp exchange"}
     # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
-    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "tp_overlap"), ("virtual_stages",), ("schedule",),
+    for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "tp_overlap"), ("virtual_stages", "cp_comm"),
+                ("schedule",),
                 ("stage_layers",),
                 ("reshard_after_forward", "defer_gradient_sync")):
         for column, axis in zip(st.columns(len(row)), row, strict=True):

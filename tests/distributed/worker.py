@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-SUITES = ("tp", "fsdp", "fsdp-schedule", "ddp", "ep", "hf-tp")
+SUITES = ("tp", "fsdp", "fsdp-schedule", "ddp", "ep", "cp", "hf-tp")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -30,7 +30,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", type=Path, required=True, help="directory for one JSON per rank")
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=list(SUITES),
                         help="what to measure: tensor parallelism, FSDP2, FSDP2's collectives under each resharding "
-                             "and gradient-sync setting, DDP, expert parallelism, transformers' tensor parallelism")
+                             "and gradient-sync setting, DDP, expert parallelism, torch's ring attention, "
+                             "transformers' tensor parallelism")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="seconds any collective may wait before the process group gives up")
     return parser.parse_args(argv)
@@ -68,6 +69,12 @@ def run(suites: list[str], world: int, out: Path) -> dict:
         started = time.perf_counter()
         result["expert_parallel"] = expert_parallel.measure()
         result.setdefault("seconds", {})["ep"] = time.perf_counter() - started
+    if "cp" in suites:
+        from tests.distributed import context_parallel
+
+        started = time.perf_counter()
+        result["context_parallel"] = context_parallel.measure()
+        result.setdefault("seconds", {})["cp"] = time.perf_counter() - started
     if "hf-tp" in suites:  # imports transformers: only when asked
         from tests.distributed import hf_tensor_parallel
 
