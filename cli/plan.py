@@ -277,6 +277,10 @@ def render(result: Plan, top: int | None) -> str:
         lines += [f"  overlap: {overlap.text()}" for overlap in best.time.overlaps]
     if best.layout.dp * best.layout.cp > 1:
         lines.append(f"  data parallel: {best.config.data_parallel.text(best.layout.zero)}")
+    if best.layout.cp > 1:
+        given = "as given" if best.layout.cp_comm else f"the {best.config.stack} stack's"
+        how = ("gathered once a layer" if best.config.cp_comm == "all-gather" else "passed rank to rank")
+        lines.append(f"  context parallel: keys and values {how} ({given})")
     if best.layout.pp > 1:
         lines.append(f"  pipeline stages: {split_text_for(best.layout, req.spec.n_layers, best.config.stack)}")
     if len(best.estimate.ranks) > 1:

@@ -105,7 +105,11 @@ def test_plan_the_search_and_the_page_take_the_setting(run_cli):
     result = run_cli("plan", "--model", "llama3-8b", "--seq-len", "32768", "--global-batch", "16", "--cp", "4",
                      "--dp", "2", "--zero", "3", "--cp-comm", "ring", "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["recommendation"]["layout"]["cp_comm"] == "ring"
+    best = json.loads(result.stdout)["recommendation"]
+    assert best["layout"]["cp_comm"] == best["cp_comm"] == "ring"
+    plain = run_cli("plan", "--model", "llama3-8b", "--seq-len", "32768", "--global-batch", "16", "--cp", "4", "--dp",
+                    "2", "--zero", "3")
+    assert "context parallel: keys and values gathered once a layer (the reference stack's)" in plain.stdout
     bad = run_cli("plan", "--model", "llama3-8b", "--global-batch", "16", "--cp", "4", "--cp-comm", "p2p")
     assert bad.returncode == 2 and "invalid choice: 'p2p'" in bad.stderr
     train = TrainConfig(seq_len=32768, layout=Layout(cp=2, cp_comm="ring"))

@@ -13,7 +13,7 @@ Five parallel axes and a sharding stage, multiplied out as
   ``gpipe`` keep one chunk per rank. ``stage_layers`` gives each stage's
   count; left None, the stack splits them (headroom.core.specs.stages).
 - ``cp`` context parallelism: ring attention over the sequence; each rank
-  holds ``seq_len / cp`` tokens and passes K/V around the ring.
+  holds ``seq_len / cp`` tokens and gets the others' K/V (``cp_comm``).
 - ``dp`` data parallelism, with ``zero`` the sharding stage over those ranks:
   0 none (DDP), 1 optimizer state, 2 + gradients, 3 + parameters (FSDP).
 - ``ep`` expert parallelism (a mixture of experts): the routed experts split
