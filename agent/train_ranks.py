@@ -60,7 +60,7 @@ from headroom.agent.launch import Launch, LaunchFailed, emit
 from headroom.agent.rank import RankInfo, add_rank_flags, join, leave, settled
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import estimate, for_rank
-from headroom.core.specs.layout import Layout
+from headroom.core.specs.layout import Layout, split_text
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.run_config import RunConfig
 from headroom.core.timing.step import step_time
@@ -513,7 +513,8 @@ def _failed(setup: bench_train.TrainSetup, rank: int, world: int, status: str, m
 def layout_label(layout: Layout) -> str:
     parts = [f"tp{layout.tp}" + ("-sp" if layout.sp else "")] if layout.tp > 1 else []
     if layout.pp > 1:
-        parts.append(f"pp{layout.pp} {layout.schedule}")
+        parts.append(f"pp{layout.pp} {layout.schedule}"
+                     + (f" stages {split_text(layout.stage_layers)}" if layout.stage_layers is not None else ""))
     if layout.dp > 1:
         parts.append(f"dp{layout.dp} zero{layout.zero}")
     return " ".join(parts) or "1 rank"

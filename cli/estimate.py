@@ -17,6 +17,7 @@ from headroom.core.measured.calibration import Calibration
 from headroom.core.memory.estimate import Estimate, estimate
 from headroom.core.memory.ledger import Ledger
 from headroom.core.safe_text import printable_lines
+from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.run_cost import utilization
 from headroom.core.timing.step import HardwareProfile, step_time, tokens_per_s
 from headroom.core.units import GB, GiB
@@ -105,8 +106,10 @@ def render(result: Estimate) -> str:
         f"accumulation {result.accumulation_steps}, target {result.device}, {cfg.stack} stack",
         f"layout: {cfg.layout} ({cfg.layout.world} GPUs); memory of the {result.rank.name} rank"
         + (f", the most loaded ({float(result.rank.in_flight):g} micro-batches in flight)" if len(result.ranks) > 1 else ""),
-        "",
     ]
+    if cfg.layout.pp > 1:
+        lines.append(f"pipeline stages: {split_text_for(cfg.layout, spec.n_layers, cfg.stack)}")
+    lines.append("")
     rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets",
             "gathered_parameters_forward", "gathered_parameters_backward", "weight_copies",
             "activations", "activations_per_layer", "activations_host", "logits", "autocast_cache",

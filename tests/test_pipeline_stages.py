@@ -159,3 +159,14 @@ def test_megatron_takes_first_and_last_stages_of_their_own(run_cli):
     odd = run_cli(*base, "--stage-layers", "6,9,8,8,8,8,8,8,8,8,8,8,8,8,8,7")
     assert "--decoder-first-pipeline-num-layers" not in odd.stdout
     assert "Megatron-LM cannot split the layers 6,9,8,8" in " ".join(odd.stderr.split())  # a note, on stderr
+
+
+def test_estimate_says_the_split(run_cli):
+    base = ("estimate", "--model", "llama3-8b", "--seq-len", "4096", "--pp", "4", "--accumulation", "8",
+            "--stack", "torchtitan")
+    text = run_cli(*base)
+    assert text.returncode == 0, text.stderr
+    assert "pipeline stages: 8/9/8/7 blocks (torchtitan's split" in text.stdout
+    report = json.loads(run_cli(*base, "--json").stdout)
+    assert report["config"]["stage_layers"] == [8, 9, 8, 7] and report["config"]["layout"]["stage_layers"] is None
+    assert [r["layers"] for r in report["ranks"]] == [8, 9, 8, 7]

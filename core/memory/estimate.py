@@ -233,6 +233,7 @@ class Estimate:
             "dp": self.config.dp,
             "zero": self.config.zero,
             "layout": layout_dict(self.config.layout),
+            "stage_layers": list(self.config.stage_layers(self.spec)),
             "stack": self.config.stack,
             "device": self.device,
             "accumulation_steps": self.accumulation_steps,
