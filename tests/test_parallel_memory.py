@@ -9,7 +9,7 @@ import pytest
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import estimate
 from headroom.core.memory.ledger import activation_ledger
-from headroom.core.memory.pipeline import bubble_fraction, in_flight, rank_kinds
+from headroom.core.memory.pipeline import in_flight, pipeline_seconds, rank_kinds
 from headroom.core.memory.static import (
     fsdp_first_shard_parameters,
     fsdp_units,
@@ -128,8 +128,10 @@ def test_interleaved_first_stage_is_korthikanti_formula(pp, v):
     (Layout(), 8, Fraction(0)),
 ])
 def test_bubble_is_pp_minus_one_over_v_m(layout, m, expected):
-    """Narayanan et al. 2021, Sec. 2.2: bubble time fraction (p - 1) / m, and (p - 1) / (v m) interleaved."""
-    assert bubble_fraction(layout, m) == expected
+    """Narayanan et al. 2021, Sec. 2.2: bubble time fraction (p - 1) / m, and (p - 1) / (v m) interleaved, of
+    alike stages' micro-batches (pipeline_seconds: m t_max + (sum t - t_max) / v)."""
+    step = pipeline_seconds((1.0,) * layout.pp, m, layout.virtual_stages)
+    assert (step - m) / m == pytest.approx(float(expected), rel=1e-12)
 
 
 def test_gpipe_holds_every_micro_batch_on_every_stage():

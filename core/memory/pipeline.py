@@ -21,7 +21,8 @@ layers, at the schedule's steady state:
   worth, Korthikanti et al. 2022, Sec. 4.2.3.
 
 Bubble (Narayanan et al. 2021, Sec. 2.2): idle time is (pp - 1) / (v m) of
-the ideal time of the m micro-batches (v = 1 for 1f1b and gpipe).
+the ideal time of the m micro-batches (v = 1 for 1f1b and gpipe) when the stages
+are alike; `pipeline_seconds` times stages that are not.
 """
 
 from __future__ import annotations
@@ -101,8 +102,3 @@ def pipeline_seconds(stage_s: tuple[float, ...], micro_batches: int, virtual_sta
     Alike stages give Narayanan et al.'s (m + (pp - 1) / v) t (2021, Sec. 2.2)."""
     slowest = max(stage_s)
     return micro_batches * slowest + (sum(stage_s) - slowest) / virtual_stages
-
-
-def bubble_fraction(layout: Layout, micro_batches: int) -> Fraction:
-    """Pipeline idle time over the ideal time of the step's micro-batches: (pp - 1) / (v m)."""
-    return Fraction(layout.pp - 1, layout.virtual_stages * micro_batches)
