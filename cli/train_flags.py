@@ -101,6 +101,13 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                    help="zero 0 and 3: reduce the gradients once per step, in the last micro-batch's backward (on), "
                         "or every micro-batch (off) (default: the stack's; megatron and hf defer, reference and "
                         "torchtitan only under a pipeline)")
+    p.add_argument("--overlap-grad-reduce", default=None, choices=("on", "off"),
+                   help="zero 0-2: reduce the gradients while backward runs (on) or after it (off) (default: the "
+                        "stack's; megatron after, as Megatron-LM without --overlap-grad-reduce; the others beside)")
+    p.add_argument("--overlap-param-gather", default=None, choices=("on", "off"),
+                   help="zero 1-2: gather the updated parameters during the next forward (on) or after the "
+                        "optimizer step (off) (default: the stack's; megatron after, as Megatron-LM without "
+                        "--overlap-param-gather; the others during)")
     p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
@@ -149,7 +156,8 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
              "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
-             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm"}
+             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm",
+             "overlap_grad_reduce": "overlap_grad_reduce", "overlap_param_gather": "overlap_param_gather"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
         pinned.add("schedule")
@@ -177,7 +185,8 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
-        if f.name in ("sp", "defer_gradient_sync", "tp_overlap") and raw is not None:
+        if f.name in ("sp", "defer_gradient_sync", "tp_overlap", "overlap_grad_reduce", "overlap_param_gather") \
+                and raw is not None:
             raw = raw == "on"
         if raw is not None:
             values[f.name] = raw

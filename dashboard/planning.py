@@ -67,10 +67,12 @@ limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI ma
 can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
                                             "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off"),
-                                            "cp_comm": (AUTO, *CP_COMMS)}
+                                            "cp_comm": (AUTO, *CP_COMMS), "overlap_grad_reduce": (AUTO, "on", "off"),
+                                            "overlap_param_gather": (AUTO, "on", "off")}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
-ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap")
+ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap", "overlap_grad_reduce",
+          "overlap_param_gather")
 """Layout fields whose on and off are True and False."""
 
 
@@ -122,6 +124,10 @@ class PlanInputs:
     reshard_after_forward: str = AUTO
     """FSDP's: on, off or k ranks to keep a shard over (headroom.core.specs.data_parallel)."""
     defer_gradient_sync: str = AUTO
+    overlap_grad_reduce: str = AUTO
+    """Zero 0-2: gradients reduced beside backward (on) or after it (off), or the stack's default."""
+    overlap_param_gather: str = AUTO
+    """Zero 1-2: updated parameters gathered during the next forward (on) or after the step (off)."""
     tp_overlap: str = AUTO
     """Tensor-parallel collectives beside the GEMMs: on, off, or the stack's default (off)."""
     cp_comm: str = AUTO

@@ -315,8 +315,29 @@ def test_ddp_all_reduces_gradients_when_the_stack_syncs_them():
                                  ("reference", {"defer_gradient_sync": True}, 1)):
         (term,) = terms_of({"dp": 4} | layout, m=8, stack=stack)[("dp", "all_reduce")]
         message = largest_rank_parameters(SPEC, Layout(dp=4, **layout)) * 2
-        assert (term.message_bytes, term.calls, term.window) == (message, calls, "backward"), stack
-        assert term.note.startswith("gradients " + ("once per step" if calls == 1 else "every micro-batch"))
+        after = stack == "megatron"  # DistributedDataParallelConfig.overlap_grad_reduce: off by default
+        assert (term.message_bytes, term.calls, term.window) == (message, calls, "" if after else "backward"), stack
+        assert term.overlappable is not after
+        assert term.note.startswith("gradients " + ("once per step" if calls == 1 else "every micro-batch")
+                                    + (", after backward" if after else ""))
+
+
+def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
+    """Megatron-LM's DDP: gradients reduced after the last backward and ZeRO-1's updated parameters gathered after
+    the optimizer step, exposed, unless --overlap-grad-reduce and --overlap-param-gather say otherwise; torch's
+    stacks overlap both (the parameters behind the next step's first forward)."""
+    exposed = terms_of({"dp": 4, "zero": 1}, m=8, stack="megatron")
+    assert [(t.op, t.window, t.overlappable) for t in exposed[("dp", "reduce_scatter")] + exposed[("dp", "all_gather")]] \
+        == [("reduce_scatter", "", False), ("all_gather", "", False)]
+    asked = terms_of({"dp": 4, "zero": 1, "overlap_grad_reduce": True, "overlap_param_gather": True}, m=8,
+                     stack="megatron")
+    assert [(t.window, t.overlappable) for t in asked[("dp", "reduce_scatter")] + asked[("dp", "all_gather")]] \
+        == [("backward", True), ("forward", True)]
+    assert terms_of({"dp": 4, "zero": 1}, m=8)[("dp", "all_gather")][0].window == "forward"
+    with pytest.raises(ConfigError, match="overlap-grad-reduce applies to zero 0, 1, 2, not zero 3: FSDP"):
+        Layout(dp=4, zero=3, overlap_grad_reduce=True)
+    with pytest.raises(ConfigError, match="overlap-param-gather applies to zero 1, 2, not zero 0"):
+        Layout(dp=4, overlap_param_gather=False)
 
 
 def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():

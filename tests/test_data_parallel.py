@@ -43,7 +43,8 @@ def test_a_setting_given_wins_over_the_stack():
     assert (schedule.reshard_after_forward, schedule.defer_gradient_sync) == (4, False)
     assert schedule.text(3) == ("FSDP units kept as a shard over 4 ranks from forward to backward, and from one "
                                 "micro-batch to the next; gradients reduced every micro-batch")
-    assert data_parallel_schedule(Layout(dp=4), "megatron").text(0) == "gradients reduced once per step (the last micro-batch)"
+    assert data_parallel_schedule(Layout(dp=4), "megatron").text(0) == ("gradients reduced once per step (the last "
+                                                                        "micro-batch), after backward (exposed)")
 
 
 @pytest.mark.parametrize(("layout", "message"), [
@@ -129,3 +130,42 @@ def test_the_torchtitan_export_carries_the_resharding_it_can_say(run_cli):
     shard = run_cli(*base, "--reshard-after-forward", "8")
     assert "--parallelism.fsdp_reshard_after_forward" not in shard.stdout
     assert "cannot keep a shard over 8 ranks" in shard.stdout
+
+
+def test_megatron_plans_its_reductions_after_the_pass_and_exports_the_flags_that_overlap_them(run_cli):
+    """Megatron-LM reduces gradients after backward and gathers ZeRO-1's parameters after the step unless told
+    otherwise; the plan says so, the flags overlap them, and the export writes Megatron's own flags."""
+    base = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--global-batch", "64", "--dp", "8", "--zero", "1",
+            "--stack", "megatron")
+    plain = run_cli(*base, "--json")
+    assert plain.returncode == 0, plain.stderr
+    best = json.loads(plain.stdout)["recommendation"]
+    assert best["data_parallel"]["text"] == ("gradients reduced once per step, after backward (exposed); updated "
+                                             "parameters gathered after the optimizer step (exposed)")
+    assert {t["window"] for t in best["communication"] if t["axis"] == "dp"} == {""}
+    asked = json.loads(run_cli(*base, "--overlap-grad-reduce", "on", "--overlap-param-gather", "on",
+                               "--json").stdout)["recommendation"]
+    assert sorted(t["window"] for t in asked["communication"] if t["axis"] == "dp") == ["backward", "forward"]
+    assert asked["time_s"]["communication"] < best["time_s"]["communication"]
+    exported = run_cli(*base, "--overlap-grad-reduce", "on", "--overlap-param-gather", "on", "--export", "megatron")
+    assert "--overlap-grad-reduce --overlap-param-gather" in exported.stdout
+    assert "--overlap-grad-reduce" not in run_cli(*base, "--export", "megatron").stdout
+
+
+def test_a_framework_that_always_overlaps_says_it_runs_faster_than_a_plan_that_waits(run_cli):
+    base = ("plan", "--model", "llama3.2-1b", "--seq-len", "2048", "--global-batch", "64", "--dp", "8",
+            "--overlap-grad-reduce", "off")
+    titan = run_cli(*base, "--export", "torchtitan")
+    assert "torchtitan's DDP reduces the gradients while backward runs, where the plan waits for it" in \
+        " ".join(titan.stdout.split())
+    deepspeed = run_cli(*base, "--zero", "1", "--export", "deepspeed")
+    assert json.loads(deepspeed.stdout)["zero_optimization"] == {"stage": 1, "overlap_comm": False}
+    refused = run_cli(*base, "--zero", "3")
+    assert refused.returncode == 2 and "overlap-grad-reduce applies to zero 0, 1, 2, not zero 3" in refused.stderr
+
+
+def test_the_plan_page_pins_the_overlaps():
+    inputs = PlanInputs.from_query({"gpus": "0", "dp": "8", "zero": "1", "overlap_grad_reduce": "off",
+                                    "overlap_param_gather": "on"})
+    layout = build_layout(inputs)
+    assert (layout.overlap_grad_reduce, layout.overlap_param_gather) == (False, True)

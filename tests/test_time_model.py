@@ -190,13 +190,14 @@ def test_h200_steps_within_what_the_model_achieves():
 
 
 def test_narayanan_runs_within_the_issues_targets():
-    """Median 4.1%, worst 6.7% (targets 5% and 15%); all but the 529.6B and 1T runs predicted faster than they
-    ran (their last stages, one or two blocks and the head, set the pipeline's pace)."""
+    """Median 1.4%, worst 4.5% (targets 5% and 15%). Predicted slower than they ran: the 7.5B and 18.4B runs,
+    whose gradient all-reduce Megatron-LM runs after backward (5% of their step), and the 529.6B and 1T runs,
+    whose last stages (one or two blocks and the head) set the pipeline's pace."""
     rows = [r for r in validation.published_rows() if r.source.startswith("Narayanan")]
     assert len(rows) == 10
     errors = [abs(r.error) for r in rows]
-    assert statistics.median(errors) <= 0.042 and max(errors) <= 0.08
-    assert [r.name for r in rows if r.error < 0] == ["GPT 529.6B", "GPT 1008.0B"]
+    assert statistics.median(errors) <= 0.015 and max(errors) <= 0.046
+    assert [r.name for r in rows if r.error < 0] == ["GPT 7.5B", "GPT 18.4B", "GPT 529.6B", "GPT 1008.0B"]
 
 
 def test_llm_foundry_tables_within_what_the_model_achieves():

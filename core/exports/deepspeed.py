@@ -128,6 +128,8 @@ def deepspeed(run: Run) -> Export:
     notes: list[str] = []
     _batch(run, config, notes)
     config["zero_optimization"] = {"stage": run.layout.zero}
+    if run.layout.zero in (1, 2):  # its gradient reduction beside backward (ZeRO-1/2's default: off)
+        config["zero_optimization"]["overlap_comm"] = run.data_parallel.overlap_grad_reduce
     _precision(run, config, notes)
     _layout(run, config, notes)
     _checkpointing(run, notes)

@@ -35,6 +35,7 @@ from headroom.core.exports.run import (
     commented,
     data_parallel_batch,
     offload_note,
+    overlap_note,
     ranks,
     stack_note,
     tp_overlap_note,
@@ -121,8 +122,9 @@ def _layout(run: Run, notes: list[str]) -> None:
                      "5) and context parallelism by accelerate's ParallelismConfig(cp_size=...) (parallelism_config=, "
                      "accelerate >= 1.10.1), not written here; the HF Trainer has no pipeline parallelism or expert "
                      "parallelism")
-    if (note := tp_overlap_note(run, "transformers")) is not None:
-        notes.append(note)
+    for note in (tp_overlap_note(run, "transformers"), overlap_note(run, "The HF Trainer's DDP")):
+        if note is not None:
+            notes.append(note)
     if layout.cp > 1 and run.cp_comm == "ring":
         notes.append("for the planned ring exchange of keys and values give accelerate's ParallelismConfig "
                      "cp_handler=TorchContextParallelConfig(cp_comm_strategy='alltoall'); its default is 'allgather'")

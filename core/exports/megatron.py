@@ -54,6 +54,16 @@ def _precision(run: Run, notes: list[str]) -> list[str]:
     return ["--bf16"]
 
 
+def _overlaps(run: Run) -> list[str]:
+    """Megatron-LM's DDP reduces gradients after backward and gathers ZeRO-1's parameters after the step unless
+    told to overlap them (DistributedDataParallelConfig, both off by default): the plan's choice, said."""
+    layout, schedule = run.layout, run.data_parallel
+    if layout.dp * layout.cp == 1 or layout.zero == 3:
+        return []
+    return ((["--overlap-grad-reduce"] if schedule.overlap_grad_reduce else [])
+            + (["--overlap-param-gather"] if schedule.overlap_param_gather and layout.zero else []))
+
+
 def _sharding(run: Run, notes: list[str]) -> list[str]:
     zero = run.layout.zero
     if zero == 0:
@@ -150,6 +160,7 @@ def megatron(run: Run) -> Export:
              "--seq-length", str(run.seq_len)]
     args += _precision(run, notes)
     args += _sharding(run, notes)
+    args += _overlaps(run)
     args += _recompute(run, notes)
     args += ["--attention-dropout", f"{run.dropout:g}", "--hidden-dropout", f"{run.dropout:g}",
              "--attention-backend", "flash" if run.attention == "flash" else "unfused"]

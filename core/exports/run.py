@@ -17,6 +17,10 @@ from typing import Any
 from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.planning.planner import Candidate, PlanRequest
+from headroom.core.specs.data_parallel import (
+    DataParallelSchedule,
+    data_parallel_schedule,
+)
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
@@ -115,6 +119,11 @@ class Run:
         return self.micro_batch * self.accumulation_steps
 
     @property
+    def data_parallel(self) -> DataParallelSchedule:
+        """How the plan's data-parallel ranks run: its settings, else its stack's (headroom.core.specs.data_parallel)."""
+        return data_parallel_schedule(self.layout, self.stack)
+
+    @property
     def cp_comm(self) -> str:
         """How the plan's context-parallel ranks exchange keys and values: its setting, else its stack's."""
         return self.layout.cp_comm or get_stack(self.stack).cp_comm
@@ -184,6 +193,22 @@ def capacity_note(run: Run, framework: str) -> str | None:
     return (f"planned at capacity factor {factor:g} (each expert padded to ceil(t k / E x {factor:g}) rows), but "
             f"{framework}'s experts are dropless: each keeps the rows the router sends it; re-plan without "
             "--capacity-factor for its activation memory and time")
+
+
+def overlap_note(run: Run, framework: str) -> str | None:
+    """When the plan reduces gradients after backward, or gathers ZeRO-1/2's parameters after the step (Megatron-LM's
+    defaults), and the framework always overlaps them (torch's DDP and FSDP)."""
+    layout, schedule = run.layout, run.data_parallel
+    if layout.dp * layout.cp == 1 or layout.zero == 3:
+        return None
+    late = [what for what, overlapped, applies in (
+        ("reduces the gradients while backward runs", schedule.overlap_grad_reduce, True),
+        ("gathers the updated parameters during the next forward", schedule.overlap_param_gather, layout.zero > 0))
+        if applies and not overlapped]
+    if not late:
+        return None
+    return (f"{framework} {' and '.join(late)}, where the plan waits for it (the {run.stack} stack's or the "
+            "layout's setting): faster than planned")
 
 
 def tp_overlap_note(run: Run, framework: str) -> str | None:

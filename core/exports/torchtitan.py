@@ -44,6 +44,7 @@ from headroom.core.exports.run import (
     capacity_note,
     commented,
     offload_note,
+    overlap_note,
     ranks,
     stack_note,
 )
@@ -177,7 +178,8 @@ def _other_notes(run: Run, notes: list[str]) -> None:
     if layout.cp > 1:
         notes.append(f"torchtitan's FSDP spans the dp x cp ranks: parameters, gradients and optimizer state are "
                      f"sharded over the {layout.cp} context-parallel ranks too, less memory than planned")
-    for note in (stack_note(run, "torchtitan", "torchtitan"), capacity_note(run, "torchtitan")):
+    for note in (stack_note(run, "torchtitan", "torchtitan"), capacity_note(run, "torchtitan"),
+                 overlap_note(run, "torchtitan's DDP")):
         if note is not None:
             notes.append(note)
     if run.attention == "standard" and run.policy.kind != "selective":  # else the checkpointing note says it

@@ -26,7 +26,8 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
 
 An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parallel setting
 (``--reshard-after-forward``, ``--defer-gradient-sync``) is carried into every layout it applies to: the first
-only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3; ``--tp-overlap on``
+only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3,
+``--overlap-grad-reduce`` at zero 0-2 and ``--overlap-param-gather`` at zero 1-2; ``--tp-overlap on``
 into the layouts with sequence parallelism (the others run without it), ``--cp-comm`` into those with cp > 1.
 """
 
@@ -60,6 +61,8 @@ def pinned_layout(values: Mapping[str, object]) -> Layout:
         held.setdefault("tp", 2)
     if "ep" in held and "dp" not in held:
         held["dp"] = held["ep"]
+    if held.get("overlap_param_gather") is not None:
+        held.setdefault("zero", 1)
     kept = held.get("reshard_after_forward")
     if kept is not None:  # FSDP's setting, checked against the ranks of each layout tried
         held.setdefault("zero", 3)
@@ -161,6 +164,10 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         zeros = [z for z in zeros if z == 3]
     if "defer_gradient_sync" in settings:
         zeros = [z for z in zeros if z in (0, 3)]
+    for name, stages in (("overlap_grad_reduce", (0, 1, 2)), ("overlap_param_gather", (1, 2))):
+        if name in pinned:  # only at the sharding stages it applies to
+            settings[name] = getattr(fixed, name)
+            zeros = [z for z in zeros if z in stages]
     if "ep" in pinned:
         eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
     else:

@@ -18,6 +18,9 @@ A layout may set either (headroom.core.specs.layout.Layout); left None, each tak
   all-reduces every micro-batch; under a pipeline, though, ``torch.distributed.pipelining`` defers the
   reduction to the last micro-batch itself (``PipelineStage.backward_maybe_with_nosync``).
 
+- ``overlap_grad_reduce`` (zero 0-2) and ``overlap_param_gather`` (zero 1-2): on under every stack but
+  Megatron-LM (headroom.core.specs.stack.Stack.overlaps_data_parallel), whose DDP runs them off unless asked.
+
 Under a ``torch.distributed.pipelining`` schedule a stage's FSDP units also stay gathered from one
 micro-batch's backward to the next's forward (``set_reshard_after_backward(False)`` until the last backward),
 so with ``reshard_after_forward`` False each unit is gathered once per step.
@@ -47,6 +50,10 @@ class DataParallelSchedule:
     """Gradients are reduced in the last micro-batch's backward only."""
     keeps_gathered_between_micro_batches: bool
     """FSDP units are not resharded after a backward that is not the step's last (torch's pipelining)."""
+    overlap_grad_reduce: bool = True
+    """DDP's and ZeRO-1/2's gradient reductions run while backward does; False: after it, exposed."""
+    overlap_param_gather: bool = True
+    """ZeRO-1/2's updated parameters are gathered during the next forward; False: after the step, exposed."""
 
     def forward_gathers(self, micro_batches: int) -> int:
         """FSDP all-gathers of each unit in forward per step: every micro-batch's, or the first's alone when
@@ -77,11 +84,17 @@ class DataParallelSchedule:
             units += ", and from one micro-batch to the next"
         sync = {1: "once per step", 2: "every micro-batch"}.get(
             zero, "once per step (the last micro-batch)" if self.defer_gradient_sync else "every micro-batch")
+        if zero < 3:
+            sync += ", beside backward" if self.overlap_grad_reduce else ", after backward (exposed)"
+        if zero in (1, 2):
+            sync += ("; updated parameters gathered during the next forward" if self.overlap_param_gather
+                     else "; updated parameters gathered after the optimizer step (exposed)")
         return (f"FSDP units {units}; " if zero == 3 else "") + f"gradients reduced {sync}"
 
     def to_dict(self, zero: int) -> dict[str, object]:
         return {"reshard_after_forward": self.reshard_after_forward, "defer_gradient_sync": self.defer_gradient_sync,
                 "keeps_gathered_between_micro_batches": self.keeps_gathered_between_micro_batches,
+                "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
                 "text": self.text(zero)}
 
 
@@ -95,5 +108,8 @@ def data_parallel_schedule(layout: Layout, stack: str) -> DataParallelSchedule:
     defer = layout.defer_gradient_sync
     if defer is None:
         defer = s.defers_gradient_sync or (pipelined and s.torch_pipelining)
+    reduce, gather = layout.overlap_grad_reduce, layout.overlap_param_gather
     return DataParallelSchedule(reshard_after_forward=reshard, defer_gradient_sync=defer,
-                                keeps_gathered_between_micro_batches=pipelined and s.torch_pipelining)
+                                keeps_gathered_between_micro_batches=pipelined and s.torch_pipelining,
+                                overlap_grad_reduce=s.overlaps_data_parallel if reduce is None else reduce,
+                                overlap_param_gather=s.overlaps_data_parallel if gather is None else gather)

@@ -45,6 +45,12 @@ stack's default when left None):
   optimizer step, in the last micro-batch's backward, and kept unreduced
   between (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``),
   rather than every micro-batch.
+- ``overlap_grad_reduce`` (zero 0, 1 and 2): the gradients are reduced bucket
+  by bucket while backward still runs, rather than after it (Megatron-LM's
+  ``--overlap-grad-reduce``).
+- ``overlap_param_gather`` (zero 1 and 2): the updated parameters are gathered
+  bucket by bucket during the next step's forward, rather than after the
+  optimizer step (Megatron-LM's ``--overlap-param-gather``).
 
 `Layout.check` names the first size that does not divide, and what would.
 """
@@ -111,6 +117,10 @@ class Layout:
     None: the stack's default."""
     defer_gradient_sync: bool | None = None
     """Zero 0 and 3: reduce gradients in the last micro-batch's backward only; None: the stack's default."""
+    overlap_grad_reduce: bool | None = None
+    """Zero 0-2: reduce gradients while backward runs; None: the stack's default."""
+    overlap_param_gather: bool | None = None
+    """Zero 1-2: gather the updated parameters during the next forward; None: the stack's default."""
     cp_comm: Literal["ring", "all-gather"] | None = None
     """Context parallelism: ``ring`` or ``all-gather`` keys and values; None: the stack's default."""
     tp_overlap: bool | None = None
@@ -189,6 +199,16 @@ class Layout:
                     f"reshard-after-forward {reshard}: a shard kept over k ranks needs k above 1, below the "
                     f"ranks that shard the parameters and dividing them ({', '.join(bad)}); use true, false"
                     + (f" or one of {', '.join(map(str, fits))}" if fits else ""))
+        for name, stages, why in (("overlap_grad_reduce", (0, 1, 2), "FSDP (zero 3) reduces its gradients in backward "
+                                                                     "on its own"),
+                                  ("overlap_param_gather", (1, 2), "only ZeRO-1 and 2 gather the updated parameters "
+                                                                   "after the optimizer step")):
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, bool):
+                raise ConfigError(f"{name.replace('_', '-')} must be on or off, got {value!r}")
+            if value is not None and self.zero not in stages:
+                raise ConfigError(f"{name.replace('_', '-')} applies to zero {', '.join(map(str, stages))}, not zero "
+                                  f"{self.zero}: {why}; leave it out")
         if defer is not None:
             if not isinstance(defer, bool):
                 raise ConfigError(f"defer-gradient-sync must be true or false, got {defer!r}")
@@ -213,7 +233,8 @@ class Layout:
         values: that changes what a rank holds): what one rank's shapes are the same under, whatever dp is and
         however its ranks sync and overlap. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
-                       defer_gradient_sync=None, tp_overlap=None)
+                       defer_gradient_sync=None, tp_overlap=None, overlap_grad_reduce=None,
+                       overlap_param_gather=None)
 
     @property
     def model_parallel(self) -> int:
@@ -245,6 +266,10 @@ class Layout:
             parts.append("tp overlapped" if self.tp_overlap else "tp not overlapped")
         if self.defer_gradient_sync is not None:
             parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
+        if self.overlap_grad_reduce is not None:
+            parts.append("gradient reduce " + ("overlapped" if self.overlap_grad_reduce else "after backward"))
+        if self.overlap_param_gather is not None:
+            parts.append("parameter gather " + ("overlapped" if self.overlap_param_gather else "after the step"))
         return ", ".join(parts)
 
     def check_model(self, name: str, *, n_heads: int, n_kv_heads: int, seq_len: int) -> None:

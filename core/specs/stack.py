@@ -204,6 +204,13 @@ class Stack:
     defers_gradient_sync: bool = False
     """Its training loop reduces the data-parallel gradients only in the last micro-batch's backward, whatever
     the layout (headroom.core.specs.data_parallel); without it, only under a pipeline that does so itself."""
+    overlaps_data_parallel: bool = True
+    """Its data-parallel gradient reduction runs while backward does (torch's DDP: bucketed all-reduces launched
+    by autograd hooks; FSDP2's reduce-scatters in its post-backward) and the updated parameters of ZeRO-1 and 2
+    are gathered during the next forward; False: Megatron-LM, whose ``DistributedDataParallelConfig`` has
+    ``overlap_grad_reduce`` and ``overlap_param_gather`` off by default (megatron/core/distributed/
+    distributed_data_parallel_config.py; ``--overlap-grad-reduce``, ``--overlap-param-gather``): the gradients
+    are reduced after the last backward and the parameters gathered after the optimizer step, exposed."""
     torch_pipelining: bool = False
     """Its pipeline runs on ``torch.distributed.pipelining``, whose stages defer the gradient reduction and keep
     FSDP's units gathered from one micro-batch to the next (``PipelineStage.backward_maybe_with_nosync``)."""
@@ -245,6 +252,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
           rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
+          overlaps_data_parallel=False,
           context_parallel="transformer-engine",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "

@@ -426,7 +426,7 @@ def step_communication(
     """
     m = _count("accumulation-steps", accumulation_steps)
     layout, recipe = config.layout, config.recipe
-    b, h, e = config.micro_batch, spec.hidden, recipe.activation_bytes
+    b, h = config.micro_batch, spec.hidden
     s = _ceil(config.seq_len, layout.cp)
     layers = max(config.stage_layers(spec))
     forwards = 2 if config.recompute.recomputes_blocks else 1
@@ -481,7 +481,8 @@ def step_communication(
         over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
         for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe):
             op, message, calls, size, reshard_group, window, note = call
-            add("dp", op, message, calls, size, True, f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
+            add("dp", op, message, calls, size, bool(window),
+                f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                 f"{group}-reshard" if reshard_group else group, window)
     return tuple(terms)
 
@@ -493,8 +494,10 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     unit FSDP does not reshard after forward.
 
     Zero 0: the gradients all-reduced once or every micro-batch (`DataParallelSchedule.reductions`), behind
-    backward. Zero 1: reduce-scattered once, zero 2 every micro-batch; the updated parameters all-gathered
-    once, counted behind the last backward. Zero 3 (FSDP): parameters gathered in the compute dtype in
+    backward, or after it, exposed (``overlap_grad_reduce`` off: Megatron-LM's default). Zero 1:
+    reduce-scattered once, zero 2 every micro-batch, the same way; the updated parameters all-gathered once,
+    behind the next step's first forward, or after the optimizer step, exposed (``overlap_param_gather``
+    off). Zero 3 (FSDP): parameters gathered in the compute dtype in
     forward (every micro-batch, or once where nothing frees them between) and, for the units resharded after
     forward, again in backward over all the ranks or the k a shard was kept over; the gradients
     reduce-scattered once or every micro-batch, in the gradients' dtype (fp32 under amp-bf16, torchtitan's
@@ -502,13 +505,17 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     grads, params, gathered = p * recipe.grad_bytes, p * recipe.param_bytes, p * recipe.activation_bytes
     reductions = schedule.reductions(m)
     every = "once per step" if reductions == 1 else "every micro-batch"
+    reduced = "backward" if schedule.overlap_grad_reduce else ""
+    after = "" if reduced else ", after backward"
     if zero == 0:
-        return [("all_reduce", grads, reductions, ranks, False, "backward", f"gradients {every}")]
+        return [("all_reduce", grads, reductions, ranks, False, reduced, f"gradients {every}{after}")]
     if zero in (1, 2):
         calls = 1 if zero == 1 else m
-        return [("reduce_scatter", grads, calls, ranks, False, "backward",
-                 f"gradients {'once per step' if calls == 1 else 'every micro-batch'}"),
-                ("all_gather", params, 1, ranks, False, "backward", "updated parameters once per step")]
+        gathered_in = "forward" if schedule.overlap_param_gather else ""
+        return [("reduce_scatter", grads, calls, ranks, False, reduced,
+                 f"gradients {'once per step' if calls == 1 else 'every micro-batch'}{after}"),
+                ("all_gather", params, 1, ranks, False, gathered_in, "updated parameters once per step, "
+                 + ("during the next forward" if gathered_in else "after the optimizer step"))]
     forward, backward = schedule.forward_gathers(m), schedule.backward_gathers(m)
     calls = [("all_gather", gathered, forward, ranks, False, "forward",
               "FSDP: parameters in the compute dtype, forward, "

@@ -474,15 +474,18 @@ def _host_s(costs: HostCosts, config: TrainConfig, forward_ops: int, rerun_ops: 
 def _dp_windows(config: TrainConfig, m: int, forward_s: float, backward_s: float) -> dict[tuple[str, str], float]:
     """The compute the data-parallel collectives hide behind, per step: the backward passes that reduce gradients
     or gather FSDP's parameters again (the last alone where gradients are reduced once and nothing is gathered
-    in backward: DDP's and ZeRO-1's gradients, and the updated parameters ZeRO-1 and 2 gather after the step,
-    counted there), and FSDP's forward passes that gather parameters (prefetched a unit ahead)."""
+    in backward: DDP's and ZeRO-1's gradients), FSDP's forward passes that gather parameters (prefetched a unit
+    ahead), and the next step's first forward, during which ZeRO-1 and 2 gather the updated parameters. A
+    collective run after its pass (DataParallelSchedule.overlap_grad_reduce, overlap_param_gather off) has no
+    window and is exposed (headroom.core.timing.comm)."""
     schedule, zero = config.data_parallel, config.zero
     if zero == 3:
         per_micro_batch = schedule.backward_gathers(m) or schedule.reductions(m) == m
         return {("dp", "forward"): schedule.forward_gathers(m) * forward_s,
                 ("dp", "backward"): (m if per_micro_batch else 1) * backward_s}
     backwards = {0: schedule.reductions(m), 1: 1, 2: m}[zero]
-    return {("dp", "backward"): backwards * backward_s}
+    # ZeRO-1 and 2 gather the updated parameters during the next step's first forward (overlap_param_gather).
+    return {("dp", "backward"): backwards * backward_s} | ({("dp", "forward"): forward_s} if zero else {})
 
 
 def tokens_per_s(cfg: TrainConfig, time: StepTime, ranks: int | None = None) -> float:

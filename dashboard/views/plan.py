@@ -127,12 +127,13 @@ with st.sidebar:
                    "virtual_stages": "virtual stages", "ep": "ep (experts, of dp x cp)",
                    "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync",
                    "stage_layers": "stage layers (e.g. 7,8,8,7)", "tp_overlap": "tp overlap",
-                   "cp_comm": "cp exchange"}
+                   "cp_comm": "cp exchange", "overlap_grad_reduce": "grad reduce overlap",
+                   "overlap_param_gather": "param gather overlap"}
     # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
     for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "tp_overlap"), ("virtual_stages", "cp_comm"),
                 ("schedule",),
                 ("stage_layers",),
-                ("reshard_after_forward", "defer_gradient_sync")):
+                ("reshard_after_forward", "defer_gradient_sync"), ("overlap_grad_reduce", "overlap_param_gather")):
         for column, axis in zip(st.columns(len(row)), row, strict=True):
             with column:
                 if axis in AXIS_CHOICES:
