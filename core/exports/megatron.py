@@ -57,11 +57,7 @@ def _precision(run: Run, notes: list[str]) -> list[str]:
 def _overlaps(run: Run) -> list[str]:
     """Megatron-LM's DDP reduces gradients after backward and gathers ZeRO-1's parameters after the step unless
     told to overlap them (DistributedDataParallelConfig, both off by default): the plan's choice, said."""
-    layout, schedule = run.layout, run.data_parallel
-    if layout.dp * layout.cp == 1 or layout.zero == 3:
-        return []
-    return ((["--overlap-grad-reduce"] if schedule.overlap_grad_reduce else [])
-            + (["--overlap-param-gather"] if schedule.overlap_param_gather and layout.zero else []))
+    return [f"--{name.replace('_', '-')}" for name, overlapped in run.overlaps.items() if overlapped]
 
 
 def _sharding(run: Run, notes: list[str]) -> list[str]:

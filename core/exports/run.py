@@ -17,11 +17,12 @@ from typing import Any
 from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.planning.planner import Candidate, PlanRequest
+from headroom.core.specs.config import cp_comm
 from headroom.core.specs.data_parallel import (
     DataParallelSchedule,
     data_parallel_schedule,
 )
-from headroom.core.specs.layout import Layout
+from headroom.core.specs.layout import OVERLAP_STAGES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack
@@ -124,9 +125,18 @@ class Run:
         return data_parallel_schedule(self.layout, self.stack)
 
     @property
+    def overlaps(self) -> dict[str, bool]:
+        """Each data-parallel overlap setting that applies to the plan (Layout.OVERLAP_STAGES, with ranks to
+        reduce over) -> whether the plan overlaps it."""
+        layout, schedule = self.layout, self.data_parallel
+        if layout.dp * layout.cp == 1:
+            return {}
+        return {name: getattr(schedule, name) for name, stages in OVERLAP_STAGES.items() if layout.zero in stages}
+
+    @property
     def cp_comm(self) -> str:
         """How the plan's context-parallel ranks exchange keys and values: its setting, else its stack's."""
-        return self.layout.cp_comm or get_stack(self.stack).cp_comm
+        return cp_comm(self.layout, self.stack)
 
     @property
     def chunk_layers(self) -> tuple[int, ...]:
@@ -198,13 +208,9 @@ def capacity_note(run: Run, framework: str) -> str | None:
 def overlap_note(run: Run, framework: str) -> str | None:
     """When the plan reduces gradients after backward, or gathers ZeRO-1/2's parameters after the step (Megatron-LM's
     defaults), and the framework always overlaps them (torch's DDP and FSDP)."""
-    layout, schedule = run.layout, run.data_parallel
-    if layout.dp * layout.cp == 1 or layout.zero == 3:
-        return None
-    late = [what for what, overlapped, applies in (
-        ("reduces the gradients while backward runs", schedule.overlap_grad_reduce, True),
-        ("gathers the updated parameters during the next forward", schedule.overlap_param_gather, layout.zero > 0))
-        if applies and not overlapped]
+    what = {"overlap_grad_reduce": "reduces the gradients while backward runs",
+            "overlap_param_gather": "gathers the updated parameters during the next forward"}
+    late = [what[name] for name, overlapped in run.overlaps.items() if not overlapped]
     if not late:
         return None
     return (f"{framework} {' and '.join(late)}, where the plan waits for it (the {run.stack} stack's or the "

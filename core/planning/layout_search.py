@@ -40,7 +40,12 @@ from dataclasses import fields
 from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.layout import Layout, shard_fits, sharding_groups
+from headroom.core.specs.layout import (
+    OVERLAP_STAGES,
+    Layout,
+    shard_fits,
+    sharding_groups,
+)
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import stage_layers
@@ -164,7 +169,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         zeros = [z for z in zeros if z == 3]
     if "defer_gradient_sync" in settings:
         zeros = [z for z in zeros if z in (0, 3)]
-    for name, stages in (("overlap_grad_reduce", (0, 1, 2)), ("overlap_param_gather", (1, 2))):
+    for name, stages in OVERLAP_STAGES.items():
         if name in pinned:  # only at the sharding stages it applies to
             settings[name] = getattr(fixed, name)
             zeros = [z for z in zeros if z in stages]

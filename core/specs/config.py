@@ -42,6 +42,11 @@ def hf_stack_covers(spec: ModelSpec, stack: str = "hf") -> bool:
     return stack == "hf" or not any(gemma)
 
 
+def cp_comm(layout: Layout, stack: str) -> str:
+    """How context-parallel ranks exchange keys and values: the layout's setting, else the stack's default."""
+    return layout.cp_comm or get_stack(stack).cp_comm
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TrainConfig:
     seq_len: int
@@ -189,8 +194,8 @@ class TrainConfig:
 
     @property
     def cp_comm(self) -> str:
-        """How context-parallel ranks exchange keys and values: the layout's setting, else the stack's default."""
-        return self.layout.cp_comm or get_stack(self.stack).cp_comm
+        """How context-parallel ranks exchange keys and values (`cp_comm`)."""
+        return cp_comm(self.layout, self.stack)
 
     def stage_layers(self, spec: ModelSpec) -> tuple[int, ...]:
         """Blocks on each pipeline stage, given or the stack's split (headroom.core.specs.stages)."""

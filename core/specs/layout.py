@@ -71,6 +71,9 @@ size that follows from a layout (its ranks, the divisors an error suggests) is b
 Schedule = Literal["1f1b", "interleaved", "gpipe"]
 SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
 AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
+OVERLAP_STAGES: dict[str, tuple[int, ...]] = {"overlap_grad_reduce": (0, 1, 2), "overlap_param_gather": (1, 2)}
+"""The sharding stages each data-parallel overlap setting applies to: FSDP (zero 3) reduces its gradients in
+backward on its own, and only ZeRO-1 and 2 gather the updated parameters after the optimizer step."""
 CP_COMMS: tuple[str, ...] = ("ring", "all-gather")
 """How context-parallel ranks exchange keys and values (headroom.core.timing.comm)."""
 
@@ -199,16 +202,15 @@ class Layout:
                     f"reshard-after-forward {reshard}: a shard kept over k ranks needs k above 1, below the "
                     f"ranks that shard the parameters and dividing them ({', '.join(bad)}); use true, false"
                     + (f" or one of {', '.join(map(str, fits))}" if fits else ""))
-        for name, stages, why in (("overlap_grad_reduce", (0, 1, 2), "FSDP (zero 3) reduces its gradients in backward "
-                                                                     "on its own"),
-                                  ("overlap_param_gather", (1, 2), "only ZeRO-1 and 2 gather the updated parameters "
-                                                                   "after the optimizer step")):
+        why = {"overlap_grad_reduce": "FSDP (zero 3) reduces its gradients in backward on its own",
+               "overlap_param_gather": "only ZeRO-1 and 2 gather the updated parameters after the optimizer step"}
+        for name, stages in OVERLAP_STAGES.items():
             value = getattr(self, name)
             if value is not None and not isinstance(value, bool):
                 raise ConfigError(f"{name.replace('_', '-')} must be on or off, got {value!r}")
             if value is not None and self.zero not in stages:
                 raise ConfigError(f"{name.replace('_', '-')} applies to zero {', '.join(map(str, stages))}, not zero "
-                                  f"{self.zero}: {why}; leave it out")
+                                  f"{self.zero}: {why[name]}; leave it out")
         if defer is not None:
             if not isinstance(defer, bool):
                 raise ConfigError(f"defer-gradient-sync must be true or false, got {defer!r}")

@@ -104,4 +104,4 @@ def split_text_for(layout: Layout, n_layers: int, stack: str = "reference") -> s
     return f"{split_text(layers)} blocks ({why})"
 
 
-__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "chunk_layers", "split_text", "split_text_for", "stage_layers", "weighted_split"]
+__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "chunk_layers", "split_text_for", "stage_layers", "weighted_split"]
