@@ -15,7 +15,7 @@ from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
 from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
-from headroom.core.specs.layout import CP_COMMS, SCHEDULES, Layout
+from headroom.core.specs.layout import CP_COMMS, MULTI_CHUNK, SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from headroom.core.specs.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
@@ -108,9 +108,13 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                    help="zero 1-2: gather the updated parameters during the next forward (on) or after the "
                         "optimizer step (off) (default: the stack's; megatron after, as Megatron-LM without "
                         "--overlap-param-gather; the others during)")
-    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES, help="pipeline schedule (default 1f1b)")
+    p.add_argument("--schedule", default="1f1b", choices=SCHEDULES,
+                   help="pipeline schedule: 1f1b, interleaved (Megatron's and torch's interleaved 1F1B), gpipe, or "
+                        "zbv (zero-bubble ZB-V, torch's ScheduleZBVZeroBubble: reference and torchtitan) "
+                        "(default 1f1b)")
     p.add_argument("--virtual-stages", type=int, default=None,
-                   help="model chunks per pipeline rank under --schedule interleaved (default 2 there, else 1)")
+                   help="model chunks per pipeline rank under --schedule interleaved (default 2 there; zbv: 2; "
+                        "else 1)")
     p.add_argument("--stage-layers", type=stage_layers_value, default=None, metavar="N,N,...",
                    help="blocks on each pipeline stage, first to last, e.g. 7,8,8,7 (1f1b and gpipe; sets --pp to "
                         "their count) (default: the stack's split: torchtitan counts the embedding and the head "
@@ -178,10 +182,10 @@ def layout_from_args(args: argparse.Namespace, **defaults: object) -> Layout:
 
 
 def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, object]:
-    """The Layout fields the flags set, and ``defaults`` for those they leave free; the interleaved schedule's
-    virtual stages left free are 2, whatever ``defaults`` says."""
+    """The Layout fields the flags set, and ``defaults`` for those they leave free; the virtual stages of a
+    schedule of several chunks a rank (interleaved, zbv) left free are 2, whatever ``defaults`` says."""
     values: dict[str, object] = {}
-    if getattr(args, "virtual_stages", None) is None and getattr(args, "schedule", None) == "interleaved":
+    if getattr(args, "virtual_stages", None) is None and getattr(args, "schedule", None) in MULTI_CHUNK:
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)

@@ -43,7 +43,7 @@ from headroom.core.planning.planner import (
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import network
-from headroom.core.specs.layout import CP_COMMS, SCHEDULES, Layout
+from headroom.core.specs.layout import CP_COMMS, MULTI_CHUNK, SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
@@ -333,7 +333,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
         values.setdefault("pp", len(values["stage_layers"]))
     if search and values.get("sp") and "tp" not in values:
         raise ConfigError("sp on needs tp pinned above 1; leave sp on auto: the search turns it on whenever tp > 1")
-    if values.get("schedule") == "interleaved":
+    if values.get("schedule") in MULTI_CHUNK:
         values.setdefault("virtual_stages", 2)
     elif values.get("virtual_stages", 1) > 1:
         values.setdefault("schedule", "interleaved")

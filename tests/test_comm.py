@@ -25,7 +25,7 @@ from headroom.core.specs.interconnect import (
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import RecomputePolicy
-from headroom.core.specs.stages import stage_layers
+from headroom.core.specs.stages import chunk_layers
 from headroom.core.timing.collective_ops import OPS
 from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
@@ -182,7 +182,7 @@ def test_a_crossing_group_drives_one_nic_for_each_of_its_members_on_a_node():
 
 def test_gradient_traffic_counts_the_most_loaded_stage():
     pp2 = Layout(pp=2)
-    kinds = rank_kinds(pp2, stage_layers(pp2, SPEC.n_layers), 1)
+    kinds = rank_kinds(pp2, chunk_layers(pp2, SPEC.n_layers), 1)
     assert largest_rank_parameters(SPEC, pp2) == max(rank_parameters(SPEC, pp2, k) for k in kinds)
     assert largest_rank_parameters(SPEC, Layout()) == SPEC.parameters
 

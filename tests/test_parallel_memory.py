@@ -23,7 +23,7 @@ from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import PRESETS, get_preset
 from headroom.core.specs.recompute import parse_policy
-from headroom.core.specs.stages import stage_layers
+from headroom.core.specs.stages import chunk_layers
 from headroom.core.units import GB
 
 GPT3 = get_preset("gpt3-175b")
@@ -183,10 +183,10 @@ def test_ddp_keeps_gradient_buckets_and_zero_does_not():
 def test_stages_add_up_to_the_model():
     assert rank_parameters(LLAMA, Layout()) == LLAMA.parameters
     pp2 = Layout(pp=2)
-    first, last = rank_kinds(pp2, stage_layers(pp2, LLAMA.n_layers), 1)
+    first, last = rank_kinds(pp2, chunk_layers(pp2, LLAMA.n_layers), 1)
     assert rank_parameters(LLAMA, pp2, first) + rank_parameters(LLAMA, pp2, last) == LLAMA.parameters
     tied = get_preset("gpt2-xl")  # the last stage keeps its own copy of the embedding for the head
-    first, last = rank_kinds(pp2, stage_layers(pp2, tied.n_layers), 1)
+    first, last = rank_kinds(pp2, chunk_layers(pp2, tied.n_layers), 1)
     assert (rank_parameters(tied, pp2, first) + rank_parameters(tied, pp2, last)
             == tied.parameters + tied.vocab_size * tied.hidden)
 
@@ -274,7 +274,7 @@ def test_fsdp_with_tensor_or_pipeline_parallelism_keeps_the_plain_division():
     spec = get_preset("bench-llama-tiny")
     for layout in (Layout(tp=2, dp=3, zero=3), Layout(pp=2, dp=3, zero=3)):
         config = TrainConfig(seq_len=256, layout=layout)
-        for rank in rank_kinds(layout, stage_layers(layout, spec.n_layers), 1):
+        for rank in rank_kinds(layout, chunk_layers(layout, spec.n_layers), 1):
             expected = static_memory_of(rank_parameters(spec, layout, rank), config)
             assert static_memory(spec, config, rank) == expected
 

@@ -7,7 +7,8 @@ and against its docs (``docs/user-guide/features/dist_optimizer.md``,
 
 - layout: ``--tensor-model-parallel-size``, ``--sequence-parallel``,
   ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``
-  (interleaved 1F1B; Megatron has no GPipe schedule), ``--context-parallel-size``;
+  (interleaved 1F1B; Megatron has no GPipe or zero-bubble schedule: zbv is
+  exported as interleaved over its two chunks, with a note), ``--context-parallel-size``;
   the data-parallel size is what the world size leaves.
 - batch: ``--micro-batch-size``, ``--global-batch-size`` (micro-batches per
   step = global / (micro x dp)), ``--seq-length``.
@@ -32,6 +33,7 @@ from __future__ import annotations
 import shlex
 
 from headroom.core.exports.run import Export, Run, offload_note, ranks, stack_note
+from headroom.core.specs.layout import MULTI_CHUNK
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 """ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy."""
@@ -116,11 +118,11 @@ def _stages(run: Run, notes: list[str]) -> list[str]:
     if len(set(chunks)) == 1:
         return []
     middle = chunks[1:-1]
-    if run.layout.schedule != "interleaved" and len(set(middle)) <= 1:
+    if run.layout.schedule not in MULTI_CHUNK and len(set(middle)) <= 1:
         return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
                 "--decoder-last-pipeline-num-layers", str(chunks[-1])]
     notes.append(f"Megatron-LM cannot split the layers {','.join(map(str, chunks))} over the pipeline "
-                 f"{'chunks' if run.layout.schedule == 'interleaved' else 'stages'}: it gives the first and last "
+                 f"{'chunks' if run.layout.schedule in MULTI_CHUNK else 'stages'}: it gives the first and last "
                  "stages their own counts (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers) "
                  "and the middle ones the rest evenly: plan with --stage-layers whose middle stages hold the same "
                  "number of blocks")
@@ -138,8 +140,13 @@ def megatron(run: Run) -> Export:
         args.append("--tp-comm-overlap")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
     args += _stages(run, notes)
-    if layout.schedule == "interleaved":
+    if layout.schedule in MULTI_CHUNK:
         args += ["--num-layers-per-virtual-pipeline-stage", str(run.layers_per_chunk)]
+    if layout.schedule == "zbv":
+        notes.append("Megatron-LM has no zero-bubble schedule: these flags run interleaved 1F1B over the same two "
+                     "chunks a rank, placed in a loop (rank i: chunks i and i + pp) rather than a V, with the "
+                     "weights' gradients in backward: a longer bubble than planned; plan with --schedule "
+                     "interleaved --stack megatron for its own figures")
     elif layout.schedule == "gpipe" and layout.pp > 1:
         notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
                      "flight: less activation memory than planned, the same bubble")

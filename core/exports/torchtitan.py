@@ -48,9 +48,10 @@ from headroom.core.exports.run import (
     ranks,
     stack_note,
 )
+from headroom.core.specs.layout import MULTI_CHUNK
 from headroom.core.specs.stages import weighted_split
 
-SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe"}
+SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zbv": "ZBVZeroBubble"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
 
 RECIPES = {
@@ -64,11 +65,12 @@ STAND_IN = ("llama3", "llama3_8b")
 
 def _stages(run: Run) -> list[str]:
     """The plan's split of the layers into pipeline chunks (headroom.core.specs.stages): torchtitan's own where it
-    is (its ``_generate_llm_fqn_per_model_part``, one chunk a rank, two under a looped schedule), an even one by
+    is (its ``_generate_llm_fqn_per_model_part``, one chunk a rank, two under a multi-stage schedule: looped, or
+    in a V under ZBVZeroBubble, torchtitan placing chunk i on the rank the schedule says), an even one by
     ``pipeline_parallel_layers_per_stage`` with the embedding and head counted as no layer, any other module by
     module (``module_fqns_per_model_part``, one comma-separated list a chunk)."""
     layout, chunks = run.layout, run.chunk_layers
-    default_chunks = layout.pp * (2 if layout.schedule == "interleaved" else 1)
+    default_chunks = layout.pp * (2 if layout.schedule in MULTI_CHUNK else 1)
     if layout.chunks == default_chunks and chunks == weighted_split(run.n_layers, layout.chunks):
         return []
     if len(set(chunks)) == 1:

@@ -15,8 +15,15 @@ from typing import Any
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.flops import StepFlops, step_flops
-from headroom.core.memory.ledger import Ledger, activation_ledger
-from headroom.core.memory.pipeline import RankKind, check_micro_batches, rank_kinds
+from headroom.core.memory.ledger import Ledger, activation_ledger, chunk_device_bytes
+from headroom.core.memory.pipeline import (
+    RankKind,
+    check_micro_batches,
+    holds_ends,
+    rank_kinds,
+    v_in_flight,
+    v_peak,
+)
 from headroom.core.memory.static import (
     StaticMemory,
     fsdp_units,
@@ -29,6 +36,7 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import optimizer_step_transient_bytes
 from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stages import rank_chunks
 
 PEAK_NOTE = (
     "peak = the larger of forward's last moment (static state + every autocast weight copy + activations "
@@ -59,13 +67,14 @@ class Estimate:
     _moments_once: dict[str, dict[str, int]] | None = field(default=None, init=False, repr=False, compare=False)
     """``_moments``, worked out on first use: the peak, its moment and its parts all read them."""
 
-    def _in_flight(self, nbytes: int) -> int:
-        return nbytes * self.rank.in_flight.numerator // self.rank.in_flight.denominator
+    def _in_flight(self, nbytes: int, count: Fraction | None = None) -> int:
+        count = self.rank.in_flight if count is None else count
+        return nbytes * count.numerator // count.denominator
 
     @property
     def logits_bytes(self) -> int:
         """The loss's fp32 probabilities over the vocabulary, kept for backward (last stage)."""
-        return self._in_flight(self.ledger.probability_bytes)
+        return self._in_flight(self.ledger.probability_bytes, self.rank.logits_count)
 
     @property
     def activation_bytes(self) -> int:
@@ -75,7 +84,7 @@ class Estimate:
     @property
     def weight_copy_bytes(self) -> int:
         """Autocast's 16-bit weight copies backward keeps, one set per micro-batch in flight."""
-        return self._in_flight(self.ledger.parameter_copy_bytes)
+        return self._in_flight(self.ledger.parameter_copy_bytes, self.rank.copies_count)
 
     @property
     def autocast_cache_bytes(self) -> int:
@@ -324,12 +333,31 @@ def for_rank(prediction: Estimate, global_rank: int) -> Estimate:
     layers = prediction.config.stage_layers(prediction.spec)[stage]
     kinds = prediction.ranks or (prediction,)
     return next(k for k in kinds if (k.rank.layers, k.rank.first, k.rank.last)
-                == (layers, stage == 0, stage == layout.pp - 1))
+                == (layers, *holds_ends(layout, stage)))
 
 
 MAX_ACCUMULATION_STEPS = 2**24
 """Micro-batches per optimizer step at most: the largest global batch planned (headroom.core.planning.planner.MAX_GLOBAL_BATCH)
 in micro-batches of one sequence."""
+
+
+EMBEDDING_ONLY = RankKind("embedding", 0, 0, True, False, Fraction(1))
+"""A stage of the embedding alone: what the first chunk traces before its blocks."""
+
+
+def _v_rank(rank: RankKind, ledger: Ledger, spec: ModelSpec, config: TrainConfig, device: str,
+            chunks: tuple[int, ...], micro_batches: int) -> RankKind:
+    """A zbv rank with what it keeps in flight counted chunk by chunk (headroom.core.memory.pipeline): the
+    moment its two chunks' activations and weight copies peak together, and then the activations' and the
+    copies' micro-batches in flight, each weighted by its chunks' bytes, and the head's."""
+    pp, split = config.layout.pp, chunks[rank_chunks(config.layout, rank.stage)[0]]
+    embedding = len(activation_ledger(spec, config, device, rank=EMBEDDING_ONLY).traced) if rank.first else 0
+    kept = chunk_device_bytes(ledger, split, embedding)
+    copies = chunk_device_bytes(ledger, split, embedding, ("parameter_copy",))
+    alive = v_peak(pp, rank.stage, micro_batches, (kept[0] + copies[0], kept[1] + copies[1]))
+    return replace(rank, in_flight=v_in_flight(pp, rank.stage, micro_batches, kept, alive),
+                   copies_in_flight=v_in_flight(pp, rank.stage, micro_batches, copies, alive),
+                   logits_in_flight=Fraction(alive[1]) if rank.last else None)
 
 
 def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumulation_steps: int = 1) -> Estimate:
@@ -341,15 +369,17 @@ def estimate(spec: ModelSpec, config: TrainConfig, device: str = "cuda", accumul
     config.check_model(spec)
     check_micro_batches(config.layout, accumulation_steps)
     flops = step_flops(spec, config, device)
-    ranks = tuple(
-        Estimate(spec=spec, config=config, device=device, static=static_memory(spec, config, rank),
-                 ledger=activation_ledger(spec, config, device, rank=rank), flops=flops,
-                 accumulation_steps=accumulation_steps, rank=rank)
-        for rank in rank_kinds(config.layout, config.stage_layers(spec), accumulation_steps)
-    )
+    chunks = config.chunk_layers(spec)
+    ranks = []
+    for rank in rank_kinds(config.layout, chunks, accumulation_steps):
+        ledger = activation_ledger(spec, config, device, rank=rank)
+        if config.layout.schedule == "zbv":
+            rank = _v_rank(rank, ledger, spec, config, device, chunks, accumulation_steps)
+        ranks.append(Estimate(spec=spec, config=config, device=device, static=static_memory(spec, config, rank),
+                              ledger=ledger, flops=flops, accumulation_steps=accumulation_steps, rank=rank))
     worst = max(ranks, key=lambda r: r.peak_bytes)
     if len(ranks) == 1:
         return worst
-    with_ranks = replace(worst, ranks=ranks)
+    with_ranks = replace(worst, ranks=tuple(ranks))
     object.__setattr__(with_ranks, "_moments_once", worst._moments)  # the same rank: the same moments
     return with_ranks

@@ -28,7 +28,6 @@ import functools
 from collections.abc import Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.attention_trace import masked_sdpa_refusal
@@ -153,6 +152,38 @@ class Ledger:
         return self.layer_bytes(0)
 
 
+def chunk_device_bytes(ledger: Ledger, first_chunk_layers: int, embedding_tensors: int,
+                       kinds: tuple[Kind, ...] = ("activation", "input")) -> tuple[int, int]:
+    """The device bytes of ``kinds`` one micro-batch keeps on a rank of two chunks (zbv), split at its block
+    ``first_chunk_layers``: each block's to its chunk; the first ``embedding_tensors`` traced (the embedding's,
+    traced first: 0 on a rank without it) to the first chunk; any other tensor no block keeps to the chunk of
+    the block traced before it, or, after the last block or where there is none, to the second (the final
+    norm's, head's and loss's)."""
+    def kept(t: SavedTensor) -> bool:
+        return t.location == "device" and t.kind in kinds
+
+    split = [0, 0]
+    by_layer: dict[int, int] = {}
+    for t in ledger.traced:
+        if t.layer is not None and kept(t):
+            by_layer[t.layer] = by_layer.get(t.layer, 0) + t.bytes
+    for layer, n in by_layer.items():
+        split[layer >= first_chunk_layers] += n
+    for r in ledger.repeats:  # later segments keep what their template kept
+        for start in range(r.start, r.end, r.size):
+            for offset in range(r.size):
+                split[start + offset >= first_chunk_layers] += by_layer.get(r.template + offset, 0)
+    traced = ledger.traced
+    last_block = max((i for i, t in enumerate(traced) if t.layer is not None), default=-1)
+    chunk = 0
+    for i, t in enumerate(traced):  # in the order forward made them: later segments are references to these
+        if t.layer is not None:
+            chunk = int(t.layer >= first_chunk_layers)
+        elif kept(t):
+            split[0 if i < embedding_tensors else 1 if i > last_block else chunk] += t.bytes
+    return split[0], split[1]
+
+
 def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda",
                       rules: DeviceRules | None = None, rank: RankKind | None = None) -> Ledger:
     """Every tensor one micro-batch keeps for backward on one rank of the layout, on ``device``.
@@ -164,7 +195,7 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
     config.check_model(spec)
     rules = rules or device_rules(device)
     rank = rank or first_rank(config.layout, spec.n_layers, config.stack)
-    one_micro_batch = rank if rank.in_flight == 1 else replace(rank, in_flight=Fraction(1))
+    one_micro_batch = rank.one_micro_batch
     key = (spec, _ledger_key(config), rules, one_micro_batch)
     kept = _kept_ledgers.get()
     if kept is None:

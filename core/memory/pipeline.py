@@ -20,19 +20,32 @@ layers, at the schedule's steady state:
   On the first stage that is n_layers (1 + (pp - 1) / (pp v)) layers'
   worth, Korthikanti et al. 2022, Sec. 4.2.3.
 
+- ``zbv`` (zero-bubble ZB-V, headroom.core.specs.schedule_order): rank i
+  holds chunks i and 2 pp - 1 - i, the first rank the embedding and the
+  head; a chunk's activations live from its forward to its weight gradient.
+  Walking the schedule's table gives each chunk's micro-batches alive at
+  every forward; the peak of their sum weighted by each chunk's bytes
+  (`v_in_flight`) is about pp micro-batches of the rank's blocks on every
+  rank (Qi et al. 2024, Sec. 6: pM_B). Here the weights are the chunks'
+  blocks; the estimate (headroom.core.memory.estimate) weighs them by the
+  bytes each chunk's ledger keeps, the first rank's head and loss included.
+
 Bubble (Narayanan et al. 2021, Sec. 2.2): idle time is (pp - 1) / (v m) of
 the ideal time of the m micro-batches (v = 1 for 1f1b and gpipe) when the stages
-are alike; `pipeline_seconds` times stages that are not.
+are alike; `pipeline_seconds` times stages that are not; the zero-bubble
+schedule is timed by replaying its table (headroom.core.timing.schedule_replay).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 from headroom.core.errors import ConfigError
 from headroom.core.specs.layout import Layout
-from headroom.core.specs.stages import stage_layers
+from headroom.core.specs.schedule_order import zbv_alive
+from headroom.core.specs.stages import chunk_layers, rank_chunks
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +64,56 @@ class RankKind:
     """Holds the final norm, the head and the loss."""
     in_flight: Fraction
     """Micro-batches of this rank's layers whose activations are alive at once."""
+    logits_in_flight: Fraction | None = None
+    """Micro-batches of the loss's probabilities alive then, where not ``in_flight``: under zbv the first rank
+    holds the head in its second chunk, whose micro-batches live one at a time."""
+    copies_in_flight: Fraction | None = None
+    """Micro-batches of autocast's weight copies alive then, where not ``in_flight`` (zbv: each chunk keeps its
+    own weights' copies for its micro-batches in flight)."""
+
+    @property
+    def logits_count(self) -> Fraction:
+        """Micro-batches of the loss's probabilities alive at the rank's peak."""
+        return self.in_flight if self.logits_in_flight is None else self.logits_in_flight
+
+    @property
+    def copies_count(self) -> Fraction:
+        """Micro-batches of autocast's weight copies alive at the rank's peak."""
+        return self.in_flight if self.copies_in_flight is None else self.copies_in_flight
+
+    @property
+    def one_micro_batch(self) -> RankKind:
+        """This kind with one micro-batch of everything in flight: what one micro-batch's ledger keys on."""
+        return replace(self, in_flight=Fraction(1), logits_in_flight=None, copies_in_flight=None)
 
 
-def in_flight(layout: Layout, stage: int, micro_batches: int) -> Fraction:
-    """Micro-batches of activations stage ``stage`` keeps at once under the layout's schedule."""
+@functools.lru_cache(maxsize=65536)
+def v_peak(pp: int, rank: int, micro_batches: int, chunk_weights: tuple[int, int]) -> tuple[int, int]:
+    """The micro-batches of each of a zbv rank's two chunks (the one it runs down first, then its mirror) alive
+    when their sum weighted by ``chunk_weights`` peaks over the schedule's table (the first such moment)."""
+    down, up = chunk_weights
+    return max(zbv_alive(pp, micro_batches, rank), key=lambda n: n[0] * down + n[1] * up)
+
+
+def v_in_flight(pp: int, rank: int, micro_batches: int, chunk_weights: tuple[int, int],
+                alive: tuple[int, int] | None = None) -> Fraction:
+    """Micro-batches of a zbv rank's work in flight at its peak (``alive``, by default `v_peak`), weighted by
+    ``chunk_weights``, over the weights' sum. Equal weights and enough micro-batches: pp."""
+    down, up = chunk_weights
+    if not down + up:
+        return Fraction(1)
+    a, b = alive or v_peak(pp, rank, micro_batches, chunk_weights)
+    return Fraction(a * down + b * up, down + up)
+
+
+def in_flight(layout: Layout, stage: int, micro_batches: int, chunk_weights: tuple[int, ...] = ()) -> Fraction:
+    """Micro-batches of activations stage ``stage`` keeps at once under the layout's schedule; under zbv
+    weighted by ``chunk_weights``, the rank's two chunks' (`v_in_flight`)."""
     p, v, m = layout.pp, layout.virtual_stages, micro_batches
     if p == 1:
         return Fraction(1)
+    if layout.schedule == "zbv":
+        return v_in_flight(p, stage, m, chunk_weights)
     if layout.schedule == "gpipe":
         return Fraction(m)
     if layout.schedule == "1f1b":
@@ -75,25 +131,44 @@ def check_micro_batches(layout: Layout, micro_batches: int) -> None:
         )
 
 
-def rank_kinds(layout: Layout, layers: tuple[int, ...], micro_batches: int) -> tuple[RankKind, ...]:
-    """Every kind of rank, given each stage's blocks (headroom.core.specs.stages.stage_layers): one without a
-    pipeline; with one the first and last stages, and of the middle stages the first to hold each count of
-    blocks (it keeps the most micro-batches in flight of those alike)."""
+def holds_ends(layout: Layout, stage: int) -> tuple[bool, bool]:
+    """Whether pipeline rank ``stage`` holds the embedding (the first chunk) and the head (the last): the first
+    and last stage, or under zbv both on the first rank."""
     if layout.pp == 1:
-        return (RankKind("only", 0, layers[0], True, True, Fraction(1)),)
-    middles = {n: stage for stage, n in reversed(list(enumerate(layers[1:-1], start=1)))}
-    named = ["middle stage"] if len(middles) == 1 else [f"middle stage {stage}" for stage in sorted(middles.values())]
-    stages = [("first stage", 0), *zip(named, sorted(middles.values()), strict=True), ("last stage", layout.pp - 1)]
-    return tuple(
-        RankKind(name, stage, layers[stage], stage == 0, stage == layout.pp - 1,
-                 in_flight(layout, stage, micro_batches))
-        for name, stage in stages
-    )
+        return True, True
+    held = rank_chunks(layout, stage)
+    return 0 in held, layout.chunks - 1 in held
+
+
+@functools.lru_cache(maxsize=8192)
+def rank_kinds(layout: Layout, chunks: tuple[int, ...], micro_batches: int) -> tuple[RankKind, ...]:
+    """Every kind of rank, given each chunk's blocks (headroom.core.specs.stages.chunk_layers): one without a
+    pipeline; with one the ranks that hold the embedding or the head (the first and last stages; under zbv the
+    first rank holds both), and of the others, for each count of blocks the one that keeps the most
+    micro-batches in flight (the first of those alike)."""
+    if layout.pp == 1:
+        return (RankKind("only", 0, chunks[0], True, True, Fraction(1)),)
+    kinds = []
+    for rank in range(layout.pp):
+        weights = tuple(chunks[c] for c in rank_chunks(layout, rank))
+        kinds.append(RankKind("", rank, sum(weights), *holds_ends(layout, rank),
+                              in_flight(layout, rank, micro_batches, weights)))
+    ends = [k for k in kinds if k.first or k.last]
+    middles: dict[int, RankKind] = {}
+    for k in kinds:
+        if not (k.first or k.last) and (k.layers not in middles or k.in_flight > middles[k.layers].in_flight):
+            middles[k.layers] = k
+    chosen = sorted(middles.values(), key=lambda k: k.stage)
+    named = ["middle stage"] if len(chosen) == 1 else [f"middle stage {k.stage}" for k in chosen]
+    end_names = {(True, False): "first stage", (False, True): "last stage", (True, True): "first and last stages"}
+    return tuple(sorted((*(replace(k, name=end_names[k.first, k.last]) for k in ends),
+                         *(replace(k, name=name) for k, name in zip(chosen, named, strict=True))),
+                        key=lambda k: (k.stage != 0, k.last and not k.first, k.stage)))
 
 
 def first_rank(layout: Layout, n_layers: int, stack: str = "reference") -> RankKind:
     """The first stage's kind (the only one without a pipeline) under the stack's split."""
-    return rank_kinds(layout, stage_layers(layout, n_layers, stack), 1)[0]
+    return rank_kinds(layout, chunk_layers(layout, n_layers, stack), 1)[0]
 
 
 def pipeline_seconds(stage_s: tuple[float, ...], micro_batches: int, virtual_stages: int = 1) -> float:

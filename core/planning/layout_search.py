@@ -9,9 +9,11 @@ Rules, each a pruning that cannot lose the fastest layout or that states why:
   Sec. 4.2.2) and keeps less.
 - pp splits the layers by the stack's rule (headroom.core.specs.stages: evenly,
   or where they do not divide, or under torchtitan always, with the embedding
-  and head counted as a block each); with pp > 1 both ``1f1b`` and
-  ``interleaved`` with two virtual stages (when the layers split that far) are
-  tried. Pinned stage layers pin pp to their count and the schedule to 1f1b.
+  and head counted as a block each); with pp > 1 ``1f1b``, ``interleaved``
+  with two virtual stages (when the layers split that far) and, under
+  torchtitan, the zero-bubble ``zbv`` are tried (the reference stack runs
+  zbv when it is pinned: headroom.core.specs.stack's ``zero_bubble``). Pinned stage layers pin pp to their count and the schedule to
+  1f1b.
 - cp splits the sequence into 2 x cp balanced chunks (x tp under sp).
 - dp is what is left; it must divide the global batch. The sharding stage is
   tried from 0 to 3 when there is more than one data-parallel rank.
@@ -41,6 +43,7 @@ from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import (
+    MULTI_CHUNK,
     OVERLAP_STAGES,
     Layout,
     shard_fits,
@@ -136,7 +139,7 @@ def _splits(spec: ModelSpec, train: TrainConfig, layout: Layout) -> bool:
     pinned stage layers apply to it."""
     given = train.layout.stage_layers
     if given is not None:
-        return layout.pp == len(given) and layout.schedule != "interleaved"
+        return layout.pp == len(given) and layout.schedule not in MULTI_CHUNK
     try:
         stage_layers(layout, spec.n_layers, train.stack)
     except ConfigError:
@@ -153,7 +156,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     if "schedule" in pinned or "virtual_stages" in pinned or "stage_layers" in pinned:
         schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
     else:
-        schedules = [("1f1b", 1), ("interleaved", 2)] if pp > 1 else [("1f1b", 1)]
+        zbv = [("zbv", 2)] if get_stack(train.stack).zero_bubble == "searched" else []
+        schedules = [("1f1b", 1), ("interleaved", 2), *zbv] if pp > 1 else [("1f1b", 1)]
     # for the depths whose layers split that far
     schedules = [(schedule, v) for schedule, v in schedules
                  if pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v))]

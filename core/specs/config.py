@@ -20,7 +20,7 @@ from headroom.core.specs.precision import (
 )
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack, stack_name
-from headroom.core.specs.stages import stage_layers
+from headroom.core.specs.stages import chunk_layers, stage_layers
 
 MAX_MICRO_BATCH = 2**20
 """Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
@@ -201,6 +201,10 @@ class TrainConfig:
         """Blocks on each pipeline stage, given or the stack's split (headroom.core.specs.stages)."""
         return stage_layers(self.layout, spec.n_layers, self.stack)
 
+    def chunk_layers(self, spec: ModelSpec) -> tuple[int, ...]:
+        """Blocks in each pipeline chunk (virtual stage), first to last (headroom.core.specs.stages)."""
+        return chunk_layers(self.layout, spec.n_layers, self.stack)
+
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
@@ -230,6 +234,11 @@ class TrainConfig:
             raise ConfigError(f"--stack {stack.name} --pp {self.layout.pp}: the HF Trainer has no pipeline schedule "
                               "(transformers' own pipeline only sends hidden states forward, for inference); use pp 1 "
                               "with sharding (zero 3), or --stack torchtitan or megatron for a pipeline")
+        if self.layout.schedule == "zbv" and self.layout.pp > 1 and stack.zero_bubble is None:
+            raise ConfigError(f"--stack {stack.name} --schedule zbv: the zero-bubble ZB-V schedule is torch's "
+                              "ScheduleZBVZeroBubble, run by torchtitan (ZBVZeroBubble) and the reference stack; "
+                              f"{stack.name} has no zero-bubble schedule: use --schedule 1f1b or interleaved, or "
+                              "--stack torchtitan")
         if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:
             raise ConfigError(f"--stack {stack.name} --tp-overlap on: only megatron (--tp-comm-overlap) and torchtitan "
                               "(async tensor parallelism) run tensor-parallel collectives beside the GEMMs; use "

@@ -9,8 +9,10 @@ Five parallel axes and a sharding stage, multiplied out as
   parallelism, Korthikanti et al. 2022) also splits the norms, dropouts and
   residual stream along the sequence between the tensor-parallel ranks.
 - ``pp`` pipeline parallelism: each rank holds a stage of the blocks (in
-  ``virtual_stages`` chunks under the ``interleaved`` schedule); ``1f1b`` and
-  ``gpipe`` keep one chunk per rank. ``stage_layers`` gives each stage's
+  ``virtual_stages`` chunks under the ``interleaved`` schedule, in two chunks
+  placed in a V under ``zbv``, the zero-bubble schedule of
+  headroom.core.specs.schedule_order); ``1f1b`` and ``gpipe`` keep one chunk
+  per rank. ``stage_layers`` gives each stage's
   count; left None, the stack splits them (headroom.core.specs.stages).
 - ``cp`` context parallelism: ring attention over the sequence; each rank
   holds ``seq_len / cp`` tokens and gets the others' K/V (``cp_comm``).
@@ -68,8 +70,11 @@ MAX_GPUS = 2**20
 """GPUs a layout may span at most (tp x pp x cp x dp): a million, beyond any cluster built. Bounded so that no
 size that follows from a layout (its ranks, the divisors an error suggests) is beyond reach."""
 
-Schedule = Literal["1f1b", "interleaved", "gpipe"]
-SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe")
+Schedule = Literal["1f1b", "interleaved", "gpipe", "zbv"]
+SCHEDULES: tuple[str, ...] = ("1f1b", "interleaved", "gpipe", "zbv")
+MULTI_CHUNK: dict[str, int | None] = {"interleaved": None, "zbv": 2}
+"""The schedules that put more than one chunk on a rank, and how many they put (None: ``virtual_stages``, 2 or
+more)."""
 AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
 OVERLAP_STAGES: dict[str, tuple[int, ...]] = {"overlap_grad_reduce": (0, 1, 2), "overlap_param_gather": (1, 2)}
 """The sharding stages each data-parallel overlap setting applies to: FSDP (zero 3) reduces its gradients in
@@ -104,9 +109,10 @@ class Layout:
     pp: int = 1
     """Pipeline stages."""
     schedule: Schedule = "1f1b"
-    """Pipeline schedule: ``1f1b``, ``interleaved`` (``virtual_stages`` chunks per rank) or ``gpipe``."""
+    """Pipeline schedule: ``1f1b``, ``interleaved`` (``virtual_stages`` chunks per rank), ``gpipe`` or ``zbv``
+    (zero-bubble ZB-V: two chunks per rank in a V)."""
     virtual_stages: int = 1
-    """Model chunks per pipeline rank v: more than 1 only under ``interleaved``."""
+    """Model chunks per pipeline rank v: 2 or more under ``interleaved``, 2 under ``zbv``, else 1."""
     cp: int = 1
     """Context-parallel ranks (ring attention)."""
     dp: int = 1
@@ -164,7 +170,10 @@ class Layout:
             raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
             raise ConfigError("the interleaved schedule needs virtual-stages >= 2 (model chunks per pipeline rank)")
-        if self.schedule != "interleaved" and self.virtual_stages != 1:
+        if self.schedule == "zbv" and self.virtual_stages != 2:
+            raise ConfigError(f"the zbv schedule puts 2 model chunks on each pipeline rank, not virtual-stages "
+                              f"{self.virtual_stages}: use --virtual-stages 2 or leave it out")
+        if self.schedule not in MULTI_CHUNK and self.virtual_stages != 1:
             raise ConfigError(f"virtual-stages {self.virtual_stages} needs the interleaved schedule, not {self.schedule}")
         self._check_stage_layers()
 
@@ -179,9 +188,10 @@ class Layout:
         if self.pp == 1 or len(given) != self.pp:
             raise ConfigError(f"stage layers {','.join(map(str, given))} give {len(given)} stage(s) for pp {self.pp}: "
                               f"give one count per stage" + ("" if self.pp > 1 else ", with --pp above 1"))
-        if self.schedule == "interleaved":
-            raise ConfigError("stage layers apply to the 1f1b and gpipe schedules, one chunk a rank; the interleaved "
-                              "schedule splits the layers evenly over its chunks: leave stage layers out")
+        if self.schedule in MULTI_CHUNK:
+            raise ConfigError(f"stage layers apply to the 1f1b and gpipe schedules, one chunk a rank; the "
+                              f"{self.schedule} schedule splits the layers over its chunks itself: leave stage layers "
+                              "out")
         if not all(given[1:-1]):
             raise ConfigError(f"stage layers {','.join(map(str, given))}: a middle stage holds at least one block "
                               "(the first and last may hold only the embedding or the head)")

@@ -214,6 +214,12 @@ class Stack:
     torch_pipelining: bool = False
     """Its pipeline runs on ``torch.distributed.pipelining``, whose stages defer the gradient reduction and keep
     FSDP's units gathered from one micro-batch to the next (``PipelineStage.backward_maybe_with_nosync``)."""
+    zero_bubble: Literal["run", "searched"] | None = None
+    """Runs torch's zero-bubble ZB-V schedule (``ScheduleZBVZeroBubble``; headroom.core.specs.schedule_order):
+    ``searched`` where its configuration names it (torchtitan's ``pipeline_parallel_schedule = "ZBVZeroBubble"``)
+    and the layout search tries it; ``run`` where it is planned when asked for (plain torch, whose
+    pipelining offers it, but the search keeps to 1f1b and interleaved there: the agent's pipeline runs 1f1b
+    and gpipe, and a search with ZB-V takes up to twice as long)."""
     weighted_stages: bool = False
     """Its pipeline splits the layers by torchtitan's rule, the embedding and the head counted as a block each,
     even where they divide (headroom.core.specs.stages); otherwise evenly."""
@@ -243,10 +249,10 @@ class Stack:
 
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
-    Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True,
+    Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True, zero_bubble="run",
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_reduce_scatters=True, torch_pipelining=True, fsdp_reshards_under_pipeline=False, weighted_stages=True,
+          caches_reduce_scatters=True, torch_pipelining=True, zero_bubble="searched", fsdp_reshards_under_pipeline=False, weighted_stages=True,
           overlaps_tensor_parallel=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),

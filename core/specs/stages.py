@@ -15,7 +15,10 @@ and the loss. The split is, in order of precedence:
   dealt out over the ``pp x v`` virtual stages as evenly as they go (the
   first ``(n + 2) mod (pp v)`` one more), and the first and last then hold
   one block fewer. Llama 3 8B over 4 stages: 8, 9, 8, 7. Under a looped
-  schedule rank i holds virtual stages i, i + pp, ...
+  schedule (interleaved) rank i holds virtual stages i, i + pp, ...; under
+  ZB-V (``zbv``) virtual stages i and 2 pp - 1 - i
+  (``generate_stage_to_rank_mapping(..., style="v")`` in torch's pipelining,
+  as torchtitan's ``pipeline_module_split`` places them).
 - **even**: the other stacks put ``n / (pp v)`` blocks in each chunk
   (Megatron-LM by default; the agent's pipeline, as torchtitan's manual
   split). Where the layers do not divide, the planner chooses torchtitan's
@@ -32,6 +35,7 @@ import functools
 from headroom.core.divisors import divisors_near
 from headroom.core.errors import ConfigError
 from headroom.core.specs.layout import Layout, split_text
+from headroom.core.specs.schedule_order import zbv_chunks
 from headroom.core.specs.stack import get_stack
 
 EMBEDDING_WEIGHT = 1
@@ -63,8 +67,8 @@ def weighted_split(n_layers: int, stages: int, embedding: int = EMBEDDING_WEIGHT
 
 @functools.lru_cache(maxsize=4096)
 def chunk_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tuple[int, ...]:
-    """Blocks in each pipeline chunk (virtual stage), first to last: pp x v of them, rank i holding chunks
-    i, i + pp, ... (see the module's doc)."""
+    """Blocks in each pipeline chunk (virtual stage), first to last: pp x v of them, placed on the ranks by
+    `rank_chunks` (see the module's doc)."""
     if layout.pp == 1:
         return (n_layers,)
     given = layout.stage_layers
@@ -83,11 +87,21 @@ def chunk_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tup
                       "1f1b schedule with --stage-layers")
 
 
+def rank_chunks(layout: Layout, rank: int) -> tuple[int, ...]:
+    """The chunks (virtual stages) pipeline rank ``rank`` holds, 0 the model's first: looped (rank, rank + pp,
+    ...), or under zbv in a V (rank, 2 pp - 1 - rank); without a pipeline the one chunk of every layer."""
+    if layout.pp == 1:
+        return (0,)
+    if layout.schedule == "zbv":
+        return zbv_chunks(layout.pp, rank)
+    return tuple(range(rank, layout.chunks, layout.pp))
+
+
 @functools.lru_cache(maxsize=4096)
 def stage_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tuple[int, ...]:
     """Blocks each pipeline rank holds, all its chunks together, first stage first (see the module's doc)."""
     split = chunk_layers(layout, n_layers, stack)
-    return tuple(sum(split[rank::layout.pp]) for rank in range(layout.pp))
+    return tuple(sum(split[c] for c in rank_chunks(layout, rank)) for rank in range(layout.pp))
 
 
 def split_text_for(layout: Layout, n_layers: int, stack: str = "reference") -> str:
@@ -101,7 +115,12 @@ def split_text_for(layout: Layout, n_layers: int, stack: str = "reference") -> s
         why = "chosen: the layers do not divide, so the embedding and the head count as a block each (torchtitan's rule)"
     else:
         why = "even"
+    if layout.schedule == "zbv":
+        split = chunk_layers(layout, n_layers, stack)
+        held = ", ".join("+".join(str(split[c]) for c in rank_chunks(layout, rank)) for rank in range(layout.pp))
+        why += f"; rank i holds chunks i and 2 pp - 1 - i: {held}"
     return f"{split_text(layers)} blocks ({why})"
 
 
-__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "chunk_layers", "split_text_for", "stage_layers", "weighted_split"]
+__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "chunk_layers", "rank_chunks", "split_text_for", "stage_layers",
+           "weighted_split"]

@@ -48,7 +48,7 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
-from headroom.core.specs.stages import stage_layers
+from headroom.core.specs.stages import chunk_layers
 from headroom.core.timing.collective_ops import bus_factor, ring_steps
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -166,7 +166,7 @@ def largest_rank_parameters(spec: ModelSpec, layout: Layout, stack: str = "refer
 def largest_rank(spec: ModelSpec, layout: Layout, stack: str = "reference") -> RankKind:
     """The rank kind holding the most parameters before data-parallel sharding (the first such), under the
     stack's split of the layers (headroom.core.specs.stages)."""
-    kinds = rank_kinds(layout, stage_layers(layout, spec.n_layers, stack), 1)
+    kinds = rank_kinds(layout, chunk_layers(layout, spec.n_layers, stack), 1)
     return max(kinds, key=lambda rank: rank_parameters(spec, layout, rank))
 
 

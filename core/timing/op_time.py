@@ -152,6 +152,9 @@ class OpsTime:
     launches: int = 0
     """Forward kernels."""
     backward_launches: int = 0
+    weight_gemm_s: float = 0.0
+    """The part of ``backward_gemm_s`` that makes the weights' gradients (the GEMMs outside the attention core):
+    what a zero-bubble schedule runs apart, as ``W`` (headroom.core.specs.schedule_order)."""
 
     @property
     def forward_s(self) -> float:
@@ -173,14 +176,18 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...],
              gemm_rate: Callable[[str, float], float] | None = None) -> OpsTime:
     """Device time of ``ops`` forward and backward. ``gemm_rate(dtype, flops)``: a measured rate by size, for a
     device without a datasheet peak."""
-    gemm = attention = memory = b_gemm = b_attention = b_memory = 0.0
+    gemm = attention = memory = b_gemm = b_attention = b_memory = weight = 0.0
     launches = backward = 0
     for op in ops:
         if op.kind == "gemm":
             m, n, k, batch = op.m, op.n, op.k, op.batch
             rate = gemm_rate(op.dtype, op.flops / batch) if gemm_rate else None
             gemm += gemm_s(rates, m, n, k, batch, op.dtype, rate)
-            b_gemm += gemm_s(rates, m, k, n, batch, op.dtype, rate) + gemm_s(rates, n, k, m, batch, op.dtype, rate)
+            # (m x k)(k x n): the input's gradient is (m x n)(n x k), the right operand's (n x m)(m x k); outside
+            # the attention core the right operand is a weight
+            right = gemm_s(rates, n, k, m, batch, op.dtype, rate)
+            b_gemm += gemm_s(rates, m, k, n, batch, op.dtype, rate) + right
+            weight += 0.0 if op.attention_core else right
             backward += 2
         elif op.kind == "attention":
             t = attention_s(rates, op)
@@ -193,7 +200,7 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...],
             b_memory += memory_s(rates, 2 * moved)
             backward += 1
         launches += 1
-    return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward)
+    return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward, weight)
 
 
 def _query_tiles(op: TracedOp) -> int:

@@ -77,6 +77,7 @@ from headroom.core.timing.op_time import (
     ops_time,
 )
 from headroom.core.timing.step_ops import ForwardOps, forward_ops
+from headroom.core.timing.schedule_replay import zbv_makespan
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -243,6 +244,8 @@ class StepTime:
     CPU): the host runs them, and the two add up."""
     launches: int = 0
     """Kernels one micro-batch launches (forward, recompute and backward)."""
+    weight_grad_s: float = 0.0
+    """The part of ``backward_s`` that makes the weights' gradients, which a zero-bubble schedule runs apart."""
 
     @property
     def waiting_s(self) -> float:
@@ -368,7 +371,8 @@ def _micro_batch(estimate: Estimate, profile: HardwareProfile, price: Price, lay
     time = StepTime(blocks.forward_s + head.forward_s + share * forward_copy_s,
                     blocks.backward_s + head.backward_s + share * backward_copy_s, recomputed, offload_s, 0.0, 0.0, 1,
                     host_s=_host_s(profile.host, cfg, ops.launches, rerun_ops, backward_kernels),
-                    host_runs_ahead=profile.host_runs_ahead, launches=ops.launches + rerun_ops + backward_kernels)
+                    host_runs_ahead=profile.host_runs_ahead, launches=ops.launches + rerun_ops + backward_kernels,
+                    weight_grad_s=blocks.weight_gemm_s + head.weight_gemm_s)
     return time, blocks
 
 
@@ -383,6 +387,8 @@ def _bubble_s(estimate: Estimate, profile: HardwareProfile, price: Price, mine: 
     layout, rank = estimate.config.layout, estimate.rank
     if layout.pp == 1:
         return 0.0
+    if layout.schedule == "zbv":
+        return _replayed_bubble_s(estimate, profile, price, mine)
     mine_ends = _ends(estimate, profile, price, rank.first, rank.last)
     seconds: dict[tuple[int, bool, bool], float] = {(rank.layers, rank.first, rank.last): mine.per_micro_batch_s}
 
@@ -403,6 +409,27 @@ def _bubble_s(estimate: Estimate, profile: HardwareProfile, price: Price, mine: 
         stages.append(seconds[key])
     m = mine.micro_batches
     return pipeline_seconds(tuple(stages), m, layout.virtual_stages) - m * mine.per_micro_batch_s
+
+
+def _replayed_bubble_s(estimate: Estimate, profile: HardwareProfile, price: Price, mine: StepTime) -> float:
+    """The zero-bubble schedule's wait: its table (headroom.core.specs.schedule_order) replayed with each chunk's
+    forward, input gradient (backward but the weights' GEMMs, with recompute and offload) and weight gradient,
+    timed with the chunk's own blocks, embedding and head (headroom.core.timing.schedule_replay.zbv_makespan);
+    less the rank's own micro-batches. A host-bound chunk's actions stretch as its micro-batch does."""
+    layout, m = estimate.config.layout, mine.micro_batches
+    chunks = estimate.config.chunk_layers(estimate.spec)
+    timed: dict[tuple[int, bool, bool], dict[str, float]] = {}
+
+    def chunk_s(chunk: int) -> dict[str, float]:
+        key = (chunks[chunk], chunk == 0, chunk == len(chunks) - 1)
+        if key not in timed:
+            t = _micro_batch(estimate, profile, price, *key)[0]
+            stretch = t.per_micro_batch_s / t.device_s if t.device_s else 1.0
+            timed[key] = {"F": t.forward_s * stretch, "W": t.weight_grad_s * stretch,
+                          "I": (t.backward_s - t.weight_grad_s + t.recompute_s + t.offload_s) * stretch}
+        return timed[key]
+
+    return max(0.0, zbv_makespan(layout.pp, m, lambda kind, chunk: chunk_s(chunk)[kind]) - m * mine.per_micro_batch_s)
 
 
 def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: bool, last: bool) -> tuple[float, float]:
