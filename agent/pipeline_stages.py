@@ -9,17 +9,19 @@ seed and keeps its stage (`Stage`), so the stages together hold the one
 model a single device would train.
 
 A step runs ``m`` micro-batches (the accumulation steps) through torch's
-``ScheduleGPipe`` or ``Schedule1F1B``: the first stage is given the step's
-``m x micro_batch`` sequences and the last their targets, and the schedule
-splits them into micro-batches, sends activations forward and gradients back
-between neighbouring stages (point-to-point), runs the loss on the last stage
-and scales the gradients by 1/m. Megatron's interleaved schedule needs more
-than one stage per rank and is not run here.
+``ScheduleGPipe``, ``Schedule1F1B`` or ``ScheduleZBVZeroBubble``: the first
+stage is given the step's ``m x micro_batch`` sequences and the last their
+targets, and the schedule splits them into micro-batches, sends activations
+forward and gradients back between neighbouring stages (point-to-point), runs
+the loss on the last stage and scales the gradients by 1/m. Under zbv the
+decoder is cut into 2 pp chunks and rank i holds chunks i and 2 pp - 1 - i
+(`VStages`; headroom.core.specs.schedule_order), so rank 0 is given both the
+sequences and the targets. The interleaved schedule is not run here.
 
 `SavedLive` counts the activation bytes autograd holds at each moment of a
 step, so the micro-batches a stage keeps in flight (the schedule's memory
-claim: all m under GPipe, pp - i under 1F1B, headroom.core.memory.pipeline) are measured,
-not assumed.
+claim: all m under GPipe, pp - i under 1F1B, about pp under ZB-V, headroom.core.memory.pipeline) are
+measured, not assumed.
 """
 
 from __future__ import annotations
@@ -37,17 +39,18 @@ from headroom.agent.probe import storage_key
 from headroom.agent.recompute import apply_blocks
 from headroom.core.errors import ConfigError
 from headroom.core.specs.layout import Layout
+from headroom.core.specs.stages import rank_chunks
 
-SCHEDULES = ("gpipe", "1f1b")
-"""The pipeline schedules the agent runs (torch's ScheduleGPipe and Schedule1F1B)."""
+SCHEDULES = ("gpipe", "1f1b", "zbv")
+"""The pipeline schedules the agent runs (torch's ScheduleGPipe, Schedule1F1B and ScheduleZBVZeroBubble)."""
 
 
 def check_pipeline(layout: Layout, tied_embeddings: bool, micro_batches: int | None = None) -> None:
     """The pipelines this module runs (over ``micro_batches`` per step, when given); any other is
     refused by name."""
     if layout.schedule not in SCHEDULES:
-        raise ConfigError(f"the agent runs the {' and '.join(SCHEDULES)} pipeline schedules, not "
-                          f"{layout.schedule}: use --schedule 1f1b or gpipe")
+        raise ConfigError(f"the agent runs the {', '.join(SCHEDULES)} pipeline schedules, not "
+                          f"{layout.schedule}: use --schedule 1f1b, gpipe or zbv")
     if layout.world != layout.pp:
         raise ConfigError(f"the agent runs a pipeline alone (tp 1, cp 1, dp 1), not {layout}: measure pp and the "
                           "other axes separately")
@@ -93,14 +96,36 @@ class Stage(nn.Module):
         return self.lm_head(self.final_norm(x)) if self.last else x
 
 
-def schedule(stage_module: Stage, index: int, stages: int, device: torch.device, name: str, micro_batches: int):
-    """torch's PipelineStage for ``stage_module`` and the named schedule over ``micro_batches``.
+class VStages(nn.Module):
+    """A zbv rank's two chunks: ``down`` (chunk i, the embedding's on rank 0) and ``up`` (chunk 2 pp - 1 - i,
+    the head's on rank 0)."""
+
+    def __init__(self, down: Stage, up: Stage) -> None:
+        super().__init__()
+        self.down, self.up = down, up
+        self.first, self.last = down.first, up.last
+
+
+def schedule(stage_module: Stage | VStages, index: int, stages: int, device: torch.device, name: str,
+             micro_batches: int):
+    """torch's PipelineStage for ``stage_module`` (both of a zbv rank's chunks) and the named schedule over
+    ``micro_batches``.
 
     Every stage is given the loss, not only the last: a schedule without one runs forward only, and
     the first stage would then never wait for its gradients.
     """
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+    from torch.distributed.pipelining import (
+        PipelineStage,
+        Schedule1F1B,
+        ScheduleGPipe,
+        ScheduleZBVZeroBubble,
+    )
 
+    if isinstance(stage_module, VStages):
+        chunks = 2 * stages
+        pair = [PipelineStage(stage_module.down, index, chunks, device),
+                PipelineStage(stage_module.up, chunks - 1 - index, chunks, device)]
+        return ScheduleZBVZeroBubble(pair, micro_batches, loss_fn=token_loss)
     stage = PipelineStage(stage_module, index, stages, device)
     kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[name]
     return kind(stage, micro_batches, loss_fn=token_loss)
@@ -115,7 +140,7 @@ class PipelineTrainer:
     through this stage alone, for the saved-tensor probe).
     """
 
-    model: Stage
+    model: Stage | VStages
     optimizer: torch.optim.Optimizer
     schedule: object
     hidden: int
@@ -131,25 +156,35 @@ class PipelineTrainer:
     def forward_backward(self, batches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         stage = self.model
         tokens, targets = self.joined(batches)
-        if stage.first:
+        if stage.first and stage.last:  # zbv's rank 0: the first chunk and the last
+            self.schedule.step(tokens, target=targets, losses=[])
+        elif stage.first:
             self.schedule.step(tokens)
         elif stage.last:
             self.schedule.step(target=targets, losses=[])
         else:
             self.schedule.step()
 
-    def stage_input(self, tokens: torch.Tensor) -> torch.Tensor:
-        """One micro-batch of what this stage receives: token ids, or the previous stage's hidden states
-        (fp32 when the parameters are, as the residual stream is under amp-bf16), which carry a gradient."""
-        if self.model.first:
+    def stage_input(self, tokens: torch.Tensor, stage: Stage | None = None) -> torch.Tensor:
+        """One micro-batch of what ``stage`` (this rank's) receives: token ids, or the previous stage's hidden
+        states (fp32 when the parameters are, as the residual stream is under amp-bf16), which carry a
+        gradient."""
+        stage = stage or self.model
+        if stage.first:
             return tokens
         dtype = next(self.model.parameters()).dtype
         return torch.randn(*tokens.shape, self.hidden, dtype=dtype, device=tokens.device, requires_grad=True)
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        """One micro-batch through this stage alone: the loss on the last stage, else its output."""
-        out = self.model(self.stage_input(tokens))
-        return token_loss(out, targets) if self.model.last else out
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        """One micro-batch through this stage alone: the loss on the last stage, else its output; through
+        both of a zbv rank's chunks, both."""
+        if isinstance(self.model, VStages):
+            return tuple(self._through(stage, tokens, targets) for stage in (self.model.down, self.model.up))
+        return self._through(self.model, tokens, targets)
+
+    def _through(self, stage: Stage, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        out = stage(self.stage_input(tokens, stage))
+        return token_loss(out, targets) if stage.last else out
 
     def context(self):
         return contextlib.nullcontext()
@@ -177,7 +212,12 @@ def build(setup: bench_train.TrainSetup, rank: int, device: torch.device) -> Pip
     check_pipeline(layout, setup.spec.tied_embeddings)
     torch.manual_seed(0)
     decoder = bench_train.build_model(setup, device)
-    stage = Stage(decoder, rank, cfg.stage_layers(setup.spec), autocast=cfg.recipe.autocast)
+    chunks, autocast = cfg.chunk_layers(setup.spec), cfg.recipe.autocast
+    if layout.schedule == "zbv":
+        down, up = rank_chunks(layout, rank)
+        stage = VStages(Stage(decoder, down, chunks, autocast), Stage(decoder, up, chunks, autocast))
+    else:
+        stage = Stage(decoder, rank, chunks, autocast=autocast)
     del decoder  # the other stages' blocks go with it
     optimizer = bench_train.make_optimizer(cfg.optimizer, stage.parameters(), device)
     return PipelineTrainer(stage, optimizer, schedule(stage, rank, layout.pp, device, layout.schedule,

@@ -70,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         description="Train a model for a few steps per configuration and record step time, memory and the core's "
         "predictions. Comma-separated --micro-batch and --recompute make a sweep. With --nproc (or --tp/--dp/--pp) "
         "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
-        "parallelism, a pipeline alone under --schedule 1f1b or gpipe with --accumulation micro-batches) and every "
+        "parallelism, a pipeline alone under --schedule 1f1b, gpipe or zbv with --accumulation micro-batches) and every "
         "rank is recorded; --cp, --ep, --zero 2 and the interleaved schedule are planned by the core but not measured "
         "here, and refused. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "

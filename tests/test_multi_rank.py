@@ -4,7 +4,8 @@ One store is built once per session (about 35 s on 2 cores): the session's smoke
 profile, the collectives over 2 ranks (`headroom agent run --only collectives --nproc 2`, the command
 run in this process, its ranks launched), FSDP2 steps at two micro-batch sizes in one launch (`headroom
 agent train --nproc 2 --zero 3 --micro-batch 1,2`), then tensor + sequence parallelism, a 2-stage
-1F1B pipeline of 4 micro-batches and a GPipe one of 3, one launch for the three (headroom.agent.train_ranks.cases);
+1F1B pipeline of 4 micro-batches, a GPipe one of 3, uneven stages and a zero-bubble ZB-V pipeline, one launch for
+them (headroom.agent.train_ranks.cases);
 every rank its own row. Each launch is killed when its ranks go quiet for its timeout, and every
 collective runs under the process group's timeout. Tests that start processes are marked ``slow``:
 ``pytest -m "not slow"`` leaves them out for local work.
@@ -34,9 +35,13 @@ from headroom.agent.bench_train import TrainSetup  # noqa: E402
 from headroom.agent.runner import run_suite  # noqa: E402
 from headroom.cli.main import main  # noqa: E402
 from headroom.core.measured.measurements import step_observations  # noqa: E402
+from headroom.core.memory.estimate import EMBEDDING_ONLY, estimate, for_rank  # noqa: E402
+from headroom.core.memory.ledger import activation_ledger, chunk_device_bytes  # noqa: E402
+from headroom.core.memory.pipeline import v_peak  # noqa: E402
 from headroom.core.specs.config import TrainConfig  # noqa: E402
 from headroom.core.specs.layout import Layout  # noqa: E402
 from headroom.core.specs.presets import get_preset  # noqa: E402
+from headroom.core.specs.stages import rank_chunks  # noqa: E402
 from headroom.core.timing.collective_ops import bus_factor  # noqa: E402
 from headroom.core.timing.comm import MEASURED, step_communication  # noqa: E402
 from headroom.db.models import CollectiveResult, Run, TrainStepResult  # noqa: E402
@@ -80,9 +85,12 @@ SWEEP = [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=accumula
     (1, Layout(tp=2, sp=True)),
     (4, Layout(pp=2)),  # 1F1B, 4 micro-batches
     (3, Layout(pp=2, schedule="gpipe")),
-)] + [TrainSetup(spec=get_preset("bench-llama-small"), steps=3, accumulation_steps=2, config=TrainConfig(
-    seq_len=64, micro_batch=2, precision="fp32", layout=Layout(pp=2, stage_layers=(1, 3))))]
-"""Four setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
+)] + [TrainSetup(spec=get_preset("bench-llama-small"), steps=3, accumulation_steps=accumulation, config=TrainConfig(
+    seq_len=64, micro_batch=2, precision="fp32", layout=layout)) for accumulation, layout in (
+    (2, Layout(pp=2, stage_layers=(1, 3))),
+    (4, Layout(pp=2, schedule="zbv", virtual_stages=2)),  # ZB-V: 4 chunks of one block, rank 0 holds 0 and 3
+)]
+"""Five setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
 
 
 def _headroom(*args: str) -> str:
@@ -271,7 +279,63 @@ def test_a_sweep_of_one_world_size_runs_in_one_launch(fleet):
     assert [(r.micro_batch, r.rank, r.details["setup_in_launch"]) for r in rows[:4]] == [
         (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
     assert [(r.layout["tp"], r.layout["pp"], r.rank, r.details["setup_in_launch"]) for r in rows[4:]] == [
-        (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3), (1, 2, 0, 4), (1, 2, 1, 4)]
+        (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3), (1, 2, 0, 4), (1, 2, 1, 4),
+        (1, 2, 0, 5), (1, 2, 1, 5)]
+
+
+def _zbv_peak_bytes(row: TrainStepResult, setup: TrainSetup) -> tuple[int, int]:
+    """What the core says a zbv rank's activations take at the moment they peak, and for one micro-batch through
+    both its chunks: each chunk's bytes (the ledger split at the chunk boundary) times its micro-batches alive
+    then (headroom.core.memory.pipeline.v_peak). Token ids are left out: the step holds them whole, and the
+    measurement (headroom.agent.pipeline_stages.SavedLive) ignores them."""
+    config = setup.config
+    rank = for_rank(estimate(setup.spec, config, "cpu", setup.accumulation_steps), row.rank).rank
+    ledger = activation_ledger(setup.spec, config, "cpu", rank=rank)
+    split = config.chunk_layers(setup.spec)[rank_chunks(config.layout, row.rank)[0]]
+    embedding = len(activation_ledger(setup.spec, config, "cpu", rank=EMBEDDING_ONLY).traced) if rank.first else 0
+    down, up = chunk_device_bytes(ledger, split, embedding, ("activation",))
+    alive = v_peak(config.layout.pp, row.rank, setup.accumulation_steps,
+                   chunk_device_bytes(ledger, split, embedding))
+    return alive[0] * down + alive[1] * up, down + up
+
+
+@pytest.mark.slow
+def test_zbv_ranks_keep_what_the_schedules_table_says(fleet):
+    """torch's ScheduleZBVZeroBubble on two gloo ranks, 4 chunks of one block over 4 micro-batches: each rank
+    holds its chunk and its mirror (rank 0 the embedding and the head), saves what the core predicts byte for
+    byte, and at its peak keeps exactly the micro-batches of each chunk the core's walk of the table says."""
+    setup = SWEEP[-1]
+    rows = _steps(fleet[0], {"pp": 2, "schedule": "zbv"})
+    assert [(r.rank, r.prediction["rank"], r.status) for r in rows] == [(0, "first and last stages", "ok"),
+                                                                         (1, "middle stage", "ok")]
+    for r in rows:
+        assert r.activation_bytes == r.predicted_activation_bytes, r.details["probe"]
+        assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
+        assert r.details["gradient_bytes"] == r.prediction["memory_bytes"]["gradients"]
+        measured = r.details["in_flight"]
+        assert (measured["saved_peak_bytes"], measured["saved_micro_batch_bytes"]) == _zbv_peak_bytes(r, setup)
+    assert rows[1].details["in_flight"]["micro_batches_in_flight"] == 2 == _predicted_in_flight(rows[1])
+    first = rows[0].details["gradient_shards"]
+    assert "down.embed.weight" in first and "up.lm_head.weight" in first
+    assert {name.split(".")[2] for name in first if ".blocks." in name} == {"0"}  # one block a chunk
+
+
+@pytest.mark.slow
+def test_three_zbv_ranks_with_chunks_of_the_embedding_or_head_alone(tmp_path):
+    """4 layers over 3 ranks of ZB-V: torchtitan's rule gives chunks 0,1,1,1,1,0, so rank 0 holds the embedding
+    and the head and no block; 4 micro-batches, fewer than the 2 pp - 1 = 5 torch plans for, so it drops the
+    rest. Every rank saves and keeps what the core predicts, byte for byte."""
+    setup = TrainSetup(spec=get_preset("bench-llama-small"), steps=2, accumulation_steps=4, config=TrainConfig(
+        seq_len=32, micro_batch=1, precision="fp32", layout=Layout(pp=3, schedule="zbv", virtual_stages=2)))
+    rows = [case.measure(CPU) for case in train_ranks.cases([setup], "cpu")]
+    assert [r.prediction["rank"] for r in rows] == ["first and last stages", "middle stage", "middle stage"]
+    for r in rows:
+        assert r.status == "ok", r.message
+        assert r.activation_bytes == r.predicted_activation_bytes
+        assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
+        measured = r.details["in_flight"]
+        assert (measured["saved_peak_bytes"], measured["saved_micro_batch_bytes"]) == _zbv_peak_bytes(r, setup)
+    assert [r.details["in_flight"]["micro_batches_in_flight"] for r in rows[1:]] == [3, 3]
 
 
 @pytest.mark.slow
@@ -337,7 +401,7 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path, m
     (("--nproc", "4", "--tp", "2"), "--nproc 4 but the layout has tp x dp x pp x cp = 2 ranks"),
     (("--cp", "2"), "cp 2 is planned by the core but not measured"),
     (("--dp", "2", "--zero", "3", "--ep", "2"), "ep 2 is planned by the core but not measured"),
-    (("--pp", "2", "--schedule", "interleaved"), "not interleaved: use --schedule 1f1b or gpipe"),
+    (("--pp", "2", "--schedule", "interleaved"), "not interleaved: use --schedule 1f1b, gpipe or zbv"),
     (("--pp", "2", "--dp", "2"), "the agent runs a pipeline alone"),
     (("--pp", "2"), "--accumulation 1 is fewer than pp 2; use --accumulation 2 or more, or --schedule gpipe"),
     (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),
