@@ -24,6 +24,7 @@ from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk
 from headroom.core.planning.layout_search import pinned_layout
 from headroom.core.planning.planner import (
+    NEAR,
     Candidate,
     Plan,
     PlanRequest,
@@ -293,12 +294,17 @@ def render(result: Plan, top: int | None) -> str:
         lines.append(f"  faster but rejected: {c.label}{on} ({c.tokens_per_s:,.0f} tokens/s) {c.rejection}")
     lines += ["", f"{'#':>3}  {'micro':>5} {'accum':>5}  {'recompute':<13}{'tokens/s':>12}{'step s':>9}{'needs GB':>10}"
                   f"{'headroom GB':>13}" + ("  layout" if req.gpus is not None else "")]
+    band = result.band
     for i, c in enumerate(result.candidates[:top], 1):
+        rank = "1=" if i <= band and band > 1 else str(i)
         lines.append(
-            f"{i:>3}  {c.config.micro_batch:>5} {c.accumulation_steps:>5}  {str(c.config.recompute):<13}{c.tokens_per_s:>12,.0f}"
+            f"{rank:>3}  {c.config.micro_batch:>5} {c.accumulation_steps:>5}  {str(c.config.recompute):<13}{c.tokens_per_s:>12,.0f}"
             f"{c.step_time_s:>9.3f}{c.required_bytes / GB:>10.1f}{(req.budget_bytes - c.required_bytes) / GB:>13.1f}"
             + (f"  {c.layout}" if req.gpus is not None else "")
         )
+    if band > 1:
+        lines += ["", (f"1=: the {band} within {NEAR:.0%} of the fastest, as fast as the time model can tell; the "
+                       "simplest first")]
     if req.gpus is not None:
         lines += ["", f"layouts: {len(result.layouts)} searched; the best of each, and why it lost:"]
         if result.unsearched:

@@ -226,6 +226,9 @@ def test_a_search_over_8_gpus_shows_the_layout_and_its_time_by_term(monkeypatch,
     (shown,) = [str(s.value) for s in at.success]
     assert shown.endswith(f"on {best.layout} (8 GPUs)")
     assert any("Communication from datasheet links" in c.value for c in at.caption)
+    # 8 candidates within 1% of the fastest: one band, said under the ranked table (the CLI ranks them 1=)
+    assert small_search.band == 8
+    assert "Ranks 1-8 are one band: within 1% of the fastest" in " ".join(c.value for c in at.caption)
     assert any(str(best.layout) in c.value for c in at.code)  # the exports carry the winner's layout
     chosen, compared = chart_data(at, "term")
     assert chosen["seconds"].sum() == pytest.approx(best.step_time_s, rel=1e-12)

@@ -1,5 +1,7 @@
 """The planner's contract: fits the budget, splits the batch exactly, explains itself."""
 
+import json
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -166,3 +168,28 @@ def test_a_pinned_interleaved_schedule_searches_the_pipeline_depths_its_layers_s
     layouts = candidate_layouts(spec, train, 8, 8, 8, frozenset({"schedule", "virtual_stages"}))
     assert {(layout.pp, layout.schedule, layout.virtual_stages) for layout in layouts} == {
         (1, "1f1b", 1), (2, "interleaved", 2)}
+
+
+def test_candidates_within_one_percent_of_the_fastest_are_one_band(run_cli):
+    """Llama 3 8B over 16 H100s: ZeRO-3 over dp 16, or with cp 2 or 4, within 1% of each other: ranked 1= in the
+    text and marked tied in the JSON; the next one keeps its place (4th), and a plan without a tie ranks 1."""
+    flags = ["plan", "--model", "llama3-8b", "--hardware", "h100-sxm", "--gpus", "16", "--seq-len", "8192",
+             "--global-batch", "64"]
+    text = run_cli(*flags)
+    assert text.returncode == 0, text.stderr
+    rows = [line.split()[0] for line in text.stdout.splitlines()[text.stdout.splitlines().index(
+        next(line for line in text.stdout.splitlines() if line.lstrip().startswith("#  micro"))) + 1:][:5]]
+    assert rows == ["1=", "1=", "1=", "4", "5"]
+    assert ("1=: the 3 within 1% of the fastest, as fast as the time model can tell; the simplest first"
+            in " ".join(text.stdout.split()))
+    result = plan(PlanRequest(spec=get_preset("llama3-8b"), train=TrainConfig(seq_len=8192), global_batch=64,
+                              gpus=16), H100)
+    assert result.band == 3
+    fastest = max(c.tokens_per_s for c in result.candidates)
+    assert [result.tied_with_fastest(c) for c in result.candidates[:4]] == [True, True, True, False]
+    assert all(c.tokens_per_s >= 0.99 * fastest for c in result.candidates[:3])
+    assert result.candidates[3].tokens_per_s < 0.99 * fastest
+    alone = run_cli("plan", "--model", "llama3.2-1b", "--hardware", "h100-sxm", "--seq-len", "2048",
+                    "--global-batch", "8", "--json")  # micro 4 without checkpointing 1.2% ahead of selective
+    ranked = json.loads(alone.stdout)["candidates"]
+    assert ranked[0]["tied_with_fastest"] and not any(c["tied_with_fastest"] for c in ranked[1:])

@@ -13,6 +13,7 @@ from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import Calibration
 from headroom.core.planning import search_work
 from headroom.core.planning.planner import (
+    NEAR,
     Plan,
     budget_note,
     budget_share,
@@ -367,6 +368,9 @@ st.caption(f"{int(front.sum()):,} of {len(table):,} candidates are on the Pareto
               if off_chart else f"all {len(table)} candidates."))
 
 st.subheader(f"Ranked candidates ({len(result.candidates)} fit)")
+if result.band > 1:
+    st.caption(f"Ranks 1-{result.band} are one band: within {NEAR:.0%} of the fastest, as fast as the time model "
+               "can tell; the simplest layout first.")
 fitting = table[table["fits"] == "fits"].drop(columns=["fits", "rejection", "over_gb", "broken_by"])
 # Shown in 1,440 px: the candidate's label holds its micro-batch, accumulation and policy, headroom is the budget
 # less what it needs.
