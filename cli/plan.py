@@ -6,6 +6,7 @@ import argparse
 import json
 import sys
 
+from headroom.cli.network_file import read_network_file
 from headroom.cli.search_status import SearchStatus
 from headroom.cli.train_flags import (
     POLICIES_HELP,
@@ -38,6 +39,8 @@ from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
     NETWORK_EXAMPLE,
+    NetworkSettings,
+    intra_node_link,
     network,
 )
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
@@ -51,6 +54,15 @@ def _network(text: str) -> str:
     """``--interconnect``'s value, checked when the flags are read (a plan on one GPU never builds the network)."""
     try:
         network(text)
+    except ConfigError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text
+
+
+def _link(text: str) -> str:
+    """``--intra-node``'s value: a link's key."""
+    try:
+        intra_node_link(text)
     except ConfigError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
     return text
@@ -80,14 +92,22 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout = p.add_argument_group("layout", "with --gpus every layout of that many GPUs is searched and an axis given "
                                             "is pinned; without it, the one layout the axes give")
     layout.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
-    layout.add_argument("--gpus-per-node", type=int, default=DEFAULT_GPUS_PER_NODE,
-                        help=f"GPUs joined by the node's own link (default {DEFAULT_GPUS_PER_NODE})")
+    layout.add_argument("--gpus-per-node", type=int, default=None,
+                        help=f"GPUs joined by the node's own link (default: the --network file's, else "
+                             f"{DEFAULT_GPUS_PER_NODE})")
     layout.add_argument("--interconnect", default=None, metavar="NETWORK", type=_network,
                         help=f"network between nodes: one of {', '.join(LINKS_BY_KEY)} (one NIC per GPU), or NICs x "
                              f"Gb/s a node ({NETWORK_EXAMPLE}); default: the GPU generation's network, ib-hdr for an "
                              "A100, ib-ndr for an H100, H200 or B200, roce-400g for an MI300X, roce-200g for an L40S "
                              f"or RTX 4090, else {DEFAULT_INTER_NODE_LINK}; see core/specs/interconnect.py for every "
                              "row's source")
+    layout.add_argument("--intra-node", default=None, metavar="LINK", type=_link,
+                        help=f"link between the GPUs of a node: one of {', '.join(LINKS_BY_KEY)} (default: the "
+                             "card's own, e.g. nvlink4 for an H100 SXM, pcie5-x16 for an H100 PCIe)")
+    layout.add_argument("--network", default=None, metavar="FILE",
+                        help="a TOML file of the cluster's network: gpus_per_node, intra_node and interconnect, "
+                             "each as the flag of that name takes it (e.g. interconnect = \"8x200g\"); a flag given "
+                             "here wins over the file")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free", training=training, axes=layout)
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")
@@ -137,10 +157,14 @@ def global_batch(args: argparse.Namespace) -> int:
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
     """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
     layout = pinned_layout(layout_values(args)) if args.gpus is not None else layout_from_args(args, **ONE_GPU)
+    given = read_network_file(args.network) if args.network else NetworkSettings()
+    gpus_per_node = args.gpus_per_node if args.gpus_per_node is not None else given.gpus_per_node
     return PlanAsk(
         global_batch=global_batch(args), train=train_config(args, micro_batch=1, recompute="none", layout=layout),
         budget_bytes=None if args.budget is None else parse_budget(args.budget), pinned=pinned_axes(args),
-        gpus=args.gpus, gpus_per_node=args.gpus_per_node, interconnect=args.interconnect, allow_offload=args.offload,
+        gpus=args.gpus, gpus_per_node=DEFAULT_GPUS_PER_NODE if gpus_per_node is None else gpus_per_node,
+        interconnect=args.interconnect or given.interconnect, intra_node=args.intra_node or given.intra_node,
+        allow_offload=args.offload,
         micro_batch=args.micro_batch, accumulation=args.accumulation,
         recompute=None if args.recompute is None else parse_policy(args.recompute),
         train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price,

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from headroom.cli.main import build_parser
+from headroom.cli.plan import plan_ask
 from headroom.cli.train_flags import layout_from_args
 from headroom.core.planning.ask import ONE_GPU
 from headroom.core.planning.planner import default_budget, plan_to_dict
@@ -42,8 +43,10 @@ def test_the_page_takes_headroom_plans_defaults():
         (args.seq_len, args.precision, args.optimizer, args.attention, args.stack) == \
         (2048, "amp-bf16", "adamw", "flash", "reference")
     assert inputs.hardware == planning.DATASHEET_PREFIX + args.hardware
+    asked = plan_ask(args)  # the node size and links as the command resolves them (flags, --network, defaults)
     assert (inputs.gpus, inputs.gpus_per_node, inputs.interconnect or None, inputs.offload) == \
-        (0, args.gpus_per_node, args.interconnect, args.offload)  # no interconnect: the generation's network
+        (0, asked.gpus_per_node, asked.interconnect, args.offload)  # no interconnect: the generation's network
+    assert asked.intra_node is None  # the card's own link, as the page has it
     assert args.gpus is None and args.budget is None and inputs.budget == ""  # no budget: the card's default
     # An axis given alone: the page fills the others as the command does (sp stays off under tp 2).
     for flags, axes in ((("--tp", "2"), {"tp": "2"}), (("--pp", "2", "--schedule", "interleaved"),

@@ -5,9 +5,9 @@
 
 - the budget: 80 GB per GPU, or all of a smaller card (`default_budget`); a card that holds more is
   planned at 80 GB and the plan says so (`budget_share`);
-- the cluster: a node of ``gpus_per_node`` of the card, its own link inside the node and, between nodes,
-  ``interconnect`` or the card generation's network (headroom.core.specs.interconnect), built only when
-  the plan spans more than one GPU;
+- the cluster: a node of ``gpus_per_node`` of the card, ``intra_node`` or the card's own link inside the
+  node and, between nodes, ``interconnect`` or the card generation's network
+  (headroom.core.specs.interconnect), built only when the plan spans more than one GPU;
 - the layout: one GPU (`ONE_GPU`) for every axis left free without a GPU count; with one, the axes in
   ``pinned`` are kept and the others searched;
 - the configuration: the planner's to choose (micro-batch, accumulation, checkpoint policy) unless pinned.
@@ -54,6 +54,8 @@ class PlanAsk:
     gpus_per_node: int = DEFAULT_GPUS_PER_NODE
     interconnect: str | None = None
     """headroom.core.specs.interconnect key of the link between nodes; None: the card generation's network."""
+    intra_node: str | None = None
+    """headroom.core.specs.interconnect key of the link between GPUs of a node; None: the card's own."""
     allow_offload: bool = False
     micro_batch: int | None = None
     accumulation: int | None = None
@@ -69,7 +71,7 @@ class PlanAsk:
             spec=spec, train=self.train, global_batch=self.global_batch,
             budget_bytes=default_budget(profile) if self.budget_bytes is None else self.budget_bytes,
             allow_offload=self.allow_offload, gpus=self.gpus, pinned=self.pinned if search else frozenset(),
-            cluster=profile.cluster(self.gpus_per_node, self.interconnect) if spans_gpus else None,
+            cluster=profile.cluster(self.gpus_per_node, self.interconnect, self.intra_node) if spans_gpus else None,
             micro_batch=self.micro_batch, accumulation=self.accumulation, recompute=self.recompute,
             train_tokens=self.train_tokens, gpu_hour_price=self.gpu_hour_price,
         )

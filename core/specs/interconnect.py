@@ -172,9 +172,20 @@ def get_link(key: str) -> Link:
     wanted = key.strip().lower()
     if wanted in LINKS_BY_KEY:
         return LINKS_BY_KEY[wanted]
+    raise ConfigError(f"unknown interconnect {key!r}; {_closest(wanted)}, or NICs x Gb/s a node ({NETWORK_EXAMPLE})")
+
+
+def intra_node_link(key: str) -> Link:
+    """The link between a node's GPUs named ``key``; an unknown key suggests the closest ones."""
+    wanted = key.strip().lower()
+    if wanted in LINKS_BY_KEY:
+        return LINKS_BY_KEY[wanted]
+    raise ConfigError(f"unknown link {key!r} between the GPUs of a node; {_closest(wanted)}")
+
+
+def _closest(wanted: str) -> str:
     close = difflib.get_close_matches(wanted, LINKS_BY_KEY, n=3, cutoff=0.4)
-    hint = f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(LINKS_BY_KEY)}"
-    raise ConfigError(f"unknown interconnect {key!r}; {hint}, or NICs x Gb/s a node ({NETWORK_EXAMPLE})")
+    return f"did you mean {', '.join(close)}?" if close else f"known: {', '.join(LINKS_BY_KEY)}"
 
 
 NETWORK_EXAMPLE = "4x200g: four 200 Gb/s NICs a node"
@@ -197,6 +208,52 @@ def network(text: str) -> tuple[Link, int]:
     key = f"{nics}x{rate:g}g"
     return Link(key=key, name=f"{nics} x {rate:g} Gb/s NICs a node", bytes_per_s=rate * _GB / 8, latency_s=14.0e-6,
                 source=f"given: {nics} NICs of {rate:g} Gb/s a node, line rate / 8; {_NCCL_HWLAT} (network)"), nics
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class NetworkSettings:
+    """A cluster's network as a user describes it (``--network FILE``): what ``--gpus-per-node``, ``--intra-node``
+    and ``--interconnect`` say, each None where left out."""
+
+    gpus_per_node: int | None = None
+    intra_node: str | None = None
+    """A `LINKS` key for the link between GPUs of one node."""
+    interconnect: str | None = None
+    """Between nodes: a `LINKS` key, or NICs x Gb/s a node (`network`)."""
+
+
+NETWORK_KEYS: dict[str, type] = {"gpus_per_node": int, "intra_node": str, "interconnect": str}
+"""The keys a network file may hold, and the type of each value."""
+MAX_GPUS_PER_NODE = 1024
+"""GPUs one node may hold at most: NVL72 racks are 72, and no NVLink domain announced reaches 1,024."""
+
+
+def network_settings(values: object, source: str) -> NetworkSettings:
+    """``values`` (a parsed network file, named ``source`` in errors) as settings; ConfigError names an unknown
+    key, a value of the wrong type and a link or network that is not one, with what would be valid."""
+    if not isinstance(values, dict):
+        raise ConfigError(f"{source}: a network file is a table of {', '.join(NETWORK_KEYS)}")
+    unknown = sorted(set(values) - set(NETWORK_KEYS))
+    if unknown:
+        raise ConfigError(f"{source}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"a network file holds {', '.join(NETWORK_KEYS)}")
+    for key, value in values.items():
+        kind = NETWORK_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, kind):
+            raise ConfigError(f"{source}: {key} must be {'a whole number' if kind is int else 'a string'}, got "
+                              f"{value!r}")
+    settings = NetworkSettings(**values)
+    gpus = settings.gpus_per_node
+    if gpus is not None and not 0 < gpus <= MAX_GPUS_PER_NODE:
+        raise ConfigError(f"{source}: gpus_per_node must be 1 to {MAX_GPUS_PER_NODE:,}, got {gpus}")
+    try:
+        if settings.intra_node is not None:
+            intra_node_link(settings.intra_node)
+        if settings.interconnect is not None:
+            network(settings.interconnect)
+    except ConfigError as err:
+        raise ConfigError(f"{source}: {err}") from None
+    return settings
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -229,12 +286,12 @@ class Cluster:
 
 
 def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str | None = None,
-                    measured: CollectiveCurves | None = None) -> Cluster:
-    """Nodes of ``gpus_per_node`` GPUs on that GPU's own link, joined by ``inter`` (by default its generation's
-    network, `default_inter_node_link`)."""
+                    measured: CollectiveCurves | None = None, intra: str | None = None) -> Cluster:
+    """Nodes of ``gpus_per_node`` GPUs on ``intra`` (by default that GPU's own link), joined by ``inter`` (by
+    default its generation's network, `default_inter_node_link`)."""
     spec = get_hardware(hardware_key)
     link, nics = network(inter or default_inter_node_link(spec.key))
-    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(INTRA_NODE_LINK[spec.key]), inter=link,
+    return Cluster(gpus_per_node=gpus_per_node, intra=get_link(intra or INTRA_NODE_LINK[spec.key]), inter=link,
                    nics_per_node=nics, measured=measured)
 
 
@@ -243,16 +300,19 @@ FALLBACK_INTRA_NODE_LINK = "pcie4-x16"
 
 
 def cluster_for(device: str, gpus_per_node: int = 8, inter: str | None = None,
-                measured: CollectiveCurves | None = None) -> Cluster:
-    """``default_cluster`` for a datasheet device; for any other, PCIe Gen4 inside a node, said so.
+                measured: CollectiveCurves | None = None, intra: str | None = None) -> Cluster:
+    """``default_cluster`` for a datasheet device; for any other, ``intra`` or else PCIe Gen4 inside a node,
+    said so.
 
     ``measured``: the device's measured collectives (HardwareProfile.collectives), used inside a node.
     """
+    if intra is not None:
+        intra_node_link(intra)  # an unknown link is named as such, not taken for an unknown device
     try:
-        return default_cluster(device, gpus_per_node, inter, measured)
+        return default_cluster(device, gpus_per_node, inter, measured, intra)
     except ConfigError:
-        link = get_link(FALLBACK_INTRA_NODE_LINK)
-        assumed = "" if measured else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
+        link = get_link(intra or FALLBACK_INTRA_NODE_LINK)
+        assumed = "" if measured or intra else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
         between, nics = network(inter or DEFAULT_INTER_NODE_LINK)
         return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=between, nics_per_node=nics, assumed=assumed,
                        measured=measured)

@@ -135,10 +135,11 @@ class HardwareProfile:
     collectives: CollectiveCurves | None = None
     """Collective times measured over the box's devices (headroom.core.timing.collective_curves); None: datasheet links."""
 
-    def cluster(self, gpus_per_node: int = 8, inter: str | None = None) -> Cluster:
+    def cluster(self, gpus_per_node: int = 8, inter: str | None = None, intra: str | None = None) -> Cluster:
         """Nodes of this device: its datasheet links (headroom.core.specs.interconnect.cluster_for; between nodes ``inter``, else
-        its generation's network), with the measured collectives inside a node where the box recorded them."""
-        return cluster_for(self.name, gpus_per_node, inter, self.collectives)
+        its generation's network; inside one ``intra``, else its own), with the measured collectives inside a node
+        where the box recorded them."""
+        return cluster_for(self.name, gpus_per_node, inter, self.collectives, intra)
 
     @property
     def rates(self) -> DeviceRates:
