@@ -11,13 +11,15 @@ ms); and the process time of `headroom plan` over `headroom estimate` (within
 1.3x; with a store present, the H200 reference imported, within 1.5x). Then the cluster search: llama3-70b over 64 H100s with every axis free
 (tp x pp x cp x dp x sharding stage x micro-batch x recompute), and 512 GPUs,
 printing the layouts searched, the candidates evaluated, the seconds per plan
-and milliseconds per layout, and the seconds its JSON takes.
+and milliseconds per layout, and the seconds its JSON takes; then GPT-3 175B
+over 1,536 and 16,384 A100s against the layout search's targets.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,9 @@ from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.planner import PlanRequest, plan, plan_to_dict
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import get_hardware
+from headroom.core.specs.interconnect import default_cluster
 from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.timing.step import datasheet_profile
 
@@ -120,8 +124,46 @@ def search() -> None:
             print(f"  recommended: {best.layout}; {best.label}; {best.tokens_per_s / gpus:,.0f} tokens/s per GPU")
 
 
+def _peak_rss_mb() -> float:
+    """This process's peak resident memory: Linux's VmHWM (ru_maxrss keeps the high-water mark of the process that
+    forked this one across exec), else ru_maxrss."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def gpt_175b() -> None:
+    """GPT-3 175B (Narayanan et al. 2021's 96 layers of 12,288, sequence 2048) on A100s, every axis free under
+    Megatron-LM: 1,536 GPUs at a global batch of 1,536 (the paper's run) and 16,384 at 16,384, against the layout
+    search's targets (under 1 s and under 3 s on 2 cores, peak memory under 300 MB: the peak RSS of a process of
+    its own so far, imports included)."""
+    spec = ModelSpec(name="gpt-175b", block="gpt", n_layers=96, hidden=12288, n_heads=96, n_kv_heads=96,
+                     ffn_hidden=4 * 12288, vocab_size=51200, max_seq_len=2048, tied_embeddings=True, bias="all")
+    profile = datasheet_profile(get_hardware("a100-sxm-80gb"))
+    train = TrainConfig(seq_len=2048, precision="bf16-master", optimizer="adam", attention="standard", dropout=0.1,
+                        stack="megatron")
+    for gpus, target in ((1536, 1.0), (16384, 3.0)):
+        request = PlanRequest(spec=spec, train=train, global_batch=gpus, gpus=gpus,
+                              cluster=default_cluster("a100-sxm-80gb", inter="ib-hdr"))
+        start = time.perf_counter()
+        result = plan(request, profile)
+        elapsed = time.perf_counter() - start
+        peak_mb = _peak_rss_mb()
+        n = len(result.candidates) + len(result.rejected)
+        print(f"\nsearch: gpt-175b on {gpus:,} A100s: {len(result.layouts)} layouts, {n} candidates, {elapsed:,.2f} s "
+              f"(target {target:g} s); the process's peak RSS so far {peak_mb:,.0f} MB (target 300)")
+
+
 if __name__ == "__main__":
+    if "--gpt-175b" in sys.argv:  # in a process of its own, so that its peak RSS is its own
+        gpt_175b()
+        sys.exit()
     if "--search-only" not in sys.argv:
         main()
         targets()
     search()
+    subprocess.run([sys.executable, __file__, "--gpt-175b"], check=True)

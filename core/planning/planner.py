@@ -361,16 +361,19 @@ class Plan:
     def recommendation(self) -> Candidate | None:
         return self.candidates[0] if self.candidates else None
 
-    def tied_with_fastest(self, candidate: Candidate) -> bool:
-        """``candidate`` is within ``NEAR`` of the fastest fitting one: as fast as the model can tell (the ranking
-        puts the simplest of these first)."""
-        fastest = max((c.tokens_per_s for c in self.candidates), default=0.0)
+    def tied_with_fastest(self, candidate: Candidate, fastest: float | None = None) -> bool:
+        """``candidate`` is within ``NEAR`` of the fastest fitting one (``fastest`` tokens/s, where known): as fast
+        as the model can tell (the ranking puts the simplest of these first)."""
+        if fastest is None:
+            fastest = max((c.tokens_per_s for c in self.candidates), default=0.0)
         return candidate.tokens_per_s >= fastest * (1 - NEAR)
 
     @property
     def band(self) -> int:
         """How many of the ranked candidates lead tied with the fastest (`tied_with_fastest`)."""
-        return next((i for i, c in enumerate(self.candidates) if not self.tied_with_fastest(c)), len(self.candidates))
+        fastest = max((c.tokens_per_s for c in self.candidates), default=0.0)
+        return next((i for i, c in enumerate(self.candidates) if not self.tied_with_fastest(c, fastest)),
+                    len(self.candidates))
 
     @property
     def pinned(self) -> Candidate | None:
@@ -622,6 +625,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
     budget = result.request.budget_bytes
     best = result.recommendation
     profile = result.profile
+    band = result.band
     return {
         "request": {
             "model": result.request.spec.name,
@@ -660,8 +664,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
         "recommendation": best.to_dict(budget) if best else None,
         "pinned": _pinned_dict(result),
         "run": run.to_dict() if best and (run := result.request.run_cost(best)) else None,
-        "candidates": [c.to_dict(budget) | {"tied_with_fastest": result.tied_with_fastest(c)}
-                       for c in result.candidates[:top]],
+        "candidates": [c.to_dict(budget) | {"tied_with_fastest": i < band} for i, c in enumerate(result.candidates[:top])],
         "rejected": [c.to_dict(budget) for c in result.rejected],
         "layouts": [
             {"layout": layout_dict(o.layout), "fits": o.fits,
