@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
 
 from headroom.cli.network_file import read_network_file
 from headroom.cli.search_status import SearchStatus
@@ -50,22 +51,21 @@ from headroom.core.units import GB, parse_budget
 from headroom.db.hardware import resolve_hardware
 
 
-def _network(text: str) -> str:
-    """``--interconnect``'s value, checked when the flags are read (a plan on one GPU never builds the network)."""
-    try:
-        network(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
+def _checked_by(check: Callable[[str], object]) -> Callable[[str], str]:
+    """An argparse type that keeps the text once ``check`` takes it, and says why where it does not."""
+    def value(text: str) -> str:
+        try:
+            check(text)
+        except ConfigError as err:
+            raise argparse.ArgumentTypeError(str(err)) from None
+        return text
+    return value
 
 
-def _link(text: str) -> str:
-    """``--intra-node``'s value: a link's key."""
-    try:
-        intra_node_link(text)
-    except ConfigError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-    return text
+_network = _checked_by(network)
+"""``--interconnect``'s value, checked when the flags are read (a plan on one GPU never builds the network)."""
+_link = _checked_by(intra_node_link)
+"""``--intra-node``'s value: a link's key."""
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
