@@ -140,30 +140,39 @@ def holds_ends(layout: Layout, stage: int) -> tuple[bool, bool]:
     return 0 in held, layout.chunks - 1 in held
 
 
+END_NAMES = {(True, False): "first stage", (False, True): "last stage", (True, True): "first and last stages"}
+"""A rank that holds the embedding, the head or both, by (first, last)."""
+
+
 @functools.lru_cache(maxsize=8192)
 def rank_kinds(layout: Layout, chunks: tuple[int, ...], micro_batches: int) -> tuple[RankKind, ...]:
     """Every kind of rank, given each chunk's blocks (headroom.core.specs.stages.chunk_layers): one without a
     pipeline; with one the ranks that hold the embedding or the head (the first and last stages; under zbv the
     first rank holds both), and of the others, for each count of blocks the one that keeps the most
-    micro-batches in flight (the first of those alike)."""
+    micro-batches in flight (the first of those alike: under the other schedules a later stage keeps no more
+    than an earlier one, so only zbv's ranks are weighed)."""
     if layout.pp == 1:
         return (RankKind("only", 0, chunks[0], True, True, Fraction(1)),)
-    kinds = []
+
+    def held(rank: int) -> tuple[int, ...]:
+        return tuple(chunks[c] for c in rank_chunks(layout, rank))
+
+    ends, middles = [], {}
     for rank in range(layout.pp):
-        weights = tuple(chunks[c] for c in rank_chunks(layout, rank))
-        kinds.append(RankKind("", rank, sum(weights), *holds_ends(layout, rank),
-                              in_flight(layout, rank, micro_batches, weights)))
-    ends = [k for k in kinds if k.first or k.last]
-    middles: dict[int, RankKind] = {}
-    for k in kinds:
-        if not (k.first or k.last) and (k.layers not in middles or k.in_flight > middles[k.layers].in_flight):
-            middles[k.layers] = k
-    chosen = sorted(middles.values(), key=lambda k: k.stage)
-    named = ["middle stage"] if len(chosen) == 1 else [f"middle stage {k.stage}" for k in chosen]
-    end_names = {(True, False): "first stage", (False, True): "last stage", (True, True): "first and last stages"}
-    return tuple(sorted((*(replace(k, name=end_names[k.first, k.last]) for k in ends),
-                         *(replace(k, name=name) for k, name in zip(chosen, named, strict=True))),
-                        key=lambda k: (k.stage != 0, k.last and not k.first, k.stage)))
+        first, last = holds_ends(layout, rank)
+        if first or last:
+            ends.append(rank)
+            continue
+        n = sum(held(rank))
+        if n not in middles or (layout.schedule == "zbv" and in_flight(layout, rank, micro_batches, held(rank))
+                                > in_flight(layout, middles[n], micro_batches, held(middles[n]))):
+            middles[n] = rank
+    chosen = sorted(middles.values())
+    names = [(rank, END_NAMES[holds_ends(layout, rank)]) for rank in ends]
+    names += [(rank, "middle stage" if len(chosen) == 1 else f"middle stage {rank}") for rank in chosen]
+    kinds = [RankKind(name, rank, sum(held(rank)), *holds_ends(layout, rank),
+                      in_flight(layout, rank, micro_batches, held(rank))) for rank, name in names]
+    return tuple(sorted(kinds, key=lambda k: (k.stage != 0, k.last and not k.first, k.stage)))
 
 
 def first_rank(layout: Layout, n_layers: int, stack: str = "reference") -> RankKind:
