@@ -8,9 +8,17 @@ import random
 from types import SimpleNamespace
 
 import pytest
+import torch
+from torch.distributed.pipelining._backward import (
+    stage_backward_input,
+    stage_backward_weight,
+)
 from torch.distributed.pipelining.schedules import ScheduleZBVZeroBubble
 from torch.distributed.pipelining.schedules import _ComputationType as Torch
+from torch.utils.flop_counter import FlopCounterMode
 
+from headroom.agent.model import Decoder
+from headroom.agent.pipeline_stages import Stage
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import estimate, for_rank
 from headroom.core.planning.layout_search import candidate_layouts
@@ -31,6 +39,7 @@ from headroom.core.specs.stages import chunk_layers, rank_chunks, stage_layers
 from headroom.core.timing import step as step_module
 from headroom.core.timing.schedule_replay import replay, zbv_makespan
 from headroom.core.timing.step import datasheet_profile, step_time
+from headroom.core.timing.step_ops import forward_ops
 from headroom.dashboard.planning import PlanInputs, build_layout
 
 LLAMA = get_preset("llama3-8b")  # 32 layers
@@ -247,3 +256,31 @@ def test_exports_carry_it(run_cli):
 def test_the_plan_page_pins_it():
     layout = build_layout(PlanInputs(gpus=8, pp="4", schedule="zbv"))
     assert (layout.schedule, layout.virtual_stages) == ("zbv", 2)
+
+
+@pytest.mark.parametrize(("name", "attention"), [("bench-llama-tiny", "flash"), ("bench-llama-tiny", "standard"),
+                                                 ("bench-gpt-tiny", "standard")])
+def test_the_weight_gradient_is_the_work_torchs_split_backward_leaves_to_w(name, attention):
+    """torch's pipelining splits a stage's backward as ZB-V runs it (stage_backward_input, then
+    stage_backward_weight): FlopCounterMode counts, in the weights' pass, exactly the FLOPs of the GEMMs the time
+    model calls the weights' gradient (each linear layer's, none of the attention core's), and in the input's pass
+    those again (each linear layer's input gradient) plus twice the attention core's."""
+    spec = get_preset(name)
+    torch.manual_seed(0)
+    decoder = Decoder(spec, attention=attention, dropout=0.0, recompute=parse_policy("none"), stack="reference")
+    chunk = Stage(decoder.train(), 1, (0, spec.n_layers, 0), autocast=False)  # every block, no embedding or head
+    x = torch.randn(2, 64, spec.hidden, requires_grad=True)
+    out = chunk(x)
+    with FlopCounterMode(display=False) as input_pass:
+        _, groups = stage_backward_input([out], [torch.randn_like(out)], [x], iter(list(chunk.parameters())))
+    with FlopCounterMode(display=False) as weight_pass:
+        stage_backward_weight(iter(list(chunk.parameters())), groups)
+    config = TrainConfig(seq_len=64, micro_batch=2, precision="fp32", attention=attention)
+    ops = forward_ops(spec, config, "cpu", spec.n_layers, first=False, last=False)
+
+    def flops(core: bool) -> int:
+        return sum(n * sum(op.flops for op in block if op.kind == "gemm" and op.attention_core == core)
+                   for block, n in ops.blocks)
+
+    assert weight_pass.get_total_flops() == flops(False) > 0
+    assert input_pass.get_total_flops() == flops(False) + 2 * flops(True)
