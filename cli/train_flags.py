@@ -92,6 +92,10 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                    help="tp with --sp on: run each block's tensor-parallel all-gathers and reduce-scatters beside the "
                         "GEMMs they feed (megatron's --tp-comm-overlap, torchtitan's async TP under torch.compile) "
                         "(default off, as in every stack)")
+    p.add_argument("--ep-overlap", default=None, choices=("on", "off"),
+                   help="ep > 1: run one micro-batch's expert all-to-alls beside another's compute (megatron's "
+                        "--overlap-moe-expert-parallel-comm, its combined 1F1B: no full or every-K recompute, a "
+                        "16-bit model) (default off, as in every stack)")
     p.add_argument("--reshard-after-forward", type=reshard_value, default=None, metavar="true|false|K",
                    help="FSDP (zero 3): free each unit's gathered parameters after its forward (true), keep them to "
                         "its backward (false), or keep a shard over K ranks, gathered again over those K in backward "
@@ -160,7 +164,7 @@ def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
     names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
              "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
-             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm",
+             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm", "ep_overlap": "ep_overlap",
              "overlap_grad_reduce": "overlap_grad_reduce", "overlap_param_gather": "overlap_param_gather"}
     pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
     if getattr(args, "schedule", "1f1b") != "1f1b":
@@ -189,7 +193,8 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
-        if f.name in ("sp", "defer_gradient_sync", "tp_overlap", "overlap_grad_reduce", "overlap_param_gather") \
+        if f.name in ("sp", "defer_gradient_sync", "tp_overlap", "ep_overlap", "overlap_grad_reduce",
+                      "overlap_param_gather") \
                 and raw is not None:
             raw = raw == "on"
         if raw is not None:

@@ -68,11 +68,11 @@ can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
                                             "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off"),
                                             "cp_comm": (AUTO, *CP_COMMS), "overlap_grad_reduce": (AUTO, "on", "off"),
-                                            "overlap_param_gather": (AUTO, "on", "off")}
+                                            "overlap_param_gather": (AUTO, "on", "off"), "ep_overlap": (AUTO, "on", "off")}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
 ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap", "overlap_grad_reduce",
-          "overlap_param_gather")
+          "overlap_param_gather", "ep_overlap")
 """Layout fields whose on and off are True and False."""
 
 
@@ -130,6 +130,8 @@ class PlanInputs:
     """Zero 1-2: updated parameters gathered during the next forward (on) or after the step (off)."""
     tp_overlap: str = AUTO
     """Tensor-parallel collectives beside the GEMMs: on, off, or the stack's default (off)."""
+    ep_overlap: str = AUTO
+    """Expert all-to-alls beside another micro-batch's compute: on, off, or the stack's default (off)."""
     cp_comm: str = AUTO
     """How context-parallel ranks exchange keys and values: ring, all-gather, or the stack's default."""
     stage_layers: str = AUTO

@@ -27,7 +27,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from headroom.core.exports.run import Export, Run, offload_note, tp_overlap_note
+from headroom.core.exports.run import (
+    Export,
+    Run,
+    ep_overlap_note,
+    offload_note,
+    tp_overlap_note,
+)
 
 WRAP = "in your model code: DeepSpeed's config cannot switch activation checkpointing on"
 
@@ -73,6 +79,8 @@ def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
                      "as data-parallel")
     if run.spec.is_moe:  # DeepSpeed's MoE drops tokens at capacity factor 1.0 unless told not to
         moe = [f"ep_size={layout.ep}"] if layout.ep > 1 else []
+        if (note := ep_overlap_note(run, "DeepSpeed's MoE")) is not None:
+            notes.append(note)
         factor = run.spec.capacity_factor
         moe += [f"capacity_factor={factor:g}", "drop_tokens=True"] if factor else ["drop_tokens=False"]
         notes.append(f"DeepSpeed sets expert parallelism and capacity in the model code, not its config: build the "

@@ -153,6 +153,8 @@ def megatron(run: Run) -> Export:
     if layout.ep > 1:  # expert-parallel ranks come out of the data-parallel ones (megatron/core/parallel_state.py)
         # The all-to-all dispatcher is the one headroom.core.timing.comm times; Megatron's default gathers every token instead.
         args += ["--expert-model-parallel-size", str(layout.ep), "--moe-token-dispatcher-type", "alltoall"]
+        if layout.ep_overlap:  # combined 1F1B (megatron/core/pipeline_parallel/combined_1f1b.py)
+            args.append("--overlap-moe-expert-parallel-comm")
     if run.spec.capacity_factor:
         args += ["--moe-expert-capacity-factor", f"{run.spec.capacity_factor:g}", "--moe-pad-expert-input-to-capacity"]
     if layout.cp > 1 and run.cp_comm == "all-gather":  # its default is p2p, the ring

@@ -226,6 +226,15 @@ def tp_overlap_note(run: Run, framework: str) -> str | None:
             "than planned; re-plan with --tp-overlap off for its step time")
 
 
+def ep_overlap_note(run: Run, framework: str) -> str | None:
+    """When the plan runs the expert all-to-alls beside another micro-batch's compute (Layout.ep_overlap) and the
+    framework cannot."""
+    if not run.layout.ep_overlap:
+        return None
+    return (f"{framework} has no overlap of the expert all-to-alls with another micro-batch's compute: they run "
+            "exposed, slower than planned; re-plan with --ep-overlap off for its step time")
+
+
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
     """When the plan follows another stack's saving rules (headroom.core.specs.stack) than the framework runs: its kernels
     (RMSNorm, RoPE, SwiGLU, cross-entropy), or under sequence parallelism what backward keeps of a gathered input."""

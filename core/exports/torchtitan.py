@@ -43,6 +43,7 @@ from headroom.core.exports.run import (
     Run,
     capacity_note,
     commented,
+    ep_overlap_note,
     offload_note,
     overlap_note,
     ranks,
@@ -237,6 +238,8 @@ def torchtitan(run: Run) -> Export:
     ]
     if layout.ep > 1:  # borrowed from data_parallel_shard_degree x cp (its efsdp x ep sparse mesh)
         parallelism.append(f"--parallelism.expert_parallel_degree {layout.ep}")
+        if (note := ep_overlap_note(run, "torchtitan 0.3")) is not None:
+            notes.append(note)
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     parallelism += _data_parallel_settings(run, notes)

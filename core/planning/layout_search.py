@@ -30,7 +30,8 @@ An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parall
 (``--reshard-after-forward``, ``--defer-gradient-sync``) is carried into every layout it applies to: the first
 only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3,
 ``--overlap-grad-reduce`` at zero 0-2 and ``--overlap-param-gather`` at zero 1-2; ``--tp-overlap on``
-into the layouts with sequence parallelism (the others run without it), ``--cp-comm`` into those with cp > 1.
+into the layouts with sequence parallelism (the others run without it), ``--cp-comm`` into those with cp > 1,
+``--ep-overlap on`` into those with ep > 1.
 """
 
 from __future__ import annotations
@@ -67,6 +68,8 @@ def pinned_layout(values: Mapping[str, object]) -> Layout:
     if held.get("tp_overlap"):
         held.setdefault("sp", True)
         held.setdefault("tp", 2)
+    if held.get("ep_overlap"):
+        held.setdefault("ep", 2)
     if "ep" in held and "dp" not in held:
         held["dp"] = held["ep"]
     if held.get("overlap_param_gather") is not None:
@@ -168,6 +171,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         settings["tp_overlap"] = fixed.tp_overlap
     if "cp_comm" in pinned and cp > 1:
         settings["cp_comm"] = fixed.cp_comm
+    if "ep_overlap" in pinned:  # on: only where experts are split (`_variants`' ep loop drops it at ep 1)
+        settings["ep_overlap"] = fixed.ep_overlap
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]
@@ -191,5 +196,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
             for ep in eps:
                 if not isinstance(kept, bool) and not shard_fits(kept, sharding_groups(dp, cp, ep)):
                     continue  # no shard can be kept over k of these ranks
+                here = settings if ep > 1 or not settings.get("ep_overlap") else \
+                    {name: value for name, value in settings.items() if name != "ep_overlap"}
                 yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep,
-                             **settings)
+                             **here)

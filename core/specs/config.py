@@ -19,7 +19,7 @@ from headroom.core.specs.precision import (
     optimizer_state_bytes,
 )
 from headroom.core.specs.recompute import RecomputePolicy
-from headroom.core.specs.stack import get_stack, stack_name
+from headroom.core.specs.stack import Stack, get_stack, stack_name
 from headroom.core.specs.stages import chunk_layers, stage_layers
 
 MAX_MICRO_BATCH = 2**20
@@ -205,6 +205,19 @@ class TrainConfig:
         """Blocks in each pipeline chunk (virtual stage), first to last (headroom.core.specs.stages)."""
         return chunk_layers(self.layout, spec.n_layers, self.stack)
 
+    def _check_ep_overlap(self, stack: Stack) -> None:
+        """What Megatron-LM asserts of --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__)."""
+        if not stack.overlaps_expert_parallel:
+            raise ConfigError(f"--stack {stack.name} --ep-overlap on: only megatron "
+                              "(--overlap-moe-expert-parallel-comm) runs one micro-batch's expert all-to-alls beside "
+                              "another's compute; use --ep-overlap off, or --stack megatron")
+        if self.recompute.kind in ("full", "every"):
+            raise ConfigError(f"--ep-overlap on with {self.recompute} recompute: Megatron-LM refuses full and every-K "
+                              "recomputation with --overlap-moe-expert-parallel-comm; use none, selective or offload")
+        if self.recipe.compute_dtype not in ("bf16", "fp16"):
+            raise ConfigError(f"--ep-overlap on with {self.precision}: Megatron-LM overlaps the expert all-to-alls of "
+                              "a 16-bit model only; use a bf16 recipe")
+
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
@@ -239,6 +252,8 @@ class TrainConfig:
                               "ScheduleZBVZeroBubble, run by torchtitan (ZBVZeroBubble) and the reference stack; "
                               f"{stack.name} has no zero-bubble schedule: use --schedule 1f1b or interleaved, or "
                               "--stack torchtitan")
+        if self.layout.ep_overlap:
+            self._check_ep_overlap(stack)
         if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:
             raise ConfigError(f"--stack {stack.name} --tp-overlap on: only megatron (--tp-comm-overlap) and torchtitan "
                               "(async tensor parallelism) run tensor-parallel collectives beside the GEMMs; use "

@@ -36,6 +36,10 @@ them); None: the stack's default.
 run in pieces beside the matrix multiplications they feed or drain, rather than before and after them
 (Megatron-LM's ``--tp-comm-overlap``, torchtitan's async tensor parallelism); None: the stack's default, off.
 
+``ep_overlap`` (ep > 1): the experts' all-to-alls of one micro-batch run beside another micro-batch's compute
+(Megatron-LM's ``--overlap-moe-expert-parallel-comm``, its combined 1F1B schedule); None: the stack's default,
+off.
+
 Two settings say how the data-parallel ranks run (headroom.core.specs.data_parallel resolves them, each
 stack's default when left None):
 
@@ -135,6 +139,9 @@ class Layout:
     tp_overlap: bool | None = None
     """Tensor parallelism (with sp): overlap each block's collectives with its GEMMs; None: the stack's default
     (off in every stack)."""
+    ep_overlap: bool | None = None
+    """Expert parallelism: run one micro-batch's all-to-alls beside another's compute; None: the stack's default
+    (off in every stack)."""
     stage_layers: tuple[int, ...] | None = None
     """Blocks on each pipeline stage, first to last (1f1b and gpipe); None: the stack's split
     (headroom.core.specs.stages)."""
@@ -166,6 +173,11 @@ class Layout:
         if self.tp_overlap and not self.sp:
             raise ConfigError("tp-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism with "
                               "the GEMMs they feed: it needs tp > 1 with --sp on")
+        if self.ep_overlap is not None and not isinstance(self.ep_overlap, bool):
+            raise ConfigError(f"ep-overlap must be on or off, got {self.ep_overlap!r}")
+        if self.ep_overlap and self.ep == 1:
+            raise ConfigError("ep-overlap runs the experts' all-to-alls beside another micro-batch's compute: it needs "
+                              "ep > 1")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"pipeline schedule {self.schedule!r} is not one of {', '.join(SCHEDULES)}")
         if self.schedule == "interleaved" and self.virtual_stages < 2:
@@ -246,7 +258,7 @@ class Layout:
         however its ranks sync and overlap. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
                        defer_gradient_sync=None, tp_overlap=None, overlap_grad_reduce=None,
-                       overlap_param_gather=None)
+                       overlap_param_gather=None, ep_overlap=None)
 
     @property
     def model_parallel(self) -> int:
@@ -276,6 +288,8 @@ class Layout:
             parts.append(f"cp by {self.cp_comm}")
         if self.tp_overlap is not None:
             parts.append("tp overlapped" if self.tp_overlap else "tp not overlapped")
+        if self.ep_overlap is not None:
+            parts.append("ep overlapped" if self.ep_overlap else "ep not overlapped")
         if self.defer_gradient_sync is not None:
             parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
         if self.overlap_grad_reduce is not None:

@@ -179,6 +179,13 @@ class Stack:
     ``--tp-comm-overlap`` (Transformer Engine's userbuffers: megatron/training/arguments.py, off by default) and
     torchtitan's ``--compile.enable_async_tensor_parallel`` (inductor's micro-pipelined TP under
     torch.compile: torchtitan/distributed/compile.py, off by default)."""
+    overlaps_expert_parallel: bool = False
+    """It can run one micro-batch's expert all-to-alls beside another's compute (``Layout.ep_overlap``):
+    Megatron-LM's ``--overlap-moe-expert-parallel-comm`` (megatron/core/pipeline_parallel/combined_1f1b.py: the
+    first micro-batch's forward runs alone, then each forward beside the previous micro-batch's backward, "EP
+    A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice versa", the
+    last backward alone; off by default; it needs the all-to-all dispatcher, no full or every-K recompute and a
+    16-bit model: megatron/core/transformer/transformer_config.py)."""
     sequence_parallel: bool = True
     """Under tensor parallelism it can split the norms' and dropouts' sequence over the ranks (Korthikanti et
     al. 2022)."""
@@ -258,7 +265,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
           rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
-          overlaps_data_parallel=False,
+          overlaps_data_parallel=False, overlaps_expert_parallel=True,
           context_parallel="transformer-engine",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "

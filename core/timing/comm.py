@@ -422,7 +422,12 @@ def step_communication(
       (tests/distributed/expert_parallel.py). torchtitan's and Megatron's all-to-all token dispatchers
       (``AllToAllTokenDispatcher`` in torchtitan/models/common/token_dispatcher.py,
       ``MoEAlltoAllTokenDispatcher`` in megatron/core/transformer/moe/token_dispatcher.py).
-      Not overlapped (DeepSeek-V3's DualPipe hides it behind compute; not modelled).
+      Not overlapped, unless ``Layout.ep_overlap`` (Megatron-LM's combined 1F1B,
+      headroom.core.specs.stack's ``overlaps_expert_parallel``): then the first
+      micro-batch's forward all-to-alls and the last one's backward ones are
+      exposed, and the rest run beside the compute of the micro-batch paired with
+      theirs (window ``other micro-batch``: the other m - 1 forwards and
+      backwards). DeepSeek-V3's DualPipe is not modelled.
     """
     m = _count("accumulation-steps", accumulation_steps)
     layout, recipe = config.layout, config.recipe
@@ -467,8 +472,16 @@ def step_communication(
     if layout.ep > 1:
         routed = spec.expert_rows(b * s) * h * DTYPE_BYTES[config.block_param_dtype]
         again = " (+2 recomputed forward)" if forwards == 2 else ""
-        add("ep", "all_to_all", routed, m * spec.moe_layers * 2 * (forwards + 1), layout.ep, False,
-            f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}")
+        calls = spec.moe_layers * 2 * (forwards + 1)
+        what = f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}"
+        if not layout.ep_overlap:
+            add("ep", "all_to_all", routed, m * calls, layout.ep, False, what)
+        else:  # combined 1F1B: the first forward and the last backward run alone
+            add("ep", "all_to_all", routed, calls, layout.ep, False,
+                f"{what}; the first micro-batch's forward and the last's backward, alone")
+            if m > 1:
+                add("ep", "all_to_all", routed, (m - 1) * calls, layout.ep, True,
+                    f"{what}; each beside another micro-batch's backward or forward", window="other micro-batch")
     experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
     largest = largest_rank(spec, layout, config.stack)
     kept = kept_unit_parameters(spec, layout, largest)

@@ -31,7 +31,8 @@ per optimizer step:
   gradient reductions and backward gathers behind the backwards that run them, the last alone where
   gradients are reduced once per step), context-parallel traffic behind the attention (passed on beside
   each chunk; an all-gather beside the first chunk only), and with
-  ``Layout.tp_overlap`` the blocks' tensor-parallel collectives behind the blocks' GEMMs; what is left over
+  ``Layout.tp_overlap`` the blocks' tensor-parallel collectives behind the blocks' GEMMs, with
+  ``Layout.ep_overlap`` the experts' all-to-alls behind the other micro-batches' compute; what is left over
   is exposed and counted;
 - bubble: what the rank waits for a pipeline to fill and drain and for slower stages: the pipeline's m t_max +
   (sum t - t_max) / v over every stage's micro-batch time t (stages differ in blocks, embedding and head), less
@@ -76,8 +77,8 @@ from headroom.core.timing.op_time import (
     anchor_efficiency,
     ops_time,
 )
-from headroom.core.timing.step_ops import ForwardOps, forward_ops
 from headroom.core.timing.schedule_replay import zbv_makespan
+from headroom.core.timing.step_ops import ForwardOps, forward_ops
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -326,7 +327,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     windows = _dp_windows(cfg, m, compute.forward_s, compute.backward_s + compute.recompute_s) | {
         ("cp", "attention"): m * (blocks.attention_s + blocks.backward_attention_s),
         ("cp", "first chunk"): m * (blocks.attention_s + blocks.backward_attention_s) / cfg.layout.cp,
-        ("tp", "matmuls"): m * _matmuls_s(estimate, blocks)}
+        ("tp", "matmuls"): m * _matmuls_s(estimate, blocks),
+        ("ep", "other micro-batch"): (m - 1) * (compute.forward_s + compute.backward_s + compute.recompute_s)}
     return replace(compute, communication_s=exposed_seconds(terms, windows), bubble_s=bubble_s, communication=terms,
                    overlaps=overlaps(terms, windows))
 
