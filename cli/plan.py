@@ -290,6 +290,7 @@ def render(result: Plan, top: int | None) -> str:
         ("  why: the one configuration pinned" if pinned is not None else
          f"  why: the fastest of {len(result.candidates)} fitting candidates"
          + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)}" if req.gpus else "")),
+        *([f"  forced by {forced}"] if pinned is None and (forced := result.forced_by()) else []),
     ]
     if best.time.communication:
         total = sum(t.seconds for t in best.time.communication)

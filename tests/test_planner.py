@@ -193,3 +193,35 @@ def test_candidates_within_one_percent_of_the_fastest_are_one_band(run_cli):
                     "--global-batch", "8", "--json")  # micro 4 without checkpointing 1.2% ahead of selective
     ranked = json.loads(alone.stdout)["candidates"]
     assert ranked[0]["tied_with_fastest"] and not any(c["tied_with_fastest"] for c in ranked[1:])
+
+
+def test_the_plan_says_what_forced_its_split():
+    """llama3-70b over 32 H100s at ZeRO-1: nothing over fewer than 16 model-parallel ranks fits, and the plan says so
+    with the closest such layout and what breaks it; over 8 H100s with pp 4 pinned, the layouts over fewer ranks fit
+    but lose time (the text names the term); llama3-8b over 16 H100s splits the model over no ranks: nothing to say."""
+    def searched(model: str, gpus: int, batch: int, seq_len: int, layout: Layout, pinned: frozenset[str], **train):
+        request = PlanRequest(spec=get_preset(model), train=TrainConfig(seq_len=seq_len, layout=layout, **train),
+                              global_batch=batch, gpus=gpus, pinned=pinned)
+        return plan(request, H100)
+
+    memory = searched("llama3-70b", 32, 64, 4096, Layout(zero=1), frozenset({"zero"}))
+    forced = memory.forced_by()
+    assert forced.startswith("memory: no layout over fewer than 16 model-parallel ranks fits; the closest, tp 8 +sp, "
+                             "pp 1, cp 1, dp 4, zero 1 (micro 1 x accum 16, full), needs ")
+    assert "over the 80.0 GB budget" in forced
+    time = searched("llama3-8b", 8, 32, 8192, Layout(pp=4, schedule="zbv", virtual_stages=2),
+                    frozenset({"pp", "schedule", "virtual_stages"}), stack="torchtitan")
+    assert time.recommendation.layout.cp == 2
+    assert time.forced_by().startswith("time: the fastest layout over fewer model-parallel ranks, tp 1, pp 4 (zbv), "
+                                       "cp 1, dp 2, zero 3, is 5% slower")
+    assert searched("llama3-8b", 16, 64, 8192, Layout(), frozenset()).forced_by() is None
+
+
+def test_forced_by_is_in_the_text_and_the_json(run_cli):
+    flags = ("plan", "--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "32", "--seq-len", "4096",
+             "--global-batch", "64", "--zero", "1")
+    text = run_cli(*flags)
+    assert text.returncode == 0, text.stderr
+    assert "forced by memory: no layout over fewer than 16 model-parallel ranks fits" in " ".join(text.stdout.split())
+    document = json.loads(run_cli(*flags, "--json").stdout)
+    assert document["forced_by"].startswith("memory: no layout over fewer than 16 model-parallel ranks fits")

@@ -382,6 +382,29 @@ class Plan:
             return None
         return next(iter(self.candidates or self.rejected), None)
 
+    def forced_by(self) -> str | None:
+        """What made a search split the model as far as its recommendation does (tp x pp x cp ranks): none of the
+        layouts split over fewer ranks fits (memory: the closest, and what breaks it), or the fastest of them is
+        slower by more than a near tie (time: by how much, and the term). None without a search, or where the
+        recommendation splits the model over no more ranks than any layout searched."""
+        best = self.recommendation
+        if self.request.gpus is None or best is None:
+            return None
+        split = _split(best.layout)
+        simpler = [o for o in self.layouts if _split(o.layout) < split]
+        if not simpler:
+            return None
+        fitting = [o for o in simpler if o.fits]
+        if not fitting:
+            closest = min((o.closest for o in simpler if o.closest is not None), key=lambda c: c.required_bytes,
+                          default=None)
+            if closest is None:
+                return None
+            return (f"memory: no layout over fewer than {split} model-parallel ranks fits; the closest, "
+                    f"{closest.layout} ({closest.label}), {closest.rejection}")
+        fastest = max(fitting, key=lambda o: o.best.tokens_per_s if o.best else 0.0)
+        return f"time: the fastest layout over fewer model-parallel ranks, {fastest.layout}, is {fastest.why_lost(best)}"
+
 
 @dataclass(frozen=True, slots=True)
 class LayoutOutcome:
@@ -675,6 +698,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
         ],
         "unsearched": {"layouts": result.unsearched, "stopped_at": result.stopped_at} if result.unsearched else None,
         "advice": list(result.advice),
+        "forced_by": result.forced_by(),
     }
 
 
