@@ -355,3 +355,13 @@ def test_a_search_past_the_pages_time_limit_says_how_far_it_got(monkeypatch, tmp
         "left untried. `headroom plan --gpus 8` searches on without a time limit."]
     assert at.error[0].value.startswith("**Recommendation:** Nothing fits the 1.0 GB budget on the 1 layout of 8 "
                                         "GPUs tried")
+
+
+def test_a_search_says_what_forced_its_split(monkeypatch, tmp_path):
+    """At a 1.2 GB budget no layout of 8 GPUs that keeps the whole model on each rank fits s=4096: the page says so
+    under the chosen layout, as `headroom plan` does."""
+    query = {"model": "bench-llama-small", "seq_len": "4096", "global_batch": "8", "gpus": "8", "budget": "1.2GB"}
+    at = render_url(tmp_path, monkeypatch, query)
+    captions = " ".join(c.value for c in at.caption)  # as Markdown: plain() escapes what would be markup
+    assert plain("Forced by memory: no layout over fewer than 2 model-parallel ranks fits; the closest, tp 1, pp 1, "
+                 "cp 1, dp 8, zero 3") in captions

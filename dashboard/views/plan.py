@@ -261,6 +261,8 @@ if best is not None:
     st.subheader(f"Chosen layout: {best.layout}")
     st.caption(f"{plan_tables.count(best.layout.world, unit)}; {best.label}. Step time is the calibrated prediction "
                "by term; communication is what overlap leaves exposed, bubble the pipeline's idle time.")
+    if (forced := result.forced_by()) is not None:  # what made the search split the model this far
+        st.caption(f"Forced by {plain(forced)}.")
     st.subheader("Step time by term")
     st.altair_chart(charts.build_step_time_chart(plan_tables.time_terms_frame(result, {str(best.layout): best})),
                     width="stretch")
