@@ -69,6 +69,10 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
             f"datasheet rows (`headroom hardware`): {', '.join(hw.key for hw in HARDWARE)}.")))
     elif hardware != inputs.hardware:
         found.append(Fallback("hardware", hardware, ""))
+    if inputs.intra_node and inputs.intra_node not in LINKS_BY_KEY:
+        found.append(Fallback("intra_node", PlanInputs().intra_node, (
+            f"The URL names the intra-node link '{plain(inputs.intra_node)}', which is not one: planning the "
+            f"hardware's own link instead. Links: {', '.join(LINKS_BY_KEY)}.")))
     if inputs.interconnect and not _is_network(inputs.interconnect):
         default = PlanInputs().interconnect
         found.append(Fallback("interconnect", default, (

@@ -42,7 +42,7 @@ from headroom.core.planning.planner import (
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
-from headroom.core.specs.interconnect import network
+from headroom.core.specs.interconnect import intra_node_link, network
 from headroom.core.specs.layout import CP_COMMS, MULTI_CHUNK, SCHEDULES, Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
@@ -111,6 +111,9 @@ class PlanInputs:
     """The network between nodes: a headroom.core.specs.interconnect key, or NICs x Gb/s a node ("4x200g",
     headroom.core.specs.interconnect.network); empty: the hardware generation's network
     (headroom.core.specs.interconnect.default_inter_node_link), as ``headroom plan`` without ``--interconnect``."""
+    intra_node: str = ""
+    """The link between a node's GPUs: a headroom.core.specs.interconnect key; empty: the hardware's own, as
+    ``headroom plan`` without ``--intra-node``."""
     # The Layout's fields (headroom.core.planning.layout_search.PINNABLE), each AUTO or a value that pins it.
     tp: str = AUTO
     sp: str = AUTO
@@ -366,6 +369,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
     leaves a setting to its default, as ``headroom plan`` does for a flag left out."""
     if inputs.interconnect:
         network(inputs.interconnect)  # ConfigError names a network that is neither a row nor NICs x Gb/s
+    if inputs.intra_node:
+        intra_node_link(inputs.intra_node)  # ConfigError names a link that is not one
     search = inputs.gpus > 0
     return PlanAsk(
         global_batch=inputs.global_batch,
@@ -374,7 +379,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
                           layout=build_layout(inputs)),
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
         pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
-        gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None, allow_offload=inputs.offload,
+        gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None,
+        intra_node=inputs.intra_node or None, allow_offload=inputs.offload,
         **configuration_pins(inputs),
     )
 

@@ -102,6 +102,8 @@ def test_a_gpu_count_searches_and_keeps_what_is_pinned():
     assert (request.layout.tp, request.layout.zero, request.layout.dp) == (8, 1, 1)
     assert (request.cluster.gpus_per_node, request.cluster.intra.key, request.cluster.inter.key) == (4, "nvlink4", "ib-hdr")
     assert planning.pins_text(request) == "tp 8, zero 1"
+    pcie = planning.build_request(planning.PlanInputs(gpus=64, intra_node="pcie5-x16"), get_preset("llama3-8b"), H100)
+    assert pcie.cluster.intra.key == "pcie5-x16"  # as `headroom plan --intra-node pcie5-x16`
     off = planning.build_request(planning.PlanInputs(gpus=8, sp="off", virtual_stages="2"), get_preset("llama3-8b"), H100)
     assert planning.pins_text(off) == "sp off, virtual stages 2"
 
@@ -121,6 +123,7 @@ def test_bad_inputs_raise_the_message_the_page_shows():
         "unknown interconnect 'carrier-pigeon'; known: nvlink3": planning.PlanInputs(interconnect="carrier-pigeon",
                                                                                     dp="2"),
         "zero (sharding stage) must be 0, 1, 2 or 3, got 5": planning.PlanInputs(zero="5"),
+        "unknown link 'nvlnk4' between the GPUs of a node": planning.PlanInputs(intra_node="nvlnk4", dp="2"),
     }
     for message, inputs in cases.items():
         with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

@@ -55,6 +55,14 @@ def test_an_unknown_hardware_in_the_url_is_named_with_the_choices(tmp_path, monk
     assert at.selectbox(key="plan_interconnect").value == ""  # auto: an H100's NDR
 
 
+def test_an_unknown_intra_node_link_in_the_url_is_named_with_the_choices(tmp_path, monkeypatch):
+    at = render_url(tmp_path, monkeypatch, {"intra_node": "carrier-pigeon"})
+    assert warnings(at) == [
+        "The URL names the intra-node link 'carrier-pigeon', which is not one: planning the hardware's own link "
+        f"instead. Links: {', '.join(LINKS_BY_KEY)}."]
+    assert at.selectbox(key="plan_intra_node").value == ""  # auto: the hardware's own
+
+
 def test_a_network_given_as_nics_and_their_rate_is_planned_on(tmp_path, monkeypatch):
     """As `headroom plan --interconnect 4x200g`: offered in the list, kept in the URL, the plan's cluster."""
     at = render_url(tmp_path, monkeypatch, {"interconnect": "4x200g", "gpus": "16", "global_batch": "32"})

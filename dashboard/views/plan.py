@@ -121,6 +121,10 @@ with st.sidebar:
                  format_func=lambda key: key or "auto",  # the names are long for the sidebar: its help has them
                  help="auto: the GPU generation's network; or type NICs x Gb/s a node "
                  f"({NETWORK_EXAMPLE}); " + "; ".join(f"{key}: {link.name}" for key, link in LINKS_BY_KEY.items()))
+    st.selectbox("intra-node link", ["", *LINKS_BY_KEY], key="plan_intra_node",
+                 format_func=lambda key: key or "auto",
+                 help="auto: the hardware's own link between a node's GPUs; or one of "
+                 + "; ".join(f"{key}: {link.name}" for key, link in LINKS_BY_KEY.items()))
     st.caption("Layout axes: a value pins the axis; auto leaves it to the search, or with no GPUs to search takes "
                f"{planning.build_layout(PlanInputs())}, sp off, as `headroom plan` does without a GPU count.")
     axis_labels = {"tp": "tp (tensor)", "pp": "pp (pipeline)", "cp": "cp (context)", "dp": "dp (data)",
