@@ -220,19 +220,20 @@ def overlap_note(run: Run, framework: str) -> str | None:
 def tp_overlap_note(run: Run, framework: str) -> str | None:
     """When the plan overlaps the blocks' tensor-parallel collectives with their GEMMs (Layout.tp_overlap) and the
     framework cannot."""
-    if not run.layout.tp_overlap:
-        return None
-    return (f"{framework} has no overlap of tensor-parallel collectives with the GEMMs: they run exposed, slower "
-            "than planned; re-plan with --tp-overlap off for its step time")
+    return _unrun_overlap(framework, "tensor-parallel collectives with the GEMMs", "--tp-overlap") \
+        if run.layout.tp_overlap else None
 
 
 def ep_overlap_note(run: Run, framework: str) -> str | None:
     """When the plan runs the expert all-to-alls beside another micro-batch's compute (Layout.ep_overlap) and the
     framework cannot."""
-    if not run.layout.ep_overlap:
-        return None
-    return (f"{framework} has no overlap of the expert all-to-alls with another micro-batch's compute: they run "
-            "exposed, slower than planned; re-plan with --ep-overlap off for its step time")
+    return _unrun_overlap(framework, "the expert all-to-alls with another micro-batch's compute", "--ep-overlap") \
+        if run.layout.ep_overlap else None
+
+
+def _unrun_overlap(framework: str, what: str, flag: str) -> str:
+    return (f"{framework} has no overlap of {what}: they run exposed, slower than planned; re-plan with {flag} off "
+            "for its step time")
 
 
 def stack_note(run: Run, framework: str, stack: str) -> str | None:
