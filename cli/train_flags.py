@@ -15,7 +15,13 @@ from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
 from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
-from headroom.core.specs.layout import CP_COMMS, MULTI_CHUNK, SCHEDULES, Layout
+from headroom.core.specs.layout import (
+    CP_COMMS,
+    MULTI_CHUNK,
+    SCHEDULES,
+    SWITCHES,
+    Layout,
+)
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
 from headroom.core.specs.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
@@ -162,12 +168,8 @@ def model_from_args(args: argparse.Namespace) -> ModelSpec:
 
 def pinned_axes(args: argparse.Namespace) -> frozenset[str]:
     """Layout fields the flags set explicitly (under ``layout="free"`` the others are None)."""
-    names = {"tp": "tp", "pp": "pp", "cp": "cp", "dp": "dp", "zero": "zero", "sp": "sp", "virtual_stages": "virtual_stages",
-             "ep": "ep", "reshard_after_forward": "reshard_after_forward", "defer_gradient_sync": "defer_gradient_sync",
-             "stage_layers": "stage_layers", "tp_overlap": "tp_overlap", "cp_comm": "cp_comm", "ep_overlap": "ep_overlap",
-             "overlap_grad_reduce": "overlap_grad_reduce", "overlap_param_gather": "overlap_param_gather"}
-    pinned = {field for field, attr in names.items() if getattr(args, attr, None) is not None}
-    if getattr(args, "schedule", "1f1b") != "1f1b":
+    pinned = {f.name for f in fields(Layout) if f.name != "schedule" and getattr(args, f.name, None) is not None}
+    if getattr(args, "schedule", "1f1b") != "1f1b":  # a default, not None: pinned when another is given
         pinned.add("schedule")
     return frozenset(pinned)
 
@@ -193,9 +195,7 @@ def layout_values(args: argparse.Namespace, **defaults: object) -> dict[str, obj
         values["virtual_stages"] = 2
     for f in fields(Layout):
         raw = getattr(args, f.name, None)
-        if f.name in ("sp", "defer_gradient_sync", "tp_overlap", "ep_overlap", "overlap_grad_reduce",
-                      "overlap_param_gather") \
-                and raw is not None:
+        if f.name in SWITCHES and raw is not None:
             raw = raw == "on"
         if raw is not None:
             values[f.name] = raw

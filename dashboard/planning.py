@@ -43,7 +43,13 @@ from headroom.core.planning.planner import (
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import intra_node_link, network
-from headroom.core.specs.layout import CP_COMMS, MULTI_CHUNK, SCHEDULES, Layout
+from headroom.core.specs.layout import (
+    CP_COMMS,
+    MULTI_CHUNK,
+    SCHEDULES,
+    SWITCHES,
+    Layout,
+)
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
@@ -71,8 +77,7 @@ AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule
                                             "overlap_param_gather": (AUTO, "on", "off"), "ep_overlap": (AUTO, "on", "off")}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
-ON_OFF = ("sp", "defer_gradient_sync", "reshard_after_forward", "tp_overlap", "overlap_grad_reduce",
-          "overlap_param_gather", "ep_overlap")
+ON_OFF = (*SWITCHES, "reshard_after_forward")
 """Layout fields whose on and off are True and False."""
 
 

@@ -83,6 +83,9 @@ AXES: tuple[str, ...] = ("tp", "pp", "cp", "dp")
 OVERLAP_STAGES: dict[str, tuple[int, ...]] = {"overlap_grad_reduce": (0, 1, 2), "overlap_param_gather": (1, 2)}
 """The sharding stages each data-parallel overlap setting applies to: FSDP (zero 3) reduces its gradients in
 backward on its own, and only ZeRO-1 and 2 gather the updated parameters after the optimizer step."""
+SWITCHES: tuple[str, ...] = ("sp", "defer_gradient_sync", "overlap_grad_reduce", "overlap_param_gather", "tp_overlap",
+                              "ep_overlap")
+"""The Layout fields that are on or off (True or False; None where left to the stack)."""
 CP_COMMS: tuple[str, ...] = ("ring", "all-gather")
 """How context-parallel ranks exchange keys and values (headroom.core.timing.comm)."""
 
