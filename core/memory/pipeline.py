@@ -157,21 +157,22 @@ def rank_kinds(layout: Layout, chunks: tuple[int, ...], micro_batches: int) -> t
     def held(rank: int) -> tuple[int, ...]:
         return tuple(chunks[c] for c in rank_chunks(layout, rank))
 
+    def kind(rank: int, name: str = "") -> RankKind:
+        weights = held(rank)
+        return RankKind(name, rank, sum(weights), *holds_ends(layout, rank),
+                        in_flight(layout, rank, micro_batches, weights))
+
     ends, middles = [], {}
     for rank in range(layout.pp):
-        first, last = holds_ends(layout, rank)
-        if first or last:
-            ends.append(rank)
+        if any(holds_ends(layout, rank)):
+            ends.append(kind(rank))
             continue
         n = sum(held(rank))
-        if n not in middles or (layout.schedule == "zbv" and in_flight(layout, rank, micro_batches, held(rank))
-                                > in_flight(layout, middles[n], micro_batches, held(middles[n]))):
-            middles[n] = rank
-    chosen = sorted(middles.values())
-    names = [(rank, END_NAMES[holds_ends(layout, rank)]) for rank in ends]
-    names += [(rank, "middle stage" if len(chosen) == 1 else f"middle stage {rank}") for rank in chosen]
-    kinds = [RankKind(name, rank, sum(held(rank)), *holds_ends(layout, rank),
-                      in_flight(layout, rank, micro_batches, held(rank))) for rank, name in names]
+        if n not in middles or (layout.schedule == "zbv" and kind(rank).in_flight > middles[n].in_flight):
+            middles[n] = kind(rank)
+    chosen = sorted(middles.values(), key=lambda k: k.stage)
+    kinds = [replace(k, name=END_NAMES[k.first, k.last]) for k in ends]
+    kinds += [replace(k, name="middle stage" if len(chosen) == 1 else f"middle stage {k.stage}") for k in chosen]
     return tuple(sorted(kinds, key=lambda k: (k.stage != 0, k.last and not k.first, k.stage)))
 
 
