@@ -38,6 +38,7 @@ import torch
 from headroom.agent import host_load
 from headroom.agent.cases import Case, skipped
 from headroom.agent.fingerprint import datasheet_spec
+from headroom.agent.float8 import convert_blocks
 from headroom.agent.model import Decoder
 from headroom.agent.probe import probe
 from headroom.agent.safety import refusal
@@ -87,6 +88,8 @@ def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
                         stack=cfg.stack)
     if cfg.recipe.param_dtype == "bf16":
         model = model.to(torch.bfloat16)
+    if cfg.float8 is not None:
+        convert_blocks(model.blocks, cfg.float8)
     return model.train()
 
 

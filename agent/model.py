@@ -54,6 +54,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return x * cos.to(x.dtype) + rotated * sin.to(x.dtype)
 
 
+def split_qkv(y: torch.Tensor, per_group: int, head_dim: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k and v of a fused projection's output ``y`` (b, s, kv groups x (per_group + 2) x head_dim), each
+    (b, s, heads, head_dim) and contiguous: a function of the output, so a float8 linear swapped in for the
+    projection (headroom.agent.float8) splits the same way."""
+    b, s, _ = y.shape
+    groups = y.view(b, s, -1, per_group + 2, head_dim)
+    q, k, v = (t.reshape(b, s, -1, head_dim).contiguous() for t in groups.split([per_group, 1, 1], dim=-2))
+    return q, k, v
+
+
 class FusedQKV(nn.Linear):
     """torchtitan's ``wqkv`` (``FusedQKVLinear``, torchtitan/models/common/attention.py): q, k and v as one
     linear whose rows run kv group by kv group (the group's query heads, then its key head and its value head),
@@ -62,14 +72,6 @@ class FusedQKV(nn.Linear):
     def __init__(self, hidden: int, n_heads: int, n_kv_heads: int, head_dim: int, bias: bool) -> None:
         super().__init__(hidden, (n_heads + 2 * n_kv_heads) * head_dim, bias=bias)
         self.per_group, self.head_dim = n_heads // n_kv_heads, head_dim
-
-    def split(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k and v of ``x`` (b, s, h), each (b, s, heads, head_dim) and contiguous."""
-        b, s, _ = x.shape
-        groups = self(x).view(b, s, -1, self.per_group + 2, self.head_dim)
-        q, k, v = (t.reshape(b, s, -1, self.head_dim).contiguous()
-                   for t in groups.split([self.per_group, 1, 1], dim=-2))
-        return q, k, v
 
     def normal_as_three(self, std: float) -> None:
         """Draw q's, k's and v's weights one after the other, as three separate projections draw theirs."""
@@ -111,7 +113,7 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b, s, _ = x.shape
         if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj.split(x)
+            q, k, v = split_qkv(self.qkv_proj(x), self.n_heads // self.n_kv_heads, self.head_dim)
         else:
             q = self.q_proj(x).view(b, s, self.n_heads, self.head_dim)
             k = self.k_proj(x).view(b, s, self.n_kv_heads, self.head_dim)

@@ -251,13 +251,15 @@ LARGE_GEMM_FLOPS = 2 * 4096**3
 such bf16 GEMMs, 687-776 TFLOP/s, median 709.8)."""
 
 
-def large_gemm_efficiency(records: Iterable[MatmulRecord], peak_flop_per_s: float, sms: int) -> float | None:
-    """The shape model's anchor (headroom.core.timing.op_time.anchor_efficiency) from a box's own bf16 GEMMs of
-    ``LARGE_GEMM_FLOPS`` or more: the median over their sizes of each size's median rate (what the store's
-    aggregates hand over, db/profiles.py), at the median size taken as a cube. None without any."""
+def large_gemm_efficiency(records: Iterable[MatmulRecord], peak_flop_per_s: float, sms: int,
+                          dtype: str = "bf16") -> float | None:
+    """The shape model's anchor (headroom.core.timing.op_time.anchor_efficiency) from a box's own ``dtype`` GEMMs
+    of ``LARGE_GEMM_FLOPS`` or more: the median over their sizes of each size's median rate (what the store's
+    aggregates hand over, db/profiles.py; fp8's with and without fast accumulation alike), at the median size
+    taken as a cube. None without any."""
     by_size: dict[int, list[float]] = defaultdict(list)
     for r in records:
-        if r.dtype == "bf16" and r.flops >= LARGE_GEMM_FLOPS and _positive(r.flop_per_s):
+        if r.dtype == dtype and r.flops >= LARGE_GEMM_FLOPS and _positive(r.flop_per_s):
             by_size[r.flops].append(r.flop_per_s)
     if not by_size or peak_flop_per_s <= 0:
         return None
@@ -368,7 +370,12 @@ def profile_from_measurements(
             efficiency = fallback.matmul_efficiency
             assumptions.append(f"GEMMs by shape from the datasheet row's cited GEMM (no bf16 GEMM of "
                                f"{LARGE_GEMM_FLOPS:.3g} FLOPs or more measured)")
-        shape_model = {"matmul_efficiency": efficiency, "sms": sms}
+        shape_model = {"matmul_efficiency": efficiency, "sms": sms, "dtype_efficiency": dict(fallback.dtype_efficiency),
+                       "dtype_sources": dict(fallback.dtype_sources)}
+        if "fp8" in datasheet.peak_flop_per_s and \
+                (fp8 := large_gemm_efficiency(matmul, datasheet.peak("fp8"), sms, "fp8")) is not None:
+            shape_model["dtype_efficiency"]["fp8"] = fp8
+            shape_model["dtype_sources"]["fp8"] = f"measured on {device.name}"
     host = host_costs(dispatch, device.name)
     if host is None:
         host = HostCosts()

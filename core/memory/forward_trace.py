@@ -26,7 +26,7 @@ def new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int 
     """An empty trace for ``cfg`` on a device with ``rules``: autocast or not, the stack's kernels, and ``layer``
     the block it starts in (None: the model's own tensors)."""
     return Trace(rules=rules, amp=cfg.runs_autocast, layer=layer, stack=get_stack(cfg.stack),
-                  norm_offset=spec.norm_offset)
+                  norm_offset=spec.norm_offset, float8=cfg.float8)
 
 
 def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> Trace:

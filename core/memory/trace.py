@@ -15,6 +15,7 @@ from typing import Literal
 
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules
+from headroom.core.specs.float8 import Float8Recipe, converts
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.stack import STACKS, Stack, get_stack
@@ -72,6 +73,10 @@ class TracedOp:
     """Made inside the attention core (QK^T, softmax, dropout, PV, or the fused kernel): what selective
     checkpointing reruns."""
 
+    backward_moved: tuple[int, ...] | None = None
+    """A memory-bound op whose backward is not one kernel moving twice its bytes: the bytes each of its backward
+    kernels moves (a float8 cast's: the casts backward runs again, headroom.core.specs.float8)."""
+
     def __post_init__(self) -> None:
         if self.kind == "gemm":
             object.__setattr__(self, "flops", 2 * self.m * self.n * self.k * self.batch)
@@ -119,6 +124,8 @@ class Trace:
     """Whose kernels and checkpointing (headroom.core.specs.stack)."""
     norm_offset: bool = False
     """The model's RMSNorm scales by 1 + weight in fp32 (headroom.core.specs.model.ModelSpec.norm_offset)."""
+    float8: Float8Recipe | None = None
+    """The FP8 recipe of the blocks' linears (headroom.core.specs.float8), or None."""
     mm_count: int = 0
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
@@ -142,13 +149,17 @@ class Trace:
         """A tensor an op makes. ``reads``: what the op reads, in tensors of this one's size (2 for a binary
         op's two operands); recorded in ``ops`` when they are."""
         self._next += 1
-        sym = Sym(self._next, shape, dtype, name if self.layer is None else f"block.{name}", kind)
+        sym = Sym(self._next, shape, dtype, self._named(name), kind)
         if self.ops is not None and kind != "input":  # token ids and targets come from the data loader
             self._op_at[sym.storage] = len(self.ops)
             written = _bytes(shape, dtype)
             self.ops.append(TracedOp(sym.name, "memory", dtype, bytes=written, read_bytes=round(reads * written),
                                      attention_core=self.attention_core))
         return sym
+
+    def _named(self, name: str) -> str:
+        """A tensor's or an op's name: a block's are ``block.``-prefixed."""
+        return name if self.layer is None else f"block.{name}"
 
     def as_gemm(self, t: Sym, m: int, n: int, k: int, batch: int = 1, dtype: str | None = None) -> None:
         """``t`` was made by ``batch`` GEMMs (m x k)(k x n), not by a memory-bound op."""
@@ -282,12 +293,41 @@ class Trace:
         if bias and self.amp and param_dtype != "bf16":  # autocast casts the bias too; addmm keeps none of it
             self.new(f"{name}.bias_bf16", (stacked * out_features,), "bf16", reads=2)
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
+        fp8 = self.float8 is not None and self.layer is not None and stacked == 1 \
+            and converts(x.shape[-1], out_features)
+        if fp8:
+            self._float8_casts(name, x_in, shape, (out_features, x.shape[-1]), param_dtype)
         out = self.new(f"{name}.out", shape, x_in.dtype)
         rows_in = _numel(x.shape[:-1])  # every row of x, before a row-parallel reduce-scatter
         # Stacked experts share the rows: with fewer rows than experts, at most one expert a row runs at all.
         groups = min(stacked, rows_in)
-        self.as_gemm(out, -(-rows_in // groups), out_features, x.shape[-1], groups, x_in.dtype)
-        return self.matmul_output(out, "addmm" if bias else "mm")
+        self.as_gemm(out, -(-rows_in // groups), out_features, x.shape[-1], groups, "fp8" if fp8 else x_in.dtype)
+        # torchao's float8 linear adds a bias after its matmul: an aten.mm either way
+        return self.matmul_output(out, "addmm" if bias and not fp8 else "mm")
+
+    def _float8_casts(self, name: str, x: Sym, out_shape: tuple[int, ...], weight_shape: tuple[int, int],
+                      param_dtype: str) -> None:
+        """A float8 linear's casts (headroom.core.specs.float8): its input's and its weight's, each priced as an
+        amax pass and a cast pass over the 16-bit tensor; backward casts both again and the output's gradient
+        twice. Under torchtitan's per-op checkpointing, tensorwise scaling keeps the two amaxes."""
+        if self.region == "op-selective" and self.stack.caches_amax and self.float8.keeps_amax_under_per_op_checkpointing:
+            amaxes = self.new(f"{name}.input_amax", (), x.dtype), self.new(f"{name}.weight_amax", (), param_dtype)
+            self.keep(*amaxes)
+            self.unrecord(*amaxes)  # made by the casts' ops, below
+        if self.ops is None:
+            return
+
+        def moved(shape: tuple[int, ...], dtype: str) -> int:  # read twice, written in one byte an element
+            return 2 * _bytes(shape, dtype) + _numel(shape)
+
+        cast_in, cast_weight, cast_grad = moved(x.shape, x.dtype), moved(weight_shape, param_dtype), \
+            moved(out_shape, x.dtype)
+        self.ops += [
+            TracedOp(self._named(f"{name}.input_fp8"), "memory", "fp8", bytes=_numel(x.shape), read_bytes=cast_in - _numel(x.shape),
+                     backward_moved=(cast_in, cast_grad, cast_grad)),
+            TracedOp(self._named(f"{name}.weight_fp8"), "memory", "fp8", bytes=_numel(weight_shape),
+                     read_bytes=cast_weight - _numel(weight_shape), backward_moved=(cast_weight,)),
+        ]
 
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""

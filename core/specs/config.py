@@ -11,6 +11,7 @@ from headroom.core.specs.data_parallel import (
     DataParallelSchedule,
     data_parallel_schedule,
 )
+from headroom.core.specs.float8 import Float8Recipe, get_float8
 from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
 from headroom.core.specs.precision import (
@@ -55,6 +56,9 @@ class TrainConfig:
     """Sequences per forward/backward pass b (per data-parallel rank)."""
     precision: str = "amp-bf16"
     """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (headroom.core.specs.precision)."""
+    fp8: str = "off"
+    """FP8 recipe of the block linears (headroom.core.specs.float8): ``off``, ``torchao-tensorwise``,
+    ``torchao-rowwise``."""
     optimizer: str = "adamw"
     """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
     attention: Attention = "flash"
@@ -88,6 +92,32 @@ class TrainConfig:
         if self.layout.cp > 1 and self.attention != "flash":
             raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
         optimizer_state_bytes(self.optimizer)
+        if self.float8 is not None:
+            self._check_fp8(self.float8)
+
+    @property
+    def float8(self) -> Float8Recipe | None:
+        """The FP8 recipe the block linears train under (headroom.core.specs.float8), or None."""
+        return get_float8(self.fp8)
+
+    def _check_fp8(self, recipe: Float8Recipe) -> None:
+        """What headroom.core.specs.float8 models of a recipe: its stacks, a 16-bit input, no tensor parallelism."""
+        if self.stack not in recipe.stacks:
+            raise ConfigError(f"--fp8 {recipe.name} under --stack {self.stack}: {recipe.summary} is run by "
+                              f"{' and '.join(recipe.stacks)} (torchao's Float8Linear); use --fp8 off, or one of "
+                              "those stacks")
+        if self.recipe.compute_dtype != "bf16":
+            raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision}: float8 linears take a bf16 "
+                              "input; use a bf16 recipe (bf16-pure, bf16-master, bf16-fp32grad, or amp-bf16 with "
+                              "--zero 3)")
+        if self.runs_autocast:
+            raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision} and no FSDP: under autocast "
+                              "torchao's Float8Linear casts its input to CUDA's autocast dtype, which is not "
+                              "modelled; use --zero 3 (FSDP's mixed precision) or bf16-pure")
+        if self.layout.tp > 1:
+            raise ConfigError(f"--fp8 {recipe.name} with tp {self.layout.tp}: torchtitan's float8 tensor "
+                              "parallelism all-gathers float8 inputs and keeps them, which is not modelled yet; "
+                              "use tp 1")
 
     @property
     def dp(self) -> int:
@@ -220,6 +250,10 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
+        if self.float8 is not None and (spec.is_moe or spec.is_mla):
+            kind = "a mixture of experts" if spec.is_moe else "latent attention"
+            raise ConfigError(f"{spec.name}: --fp8 {self.fp8} of {kind} is not modelled (torchao converts grouped "
+                              "experts with a prototype converter of its own); use --fp8 off")
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
                               f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")

@@ -44,6 +44,9 @@ class DeviceCurves:
     bandwidth_efficiency: float = 0.85
     """A large copy's bytes/s (read plus written) over the datasheet bandwidth."""
     bandwidth_source: str = "assumed: as the H200's copy (0.87), rounded down"
+    fp8_matmul_tflop_per_s: float | None = None
+    """A cited large fp8 GEMM's rate at ``matmul_shape``; None: the bf16 anchor times ``FP8_OVER_BF16``."""
+    fp8_matmul_source: str = ""
 
 
 _HOPPER_ATTENTION = (0.56, f"{_H200_REFERENCE}: cuDNN SDPA, b1 s8192 32 heads of 128, 558 TFLOP/s executed "
@@ -59,6 +62,13 @@ def _a100(form: str, shape: tuple[int, int, int], mamf_tflop_per_s: float, part:
         attention_source="FlashAttention-2 (Dao 2023): 50-73% of the A100's peak, the low end")
 
 
+H200_FP8_TFLOP_PER_S = 1266.3
+"""The H200 reference run's fp8 ``_scaled_mm`` at 8192^3 (tests/data/reference), the same run as its bf16 709.8."""
+FP8_OVER_BF16 = (H200_FP8_TFLOP_PER_S / 1978.9) / (709.8 / 989.4)
+"""What fraction of its fp8 peak a large fp8 GEMM reaches over what fraction of its bf16 peak a bf16 one reaches,
+on the H200 (0.892): taken for every other device with fp8 units, none of which has a published fp8 MAMF here
+(``assumed`` in each plan)."""
+
 CURVES: dict[str, DeviceCurves] = {
     "h100-sxm": DeviceCurves(
         sms=132, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * SUSTAINED_OVER_BURST,
@@ -73,7 +83,10 @@ CURVES: dict[str, DeviceCurves] = {
         matmul_source=f"{_H200_REFERENCE}: 709.8 TFLOP/s at 8192^3, the median of five, power-capped at 1,590 MHz "
                       "(a short burst reaches 776: a training step runs sustained)",
         attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1],
-        bandwidth_efficiency=0.87, bandwidth_source=f"{_H200_REFERENCE}: 4.18 of 4.8 TB/s copying 512 MiB"),
+        bandwidth_efficiency=0.87, bandwidth_source=f"{_H200_REFERENCE}: 4.18 of 4.8 TB/s copying 512 MiB",
+        fp8_matmul_tflop_per_s=H200_FP8_TFLOP_PER_S,
+        fp8_matmul_source=f"{_H200_REFERENCE}: fp8 _scaled_mm at 8192^3, 1,266.3 TFLOP/s (without fast "
+                          "accumulation, as torchao runs both backward GEMMs; 1,352.5 with it)"),
     "a100-sxm-80gb": _a100("SXM", (6912, 16384, 2048), 267.9),
     "a100-pcie-80gb": _a100("PCIe", (2304, 5120, 1536), 256.4),
     "a100-sxm-40gb": _a100("SXM", (6912, 16384, 2048), 267.9, " (80GB part)"),

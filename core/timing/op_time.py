@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.precision import DTYPE_BYTES
@@ -89,6 +89,8 @@ class DeviceRates:
     """Achieved memory bandwidth (read plus written)."""
     kernel_gap_s: float = KERNEL_GAP_S
     """What each kernel adds to its work (``KERNEL_GAP_S``)."""
+    dtype_efficiency: dict[str, float] = field(default_factory=dict)
+    """The anchor for a dtype whose large GEMMs reach another fraction of their peak than bf16's (fp8)."""
 
 
 def wave_efficiency(tiles: int, sms: int) -> float:
@@ -110,9 +112,9 @@ def anchor_efficiency(flop_per_s: float, peak_flop_per_s: float, m: int, n: int,
     return flop_per_s / peak_flop_per_s / shape_factor(m, n, k, 1, sms)
 
 
-def gemm_efficiency(rates: DeviceRates, m: int, n: int, k: int, batch: int = 1) -> float:
-    """Fraction of the dense peak a GEMM of this shape reaches (the module's docstring)."""
-    return rates.matmul_efficiency * shape_factor(m, n, k, batch, rates.sms)
+def gemm_efficiency(rates: DeviceRates, m: int, n: int, k: int, batch: int = 1, dtype: str = "bf16") -> float:
+    """Fraction of ``dtype``'s dense peak a GEMM of this shape reaches (the module's docstring)."""
+    return rates.dtype_efficiency.get(dtype, rates.matmul_efficiency) * shape_factor(m, n, k, batch, rates.sms)
 
 
 def gemm_s(rates: DeviceRates, m: int, n: int, k: int, batch: int, dtype: str,
@@ -121,8 +123,10 @@ def gemm_s(rates: DeviceRates, m: int, n: int, k: int, batch: int, dtype: str,
     that replaces the shape model (a device without a datasheet peak)."""
     flops = 2 * m * n * k * batch
     if flop_per_s is None:
-        peak = rates.peak_flop_per_s.get(dtype) or rates.peak_flop_per_s.get("bf16", 0.0)
-        flop_per_s = peak * gemm_efficiency(rates, m, n, k, batch)
+        if dtype in rates.peak_flop_per_s:
+            flop_per_s = rates.peak_flop_per_s[dtype] * gemm_efficiency(rates, m, n, k, batch, dtype)
+        else:
+            flop_per_s = rates.peak_flop_per_s.get("bf16", 0.0) * gemm_efficiency(rates, m, n, k, batch)
     element = DTYPE_BYTES.get(dtype, 2)
     traffic = element * batch * (m * k + k * n + m * n)
     return max(flops / flop_per_s, traffic / rates.bytes_per_s) + rates.kernel_gap_s
@@ -197,8 +201,9 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...],
         else:
             moved = op.bytes + op.read_bytes
             memory += memory_s(rates, moved)
-            b_memory += memory_s(rates, 2 * moved)
-            backward += 1
+            kernels = op.backward_moved if op.backward_moved is not None else (2 * moved,)
+            b_memory += sum(memory_s(rates, b) for b in kernels)
+            backward += len(kernels)
         launches += 1
     return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward, weight)
 

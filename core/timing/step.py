@@ -68,7 +68,7 @@ from headroom.core.timing.comm import (
     overlaps,
     step_communication,
 )
-from headroom.core.timing.device_curves import CURVES
+from headroom.core.timing.device_curves import CURVES, FP8_OVER_BF16
 from headroom.core.timing.op_time import (
     KERNEL_GAP_S,
     DeviceRates,
@@ -129,6 +129,10 @@ class HardwareProfile:
     """What each kernel adds to its work (headroom.core.timing.op_time)."""
     host: HostCosts = HostCosts()
     """What the host pays to dispatch ops (headroom.core.timing.op_time)."""
+    dtype_efficiency: dict[str, float] = field(default_factory=dict)
+    """The shape model's anchor for dtypes whose large GEMMs reach another fraction of their peak (fp8)."""
+    dtype_sources: dict[str, str] = field(default_factory=dict)
+    """Where each of ``dtype_efficiency`` comes from: a plan that runs that dtype's GEMMs says it."""
     device: str = "cuda"
     """The device whose saving rules the ledger applies (headroom.core.specs.devices)."""
     assumptions: tuple[str, ...] = field(default=())
@@ -146,7 +150,8 @@ class HardwareProfile:
     def rates(self) -> DeviceRates:
         """What headroom.core.timing.op_time prices ops with."""
         return DeviceRates(self.peak_flop_per_s, self.matmul_efficiency, self.sms, self.attention_flop_per_s,
-                           self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s)
+                           self.attention_backward_ratio, self.hbm_bytes_per_s, self.kernel_gap_s,
+                           self.dtype_efficiency)
 
     def fragmentation_text(self) -> str:
         """The fragmentation a plan margins by, as text: "1.05", and each policy's where the box measured it."""
@@ -196,6 +201,13 @@ def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
         matmul = anchor_efficiency(curves.matmul_tflop_per_s * 1e12, hw.peak("bf16"), *curves.matmul_shape, sms)
         attention, bandwidth = curves.attention_efficiency, curves.bandwidth_efficiency
         sources = (curves.matmul_source, curves.attention_source, curves.bandwidth_source)
+    fp8 = {}
+    if "fp8" in hw.peak_flop_per_s:
+        fp8["fp8"], fp8_source = matmul * FP8_OVER_BF16, "assumed: the H200's fp8-to-bf16 GEMM efficiency ratio"
+        if curves is not None and curves.fp8_matmul_tflop_per_s is not None:
+            fp8["fp8"] = anchor_efficiency(curves.fp8_matmul_tflop_per_s * 1e12, hw.peak("fp8"),
+                                           *curves.matmul_shape, sms)
+            fp8_source = curves.fp8_matmul_source
     return HardwareProfile(
         name=hw.key,
         source="datasheet",
@@ -206,6 +218,8 @@ def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
         attention_flop_per_s=2 * hw.peak("bf16") * attention,
         hbm_bytes_per_s=hw.hbm_bytes_per_s * bandwidth,
         matmul_efficiency=matmul,
+        dtype_efficiency=fp8,
+        dtype_sources={"fp8": fp8_source} if fp8 else {},
         sms=sms,
         assumptions=(
             f"GEMMs by shape from one large bf16 GEMM ({sources[0]})",
@@ -306,6 +320,9 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     ``cluster``: the interconnect, needed when the layout spans more than one GPU.
     """
     spec, cfg = estimate.spec, estimate.config
+    if cfg.float8 is not None and profile.peak_flop_per_s and "fp8" not in profile.peak_flop_per_s:
+        raise ConfigError(f"--fp8 {cfg.fp8} on {profile.name}: it has no fp8 tensor cores (fp8 GEMMs need Hopper, "
+                          "Ada, Blackwell or MI300); use --fp8 off")
     layout = cfg.layout
     rank = estimate.rank
     price = _priced_once(profile)

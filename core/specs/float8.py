@@ -1,0 +1,89 @@
+"""FP8 training recipes: which linears run their matmuls in float8, how their inputs are scaled, what that keeps.
+
+A recipe sits on top of a precision recipe (headroom.core.specs.precision): the parameters, gradients and
+optimizer state are the precision recipe's, and the converted linears' three GEMMs (output, input gradient,
+weight gradient) run in float8 on tensors cast just before each.
+
+torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs it through its
+``Float8LinearConverter``, ``torchtitan/components/quantization/float8.py``):
+
+- **Conversion.** ``convert_to_float8_training`` swaps ``nn.Linear`` modules for ``Float8Linear``. torchtitan's
+  filter (``module_filter_fn``, ``torchtitan/components/quantization/utils.py``) converts a linear only when
+  its input and output widths both divide by 16 (the float8 tensor cores' alignment), and its recipes skip
+  the output layer (``filter_fqns=["output"]``); the agent converts the same way (headroom.agent.float8).
+  A mixture of experts' grouped GEMMs are another converter's (``Float8GroupedExpertsConverter``, a
+  prototype): not modelled.
+- **What backward keeps.** ``matmul_with_hp_or_float8_args.forward`` saves its input and the weight *in
+  high precision* (``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts them to float8 again in
+  backward: the activations a converted linear keeps are exactly the 16-bit linear's. Under torchtitan's
+  per-op checkpointing (``SelectiveAC``) ``aten.max`` is on the save list "for low precision training": with
+  tensorwise scaling each converted linear in a block keeps the two 0-dimensional amaxes of its input and its
+  weight (``torch.max(torch.abs(x))``), in their dtypes; rowwise scaling reduces with ``aten.amax``, which the
+  list does not name. The ledger counts both; tests/test_float8.py checks them byte for byte against what
+  autograd keeps on the CPU, where torchao runs the same code.
+- **Casts.** Tensorwise: one scale per tensor (an amax over the whole tensor, then a scaled cast).
+  Rowwise: one scale per row of the GEMM's reduction, for every operand (``Float8LinearConfig``'s
+  ``rowwise`` recipe: e4m3 throughout). Forward casts the input and the weight; backward casts the output's
+  gradient twice (once per GEMM, each scaled along its own reduction), the weight again and the input again.
+  Each cast is priced as a read of the 16-bit tensor for its amax and a read and a 1-byte write for the
+  cast: the two kernels a compiled step fuses them into (eager torchao runs more, not modelled).
+- **Precision.** The converted linears need a 16-bit input: a bf16 recipe, or autocast under FSDP's mixed
+  precision. Under autocast without FSDP ``Float8Linear`` casts its input to *CUDA's* autocast dtype,
+  whatever the device, so the CPU cannot check what it keeps: refused.
+- **Tensor parallelism.** torchtitan's float8 tensor parallelism (``Float8ColwiseParallel``) all-gathers the
+  sequence-parallel input in float8 and keeps that: not modelled, refused.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from headroom.core.errors import ConfigError
+
+ALIGNMENT = 16
+"""A converted linear's input and output widths divide by this (torchtitan's ``module_filter_fn``)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Float8Recipe:
+    name: str
+    scaling: str
+    """``tensorwise`` (one scale per tensor) or ``rowwise`` (one per row of each GEMM's reduction)."""
+    torchao_recipe: str
+    """``Float8LinearConfig.from_recipe_name``'s name."""
+    stacks: tuple[str, ...]
+    """Stacks that run it: torchtitan's converter, and the agent (reference)."""
+    summary: str
+
+    @property
+    def keeps_amax_under_per_op_checkpointing(self) -> bool:
+        """torchtitan's SelectiveAC saves ``aten.max``'s output: tensorwise scaling's amaxes."""
+        return self.scaling == "tensorwise"
+
+
+FLOAT8_RECIPES: dict[str, Float8Recipe] = {
+    r.name: r
+    for r in (
+        Float8Recipe("torchao-tensorwise", "tensorwise", "tensorwise", ("reference", "torchtitan"),
+                     "torchao float8, one dynamic scale per tensor"),
+        Float8Recipe("torchao-rowwise", "rowwise", "rowwise", ("reference", "torchtitan"),
+                     "torchao float8, one dynamic scale per row (torchtitan's default recipe)"),
+    )
+}
+OFF = "off"
+FP8_CHOICES = (OFF, *FLOAT8_RECIPES)
+
+
+def get_float8(name: str) -> Float8Recipe | None:
+    """The recipe called ``name``, or None for ``off``."""
+    if name == OFF:
+        return None
+    try:
+        return FLOAT8_RECIPES[name]
+    except KeyError:
+        raise ConfigError(f"unknown fp8 recipe {name!r}; valid: {', '.join(FP8_CHOICES)}") from None
+
+
+def converts(in_features: int, out_features: int) -> bool:
+    """Does a recipe convert a block's linear of these widths (this rank's shard of it)?"""
+    return in_features % ALIGNMENT == 0 and out_features % ALIGNMENT == 0

@@ -1,0 +1,196 @@
+"""FP8 training recipes (headroom.core.specs.float8): the ledger against what autograd keeps under torchao's
+float8 linears on the CPU, which linears convert, the recipes' refusals, and the casts and fp8 GEMMs the time
+model prices."""
+
+import dataclasses
+
+import pytest
+
+from headroom.core.errors import ConfigError
+from headroom.core.memory.ledger import activation_ledger
+from headroom.core.memory.trace import TracedOp
+from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.float8 import FLOAT8_RECIPES, converts
+from headroom.core.specs.layout import Layout
+from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
+
+RECIPES = tuple(FLOAT8_RECIPES)
+CASES = [(stack, policy) for stack, policies in (("reference", ("none", "full", "every-2", "selective", "op-selective",
+                                                                  "offload")),
+                                                  ("torchtitan", ("none", "full", "op-selective")))
+         for policy in policies]
+MODELS = {"llama": ("bench-llama-tiny", "flash", 0.0), "gpt": ("bench-gpt-tiny", "standard", 0.1)}
+"""GQA, SwiGLU, RMSNorm and RoPE; biases, LayerNorm, GELU, dropout and eager attention."""
+
+
+def _config(recipe, stack="reference", policy="none", attention="flash", dropout=0.0, **changes):
+    fields = {"seq_len": 32, "micro_batch": 2, "precision": "bf16-pure"} | changes
+    return TrainConfig(attention=attention, dropout=dropout, recompute=parse_policy(policy), stack=stack, fp8=recipe,
+                       **fields)
+
+
+def _converted_linears(spec) -> int:
+    """Block linears whose widths divide by 16, counted from the spec, as torchtitan's filter picks them."""
+    if spec.block == "gpt":
+        widths = [(spec.hidden, spec.q_dim)] * 3 + [(spec.q_dim, spec.hidden), (spec.hidden, spec.ffn_hidden),
+                                                      (spec.ffn_hidden, spec.hidden)]
+    else:
+        widths = [(spec.hidden, spec.q_dim), (spec.hidden, spec.kv_dim), (spec.hidden, spec.kv_dim),
+                  (spec.q_dim, spec.hidden), (spec.hidden, spec.ffn_hidden), (spec.hidden, spec.ffn_hidden),
+                  (spec.ffn_hidden, spec.hidden)]
+    return spec.n_layers * sum(converts(i, o) for i, o in widths)
+
+
+def _probe(spec, config):
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("torchao")
+    from headroom.agent.bench_train import forward_loss
+    from headroom.agent.ledger_check import build
+    from headroom.agent.probe import probe
+
+    model, tokens, targets = build(spec, config)
+    swapped = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    with torch.random.fork_rng():
+        measured = probe(model, lambda: forward_loss(model, tokens, targets, config.precision))
+    return measured, swapped
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize(("stack", "policy"), CASES, ids=[f"{s}-{p}" for s, p in CASES])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_the_ledger_is_what_autograd_keeps_under_float8_linears(recipe, stack, policy, model):
+    from headroom.agent.ledger_check import compare, difference
+
+    name, attention, dropout = MODELS[model]
+    spec = dataclasses.replace(get_preset(name), n_layers=4)
+    config = _config(recipe, stack, policy, attention, dropout)
+    measured, swapped = _probe(spec, config)
+    ledger = activation_ledger(spec, config, "cpu")
+    # Every eligible block linear runs in float8 (torchtitan fuses q, k and v into one), the head does not.
+    fused = stack == "torchtitan"
+    assert len(swapped) == _converted_linears(spec) - (2 * spec.n_layers if fused else 0)
+    assert compare(ledger, measured)["device activations"][0] == measured.device_activation_bytes
+    assert difference(ledger, measured) == []
+    amaxes = [t for t in ledger.tensors if t.name.endswith("_amax")]
+    keeps_amax = stack == "torchtitan" and policy == "op-selective" and recipe == "torchao-tensorwise"
+    assert len(amaxes) == (2 * len(swapped) if keeps_amax else 0)
+    assert all(t.shape == () and t.dtype == "bf16" for t in amaxes)
+
+
+def test_a_linear_whose_width_does_not_divide_by_16_stays_in_bf16():
+    """An MLP 168 wide (16 x 10.5): its three linears keep bf16, and so keep no amax under torchtitan's per-op
+    checkpointing; the attention's two (fused q/k/v and output) convert."""
+    spec = dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=2, ffn_hidden=168)
+    config = _config("torchao-tensorwise", "torchtitan", "op-selective")
+    measured, swapped = _probe(spec, config)
+    ledger = activation_ledger(spec, config, "cpu")
+    assert len(swapped) == 2 * spec.n_layers
+    assert sum(t.name.endswith("_amax") for t in ledger.tensors) == 2 * len(swapped) == 8
+    assert ledger.device_activation_bytes == measured.device_activation_bytes
+
+
+@pytest.mark.parametrize(("changes", "words"), [
+    ({"stack": "megatron"}, ("--fp8 torchao-rowwise under --stack megatron", "reference and torchtitan")),
+    ({"precision": "fp32"}, ("--precision fp32", "bf16-pure")),
+    ({"precision": "amp-bf16"}, ("autocast", "--zero 3")),
+    ({"layout": Layout(tp=2)}, ("tp 2", "use tp 1")),
+])
+def test_a_recipe_refuses_what_it_does_not_model(changes, words):
+    base = {"seq_len": 32, "precision": "bf16-pure", "fp8": "torchao-rowwise"}
+    with pytest.raises(ConfigError) as err:
+        TrainConfig(**(base | changes))
+    for word in words:
+        assert word in str(err.value)
+
+
+def test_an_unknown_recipe_names_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown fp8 recipe 'e4m3'; valid: off, torchao-tensorwise, torchao-rowwise"):
+        TrainConfig(seq_len=32, precision="bf16-pure", fp8="e4m3")
+
+
+def test_fsdp_mixed_precision_takes_float8():
+    """amp-bf16 under zero 3 is FSDP's mixed precision: no autocast, bf16 gathered weights."""
+    config = TrainConfig(seq_len=32, precision="amp-bf16", fp8="torchao-rowwise", layout=Layout(dp=2, zero=3))
+    assert config.float8 is FLOAT8_RECIPES["torchao-rowwise"] and not config.runs_autocast
+
+
+@pytest.mark.parametrize(("spec", "kind"), [
+    (get_preset("mixtral-8x7b"), "a mixture of experts"),
+    (dataclasses.replace(get_preset("bench-llama-tiny"), n_kv_heads=4, head_size=24, kv_lora_rank=16,
+                         rope_head_size=8, v_head_size=12), "latent attention"),
+])
+def test_experts_and_latent_attention_are_refused(spec, kind):
+    with pytest.raises(ConfigError, match=f"--fp8 torchao-rowwise of {kind} is not modelled"):
+        _config("torchao-rowwise").check_model(spec)
+
+
+def _ops(spec, config):
+    from headroom.core.timing.step_ops import forward_ops
+
+    return forward_ops(spec, config, "cuda", spec.n_layers)
+
+
+def test_the_block_gemms_run_in_fp8_with_two_casts_each_and_the_head_in_bf16():
+    spec = get_preset("llama3-8b")
+    ops = _ops(spec, _config("torchao-rowwise", "torchtitan", seq_len=8192, micro_batch=1))
+    gemms = [op for op in ops.dense_block if op.kind == "gemm"]
+    casts = [op for op in ops.dense_block if op.name.endswith("_fp8")]
+    assert [op.name for op in gemms] == [f"block.{n}.out" for n in ("attn.qkv_proj", "attn.o_proj", "mlp.gate_proj",
+                                                                     "mlp.up_proj", "mlp.down_proj")]
+    assert {op.dtype for op in gemms} == {"fp8"} and len(casts) == 2 * len(gemms)
+    head = [op for op in ops.head if op.kind == "gemm"]
+    assert [(op.name, op.dtype) for op in head] == [("lm_head.out", "bf16")]
+    plain = _ops(spec, _config("off", "torchtitan", seq_len=8192, micro_batch=1))
+    assert [op.flops for op in gemms] == [op.flops for op in plain.dense_block if op.kind == "gemm"]
+
+
+def test_a_cast_reads_its_bf16_tensor_twice_and_writes_one_byte_an_element():
+    """o_proj of Llama 3 8B at 8,192 tokens: its input (8192 x 4096) and its weight (4096 x 4096) are each read for
+    the amax and again for the cast, and written in fp8; backward casts the input again and the output's gradient
+    (8192 x 4096) twice."""
+    ops = {op.name: op for op in _ops(get_preset("llama3-8b"),
+                                      _config("torchao-tensorwise", seq_len=8192, micro_batch=1)).dense_block}
+    tokens, h = 8192, 4096
+    x_in = ops["block.attn.o_proj.input_fp8"]
+    assert (x_in.read_bytes, x_in.bytes) == (2 * 2 * tokens * h, tokens * h)
+    assert x_in.backward_moved == (5 * tokens * h,) * 3
+    weight = ops["block.attn.o_proj.weight_fp8"]
+    assert (weight.read_bytes, weight.bytes, weight.backward_moved) == (4 * h * h, h * h, (5 * h * h,))
+
+
+def test_a_cast_prices_each_of_its_backward_kernels():
+    from headroom.core.timing.op_time import DeviceRates, memory_s, ops_time
+
+    rates = DeviceRates({"bf16": 1e15}, 0.7, 132, 5e14, 2.5, 4e12)
+    op = TracedOp("x_fp8", "memory", "fp8", bytes=100, read_bytes=400, backward_moved=(500, 700, 700))
+    time = ops_time(rates, (op,))
+    assert (time.launches, time.backward_launches) == (1, 3)
+    assert time.memory_s == memory_s(rates, 500)
+    assert time.backward_memory_s == pytest.approx(memory_s(rates, 500) + 2 * memory_s(rates, 700), rel=1e-12)
+
+
+def test_the_h200s_fp8_gemm_reproduces_its_measured_rate():
+    """The H200's fp8 anchor is the reference run's 8192^3 _scaled_mm (1,266.3 TFLOP/s): the shape model gives it
+    back at that shape; bf16 keeps its own 709.8."""
+    from headroom.core.specs.hardware import HARDWARE_BY_KEY
+    from headroom.core.timing.op_time import gemm_s
+    from headroom.core.timing.step import datasheet_profile
+
+    rates = datasheet_profile(HARDWARE_BY_KEY["h200"]).rates
+    n = 8192
+    for dtype, tflop_per_s in (("fp8", 1266.3), ("bf16", 709.8)):
+        seconds = gemm_s(rates, n, n, n, 1, dtype) - rates.kernel_gap_s
+        assert 2 * n**3 / seconds / 1e12 == pytest.approx(tflop_per_s, rel=1e-9)
+
+
+def test_fp8_on_a_device_without_fp8_units_is_refused():
+    from headroom.core.memory.estimate import estimate
+    from headroom.core.specs.hardware import HARDWARE_BY_KEY
+    from headroom.core.timing.step import datasheet_profile, step_time
+
+    spec = get_preset("bench-llama-tiny")
+    est = estimate(spec, _config("torchao-rowwise"), "cuda")
+    with pytest.raises(ConfigError, match="--fp8 torchao-rowwise on a100-sxm-80gb: it has no fp8 tensor cores"):
+        step_time(est, datasheet_profile(HARDWARE_BY_KEY["a100-sxm-80gb"]), 1)
+    assert step_time(est, datasheet_profile(HARDWARE_BY_KEY["h100-sxm"]), 1).total_s > 0
