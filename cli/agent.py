@@ -78,7 +78,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         epilog=POLICIES_HELP,
     )
     train.add_argument("--model", required=True, help="preset name, a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision])")
-    add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None)
+    add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None, fp8="none")
     train.add_argument("--nproc", type=int, default=None,
                        help="local processes, one per GPU (default: tp x dp x pp x cp; --nproc alone means --dp)")
     train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: a pipeline's micro-batches under --pp (default 1)")

@@ -101,7 +101,8 @@ def render(result: Estimate) -> str:
     lines = [
         f"{spec.name}: {spec.parameters:,} parameters ({spec.block}, {spec.n_layers} layers, "
         f"hidden {spec.hidden}, {spec.n_heads} heads / {spec.n_kv_heads} kv, vocab {spec.vocab_size:,}{experts})",
-        f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}, "
+        f"seq-len {cfg.seq_len} x micro-batch {cfg.micro_batch} = {cfg.tokens:,} tokens; {cfg.precision}"
+        f"{f' + fp8 {cfg.fp8}' if cfg.float8 is not None else ''}, "
         f"{cfg.optimizer}, {cfg.attention} attention, dropout {cfg.dropout:g}, recompute {cfg.recompute}, "
         f"accumulation {result.accumulation_steps}, target {result.device}, {cfg.stack} stack",
         f"layout: {cfg.layout} ({cfg.layout.world} GPUs); memory of the {result.rank.name} rank"

@@ -15,6 +15,7 @@ from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
 from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
+from headroom.core.specs.float8 import FLOAT8_RECIPES, FP8_CHOICES, OFF
 from headroom.core.specs.layout import (
     CP_COMMS,
     MULTI_CHUNK,
@@ -38,7 +39,7 @@ option of these commands starts with a digit."""
 
 def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
                     layout: Literal["fixed", "free", "none"] = "fixed", precision_default: str | None = "amp-bf16",
-                    training: Any = None, axes: Any = None) -> None:
+                    fp8: Literal["none", "one", "auto"] = "one", training: Any = None, axes: Any = None) -> None:
     """Add the training-configuration flags, in the ``training`` and ``axes`` argument groups (else the parser).
 
     ``micro_batch`` / ``recompute``: one value, a comma-separated list (the agent's sweep), or no flag
@@ -60,6 +61,13 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
         p.add_argument("--recompute", default="none", help=f"checkpoint policy(ies), comma-separated: {policies} (default none)")
     p.add_argument("--precision", default=precision_default, choices=list(PRECISIONS),
                    help="precision recipe (default " + (precision_default or "amp-bf16 on a GPU, fp32 on a CPU") + ")")
+    if fp8 != "none":
+        choices = [*FP8_CHOICES, *(["auto"] if fp8 == "auto" else [])]
+        p.add_argument("--fp8", default="off", choices=choices,
+                       help="FP8 recipe of the block linears: " + "; ".join(
+                           f"{r.name} ({r.summary})" for r in FLOAT8_RECIPES.values())
+                       + ("; auto tries each the stack runs, on GPUs with fp8 units" if fp8 == "auto" else "")
+                       + " (default off; needs a bf16 recipe, or amp-bf16 with --zero 3)")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
     p.add_argument("--attention", default="flash", choices=ATTENTIONS,
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
@@ -214,8 +222,10 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     policy = recompute if recompute is not None else getattr(args, "recompute", "none")
     if not isinstance(micro, int):
         raise ConfigError(f"--micro-batch {micro!r} is not one integer")
+    fp8 = getattr(args, "fp8", OFF)  # auto: the planner's to try (PlanRequest.fp8_search)
     return TrainConfig(
         seq_len=args.seq_len, micro_batch=micro, precision=precision or args.precision, optimizer=args.optimizer,
+        fp8=OFF if fp8 == "auto" else fp8,
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )

@@ -18,7 +18,7 @@ def test_ci_runs_the_readme_test_command():
 def test_readme_lists_every_estimate_flag():
     estimate = build_parser()._subparsers._group_actions[0].choices["estimate"]
     flags = {opt for action in estimate._actions for opt in action.option_strings if opt.startswith("--")}
-    documented = set(re.findall(r"\| `(--[a-z-]+)`", README))
+    documented = set(re.findall(r"\| `(--[a-z0-9-]+)`", README))
     assert flags - {"--help"} == documented
 
 

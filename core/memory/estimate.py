@@ -238,6 +238,7 @@ class Estimate:
             "attention": self.config.attention,
             "dropout": self.config.dropout,
             "precision": self.config.precision,
+            "fp8": self.config.fp8,
             "optimizer": self.config.optimizer,
             "dp": self.config.dp,
             "zero": self.config.zero,

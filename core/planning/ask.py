@@ -62,6 +62,8 @@ class PlanAsk:
     recompute: RecomputePolicy | None = None
     train_tokens: int | None = None
     gpu_hour_price: float | None = None
+    fp8_search: bool = False
+    """``--fp8 auto``: try each FP8 recipe beside ``train.fp8`` (PlanRequest.fp8_search)."""
 
     def request(self, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
         """The planner's request for ``spec`` on ``profile``'s hardware; ConfigError names an invalid setting."""
@@ -73,5 +75,5 @@ class PlanAsk:
             allow_offload=self.allow_offload, gpus=self.gpus, pinned=self.pinned if search else frozenset(),
             cluster=profile.cluster(self.gpus_per_node, self.interconnect, self.intra_node) if spans_gpus else None,
             micro_batch=self.micro_batch, accumulation=self.accumulation, recompute=self.recompute,
-            train_tokens=self.train_tokens, gpu_hour_price=self.gpu_hour_price,
+            train_tokens=self.train_tokens, gpu_hour_price=self.gpu_hour_price, fp8_search=self.fp8_search,
         )

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
-from dataclasses import fields
+from dataclasses import fields, replace
 
 from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
@@ -57,12 +57,15 @@ from headroom.core.specs.stages import stage_layers
 PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
 
-def pinned_layout(values: Mapping[str, object]) -> Layout:
+def pinned_layout(values: Mapping[str, object], fsdp: bool = False) -> Layout:
     """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
     the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp; a pinned
     reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over; a tp-overlap
-    on, the sequence parallelism it needs."""
+    on, the sequence parallelism it needs; ``fsdp`` (the configuration runs only under FSDP: an FP8 recipe under
+    amp-bf16, headroom.core.specs.float8), zero 3."""
     held = dict(values)
+    if fsdp:
+        held.setdefault("zero", 3)
     if held.get("cp_comm"):
         held.setdefault("cp", 2)
     if held.get("tp_overlap"):
@@ -97,7 +100,7 @@ def candidate_layouts(spec: ModelSpec, train: TrainConfig, global_batch: int, gp
                           f"use a multiple of {world} GPUs")
     layouts = [
         layout for layout in _layouts(spec, train, gpus, gpus_per_node, pinned)
-        if global_batch % layout.dp == 0
+        if global_batch % layout.dp == 0 and _runs(train, layout)
     ]
     if not layouts:
         raise ConfigError(
@@ -118,7 +121,7 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
 
     dense = not (spec.is_moe or spec.is_mla)
     stack = get_stack(train.stack)
-    splits_layers = dense and stack.tensor_parallel
+    splits_layers = dense and stack.tensor_parallel and train.float8 is None  # no float8 tensor parallelism
     pipelines = dense and stack.pipeline_parallel
     for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (splits_layers or t == 1)
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):
@@ -135,6 +138,18 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
                 if "dp" in pinned and dp != fixed.dp:
                     continue
                 yield from _variants(spec, train, tp, pp, cp, dp, pinned)
+
+
+def _runs(train: TrainConfig, layout: Layout) -> bool:
+    """The configuration holds on the layout: an FP8 recipe under amp-bf16 runs only under FSDP's mixed
+    precision (TrainConfig's checks decide; other configurations hold on every layout the search makes)."""
+    if train.float8 is None:
+        return True
+    try:
+        replace(train, layout=layout)
+    except ConfigError:
+        return False
+    return True
 
 
 def _splits(spec: ModelSpec, train: TrainConfig, layout: Layout) -> bool:

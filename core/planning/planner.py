@@ -38,6 +38,7 @@ from headroom.core.memory.ledger import activation_ledger, ledgers_kept
 from headroom.core.planning.layout_search import candidate_layouts
 from headroom.core.planning.search_work import SearchWork, bounded_search, charge
 from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.interconnect import Cluster
 from headroom.core.specs.layout import MAX_GPUS, Layout
 from headroom.core.specs.model import ModelSpec
@@ -119,6 +120,9 @@ class PlanRequest:
     """Tokens the whole run trains on (``--train-tokens``): the plan says how long and how many GPU-hours."""
     gpu_hour_price: float | None = None
     """Price of one GPU-hour (``--gpu-hour-price``), in any currency: the plan prices the run."""
+    fp8_search: bool = False
+    """Try every FP8 recipe (headroom.core.specs.float8) beside ``train.fp8`` (``--fp8 auto``): those the stack
+    runs and the configuration allows, on hardware with fp8 units."""
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -309,6 +313,7 @@ class Candidate:
             "micro_batch": self.config.micro_batch,
             "accumulation_steps": self.accumulation_steps,
             "recompute": str(self.config.recompute),
+            "fp8": self.config.fp8,
             "tokens_per_s": self.tokens_per_s,
             "step_time_s": self.step_time_s,
             "calibrated_peak_bytes": self.calibrated_peak_bytes,
@@ -495,6 +500,24 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
     return replace(candidate, rejection=rejection_reason(candidate, request, profile))
 
 
+def fp8_requests(request: PlanRequest, profile: HardwareProfile) -> list[PlanRequest]:
+    """The request, and under ``fp8_search`` the same with each FP8 recipe the stack runs and this configuration
+    allows, where the device has fp8 units (a datasheet fp8 peak)."""
+    if not request.fp8_search or "fp8" not in profile.peak_flop_per_s:
+        return [request]
+    subs = [request]
+    for name, recipe in FLOAT8_RECIPES.items():
+        if name == request.train.fp8 or request.train.stack not in recipe.stacks:
+            continue
+        try:
+            train = replace(request.train, fp8=name)
+            train.check_model(request.spec)
+        except ConfigError:
+            continue
+        subs.append(replace(request, train=train))
+    return subs
+
+
 def micro_batches(request: PlanRequest) -> list[int]:
     """Micro-batches that divide the per-rank batch (into a multiple of pp under the interleaved schedule): the
     pinned one only, where the request pins the micro-batch or the accumulation."""
@@ -543,6 +566,10 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
 def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, time_limit_s: float | None,
           progress: SearchProgress | None, work: SearchWork) -> Plan:
     unsearched, stopped_at = 0, ""
+    if (request.fp8_search or request.train.float8 is not None) and "fp8" in profile.dtype_sources:
+        profile = replace(profile, assumptions=(*profile.assumptions,
+                                                f"fp8 GEMMs by shape from one large fp8 GEMM "
+                                                f"({profile.dtype_sources['fp8']})"))
     if request.gpus is None:
         outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
         fitting = [c for c in evaluated if c.rejection is None]
@@ -620,12 +647,13 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
         if lightest.rejection is not None:
             return LayoutOutcome(layout, None, lightest), [lightest]
     evaluated: list[Candidate] = []
-    for policy in policies_worth_trying(request):
-        for micro in micro_batches(request):
-            candidate = evaluate(request, profile, calibration, micro, policy)
-            evaluated.append(candidate)
-            if candidate.rejection is not None and screen:
-                break
+    for sub in fp8_requests(request, profile):
+        for policy in policies_worth_trying(sub):
+            for micro in micro_batches(sub):
+                candidate = evaluate(sub, profile, calibration, micro, policy)
+                evaluated.append(candidate)
+                if candidate.rejection is not None and screen:
+                    break
     fitting = [c for c in evaluated if c.rejection is None]
     if fitting:
         best = min(fitting, key=lambda c: (-c.tokens_per_s, c.required_bytes))  # one layout: speed decides
@@ -662,6 +690,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "gpus": result.request.gpus,
             "pinned": sorted(result.request.pinned),
             "precision": result.request.precision,
+            "fp8": "auto" if result.request.fp8_search else result.request.train.fp8,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
             "micro_batch": result.request.micro_batch,

@@ -30,6 +30,8 @@ COLUMNS = ("seq_len", "micro_batch", "accumulation_steps", "recompute", "attenti
 """The store's flat columns of a step, in the order `RunConfig.columns` writes them."""
 KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
+OPTIONAL_KEYS = ("fp8",)
+"""Keys written only when set (an FP8 recipe): a document without one reads as before, ``off``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -55,8 +57,9 @@ class RunConfig:
 
     @property
     def label(self) -> str:
-        """"micro 2 x accum 4, every-2": the planner's and the agent's short name for it."""
-        return f"micro {self.train.micro_batch} x accum {self.accumulation_steps}, {self.train.recompute}"
+        """"micro 2 x accum 4, every-2" (and ", fp8 torchao-rowwise"): the planner's and the agent's short name."""
+        fp8 = f", fp8 {self.train.fp8}" if self.train.float8 is not None else ""
+        return f"micro {self.train.micro_batch} x accum {self.accumulation_steps}, {self.train.recompute}{fp8}"
 
     def columns(self) -> dict[str, Any]:
         """The store's flat columns of a training step (headroom.db.models.TrainStepResult)."""
@@ -81,7 +84,8 @@ class RunConfig:
         setting left to the stack, None, is left out: a document without one reads as before)."""
         t = self.train
         return {"version": VERSION, **self.columns(), "dropout": t.dropout, "stack": t.stack,
-                "layout": {key: value for key, value in asdict(t.layout).items() if value is not None}}
+                "layout": {key: value for key, value in asdict(t.layout).items() if value is not None},
+                **({"fp8": t.fp8} if t.float8 is not None else {})}
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> RunConfig:
@@ -91,12 +95,12 @@ class RunConfig:
         version = document.get("version")
         if version != VERSION:
             raise ConfigError(f"run configuration version {version!r} is not one this Headroom reads ({VERSION})")
-        unknown = sorted(set(document) - set(KEYS))
+        unknown = sorted(set(document) - set(KEYS) - set(OPTIONAL_KEYS))
         missing = [key for key in KEYS if key not in document]
         if unknown or missing:
             said = [f"unknown keys {', '.join(map(repr, unknown))}"] if unknown else []
             said += [f"missing keys {', '.join(map(repr, missing))}"] if missing else []
-            raise ConfigError(f"run configuration: {'; '.join(said)}; valid keys: {', '.join(KEYS)}")
+            raise ConfigError(f"run configuration: {'; '.join(said)}; valid keys: {', '.join(KEYS + OPTIONAL_KEYS)}")
         layout = document["layout"]
         names = {f.name for f in fields(Layout)}
         if not isinstance(layout, Mapping) or not set(layout) <= names:
@@ -109,7 +113,8 @@ class RunConfig:
             train = TrainConfig(seq_len=document["seq_len"], micro_batch=document["micro_batch"],
                                 precision=document["precision"], optimizer=document["optimizer"],
                                 attention=document["attention"], dropout=document["dropout"],
-                                recompute=parse_policy(policy), stack=document["stack"], layout=Layout(**layout))
+                                recompute=parse_policy(policy), stack=document["stack"], layout=Layout(**layout),
+                                fp8=document.get("fp8", "off"))
         except TypeError as err:  # a wrongly typed value the dataclasses compare or format
             raise ConfigError(f"run configuration: {err}") from None
         return cls(train=train, accumulation_steps=document["accumulation_steps"])
