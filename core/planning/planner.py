@@ -567,9 +567,8 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
           progress: SearchProgress | None, work: SearchWork) -> Plan:
     unsearched, stopped_at = 0, ""
     if (request.fp8_search or request.train.float8 is not None) and "fp8" in profile.dtype_sources:
-        profile = replace(profile, assumptions=(*profile.assumptions,
-                                                f"fp8 GEMMs by shape from one large fp8 GEMM "
-                                                f"({profile.dtype_sources['fp8']})"))
+        fp8 = f"fp8 GEMMs by shape from one large fp8 GEMM ({profile.dtype_sources['fp8']})"
+        profile = replace(profile, assumptions=(*profile.assumptions, fp8))
     if request.gpus is None:
         outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
         fitting = [c for c in evaluated if c.rejection is None]
