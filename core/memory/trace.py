@@ -307,13 +307,9 @@ class Trace:
 
     def _float8_casts(self, name: str, x: Sym, out_shape: tuple[int, ...], weight_shape: tuple[int, int],
                       param_dtype: str) -> None:
-        """A float8 linear's casts (headroom.core.specs.float8): its input's and its weight's, each priced as an
-        amax pass and a cast pass over the 16-bit tensor; backward casts both again and the output's gradient
-        twice. Under torchtitan's per-op checkpointing, tensorwise scaling keeps the two amaxes."""
-        if self.region == "op-selective" and self.stack.caches_amax and self.float8.keeps_amax_under_per_op_checkpointing:
-            amaxes = self.new(f"{name}.input_amax", (), x.dtype), self.new(f"{name}.weight_amax", (), param_dtype)
-            self.keep(*amaxes)
-            self.unrecord(*amaxes)  # made by the casts' ops, below
+        """A float8 linear's casts (headroom.core.specs.float8), as the time model prices them: its input's and its
+        weight's, each an amax pass and a cast pass over the 16-bit tensor; backward casts both again and the
+        output's gradient twice. None is kept for backward."""
         if self.ops is None:
             return
 

@@ -103,9 +103,10 @@ class TrainConfig:
     def _check_fp8(self, recipe: Float8Recipe) -> None:
         """What headroom.core.specs.float8 models of a recipe: its stacks, a 16-bit input, no tensor parallelism."""
         if self.stack not in recipe.stacks:
-            raise ConfigError(f"--fp8 {recipe.name} under --stack {self.stack}: {recipe.summary} is run by "
-                              f"{' and '.join(recipe.stacks)} (torchao's Float8Linear); use --fp8 off, or one of "
-                              "those stacks")
+            note = f" ({recipe.stacks_note})" if recipe.stacks_note else ""
+            raise ConfigError(f"--fp8 {recipe.name} under --stack {self.stack}: {recipe.summary} is run by the "
+                              f"{' and '.join(recipe.stacks)} stack{'s' if len(recipe.stacks) > 1 else ''} "
+                              f"only{note}; use --fp8 off, or --stack {recipe.stacks[-1]}")
         if self.recipe.compute_dtype != "bf16":
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision}: float8 linears take a bf16 "
                               "input; use a bf16 recipe (bf16-pure, bf16-master, bf16-fp32grad, or amp-bf16 with "

@@ -15,12 +15,14 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
   prototype): not modelled.
 - **What backward keeps.** ``matmul_with_hp_or_float8_args.forward`` saves its input and the weight *in
   high precision* (``ctx.save_for_backward(input_hp, weight_hp_t)``) and casts them to float8 again in
-  backward: the activations a converted linear keeps are exactly the 16-bit linear's. Under torchtitan's
-  per-op checkpointing (``SelectiveAC``) ``aten.max`` is on the save list "for low precision training": with
-  tensorwise scaling each converted linear in a block keeps the two 0-dimensional amaxes of its input and its
-  weight (``torch.max(torch.abs(x))``), in their dtypes; rowwise scaling reduces with ``aten.amax``, which the
-  list does not name. The ledger counts both; tests/test_float8.py checks them byte for byte against what
-  autograd keeps on the CPU, where torchao runs the same code.
+  backward: the activations a converted linear keeps are exactly the 16-bit linear's, under every checkpoint
+  policy (its output is a 16-bit ``aten.mm`` result, which op-selective caches as it would a bf16 one; a bias
+  is added after it, so under torchtitan's every-second-matmul rule the linear counts as an ``aten.mm``).
+  tests/test_float8.py checks this byte for byte against what autograd keeps on the CPU, where torchao runs
+  the same code.
+- **Recipes.** torchtitan 0.3's converter offers ``rowwise`` (its default) and ``rowwise_with_gw_hp``; torchao's
+  ``tensorwise`` recipe runs outside it (the agent's decoder, the reference stack). (Under torchtitan's per-op
+  checkpointing a tensorwise linear would also keep its two amaxes: its save list names ``aten.max``.)
 - **Casts.** Tensorwise: one scale per tensor (an amax over the whole tensor, then a scaled cast).
   Rowwise: one scale per row of the GEMM's reduction, for every operand (``Float8LinearConfig``'s
   ``rowwise`` recipe: e4m3 throughout). Forward casts the input and the weight; backward casts the output's
@@ -52,20 +54,18 @@ class Float8Recipe:
     torchao_recipe: str
     """``Float8LinearConfig.from_recipe_name``'s name."""
     stacks: tuple[str, ...]
-    """Stacks that run it: torchtitan's converter, and the agent (reference)."""
+    """Stacks that run it: the agent's decoder (reference), and torchtitan's converter where it offers it."""
     summary: str
-
-    @property
-    def keeps_amax_under_per_op_checkpointing(self) -> bool:
-        """torchtitan's SelectiveAC saves ``aten.max``'s output: tensorwise scaling's amaxes."""
-        return self.scaling == "tensorwise"
+    stacks_note: str = ""
+    """Why the other stacks do not run it, where one would expect them to."""
 
 
 FLOAT8_RECIPES: dict[str, Float8Recipe] = {
     r.name: r
     for r in (
-        Float8Recipe("torchao-tensorwise", "tensorwise", "tensorwise", ("reference", "torchtitan"),
-                     "torchao float8, one dynamic scale per tensor"),
+        Float8Recipe("torchao-tensorwise", "tensorwise", "tensorwise", ("reference",),
+                     "torchao float8, one dynamic scale per tensor",
+                     "torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only"),
         Float8Recipe("torchao-rowwise", "rowwise", "rowwise", ("reference", "torchtitan"),
                      "torchao float8, one dynamic scale per row (torchtitan's default recipe)"),
     )

@@ -158,9 +158,6 @@ class Stack:
     caches_reduce_scatters: bool = False
     """op-selective keeps each reduce-scatter's output (torchtitan's save list), so its recompute does not run them
     again."""
-    caches_amax: bool = False
-    """op-selective keeps each ``aten.max`` output: torchtitan's save list names it "for low precision training",
-    so a tensorwise float8 linear's two amaxes are kept (headroom.core.specs.float8)."""
     caches_cpu_attention: bool = True
     """op-selective caches the CPU's fused attention kernel (torch's list of compute-intensive ops lacks it)."""
     rms_norm: RmsNorm = "torch"
@@ -262,7 +259,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True, zero_bubble="run",
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
-          caches_reduce_scatters=True, caches_amax=True, torch_pipelining=True, zero_bubble="searched", fsdp_reshards_under_pipeline=False, weighted_stages=True,
+          caches_reduce_scatters=True, torch_pipelining=True, zero_bubble="searched", fsdp_reshards_under_pipeline=False, weighted_stages=True,
           overlaps_tensor_parallel=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
