@@ -99,8 +99,9 @@ def test_a_linear_whose_width_does_not_divide_by_16_stays_in_bf16():
     ({"stack": "megatron"}, ("--fp8 torchao-rowwise under --stack megatron", "reference and torchtitan stacks only",
                              "--stack torchtitan")),
     ({"stack": "torchtitan", "fp8": "torchao-tensorwise"},
-     ("--fp8 torchao-tensorwise under --stack torchtitan", "the reference stack only (torchtitan 0.3's "
-      "Float8LinearConverter offers the rowwise recipes only)", "--stack reference")),
+     ("--fp8 torchao-tensorwise under --stack torchtitan",
+      "the reference stack only (torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only)",
+      "--stack reference")),
     ({"precision": "fp32"}, ("--precision fp32", "bf16-pure")),
     ({"precision": "amp-bf16"}, ("autocast", "--zero 3")),
     ({"layout": Layout(tp=2)}, ("tp 2", "use tp 1")),
