@@ -301,3 +301,18 @@ def test_a_pinned_recipe_under_amp_bf16_searches_only_fsdp_layouts(run_cli):
     single = run_cli("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "8", "--hardware",
                      "h100-sxm", "--fp8", "torchao-rowwise")
     assert single.returncode == 2 and "use --zero 3 (FSDP's mixed precision) or bf16-pure" in single.stderr
+
+
+@pytest.mark.parametrize("fmt", ["hf", "megatron", "deepspeed", "lightning", "torchtitan"])
+def test_an_export_carries_the_recipe_or_refuses_it_with_the_reason(run_cli, fmt):
+    from headroom.core.exports import FP8_UNEXPRESSED
+
+    result = run_cli(*PLAN, "--hardware", "h100-sxm", "--fp8", "torchao-rowwise", "--export", fmt)
+    if fmt in FP8_UNEXPRESSED:
+        assert result.returncode == 2 and result.stdout == ""
+        assert f"--export {fmt} of a plan with --fp8 torchao-rowwise: {FP8_UNEXPRESSED[fmt]}" in result.stderr
+        return
+    assert result.returncode == 0, result.stderr
+    assert ('converters=[Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])]'
+            in result.stdout)
+    assert 'model_registry("8B"' in result.stdout and "--config llama3_8b" in result.stdout

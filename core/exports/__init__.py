@@ -47,10 +47,27 @@ EXPORTERS: dict[str, Callable[[Run], Export]] = {
 }
 
 
+FP8_UNEXPRESSED = {
+    "hf": "the HF Trainer's TrainingArguments have no float8 linear conversion (Accelerate's own FP8 recipes are "
+          "not modelled)",
+    "megatron": "Megatron-LM trains FP8 with Transformer Engine (--fp8-format, --fp8-recipe), not torchao's "
+                "float8 linears, and its recipes are not modelled yet",
+    "deepspeed": "a DeepSpeed config has no float8 linear conversion (its FP8 is Transformer Engine's, in the model's "
+                 "code)",
+    "lightning": "Lightning's FP8 precision is Transformer Engine's (precision=\"transformer-engine\"), not torchao's "
+                 "float8 linears",
+}
+"""Formats that cannot carry an FP8 recipe, and why: an export of a plan that uses one is refused."""
+
+
 def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
-    """``best`` (a candidate of ``request``'s plan, on its own layout) as ``fmt``'s settings and notes."""
+    """``best`` (a candidate of ``request``'s plan, on its own layout) as ``fmt``'s settings and notes. A format
+    that cannot carry the candidate's FP8 recipe refuses it (`FP8_UNEXPRESSED`)."""
     try:
         writer = EXPORTERS[fmt]
     except KeyError:
         raise ConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORTERS)}") from None
+    if best.config.float8 is not None and fmt in FP8_UNEXPRESSED:
+        raise ConfigError(f"--export {fmt} of a plan with --fp8 {best.config.fp8}: {FP8_UNEXPRESSED[fmt]}; export "
+                          "it with --export torchtitan, or plan with --fp8 off")
     return writer(Run.of(request, best))

@@ -75,6 +75,8 @@ class Run:
     stack: str
     gpus_per_node: int = 8
     """GPUs a node: the request's cluster's, else headroom.core.specs.interconnect.default_cluster's 8."""
+    fp8: str = "off"
+    """The FP8 recipe of the block linears (headroom.core.specs.float8), or ``off``."""
 
     @classmethod
     def of(cls, request: PlanRequest, best: Candidate) -> Run:
@@ -90,7 +92,8 @@ class Run:
                    global_batch=request.global_batch, micro_batch=cfg.micro_batch,
                    accumulation_steps=run.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
-                   stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8)
+                   stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8,
+                   fp8=cfg.fp8)
 
     @property
     def model(self) -> str:

@@ -49,6 +49,7 @@ from headroom.core.exports.run import (
     ranks,
     stack_note,
 )
+from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.layout import MULTI_CHUNK
 from headroom.core.specs.stages import weighted_split
 
@@ -214,6 +215,18 @@ def _data_parallel_settings(run: Run, notes: list[str]) -> list[str]:
     return flags
 
 
+def _float8_note(run: Run, module: str, recipe: str) -> str:
+    """torchtitan 0.3 converts linears in a recipe's Python only (``Trainer.Config.model_spec`` is suppressed from
+    its command line): the converter a recipe function adds, as its own ``llama3_405b`` adds it."""
+    scaling = FLOAT8_RECIPES[run.fp8].torchao_recipe
+    return (f"--fp8 {run.fp8}: torchtitan converts linears only in a recipe's Python (model_spec is not a flag); "
+            f"in a copy of {module}.{recipe} set config.model_spec = model_registry(\"{recipe.split('_')[-1].upper()}\", converters="
+            f"[Float8LinearConverter.Config(recipe_name=\"{scaling}\", filter_fqns=[\"lm_head\"])]) and name it in "
+            "--config; this command as written trains in bf16. torchao asks for --compile.enable for competitive "
+            "speed (its casts fused), which the plan does not model: the plan prices the casts as fused kernels "
+            "and the dispatch as eager")
+
+
 def torchtitan(run: Run) -> Export:
     layout = run.layout
     notes: list[str] = []
@@ -251,6 +264,8 @@ def torchtitan(run: Run) -> Export:
         parallelism += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
                         f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}", *_stages(run)]
     checkpoint = _checkpointing(run, notes)
+    if run.fp8 != "off":
+        notes.append(_float8_note(run, module, recipe))
     _other_notes(run, notes)
     command = [f"{launch} -m torchtitan.train", f"--module {module} --config {recipe}", *training, *parallelism,
                checkpoint]
