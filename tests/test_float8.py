@@ -316,3 +316,28 @@ def test_an_export_carries_the_recipe_or_refuses_it_with_the_reason(run_cli, fmt
     assert ('converters=[Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"])]'
             in result.stdout)
     assert 'model_registry("8B"' in result.stdout and "--config llama3_8b" in result.stdout
+
+
+def test_a_box_that_measured_fp8_gemms_anchors_fp8_on_its_own():
+    """The H200 reference run's fp8 GEMMs of 4096^3 and 8192^3 (with and without fast accumulation:
+    1,270.6 / 1,365.2 and 1,266.3 / 1,352.5 TFLOP/s): each size's median, the median of those, at the median size
+    as a cube. Without fp8 GEMMs the datasheet row's anchor stays."""
+    import statistics
+
+    from headroom.core.measured.measurements import DeviceRecord, MatmulRecord, profile_from_measurements
+    from headroom.core.specs.hardware import HARDWARE_BY_KEY
+    from headroom.core.timing.op_time import anchor_efficiency
+    from headroom.core.timing.step import datasheet_profile
+
+    rates = {4096: (1270.6, 1365.2), 8192: (1266.3, 1352.5)}
+    fp8 = [MatmulRecord("fp8", 2 * n**3, t * 1e12) for n, ts in rates.items() for t in ts]
+    bf16 = [MatmulRecord("bf16", 2 * 8192**3, 709.8e12)]
+    device = DeviceRecord(name="NVIDIA H200", device_type="cuda", memory_bytes=141 * 10**9)
+    measured = profile_from_measurements(device, matmul=bf16 + fp8)
+    side = round((statistics.median([2 * 4096**3, 2 * 8192**3]) / 2) ** (1 / 3))
+    rate = statistics.median(statistics.median(ts) for ts in rates.values()) * 1e12
+    expected = anchor_efficiency(rate, HARDWARE_BY_KEY["h200"].peak("fp8"), side, side, side, 132)
+    assert measured.dtype_efficiency["fp8"] == pytest.approx(expected, rel=1e-12)
+    assert measured.dtype_sources["fp8"] == "measured on NVIDIA H200"
+    unmeasured = profile_from_measurements(device, matmul=bf16)
+    assert unmeasured.dtype_efficiency == datasheet_profile(HARDWARE_BY_KEY["h200"]).dtype_efficiency
