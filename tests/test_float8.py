@@ -324,7 +324,11 @@ def test_a_box_that_measured_fp8_gemms_anchors_fp8_on_its_own():
     as a cube. Without fp8 GEMMs the datasheet row's anchor stays."""
     import statistics
 
-    from headroom.core.measured.measurements import DeviceRecord, MatmulRecord, profile_from_measurements
+    from headroom.core.measured.measurements import (
+        DeviceRecord,
+        MatmulRecord,
+        profile_from_measurements,
+    )
     from headroom.core.specs.hardware import HARDWARE_BY_KEY
     from headroom.core.timing.op_time import anchor_efficiency
     from headroom.core.timing.step import datasheet_profile
