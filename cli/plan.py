@@ -36,7 +36,7 @@ from headroom.core.planning.planner import (
     whole_device_budget,
 )
 from headroom.core.safe_text import printable, printable_lines
-from headroom.core.specs.float8 import OFF
+from headroom.core.specs.float8 import AUTO, needs_fsdp
 from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
@@ -45,7 +45,6 @@ from headroom.core.specs.interconnect import (
     intra_node_link,
     network,
 )
-from headroom.core.specs.precision import get_precision
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
 from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.step import HardwareProfile
@@ -158,8 +157,7 @@ def global_batch(args: argparse.Namespace) -> int:
 
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
     """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
-    # an FP8 recipe under amp-bf16 runs only under FSDP's mixed precision: the search holds zero 3
-    fsdp = get_precision(args.precision).autocast and args.fp8 not in (OFF, "auto")
+    fsdp = needs_fsdp(args.precision, args.fp8)
     layout = pinned_layout(layout_values(args), fsdp) if args.gpus is not None else layout_from_args(args, **ONE_GPU)
     given = read_network_file(args.network) if args.network else NetworkSettings()
     gpus_per_node = args.gpus_per_node if args.gpus_per_node is not None else given.gpus_per_node
@@ -171,7 +169,7 @@ def plan_ask(args: argparse.Namespace) -> PlanAsk:
         allow_offload=args.offload,
         micro_batch=args.micro_batch, accumulation=args.accumulation,
         recompute=None if args.recompute is None else parse_policy(args.recompute),
-        train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price, fp8_search=args.fp8 == "auto",
+        train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price, fp8_search=args.fp8 == AUTO,
     )
 
 
@@ -229,13 +227,6 @@ def run(args: argparse.Namespace) -> int:
     return 0 if result.recommendation is not None else NOTHING_FITS
 
 
-def fp8_words(request: PlanRequest) -> str:
-    """The FP8 recipe a plan's header names beside the precision: pinned, searched or none."""
-    if request.fp8_search:
-        return " (fp8 recipes searched)"
-    return f" + fp8 {request.train.fp8}" if request.train.float8 is not None else ""
-
-
 def unsearched_text(result: Plan) -> str:
     """What a search cut short by its work bound left out, and how to search the rest."""
     return (f"the search stopped at its work bound ({search_work.LIMIT:,} candidates) after {len(result.layouts):,} "
@@ -252,7 +243,7 @@ def render(result: Plan, top: int | None) -> str:
     lines = [
         f"plan: {spec.name} ({spec.parameters / 1e9:.2f}B parameters), seq-len {req.seq_len}, global batch "
         f"{req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), {where}, "
-        f"{req.precision}{fp8_words(req)}, {req.train.optimizer}, {req.train.stack} stack",
+        f"{req.precision}{req.fp8_text}, {req.train.optimizer}, {req.train.stack} stack",
         f"hardware: {profile.name} ({profile.source})" + (f"; assumed: {'; '.join(profile.assumptions)}" if profile.assumptions else ""),
     ]
     if req.cluster is not None:

@@ -15,7 +15,7 @@ from headroom.cli.hf_fetch import resolve
 from headroom.core.errors import ConfigError
 from headroom.core.planning.ask import DEFAULT_SEQ_LEN
 from headroom.core.specs.config import ATTENTIONS, TrainConfig
-from headroom.core.specs.float8 import FLOAT8_RECIPES, FP8_CHOICES, OFF
+from headroom.core.specs.float8 import AUTO, FLOAT8_RECIPES, FP8_CHOICES, OFF
 from headroom.core.specs.layout import (
     CP_COMMS,
     MULTI_CHUNK,
@@ -62,7 +62,7 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     p.add_argument("--precision", default=precision_default, choices=list(PRECISIONS),
                    help="precision recipe (default " + (precision_default or "amp-bf16 on a GPU, fp32 on a CPU") + ")")
     if fp8 != "none":
-        choices = [*FP8_CHOICES, *(["auto"] if fp8 == "auto" else [])]
+        choices = [*FP8_CHOICES, *([AUTO] if fp8 == "auto" else [])]
         p.add_argument("--fp8", default="off", choices=choices,
                        help="FP8 recipe of the block linears: " + "; ".join(
                            f"{r.name} ({r.summary})" for r in FLOAT8_RECIPES.values())
@@ -225,7 +225,7 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     fp8 = getattr(args, "fp8", OFF)  # auto: the planner's to try (PlanRequest.fp8_search)
     return TrainConfig(
         seq_len=args.seq_len, micro_batch=micro, precision=precision or args.precision, optimizer=args.optimizer,
-        fp8=OFF if fp8 == "auto" else fp8,
+        fp8=OFF if fp8 == AUTO else fp8,
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )

@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from headroom.core.errors import ConfigError
 from headroom.core.exports import EXPORTERS, Export, export
 from headroom.core.planning.planner import Candidate, PlanRequest
 
@@ -50,6 +51,13 @@ def ordered_tabs(exports: Sequence[Export]) -> list[ExportTab]:
             for _, e in ranked]
 
 
-def export_tabs(request: PlanRequest, best: Candidate) -> list[ExportTab]:
-    """Every format's export of ``best`` (a candidate of ``request``'s plan), as the page's tabs in order."""
-    return ordered_tabs([export(fmt, request, best) for fmt in EXPORTERS])
+def export_tabs(request: PlanRequest, best: Candidate) -> tuple[list[ExportTab], list[str]]:
+    """Every format's export of ``best`` (a candidate of ``request``'s plan), as the page's tabs in order, and why
+    each format that refuses it does (one that cannot carry its FP8 recipe, headroom.core.exports)."""
+    exports, refused = [], []
+    for fmt in EXPORTERS:
+        try:
+            exports.append(export(fmt, request, best))
+        except ConfigError as err:
+            refused.append(str(err))
+    return ordered_tabs(exports), refused

@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
+from headroom.core.specs.float8 import FP8_CHOICES
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import (
     LINKS_BY_KEY,
@@ -48,7 +49,7 @@ def known_hardware(raw: str, options: Sequence[str]) -> str | None:
 
 
 def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str]) -> list[Fallback]:
-    """The inputs' model preset, hardware and interconnect that the page does not offer, each with the value
+    """The inputs' model preset, hardware, fp8 recipe and links that the page does not offer, each with the value
     planned instead (the default) and a warning that names the unknown
     value and the valid ones. A bare hardware name that one option carries is that option, without a warning.
     Unknown hardware is replaced by the documented default (datasheet h100-sxm), never by a measured device."""
@@ -73,6 +74,10 @@ def fallbacks(inputs: PlanInputs, options: Sequence[str], measured: Sequence[str
         found.append(Fallback("intra_node", PlanInputs().intra_node, (
             f"The URL names the intra-node link '{plain(inputs.intra_node)}', which is not one: planning the "
             f"hardware's own link instead. Links: {', '.join(LINKS_BY_KEY)}.")))
+    if inputs.fp8 not in (*FP8_CHOICES, AUTO):
+        found.append(Fallback("fp8", PlanInputs().fp8, (
+            f"The URL names the fp8 recipe '{plain(inputs.fp8)}', which is not one: planning without fp8 instead. "
+            f"Recipes: {', '.join(FP8_CHOICES)}, or auto.")))
     if inputs.interconnect and not _is_network(inputs.interconnect):
         default = PlanInputs().interconnect
         found.append(Fallback("interconnect", default, (

@@ -38,7 +38,8 @@ def recommendation_text(result: Plan) -> str:
         return f"Nothing fits the {result.request.budget_bytes / GB:.1f} GB budget{where}"
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "
-        f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}, on {best.layout} "
+        f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}"
+        f"{f', fp8 {best.config.fp8}' if best.config.float8 is not None else ''}, on {best.layout} "
         f"({count(best.layout.world, unit(result.profile))})"
     )
 

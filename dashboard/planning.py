@@ -41,6 +41,7 @@ from headroom.core.planning.planner import (
     PlanRequest,
 )
 from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.float8 import OFF, needs_fsdp
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import intra_node_link, network
 from headroom.core.specs.layout import (
@@ -54,7 +55,7 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
-from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.run_config import OPTIONAL_KEYS, RunConfig
 from headroom.core.specs.stack import stack_name
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import parse_budget
@@ -145,6 +146,8 @@ class PlanInputs:
     stage_layers: str = AUTO
     """Blocks on each pipeline stage, comma-separated (headroom.core.specs.stages); pins pp to their count."""
     precision: str = "amp-bf16"
+    fp8: str = OFF
+    """The FP8 recipe of the block linears (headroom.core.specs.float8), off, or auto (the planner tries each)."""
     optimizer: str = "adamw"
     attention: str = "flash"
     stack: str = "reference"
@@ -200,7 +203,7 @@ class PlanInputs:
         """Inputs that evaluate exactly ``run`` on its layout: every key of its document pinned, the global batch
         its layout trains per optimizer step; ``rest`` sets the others (model, hardware, ...)."""
         document = run.to_dict()
-        values = {key: document[key] for key in RUN_KEYS if key not in PINNABLE}
+        values = {key: document[key] for key in RUN_KEYS if key not in PINNABLE and key in document}
         values |= {axis: _axis_value(value) for axis, value in document["layout"].items()}
         values |= {key: str(values[key]) for key in CONFIGURATION_PINS}
         return cls(global_batch=run.sequences_per_rank * run.train.layout.dp, gpus=0, **values, **rest)
@@ -273,7 +276,8 @@ def _axis_text(axis: str, raw: str) -> str:
 
 CONFIGURATION_PINS = ("micro_batch", "accumulation_steps", "recompute")
 """PlanInputs fields that pin the configuration rather than the layout."""
-RUN_KEYS = tuple(key for key in RUN_DOCUMENT_KEYS if key not in ("version", "layout")) + tuple(PINNABLE)
+RUN_KEYS = tuple(key for key in (*RUN_DOCUMENT_KEYS, *OPTIONAL_KEYS) if key not in ("version", "layout")) \
+    + tuple(PINNABLE)
 """The query string's keys of a run configuration: its document's (headroom.core.specs.run_config), the layout's
 fields one key each. `PlanInputs` holds each under that name (tests/test_dashboard_plan_inputs.py)."""
 RENAMED = {"accumulation": "accumulation_steps"}
@@ -352,7 +356,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values.setdefault(axis, value)
         if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (headroom.dashboard.plan_notes says so)
             values.update(schedule="1f1b", virtual_stages=1)
-    return pinned_layout(values) if search else Layout(**values)
+    return pinned_layout(values, needs_fsdp(inputs.precision, inputs.fp8)) if search else Layout(**values)
 
 
 def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
@@ -381,7 +385,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
         global_batch=inputs.global_batch,
         train=TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
                           attention=inputs.attention, dropout=inputs.dropout, stack=inputs.stack,
-                          layout=build_layout(inputs)),
+                          fp8=OFF if inputs.fp8 == AUTO else inputs.fp8, layout=build_layout(inputs)),
+        fp8_search=inputs.fp8 == AUTO,
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
         pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
         gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None,

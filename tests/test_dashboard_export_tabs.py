@@ -48,7 +48,8 @@ def test_the_page_opens_on_a_format_that_expresses_the_layout(layout):
     plan = planning.make_plan(inputs, planning.resolve_preset(inputs.model), profile, calibration)
     best = plan.recommendation
     assert str(best.layout) == layout
-    tabs = export_tabs(plan.request, best)
+    tabs, refused = export_tabs(plan.request, best)
+    assert refused == []
     assert [t.label for t in tabs] == CASES[layout]
     pinned = "".join(f"{axis} {value}" for axis, value in PINS[layout].items())
     for tab in tabs:  # approximate exactly where the format has no setting for the pinned axis, which a note names

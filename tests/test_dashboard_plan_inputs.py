@@ -8,11 +8,13 @@ from dataclasses import fields, replace
 
 import pytest
 
+from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import LINKS_BY_KEY
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import PRESETS
-from headroom.core.specs.run_config import KEYS, RunConfig
+from headroom.core.specs.recompute import parse_policy
+from headroom.core.specs.run_config import KEYS, OPTIONAL_KEYS, RunConfig
 from headroom.dashboard import planning
 from headroom.dashboard.planning import PlanInputs
 
@@ -161,7 +163,8 @@ def test_the_query_string_holds_each_key_of_a_run_configuration():
     """A key added to the run configuration's document (or to the layout) must have its place in the URL."""
     held = {f.name for f in fields(PlanInputs)}
     assert set(planning.RUN_KEYS) <= held
-    assert set(planning.RUN_KEYS) == (set(KEYS) - {"version", "layout"}) | {f.name for f in fields(Layout)}
+    assert set(planning.RUN_KEYS) == (set(KEYS) - {"version", "layout"}) | set(OPTIONAL_KEYS) \
+        | {f.name for f in fields(Layout)}
 
 
 @pytest.mark.parametrize("run", RUNS, ids=lambda r: r.label)
@@ -211,3 +214,33 @@ def test_the_page_starts_on_the_stores_own_gpu(tmp_path, smoke_store, monkeypatc
         at.run()
         assert not at.exception, [e.value for e in at.exception]
         assert at.selectbox(key="plan_hardware").value == expected and warnings(at) == [], (query, warnings(at))
+
+
+def test_an_fp8_recipe_travels_in_the_url_and_is_planned():
+    """As `headroom plan --fp8 torchao-rowwise` (a run configuration's optional key), and --fp8 auto."""
+    run = RunConfig(train=TrainConfig(seq_len=4096, precision="bf16-pure", stack="torchtitan", fp8="torchao-rowwise",
+                                      recompute=parse_policy("op-selective")), accumulation_steps=2)
+    inputs = PlanInputs.of_run(run, model="llama3-8b", hardware=planning.DATASHEET_PREFIX + "h100-sxm")
+    assert inputs.fp8 == "torchao-rowwise"
+    shared = PlanInputs.from_query(inputs.to_query())
+    assert shared == inputs and shared.run_config() == run
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    searched = planning.build_request(inputs.with_(fp8="auto", gpus=8), planning.resolve_preset("llama3-8b"), profile)
+    assert searched.fp8_search and searched.train.fp8 == "off" and searched.fp8_text == " (fp8 recipes searched)"
+
+
+def test_the_page_names_the_recipe_and_a_bad_one_in_the_url(tmp_path, monkeypatch):
+    at = render_url(tmp_path, monkeypatch, {"model": "llama3.2-1b", "global_batch": "8", "precision": "bf16-pure",
+                                            "fp8": "torchao-rowwise", "stack": "torchtitan",
+                                            "hardware": "datasheet: h100-sxm"})
+    assert not at.exception and warnings(at) == []
+    assert "bf16-pure + fp8 torchao-rowwise" in at.markdown[0].value
+    # only torchtitan's export carries the recipe: the page says why the others are not exported
+    assert [tab.label for tab in at.tabs] == ["torchtitan"]
+    refused = [str(c.value) for c in at.caption if str(c.value).startswith("Not exported:")]
+    assert len(refused) == 4 and all("of a plan with --fp8 torchao-rowwise" in text for text in refused)
+    bad = render_url(tmp_path, monkeypatch, {"fp8": "e5m2"})
+    unknown = ("The URL names the fp8 recipe 'e5m2', which is not one: planning without fp8 instead. Recipes: off, "
+               "torchao-tensorwise, torchao-rowwise, or auto.")
+    assert warnings(bad) == [unknown]
+    assert bad.selectbox(key="plan_fp8").value == "off"

@@ -318,6 +318,14 @@ def test_an_export_carries_the_recipe_or_refuses_it_with_the_reason(run_cli, fmt
     assert 'model_registry("8B"' in result.stdout and "--config llama3_8b" in result.stdout
 
 
+def test_torchtitans_export_refuses_the_recipe_its_converter_lacks(run_cli):
+    result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
+                     "h100-sxm", "--precision", "bf16-pure", "--fp8", "torchao-tensorwise", "--export", "torchtitan")
+    assert result.returncode == 2 and result.stdout == ""
+    assert ("--export torchtitan of a plan with --fp8 torchao-tensorwise: torchtitan 0.3's Float8LinearConverter "
+            "offers the rowwise recipes only; plan with --fp8 off\n") in result.stderr
+
+
 def test_a_box_that_measured_fp8_gemms_anchors_fp8_on_its_own():
     """The H200 reference run's fp8 GEMMs of 4096^3 and 8192^3 (with and without fast accumulation:
     1,270.6 / 1,365.2 and 1,266.3 / 1,352.5 TFLOP/s): each size's median, the median of those, at the median size

@@ -57,7 +57,8 @@ FP8_UNEXPRESSED = {
     "lightning": "Lightning's FP8 precision is Transformer Engine's (precision=\"transformer-engine\"), not torchao's "
                  "float8 linears",
 }
-"""Formats that cannot carry an FP8 recipe, and why: an export of a plan that uses one is refused."""
+"""Formats that cannot carry an FP8 recipe, and why: an export of a plan that uses one is refused, as is torchtitan's
+of a recipe its converter does not offer."""
 
 
 def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
@@ -67,7 +68,8 @@ def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
         writer = EXPORTERS[fmt]
     except KeyError:
         raise ConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORTERS)}") from None
-    if best.config.float8 is not None and fmt in FP8_UNEXPRESSED:
-        raise ConfigError(f"--export {fmt} of a plan with --fp8 {best.config.fp8}: {FP8_UNEXPRESSED[fmt]}; export "
-                          "it with --export torchtitan, or plan with --fp8 off")
+    if (recipe := best.config.float8) is not None and (fmt in FP8_UNEXPRESSED or fmt not in recipe.stacks):
+        reason = FP8_UNEXPRESSED.get(fmt) or recipe.stacks_note
+        other = " or export it with --export torchtitan" if "torchtitan" in recipe.stacks else ""
+        raise ConfigError(f"--export {fmt} of a plan with --fp8 {recipe.name}: {reason}; plan with --fp8 off{other}")
     return writer(Run.of(request, best))

@@ -227,6 +227,13 @@ class PlanRequest:
         return self.train.precision
 
     @property
+    def fp8_text(self) -> str:
+        """The FP8 recipe a plan's header names beside the precision: searched, pinned, or none ("")."""
+        if self.fp8_search:
+            return " (fp8 recipes searched)"
+        return f" + fp8 {self.train.fp8}" if self.train.float8 is not None else ""
+
+    @property
     def per_rank_batch(self) -> int:
         return self.global_batch // self.dp
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
+from headroom.core.specs.precision import get_precision
 
 ALIGNMENT = 16
 """A converted linear's input and output widths divide by this (torchtitan's ``module_filter_fn``)."""
@@ -72,6 +73,8 @@ FLOAT8_RECIPES: dict[str, Float8Recipe] = {
 }
 OFF = "off"
 FP8_CHOICES = (OFF, *FLOAT8_RECIPES)
+AUTO = "auto"
+"""A plan's ``--fp8 auto``: the planner tries each recipe (headroom.core.planning.planner.PlanRequest.fp8_search)."""
 
 
 def get_float8(name: str) -> Float8Recipe | None:
@@ -82,6 +85,12 @@ def get_float8(name: str) -> Float8Recipe | None:
         return FLOAT8_RECIPES[name]
     except KeyError:
         raise ConfigError(f"unknown fp8 recipe {name!r}; valid: {', '.join(FP8_CHOICES)}") from None
+
+
+def needs_fsdp(precision: str, fp8: str) -> bool:
+    """Does ``fp8`` run beside ``precision`` only under FSDP's mixed precision (an autocast recipe, refused without
+    FSDP)? A search then holds zero 3 (headroom.core.planning.layout_search.pinned_layout)."""
+    return fp8 not in (OFF, AUTO) and get_precision(precision).autocast
 
 
 def converts(in_features: int, out_features: int) -> bool:

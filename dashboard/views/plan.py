@@ -21,6 +21,7 @@ from headroom.core.planning.planner import (
 )
 from headroom.core.safe_text import printable
 from headroom.core.specs.config import ATTENTIONS
+from headroom.core.specs.float8 import FLOAT8_RECIPES, FP8_CHOICES
 from headroom.core.specs.hf_config import (
     SUPPORTED,
     parse_hf_config,
@@ -147,6 +148,11 @@ with st.sidebar:
                 else:
                     st.text_input(axis_labels[axis], key=f"plan_{axis}", placeholder=AUTO)
     st.selectbox("precision", list(PRECISIONS), key="plan_precision")
+    st.selectbox("fp8 recipe", [*FP8_CHOICES, AUTO], key="plan_fp8",
+                 help="the block linears' FP8 recipe: " + "; ".join(f"{r.name}: {r.summary}" for r in
+                                                                  FLOAT8_RECIPES.values())
+                 + "; auto tries each the stack runs, on GPUs with fp8 units. Needs a bf16 recipe, or amp-bf16 "
+                 "with ZeRO 3")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
     st.number_input("dropout (gpt blocks)", min_value=0.0, max_value=0.95, step=0.05, key="plan_dropout",
@@ -213,7 +219,8 @@ st.markdown(
     + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
     + f"), sequence {request.seq_len}, global batch "
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
-    f"{request.precision}, {request.train.optimizer}, {request.train.stack} stack on **{plain(profile.name)}** "
+    f"{request.precision}{request.fp8_text}, {request.train.optimizer}, {request.train.stack} stack on "
+    f"**{plain(profile.name)}** "
     f"({profile.source}), "
     f"budget {budget_gb:.1f} GB per {unit}"
 )
@@ -400,7 +407,9 @@ if len(result.rejected):
 
 if best is not None:
     st.subheader("Export")
-    tabs = export_tabs(request, best)  # the candidate's own layout, whatever the search started from
+    tabs, refused = export_tabs(request, best)  # the candidate's own layout, whatever the search started from
+    for reason in refused:
+        st.caption(f"Not exported: {said(reason)}.")
     if approximate := [t.format for t in tabs if not t.expresses_layout]:
         st.caption(f"Approximate: {', '.join(approximate)} cannot express {best.layout}; the notes say what each "
                    "sets instead. The tabs start with the formats that can, fewest notes first.")
