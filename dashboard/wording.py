@@ -37,6 +37,7 @@ FLAG_LABELS: dict[str, str] = {
     "--virtual-stages": "virtual stages",
     "--ep": "ep (experts, of dp x cp)",
     "--precision": "precision",
+    "--fp8": "fp8 recipe",
     "--optimizer": "optimizer",
     "--attention": "attention",
     "--dropout": "dropout (gpt blocks)",
