@@ -1,4 +1,4 @@
-"""GPU check: test the core's CUDA claims against this GPU in one command, in under 8 minutes.
+"""GPU check: test the core's CUDA claims against this GPU in one command, in about 8 minutes.
 
     python benchmarks/gpu_check.py [--out DIR] [--device cuda:0|cpu] [--parts ledger,suite,...]
 
@@ -19,6 +19,9 @@ never touches CUDA), so a part starts in milliseconds, not seconds:
                (matmul, memory-bound ops, attention, the ~1B llama sweep)
   offload      the sweep's offload configurations
   repeat       the suite's largest matmul five more times: is its figure stable?
+  fp8          the ~1B llama's step in bf16 and under each torchao float8 recipe
+               (needs torchao), against the prediction: peak, saved bytes, step
+               time (kept in the report, not in the store)
   regret       plans from this box's own measurements at 80 GB and at a budget
                that forces checkpointing; each recommendation, measured, against
                the best measured configuration that fit
