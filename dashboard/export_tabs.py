@@ -18,8 +18,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from headroom.core.errors import ConfigError
-from headroom.core.exports import EXPORTERS, Export, export
+from headroom.core.exports import EXPORTERS, Export, export, fp8_refusal
 from headroom.core.planning.planner import Candidate, PlanRequest
 
 
@@ -56,8 +55,8 @@ def export_tabs(request: PlanRequest, best: Candidate) -> tuple[list[ExportTab],
     each format that refuses it does (one that cannot carry its FP8 recipe, headroom.core.exports)."""
     exports, refused = [], []
     for fmt in EXPORTERS:
-        try:
-            exports.append(export(fmt, request, best))
-        except ConfigError as err:
-            refused.append(str(err))
+        if (reason := fp8_refusal(fmt, best)) is not None:
+            refused.append(f"no {fmt} tab: {reason} (the plan's fp8 recipe is {best.config.fp8})")
+            continue
+        exports.append(export(fmt, request, best))
     return ordered_tabs(exports), refused

@@ -200,7 +200,8 @@ def test_agent_json_is_the_bundle_of_what_it_measured(run_cli, tmp_path):
     assert imported.returncode == 0 and "added 1 runs" in imported.stdout, imported.stdout + imported.stderr
 
 
-def test_agent_commands_from_the_cli(run_cli, tmp_path):
+def test_agent_commands_from_the_cli(run_cli, tmp_path, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "240")  # the summary's first line names the CPU: wrapped, where is the host's
     db = f"sqlite:///{tmp_path / 'headroom.cli.db'}"
     train = run_cli("agent", "train", "--model", "bench-llama-tiny", "--seq-len", "32", "--micro-batch", "1,2",
                      "--recompute", "none,full", "--steps", "2", "--device", "cpu", "--db", db, "--quiet")

@@ -237,8 +237,9 @@ def test_the_page_names_the_recipe_and_a_bad_one_in_the_url(tmp_path, monkeypatc
     assert "bf16-pure + fp8 torchao-rowwise" in at.markdown[0].value
     # only torchtitan's export carries the recipe: the page says why the others are not exported
     assert [tab.label for tab in at.tabs] == ["torchtitan"]
-    refused = [str(c.value) for c in at.caption if str(c.value).startswith("Not exported:")]
-    assert len(refused) == 4 and all("of a plan with --fp8 torchao-rowwise" in text for text in refused)
+    refused = [str(c.value) for c in at.caption if str(c.value).startswith("No ")]
+    assert [text.split(" tab\\:")[0] for text in refused] == ["No hf", "No megatron", "No deepspeed", "No lightning"]
+    assert all(text.endswith("(the plan's fp8 recipe is torchao-rowwise).") for text in refused)
     bad = render_url(tmp_path, monkeypatch, {"fp8": "e5m2"})
     unknown = ("The URL names the fp8 recipe 'e5m2', which is not one: planning without fp8 instead. Recipes: off, "
                "torchao-tensorwise, torchao-rowwise, or auto.")

@@ -36,7 +36,7 @@ from headroom.core.exports.run import Export, Run
 from headroom.core.exports.torchtitan import torchtitan
 from headroom.core.planning.planner import Candidate, PlanRequest
 
-__all__ = ["EXPORTERS", "Export", "export"]
+__all__ = ["EXPORTERS", "Export", "export", "fp8_refusal"]
 
 EXPORTERS: dict[str, Callable[[Run], Export]] = {
     "hf": huggingface,
@@ -68,8 +68,16 @@ def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
         writer = EXPORTERS[fmt]
     except KeyError:
         raise ConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORTERS)}") from None
-    if (recipe := best.config.float8) is not None and (fmt in FP8_UNEXPRESSED or fmt not in recipe.stacks):
-        reason = FP8_UNEXPRESSED.get(fmt) or recipe.stacks_note
+    if (reason := fp8_refusal(fmt, best)) is not None:
+        recipe = best.config.float8
         other = " or export it with --export torchtitan" if "torchtitan" in recipe.stacks else ""
         raise ConfigError(f"--export {fmt} of a plan with --fp8 {recipe.name}: {reason}; plan with --fp8 off{other}")
     return writer(Run.of(request, best))
+
+
+def fp8_refusal(fmt: str, best: Candidate) -> str | None:
+    """Why ``fmt`` cannot carry ``best``'s FP8 recipe, or None (no recipe, or one the format carries)."""
+    recipe = best.config.float8
+    if recipe is None or (fmt not in FP8_UNEXPRESSED and fmt in recipe.stacks):
+        return None
+    return FP8_UNEXPRESSED.get(fmt) or recipe.stacks_note

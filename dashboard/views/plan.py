@@ -409,7 +409,7 @@ if best is not None:
     st.subheader("Export")
     tabs, refused = export_tabs(request, best)  # the candidate's own layout, whatever the search started from
     for reason in refused:
-        st.caption(f"Not exported: {said(reason)}.")
+        st.caption(said(reason[0].upper() + reason[1:]) + ".")
     if approximate := [t.format for t in tabs if not t.expresses_layout]:
         st.caption(f"Approximate: {', '.join(approximate)} cannot express {best.layout}; the notes say what each "
                    "sets instead. The tabs start with the formats that can, fewest notes first.")
