@@ -10,7 +10,8 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
 - **Conversion.** ``convert_to_float8_training`` swaps ``nn.Linear`` modules for ``Float8Linear``. torchtitan's
   filter (``module_filter_fn``, ``torchtitan/components/quantization/utils.py``) converts a linear only when
   its input and output widths both divide by 16 (the float8 tensor cores' alignment), and its recipes skip
-  the output layer (``filter_fqns=["output"]``); the agent converts the same way (headroom.agent.float8).
+  the head (``filter_fqns=["lm_head"]``, its ``llama3_405b``); the agent converts the same way
+  (headroom.agent.float8).
   A mixture of experts' grouped GEMMs are another converter's (``Float8GroupedExpertsConverter``, a
   prototype): not modelled.
 - **What backward keeps.** ``matmul_with_hp_or_float8_args.forward`` saves its input and the weight *in
@@ -27,8 +28,9 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
   Rowwise: one scale per row of the GEMM's reduction, for every operand (``Float8LinearConfig``'s
   ``rowwise`` recipe: e4m3 throughout). Forward casts the input and the weight; backward casts the output's
   gradient twice (once per GEMM, each scaled along its own reduction), the weight again and the input again.
-  Each cast is priced as a read of the 16-bit tensor for its amax and a read and a 1-byte write for the
-  cast: the two kernels a compiled step fuses them into (eager torchao runs more, not modelled).
+  Each cast is priced as one kernel that reads the 16-bit tensor twice (its amax, then the scaled cast) and
+  writes one byte an element: what a compiled step fuses it into (eager torchao launches several, not
+  modelled).
 - **Precision.** The converted linears need a 16-bit input: a bf16 recipe, or autocast under FSDP's mixed
   precision. Under autocast without FSDP ``Float8Linear`` casts its input to *CUDA's* autocast dtype,
   whatever the device, so the CPU cannot check what it keeps: refused.
@@ -50,10 +52,10 @@ ALIGNMENT = 16
 @dataclass(frozen=True, slots=True)
 class Float8Recipe:
     name: str
-    scaling: str
-    """``tensorwise`` (one scale per tensor) or ``rowwise`` (one per row of each GEMM's reduction)."""
     torchao_recipe: str
-    """``Float8LinearConfig.from_recipe_name``'s name."""
+    """``Float8LinearConfig.from_recipe_name``'s name: ``tensorwise`` (one scale per tensor) or ``rowwise`` (one
+    per row of each GEMM's reduction). The two keep the same tensors and are priced alike (their casts move the
+    same bytes)."""
     stacks: tuple[str, ...]
     """Stacks that run it: the agent's decoder (reference), and torchtitan's converter where it offers it."""
     summary: str
@@ -64,10 +66,10 @@ class Float8Recipe:
 FLOAT8_RECIPES: dict[str, Float8Recipe] = {
     r.name: r
     for r in (
-        Float8Recipe("torchao-tensorwise", "tensorwise", "tensorwise", ("reference",),
+        Float8Recipe("torchao-tensorwise", "tensorwise", ("reference",),
                      "torchao float8, one dynamic scale per tensor",
                      "torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only"),
-        Float8Recipe("torchao-rowwise", "rowwise", "rowwise", ("reference", "torchtitan"),
+        Float8Recipe("torchao-rowwise", "rowwise", ("reference", "torchtitan"),
                      "torchao float8, one dynamic scale per row (torchtitan's default recipe)"),
     )
 }
