@@ -336,7 +336,8 @@ def test_ddp_buckets_hold_every_gradient_once(two_ranks):
 def _tp_config(name: str) -> TrainConfig:
     case = TP_CASES[name]
     return TrainConfig(seq_len=case.seq_len, micro_batch=case.micro_batch, attention=case.attention,
-                       dropout=case.dropout, precision=case.precision, layout=Layout(tp=case.tp, sp=case.sp))
+                       dropout=case.dropout, precision=case.precision, layout=Layout(tp=case.tp, sp=case.sp),
+                       fp8=case.fp8)
 
 
 @pytest.mark.parametrize("name", list(TP_CASES))

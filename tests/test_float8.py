@@ -104,7 +104,6 @@ def test_a_linear_whose_width_does_not_divide_by_16_stays_in_bf16():
       "--stack reference")),
     ({"precision": "fp32"}, ("--precision fp32", "bf16-pure")),
     ({"precision": "amp-bf16"}, ("autocast", "--zero 3")),
-    ({"layout": Layout(tp=2)}, ("tp 2", "use tp 1")),
 ])
 def test_a_recipe_refuses_what_it_does_not_model(changes, words):
     base = {"seq_len": 32, "precision": "bf16-pure", "fp8": "torchao-rowwise"}
@@ -245,8 +244,9 @@ def test_plan_searches_the_recipes_on_a_gpu_with_fp8_units(run_cli):
     assert plan["request"]["fp8"] == "auto"
     # torchtitan runs the rowwise recipe (its converter's): the search tries it and bf16
     assert {c["fp8"] for c in plan["candidates"]} == {"off", "torchao-rowwise"}
-    # tp 1 only for float8 (no float8 tensor parallelism): every tp > 1 candidate is bf16
-    assert all(c["fp8"] == "off" for c in plan["candidates"] if c["layout"]["tp"] > 1)
+    # under amp-bf16 float8 runs on FSDP's mixed precision only: every candidate without zero 3 is bf16
+    assert all(c["fp8"] == "off" for c in plan["candidates"] if c["layout"]["zero"] != 3)
+    assert any(c["fp8"] != "off" and c["layout"]["tp"] > 1 for c in plan["candidates"])
     assert plan["recommendation"]["fp8"] == "torchao-rowwise"
     assert any("fp8 GEMMs by shape" in line for line in plan["hardware"]["assumptions"])
     text = run_cli(*PLAN, "--hardware", "h100-sxm", "--fp8", "auto").stdout
@@ -288,15 +288,15 @@ def test_a_run_configuration_keeps_its_recipe_and_reads_without_one():
 
 
 def test_a_pinned_recipe_under_amp_bf16_searches_only_fsdp_layouts(run_cli):
-    """FSDP's mixed precision is how a float8 recipe runs beside fp32 parameters: the search holds zero 3 (and
-    tp 1); on one layout without FSDP the recipe is refused with what would run it."""
+    """FSDP's mixed precision is how a float8 recipe runs beside fp32 parameters: the search holds zero 3; on one
+    layout without FSDP the recipe is refused with what would run it."""
     import json
 
     result = run_cli(*PLAN, "--hardware", "h100-sxm", "--fp8", "torchao-rowwise", "--json", "--top", "0")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     layouts = [c["layout"] for c in plan["candidates"] + plan["rejected"]]
-    assert layouts and all(layout["zero"] == 3 and layout["tp"] == 1 for layout in layouts)
+    assert layouts and all(layout["zero"] == 3 for layout in layouts)
     assert {c["fp8"] for c in plan["candidates"]} == {"torchao-rowwise"}
     single = run_cli("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "8", "--hardware",
                      "h100-sxm", "--fp8", "torchao-rowwise")

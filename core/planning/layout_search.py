@@ -121,7 +121,7 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
 
     dense = not (spec.is_moe or spec.is_mla)
     stack = get_stack(train.stack)
-    splits_layers = dense and stack.tensor_parallel and train.float8 is None  # no float8 tensor parallelism
+    splits_layers = dense and stack.tensor_parallel
     pipelines = dense and stack.pipeline_parallel
     for tp in choices("tp", [t for t in divisors(gpus) if t <= gpus_per_node and (splits_layers or t == 1)
                              and spec.n_heads % t == 0 and spec.n_kv_heads % t == 0]):

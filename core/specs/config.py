@@ -115,10 +115,6 @@ class TrainConfig:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision} and no FSDP: under autocast "
                               "torchao's Float8Linear casts its input to CUDA's autocast dtype, which is not "
                               "modelled; use --zero 3 (FSDP's mixed precision) or bf16-pure")
-        if self.layout.tp > 1:
-            raise ConfigError(f"--fp8 {recipe.name} with tp {self.layout.tp}: torchtitan's float8 tensor "
-                              "parallelism all-gathers float8 inputs and keeps them, which is not modelled yet; "
-                              "use tp 1")
 
     @property
     def dp(self) -> int:

@@ -34,8 +34,10 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
 - **Precision.** The converted linears need a 16-bit input: a bf16 recipe, or autocast under FSDP's mixed
   precision. Under autocast without FSDP ``Float8Linear`` casts its input to *CUDA's* autocast dtype,
   whatever the device, so the CPU cannot check what it keeps: refused.
-- **Tensor parallelism.** torchtitan's float8 tensor parallelism (``Float8ColwiseParallel``) all-gathers the
-  sequence-parallel input in float8 and keeps that: not modelled, refused.
+- **Tensor parallelism.** torchtitan 0.3 builds its float8 linears and then shards them as it shards bf16 ones
+  (no float8 all-gather): each keeps what the sharded bf16 linear keeps, and a cast whose amax reduces over a
+  sharded dimension all-reduces it (headroom.core.timing.comm, ``_float8_amax_calls``). Both measured on two
+  gloo ranks, with and without sequence parallelism (tests/test_distributed_memory.py).
 """
 
 from __future__ import annotations

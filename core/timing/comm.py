@@ -43,6 +43,7 @@ from headroom.core.memory.static import (
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.data_parallel import DataParallelSchedule
+from headroom.core.specs.float8 import converts
 from headroom.core.specs.interconnect import Cluster, Link
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
@@ -257,6 +258,42 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     return calls
 
 
+AMAX_BYTES = 8
+"""torchao reduces a float8 scale's amax in fp64 (``tensor_to_amax``), so a sharded tensor's amax all-reduce moves
+eight bytes a value."""
+
+
+def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens: int) -> list[tuple[str, int, int, str]]:
+    """The all-reduces of ``layers`` blocks' float8 scales for one micro-batch over the tensor-parallel ranks, as
+    (op, message bytes, calls, what): a cast whose amax reduces over a sharded dimension all-reduces it (DTensor,
+    in fp64). Tensorwise: one scalar for each cast of a sharded tensor: a column-parallel linear's weight forward,
+    its output's gradient twice and its weight again backward; a row-parallel linear's input and weight forward and
+    again backward. Rowwise: a row-parallel linear's input rows (``tokens`` values) and weight columns (hidden)
+    forward; a column-parallel linear's output-gradient rows and weight rows (hidden) backward. A block whose
+    forward reruns (full, every-K, op-selective) runs its forward's again, all of them: the casts come before
+    the save that stops a recompute early. Counted call for call on two gloo ranks
+    (tests/test_distributed_memory.py)."""
+    recipe = config.float8
+    if recipe is None:
+        return []
+    h, stack = spec.hidden, get_stack(config.stack)
+    qkv = [(h, spec.q_dim + 2 * spec.kv_dim)] if stack.fused_qkv else [(h, spec.q_dim), (h, spec.kv_dim), (h, spec.kv_dim)]
+    columns = sum(converts(i, o) for i, o in qkv) \
+        + (spec.mlp_projections - 1) * converts(h, spec.ffn_hidden)  # q, k, v (or one qkv) and up (and gate)
+    rows = converts(spec.q_dim, h) + converts(spec.ffn_hidden, h)  # the attention's output and down
+    reruns = layers if config.recompute.recomputes_blocks or config.recompute.caches_matmuls else 0
+    again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
+    if recipe.torchao_recipe == "tensorwise":
+        forward, backward = columns + 2 * rows, 3 * columns + 2 * rows
+        note = f"float8 tensorwise amaxes of sharded tensors: per block {forward} forward, {backward} backward"
+        return [("all_reduce", AMAX_BYTES, layers * (forward + backward) + reruns * forward, note + again)]
+    calls = (layers + reruns) * rows + layers * columns
+    inputs = f"per block {rows} row-parallel inputs forward, {columns} column-parallel output gradients backward"
+    weights = f"per block {rows} row-parallel forward, {columns} column-parallel backward"
+    return [("all_reduce", AMAX_BYTES * tokens, calls, f"float8 rowwise amaxes over sharded rows: {inputs}{again}"),
+            ("all_reduce", AMAX_BYTES * h, calls, f"float8 rowwise amaxes of sharded weights: {weights}{again}")]
+
+
 def _context_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str, str]]:
     """Ring attention's collectives in ``layers`` blocks for one micro-batch, as (op, message bytes, calls, the
     window it overlaps with or "" where exposed, what). kv: this rank's K and V of one layer, b s/cp x kv_dim/tp x
@@ -376,7 +413,9 @@ def step_communication(
       (`_vocabulary_calls`). Not overlapped. Counted call for call, with each
       call's dtype, by torch's profiler on two gloo ranks, the agent's decoder and
       transformers' (tests/test_distributed_memory.py,
-      tests/test_hf_tensor_parallel.py). Not counted: Megatron's extra all-gather of
+      tests/test_hf_tensor_parallel.py). Float8 linears add the all-reduces of their
+      scales' amaxes over sharded dimensions, a few bytes each (`_float8_amax_calls`).
+      Not counted: Megatron's extra all-gather of
       each column-parallel input in backward under sp (overlapped with the weight
       gradient). With ``Layout.tp_overlap`` (Megatron-LM's ``--tp-comm-overlap``:
       Transformer Engine splits each all-gather and reduce-scatter of a block's
@@ -462,6 +501,8 @@ def step_communication(
             add("tp", op, first, m * calls, layout.tp, False, f"{note}; the first of its {layout.tp} pieces")
         for op, token_bytes, calls, note in _vocabulary_calls(spec, config):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
+        for op, message, calls, note in _float8_amax_calls(spec, config, layers, b * s):
+            add("tp", op, message, m * calls, layout.tp, False, note)
     if layout.cp > 1:
         for op, message, calls, window, note in _context_parallel_calls(spec, config, layers):
             add("cp", op, message, m * calls, layout.cp, bool(window), note, window=window)

@@ -55,7 +55,7 @@ OPS = {"all_reduce": "all_reduce", "all_gather_into_tensor": "all_gather", "redu
 gives them."""
 
 
-ELEMENT_BYTES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2}
+ELEMENT_BYTES = {"double": 8, "float": 4, "c10::BFloat16": 2, "c10::Half": 2}
 """Bytes of one value, by the dtype name torch's profiler records."""
 
 

@@ -47,18 +47,22 @@ class TensorParallelCase:
     n_layers: int = 2
     seq_len: int = 32
     micro_batch: int = 2
+    fp8: str = "off"
+    """The block linears' FP8 recipe (headroom.core.specs.float8): converted before sharding, as torchtitan's
+    model is built with its float8 linears and then sharded."""
 
     @property
     def name(self) -> str:
         layout = "single" if self.tp == 1 else f"tp{self.tp}" + ("-sp" if self.sp else "")
-        return f"{self.model}-{self.attention}-p{self.dropout:g}-{self.precision}-{layout}"
+        fp8 = f"-{self.fp8}" if self.fp8 != "off" else ""
+        return f"{self.model}-{self.attention}-p{self.dropout:g}-{self.precision}{fp8}-{layout}"
 
     @property
     def whole_decoder(self) -> bool:
         """Its step's collectives are measured with the vocabulary sharded too (headroom.agent.parallel.parallelize_decoder,
         as ``headroom agent train`` runs it): an untied decoder with rotary positions. Otherwise the blocks only."""
         spec = self.spec
-        return spec.rotary and not spec.tied_embeddings
+        return spec.rotary and not spec.tied_embeddings and self.fp8 != "torchao-tensorwise"  # not torchtitan's
 
     @property
     def spec(self) -> ModelSpec:
@@ -68,7 +72,7 @@ class TensorParallelCase:
     def config(self) -> TrainConfig:
         """The single-device configuration (the layout is applied by ``measure``)."""
         return TrainConfig(seq_len=self.seq_len, micro_batch=self.micro_batch, attention=self.attention,
-                           dropout=self.dropout, precision=self.precision)
+                           dropout=self.dropout, precision=self.precision, fp8=self.fp8)
 
 
 POLICIES = ("none", "full", "op-selective")
@@ -78,14 +82,17 @@ POLICIES = ("none", "full", "op-selective")
 def cases(tp: int) -> list[TensorParallelCase]:
     """A GPT block (LayerNorm, GELU, biases, explicit attention with dropout) and a Llama block
     (RMSNorm, SwiGLU, SDPA flash, grouped key/value heads) in bf16 and under autocast, each unsharded,
-    TP and TP+SP."""
+    TP and TP+SP; and the bf16 Llama block's linears in float8 (each torchao recipe), TP and TP+SP."""
     blocks = [
         {"model": "bench-gpt-tiny", "attention": "standard", "dropout": 0.1, "precision": "bf16-pure"},
         {"model": "bench-llama-tiny", "attention": "flash", "dropout": 0.0, "precision": "bf16-pure"},
         {"model": "bench-llama-tiny", "attention": "flash", "dropout": 0.0, "precision": "amp-bf16"},
     ]
+    float8 = [{"model": "bench-llama-tiny", "attention": "flash", "dropout": 0.0, "precision": "bf16-pure", "fp8": fp8}
+              for fp8 in ("torchao-rowwise", "torchao-tensorwise")]
     return [TensorParallelCase(**block, tp=t, sp=sp)
-            for block in blocks for t, sp in ((1, False), (tp, False), (tp, True))]
+            for block in blocks for t, sp in ((1, False), (tp, False), (tp, True))] \
+        + [TensorParallelCase(**block, tp=tp, sp=sp) for block in float8 for sp in (False, True)]
 
 
 def _tensor_row(t: ProbedTensor) -> dict:
