@@ -37,7 +37,7 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
 - **Tensor parallelism.** torchtitan 0.3 builds its float8 linears and then shards them as it shards bf16 ones
   (no float8 all-gather): each keeps what the sharded bf16 linear keeps, and a cast whose amax reduces over a
   sharded dimension all-reduces it (headroom.core.timing.comm, ``_float8_amax_calls``). Both measured on two
-  gloo ranks, with and without sequence parallelism (tests/test_distributed_memory.py).
+  gloo ranks: rowwise under sequence parallelism, tensorwise without (tests/test_distributed_memory.py).
 """
 
 from __future__ import annotations
