@@ -353,3 +353,18 @@ def test_a_box_that_measured_fp8_gemms_anchors_fp8_on_its_own():
     assert measured.dtype_sources["fp8"] == "measured on NVIDIA H200"
     unmeasured = profile_from_measurements(device, matmul=bf16)
     assert unmeasured.dtype_efficiency == datasheet_profile(HARDWARE_BY_KEY["h200"]).dtype_efficiency
+
+
+def test_a_pinned_configuration_with_the_recipes_searched_compares_them(run_cli):
+    """--micro-batch, --accumulation and --recompute pinned on one layout with --fp8 auto: one candidate per
+    recipe, ranked, and no single pinned configuration reported."""
+    import json
+
+    result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
+                     "h100-sxm", "--precision", "bf16-pure", "--micro-batch", "2", "--recompute", "full", "--fp8",
+                     "auto", "--json")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["pinned"] is None
+    assert sorted(c["fp8"] for c in plan["candidates"]) == sorted(["off", *RECIPES])
+    assert {(c["micro_batch"], c["recompute"]) for c in plan["candidates"]} == {(2, "full")}

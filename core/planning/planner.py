@@ -181,9 +181,9 @@ class PlanRequest:
 
     @property
     def pins_one_candidate(self) -> bool:
-        """The micro-batch (directly or by accumulation) and the policy are pinned on one layout: the plan
-        evaluates that one configuration, and reports it even when it does not fit."""
-        return self.gpus is None and self.recompute is not None and (
+        """The micro-batch (directly or by accumulation) and the policy are pinned on one layout, and no FP8 recipe
+        is searched: the plan evaluates that one configuration, and reports it even when it does not fit."""
+        return self.gpus is None and self.recompute is not None and not self.fp8_search and (
             self.micro_batch is not None or self.accumulation is not None)
 
     def run_cost(self, candidate: Candidate) -> RunCost | None:
