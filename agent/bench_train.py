@@ -35,10 +35,9 @@ from dataclasses import dataclass
 
 import torch
 
-from headroom.agent import host_load
+from headroom.agent import float8, host_load
 from headroom.agent.cases import Case, skipped
 from headroom.agent.fingerprint import datasheet_spec
-from headroom.agent.float8 import convert_blocks
 from headroom.agent.model import Decoder
 from headroom.agent.probe import probe
 from headroom.agent.safety import refusal
@@ -90,7 +89,7 @@ def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
     if cfg.recipe.param_dtype == "bf16":
         model = model.to(torch.bfloat16)
     if cfg.float8 is not None:
-        convert_blocks(model.blocks, cfg.float8)
+        float8.convert(model, cfg.float8)
     return model.train()
 
 

@@ -10,7 +10,7 @@ from headroom.core.errors import ConfigError
 from headroom.core.memory.ledger import activation_ledger
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.float8 import FLOAT8_RECIPES, converts
+from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
@@ -22,6 +22,8 @@ CASES = [(recipe, stack, policy) for recipe in RECIPES for stack in FLOAT8_RECIP
          for policy in POLICIES[stack]]
 MODELS = {"llama": ("bench-llama-tiny", "flash", 0.0), "gpt": ("bench-gpt-tiny", "standard", 0.1)}
 """GQA, SwiGLU, RMSNorm and RoPE; biases, LayerNorm, GELU, dropout and eager attention."""
+MX_FFN = 192
+"""The tiny llama's MLP for MXFP8, whose blocks of 32 its own 176 does not fill."""
 
 
 def _config(recipe, stack="reference", policy="none", attention="flash", dropout=0.0, **changes):
@@ -30,8 +32,10 @@ def _config(recipe, stack="reference", policy="none", attention="flash", dropout
                        **fields)
 
 
-def _converted_linears(spec) -> int:
-    """Block linears whose widths divide by 16, counted from the spec, as torchtitan's filter picks them."""
+def _converted_linears(spec, recipe) -> int:
+    """The linears a recipe converts, counted from the spec: float8 the block linears whose widths divide by 16
+    (torchtitan's filter), MXFP8 every linear, the head's too."""
+    recipe = FLOAT8_RECIPES[recipe]
     if spec.block == "gpt":
         widths = [(spec.hidden, spec.q_dim)] * 3 + [(spec.q_dim, spec.hidden), (spec.hidden, spec.ffn_hidden),
                                                       (spec.ffn_hidden, spec.hidden)]
@@ -39,7 +43,7 @@ def _converted_linears(spec) -> int:
         widths = [(spec.hidden, spec.q_dim), (spec.hidden, spec.kv_dim), (spec.hidden, spec.kv_dim),
                   (spec.q_dim, spec.hidden), (spec.hidden, spec.ffn_hidden), (spec.hidden, spec.ffn_hidden),
                   (spec.ffn_hidden, spec.hidden)]
-    return spec.n_layers * sum(converts(i, o) for i, o in widths)
+    return spec.n_layers * sum(recipe.converts(i, o) for i, o in widths) + recipe.converts_head
 
 
 def _probe(spec, config):
@@ -50,7 +54,7 @@ def _probe(spec, config):
     from headroom.agent.probe import probe
 
     model, tokens, targets = build(spec, config)
-    swapped = [m for m in model.modules() if type(m).__name__ == "Float8Linear"]
+    swapped = [m for m in model.modules() if type(m).__name__ in ("Float8Linear", "MXFP8Linear")]
     with torch.random.fork_rng():
         measured = probe(model, lambda: forward_loss(model, tokens, targets, config.precision))
     return measured, swapped
@@ -63,12 +67,14 @@ def test_the_ledger_is_what_autograd_keeps_under_float8_linears(recipe, stack, p
 
     name, attention, dropout = MODELS[model]
     spec = dataclasses.replace(get_preset(name), n_layers=4)
+    if FLOAT8_RECIPES[recipe].block and model == "llama":
+        spec = dataclasses.replace(spec, ffn_hidden=MX_FFN)
     config = _config(recipe, stack, policy, attention, dropout)
     measured, swapped = _probe(spec, config)
     ledger = activation_ledger(spec, config, "cpu")
-    # Every eligible block linear runs in float8 (torchtitan fuses q, k and v into one), the head does not.
+    # Every eligible linear runs in float8 (torchtitan fuses q, k and v into one); the head under MXFP8 only.
     fused = stack == "torchtitan"
-    assert len(swapped) == _converted_linears(spec) - (2 * spec.n_layers if fused else 0)
+    assert len(swapped) == _converted_linears(spec, recipe) - (2 * spec.n_layers if fused else 0)
     assert compare(ledger, measured)["device activations"][0] == measured.device_activation_bytes
     assert difference(ledger, measured) == []
     # and what the 16-bit linears keep: float8 keeps no tensor of its own. Under torchtitan's per-op
@@ -318,6 +324,13 @@ def test_an_export_carries_the_recipe_or_refuses_it_with_the_reason(run_cli, fmt
     assert 'model_registry("8B"' in result.stdout and "--config llama3_8b" in result.stdout
 
 
+def test_torchtitans_export_carries_mxfp8_as_its_mx_converter(run_cli):
+    result = run_cli(*PLAN, "--hardware", "b200", "--fp8", "torchao-mxfp8", "--export", "torchtitan")
+    assert result.returncode == 0, result.stderr
+    assert 'model_registry("8B", converters=[MXFP8LinearConverter.Config(model_compile_enabled=True)])' \
+        in result.stdout
+
+
 def test_torchtitans_export_refuses_the_recipe_its_converter_lacks(run_cli):
     result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
                      "h100-sxm", "--precision", "bf16-pure", "--fp8", "torchao-tensorwise", "--export", "torchtitan")
@@ -366,5 +379,39 @@ def test_a_pinned_configuration_with_the_recipes_searched_compares_them(run_cli)
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["pinned"] is None
-    assert sorted(c["fp8"] for c in plan["candidates"]) == sorted(["off", *RECIPES])
+    # an H100 has no MXFP8 tensor cores: the float8 recipes and bf16
+    assert sorted(c["fp8"] for c in plan["candidates"]) == ["off", "torchao-rowwise", "torchao-tensorwise"]
     assert {(c["micro_batch"], c["recompute"]) for c in plan["candidates"]} == {(2, "full")}
+
+
+def test_mxfp8_runs_every_linear_head_included_on_blackwell_only():
+    """torchtitan's MX converter swaps every linear: the head's GEMM runs in fp8 too; each cast reads its 16-bit
+    tensor once and writes a scale byte a block of 32 beside its bytes. An H100 has no MXFP8 tensor cores."""
+    from headroom.core.memory.estimate import estimate
+    from headroom.core.specs.hardware import HARDWARE_BY_KEY
+    from headroom.core.timing.step import datasheet_profile, step_time
+
+    spec = get_preset("llama3-8b")
+    config = _config("torchao-mxfp8", "torchtitan", seq_len=8192, micro_batch=1)
+    ops = _ops(spec, config)
+    assert [(op.name, op.dtype) for op in ops.head if op.kind == "gemm"] == [("lm_head.out", "fp8")]
+    casts = {op.name: op for op in ops.dense_block if op.name.endswith("_fp8")}
+    o_proj = casts["block.attn.o_proj.input_fp8"]
+    tokens, h = 8192, 4096
+    assert (o_proj.read_bytes, o_proj.bytes) == (2 * tokens * h, tokens * h + tokens * h // 32)
+    est = estimate(spec, config, "cuda")
+    assert step_time(est, datasheet_profile(HARDWARE_BY_KEY["b200"]), 1).total_s > 0
+    with pytest.raises(ConfigError, match="--fp8 torchao-mxfp8 on h100-sxm: it has no MXFP8 tensor cores"):
+        step_time(est, datasheet_profile(HARDWARE_BY_KEY["h100-sxm"]), 1)
+
+
+@pytest.mark.parametrize(("spec", "changes", "message"), [
+    (get_preset("bench-llama-tiny"), {},
+     "bench-llama-tiny: --fp8 torchao-mxfp8 casts every linear in blocks of 32 along each width, and its ffn_hidden "
+     "176 do not divide by that"),
+    (get_preset("llama3-8b"), {"seq_len": 8200, "micro_batch": 1}, "a micro-batch's 8,200 tokens on a rank"),
+    (get_preset("llama3-8b"), {"layout": Layout(tp=2)}, "MXFP8 under tensor parallelism is not measured yet"),
+])
+def test_mxfp8_refuses_what_its_blocks_cannot_cover(spec, changes, message):
+    with pytest.raises(ConfigError, match=message):
+        _config("torchao-mxfp8", **changes).check_model(spec)

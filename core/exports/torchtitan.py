@@ -217,14 +217,16 @@ def _data_parallel_settings(run: Run, notes: list[str]) -> list[str]:
 
 def _float8_note(run: Run, module: str, recipe: str) -> str:
     """torchtitan 0.3 converts linears in a recipe's Python only (``Trainer.Config.model_spec`` is suppressed from
-    its command line): the converter a recipe function adds, as its own ``llama3_405b`` adds it."""
-    scaling = FLOAT8_RECIPES[run.fp8].torchao_recipe
+    its command line): the converter a recipe function adds, as its own ``llama3_405b`` (float8) and
+    ``llama3_8b_mxfp8`` (MXFP8) add theirs."""
+    fp8 = FLOAT8_RECIPES[run.fp8]
+    converter = ("MXFP8LinearConverter.Config(model_compile_enabled=True)" if fp8.block else
+                 f"Float8LinearConverter.Config(recipe_name=\"{fp8.torchao_recipe}\", filter_fqns=[\"lm_head\"])")
     return (f"--fp8 {run.fp8}: torchtitan converts linears only in a recipe's Python (model_spec is not a flag); "
-            f"in a copy of {module}.{recipe} set config.model_spec = model_registry(\"{recipe.split('_')[-1].upper()}\", converters="
-            f"[Float8LinearConverter.Config(recipe_name=\"{scaling}\", filter_fqns=[\"lm_head\"])]) and name it in "
-            "--config; this command as written trains in bf16. torchao asks for --compile.enable for competitive "
-            "speed (its casts fused), which the plan does not model: the plan prices the casts as fused kernels "
-            "and the dispatch as eager")
+            f"in a copy of {module}.{recipe} set config.model_spec = model_registry(\"{recipe.split('_')[-1].upper()}\", "
+            f"converters=[{converter}]) and name it in --config; this command as written trains in bf16. torchao asks "
+            "for --compile.enable for competitive speed (its casts fused), which the plan does not model: the plan "
+            "prices the casts as fused kernels and the dispatch as eager")
 
 
 def torchtitan(run: Run) -> Export:

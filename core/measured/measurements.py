@@ -371,7 +371,7 @@ def profile_from_measurements(
             assumptions.append(f"GEMMs by shape from the datasheet row's cited GEMM (no bf16 GEMM of "
                                f"{LARGE_GEMM_FLOPS:.3g} FLOPs or more measured)")
         shape_model = {"matmul_efficiency": efficiency, "sms": sms, "dtype_efficiency": dict(fallback.dtype_efficiency),
-                       "dtype_sources": dict(fallback.dtype_sources)}
+                       "dtype_sources": dict(fallback.dtype_sources), "mx_formats": datasheet.mx_formats}
         if "fp8" in datasheet.peak_flop_per_s and \
                 (fp8 := large_gemm_efficiency(matmul, datasheet.peak("fp8"), sms, "fp8")) is not None:
             shape_model["dtype_efficiency"]["fp8"] = fp8

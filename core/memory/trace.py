@@ -15,7 +15,7 @@ from typing import Literal
 
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules
-from headroom.core.specs.float8 import Float8Recipe, converts
+from headroom.core.specs.float8 import Float8Recipe
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.stack import STACKS, Stack, get_stack
@@ -293,8 +293,8 @@ class Trace:
         if bias and self.amp and param_dtype != "bf16":  # autocast casts the bias too; addmm keeps none of it
             self.new(f"{name}.bias_bf16", (stacked * out_features,), "bf16", reads=2)
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
-        fp8 = self.float8 is not None and self.layer is not None and stacked == 1 \
-            and converts(x.shape[-1], out_features)
+        fp8 = self.float8 is not None and (self.layer is not None or self.float8.converts_head) and stacked == 1 \
+            and self.float8.converts(x.shape[-1], out_features)
         if fp8:
             self._float8_casts(name, x_in, shape, (out_features, x.shape[-1]), param_dtype)
         out = self.new(f"{name}.out", shape, x_in.dtype)
@@ -307,22 +307,25 @@ class Trace:
 
     def _float8_casts(self, name: str, x: Sym, out_shape: tuple[int, ...], weight_shape: tuple[int, int],
                       param_dtype: str) -> None:
-        """A float8 linear's casts (headroom.core.specs.float8), as the time model prices them: its input's and its
-        weight's, each an amax pass and a cast pass over the 16-bit tensor; backward casts both again and the
-        output's gradient twice. None is kept for backward."""
+        """A float8 linear's casts (headroom.core.specs.float8), as the time model prices them, one kernel each: its
+        input's and its weight's forward; backward casts both again and the output's gradient twice. A float8 cast
+        reads its 16-bit tensor twice (the amax, then the scaled cast), an MX one once (its blocks' amaxes are
+        local) and writes a scale byte a block more; both write a byte an element. None is kept for backward."""
         if self.ops is None:
             return
+        block = self.float8.block
 
-        def moved(shape: tuple[int, ...], dtype: str) -> int:  # read twice, written in one byte an element
-            return 2 * _bytes(shape, dtype) + _numel(shape)
+        def cast(shape: tuple[int, ...], dtype: str) -> tuple[int, int]:
+            """(bytes written, bytes read) of one cast of a tensor of ``shape`` and ``dtype``."""
+            written = _numel(shape) + (-(-_numel(shape) // block) if block else 0)
+            return written, (1 if block else 2) * _bytes(shape, dtype)
 
-        cast_in, cast_weight, cast_grad = moved(x.shape, x.dtype), moved(weight_shape, param_dtype), \
-            moved(out_shape, x.dtype)
+        x_in, weight, grad = cast(x.shape, x.dtype), cast(weight_shape, param_dtype), cast(out_shape, x.dtype)
         self.ops += [
-            TracedOp(self._named(f"{name}.input_fp8"), "memory", "fp8", bytes=_numel(x.shape), read_bytes=cast_in - _numel(x.shape),
-                     backward_moved=(cast_in, cast_grad, cast_grad)),
-            TracedOp(self._named(f"{name}.weight_fp8"), "memory", "fp8", bytes=_numel(weight_shape),
-                     read_bytes=cast_weight - _numel(weight_shape), backward_moved=(cast_weight,)),
+            TracedOp(self._named(f"{name}.input_fp8"), "memory", "fp8", bytes=x_in[0], read_bytes=x_in[1],
+                     backward_moved=(sum(x_in), sum(grad), sum(grad))),
+            TracedOp(self._named(f"{name}.weight_fp8"), "memory", "fp8", bytes=weight[0], read_bytes=weight[1],
+                     backward_moved=(sum(weight),)),
         ]
 
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:

@@ -47,7 +47,13 @@ from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.run_config import RunConfig
 from headroom.core.specs.stack import get_stack
 from headroom.core.timing.run_cost import RunCost, Utilization, check_run, utilization
-from headroom.core.timing.step import HardwareProfile, StepTime, step_time, tokens_per_s
+from headroom.core.timing.step import (
+    HardwareProfile,
+    StepTime,
+    runs_recipe,
+    step_time,
+    tokens_per_s,
+)
 from headroom.core.units import GB
 
 NEAR = 0.01
@@ -509,12 +515,12 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
 
 def fp8_requests(request: PlanRequest, profile: HardwareProfile) -> list[PlanRequest]:
     """The request, and under ``fp8_search`` the same with each FP8 recipe the stack runs and this configuration
-    allows, where the device has fp8 units (a datasheet fp8 peak)."""
-    if not request.fp8_search or "fp8" not in profile.peak_flop_per_s:
+    allows, where the device has the tensor cores it needs (headroom.core.timing.step.runs_recipe)."""
+    if not request.fp8_search:
         return [request]
     subs = [request]
     for name, recipe in FLOAT8_RECIPES.items():
-        if name == request.train.fp8 or request.train.stack not in recipe.stacks:
+        if name == request.train.fp8 or request.train.stack not in recipe.stacks or not runs_recipe(profile, recipe):
             continue
         try:
             train = replace(request.train, fp8=name)

@@ -11,7 +11,7 @@ from headroom.core.specs.data_parallel import (
     DataParallelSchedule,
     data_parallel_schedule,
 )
-from headroom.core.specs.float8 import Float8Recipe, get_float8
+from headroom.core.specs.float8 import Float8Recipe, get_float8, mx_misfits
 from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
 from headroom.core.specs.precision import (
@@ -111,6 +111,14 @@ class TrainConfig:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision}: float8 linears take a bf16 "
                               "input; use a bf16 recipe (bf16-pure, bf16-master, bf16-fp32grad, or amp-bf16 with "
                               "--zero 3)")
+        if recipe.block and self.layout.tp > 1:
+            raise ConfigError(f"--fp8 {recipe.name} with tp {self.layout.tp}: MXFP8 under tensor parallelism is not "
+                              "measured yet; use tp 1, or --fp8 torchao-rowwise")
+        if recipe.block and (self.micro_batch * self.seq_len // self.layout.cp) % recipe.block:
+            tokens = self.micro_batch * self.seq_len // self.layout.cp
+            raise ConfigError(f"--fp8 {recipe.name}: a micro-batch's {tokens:,} tokens on a rank (micro-batch x "
+                              f"seq-len / cp) do not divide by its {recipe.block}-element blocks (torchao asserts "
+                              "they do); use a micro-batch or seq-len that makes them")
         if self.runs_autocast:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision} and no FSDP: under autocast "
                               "torchao's Float8Linear casts its input to CUDA's autocast dtype, which is not "
@@ -251,6 +259,12 @@ class TrainConfig:
             kind = "a mixture of experts" if spec.is_moe else "latent attention"
             raise ConfigError(f"{spec.name}: --fp8 {self.fp8} of {kind} is not modelled (torchao converts grouped "
                               "experts with a prototype converter of its own); use --fp8 off")
+        if self.float8 is not None and (misfits := mx_misfits(self.float8, {
+                "hidden": spec.hidden, "query width": spec.q_dim, "key/value width": spec.kv_dim,
+                "ffn_hidden": spec.ffn_hidden, "vocabulary": spec.vocab_size})):
+            raise ConfigError(f"{spec.name}: --fp8 {self.fp8} casts every linear in blocks of {self.float8.block} "
+                              f"along each width, and its {', '.join(misfits)} do not divide by that (torchao "
+                              "asserts they do); use --fp8 torchao-rowwise")
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "
                               f"sharding; {self._splits()} not modelled for it yet: use tp 1 and pp 1")

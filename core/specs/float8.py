@@ -34,6 +34,13 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
 - **Precision.** The converted linears need a 16-bit input: a bf16 recipe, or autocast under FSDP's mixed
   precision. Under autocast without FSDP ``Float8Linear`` casts its input to *CUDA's* autocast dtype,
   whatever the device, so the CPU cannot check what it keeps: refused.
+- **MXFP8** (``torchao-mxfp8``: torchao's ``MXFP8Linear``, ``torchao/prototype/moe_training/mxfp8_linear.py``;
+  torchtitan 0.3's ``MXFP8LinearConverter``, ``torchtitan/components/quantization/mx.py``, its ``llama3_8b_mxfp8``):
+  one e8m0 scale for each block of 32 elements along each GEMM's reduction, on Blackwell's tensor cores (SM100;
+  the converter refuses anything older). Its converter swaps every linear, the head included, and torchao asserts
+  that each cast dimension divides by 32: a linear's widths and the tokens of a micro-batch. ``mx_mm`` saves its
+  input and weight in high precision, as float8 does: what a linear keeps is the bf16 linear's. A cast is one
+  pass (the blocks' amaxes are local): a read of the 16-bit tensor, a one-byte write and a scale byte a block.
 - **Tensor parallelism.** torchtitan 0.3 builds its float8 linears and then shards them as it shards bf16 ones
   (no float8 all-gather): each keeps what the sharded bf16 linear keeps, and a cast whose amax reduces over a
   sharded dimension all-reduces it (headroom.core.timing.comm, ``_float8_amax_calls``). Both measured on two
@@ -63,6 +70,19 @@ class Float8Recipe:
     summary: str
     stacks_note: str = ""
     """Why the other stacks do not run it, where one would expect them to."""
+    block: int = 0
+    """Elements a scale covers along a GEMM's reduction (MX formats: 32); 0: torchao float8's per-tensor or
+    per-row scales."""
+
+    @property
+    def converts_head(self) -> bool:
+        """The head runs in float8 too (torchtitan's MX converter swaps every linear; its float8 recipes skip it)."""
+        return self.block > 0
+
+    def converts(self, in_features: int, out_features: int) -> bool:
+        """Does the recipe convert a linear of these widths? float8: both divide by 16 (torchtitan's filter);
+        MX: every linear (`mx_misfits` refuses a model with one whose widths do not divide by its blocks)."""
+        return self.block > 0 or (in_features % ALIGNMENT == 0 and out_features % ALIGNMENT == 0)
 
 
 FLOAT8_RECIPES: dict[str, Float8Recipe] = {
@@ -73,6 +93,8 @@ FLOAT8_RECIPES: dict[str, Float8Recipe] = {
                      "torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only"),
         Float8Recipe("torchao-rowwise", "rowwise", ("reference", "torchtitan"),
                      "torchao float8, one dynamic scale per row (torchtitan's default recipe)"),
+        Float8Recipe("torchao-mxfp8", "mxfp8", ("reference", "torchtitan"),
+                     "torchao MXFP8, one scale per block of 32, Blackwell only", block=32),
     )
 }
 OFF = "off"
@@ -97,6 +119,9 @@ def needs_fsdp(precision: str, fp8: str) -> bool:
     return fp8 not in (OFF, AUTO) and get_precision(precision).autocast
 
 
-def converts(in_features: int, out_features: int) -> bool:
-    """Does a recipe convert a block's linear of these widths (this rank's shard of it)?"""
-    return in_features % ALIGNMENT == 0 and out_features % ALIGNMENT == 0
+def mx_misfits(recipe: Float8Recipe, widths: dict[str, int]) -> list[str]:
+    """Those of ``widths`` (a name -> a dimension an MX cast blocks) that do not divide by the recipe's block:
+    torchao asserts they do."""
+    if not recipe.block:
+        return []
+    return [f"{name} {width:,}" for name, width in widths.items() if width % recipe.block]

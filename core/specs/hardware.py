@@ -44,6 +44,8 @@ class HardwareSpec:
     """Regular expressions (case-insensitive) that identify this device's name."""
     excludes: tuple[str, ...] = field(default=())
     """Regular expressions that disqualify a name, for look-alike variants."""
+    mx_formats: bool = False
+    """Its tensor cores scale fp8 by blocks of 32 (MXFP8, Blackwell's SM100) at the fp8 rate."""
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for a dtype; ConfigError when the device has no such rate."""
@@ -126,7 +128,7 @@ HARDWARE: tuple[HardwareSpec, ...] = (
         key="b200", name="B200 180GB",
         peak_flop_per_s=_peaks(75, 1125, 2250, fp8=4500), hbm_bytes_per_s=7.7e12, memory_bytes=180 * 10**9,
         source="NVIDIA HGX B200 datasheet (2024): 8-GPU figures divided by 8, sparse figures halved",
-        patterns=(r"\bB200\b",),
+        patterns=(r"\bB200\b",), mx_formats=True,
     ),
     HardwareSpec(
         key="mi300x", name="AMD Instinct MI300X 192GB",

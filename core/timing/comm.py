@@ -43,7 +43,6 @@ from headroom.core.memory.static import (
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.data_parallel import DataParallelSchedule
-from headroom.core.specs.float8 import converts
 from headroom.core.specs.interconnect import Cluster, Link
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
@@ -278,6 +277,7 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
         return []
     h, stack = spec.hidden, get_stack(config.stack)
     qkv = [(h, spec.q_dim + 2 * spec.kv_dim)] if stack.fused_qkv else [(h, spec.q_dim), (h, spec.kv_dim), (h, spec.kv_dim)]
+    converts = recipe.converts
     columns = sum(converts(i, o) for i, o in qkv) \
         + (spec.mlp_projections - 1) * converts(h, spec.ffn_hidden)  # q, k, v (or one qkv) and up (and gate)
     rows = converts(spec.q_dim, h) + converts(spec.ffn_hidden, h)  # the attention's output and down

@@ -56,6 +56,7 @@ from headroom.core.memory.estimate import Estimate
 from headroom.core.memory.pipeline import pipeline_seconds
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.float8 import Float8Recipe
 from headroom.core.specs.hardware import HardwareSpec
 from headroom.core.specs.interconnect import Cluster, cluster_for
 from headroom.core.specs.recompute import RecomputePolicy
@@ -133,6 +134,8 @@ class HardwareProfile:
     """The shape model's anchor for dtypes whose large GEMMs reach another fraction of their peak (fp8)."""
     dtype_sources: dict[str, str] = field(default_factory=dict)
     """Where each of ``dtype_efficiency`` comes from: a plan that runs that dtype's GEMMs says it."""
+    mx_formats: bool = False
+    """The tensor cores run MXFP8 (headroom.core.specs.hardware.HardwareSpec.mx_formats)."""
     device: str = "cuda"
     """The device whose saving rules the ledger applies (headroom.core.specs.devices)."""
     assumptions: tuple[str, ...] = field(default=())
@@ -189,6 +192,11 @@ class HardwareProfile:
         return lo.flop_per_s + t * (hi.flop_per_s - lo.flop_per_s)
 
 
+def runs_recipe(profile: HardwareProfile, recipe: Float8Recipe) -> bool:
+    """The device has the tensor cores an FP8 recipe's GEMMs need: fp8's, and for MXFP8 Blackwell's."""
+    return "fp8" in profile.peak_flop_per_s and (profile.mx_formats or not recipe.block)
+
+
 def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
     """A profile from the datasheet and the device family's cited curves (headroom.core.timing.device_curves)."""
     curves = CURVES.get(hw.key)
@@ -220,6 +228,7 @@ def datasheet_profile(hw: HardwareSpec) -> HardwareProfile:
         matmul_efficiency=matmul,
         dtype_efficiency=fp8,
         dtype_sources={"fp8": fp8_source} if fp8 else {},
+        mx_formats=hw.mx_formats,
         sms=sms,
         assumptions=(
             f"GEMMs by shape from one large bf16 GEMM ({sources[0]})",
@@ -320,9 +329,10 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     ``cluster``: the interconnect, needed when the layout spans more than one GPU.
     """
     spec, cfg = estimate.spec, estimate.config
-    if cfg.float8 is not None and profile.peak_flop_per_s and "fp8" not in profile.peak_flop_per_s:
-        raise ConfigError(f"--fp8 {cfg.fp8} on {profile.name}: it has no fp8 tensor cores (fp8 GEMMs need Hopper, "
-                          "Ada, Blackwell or MI300); use --fp8 off")
+    if cfg.float8 is not None and profile.peak_flop_per_s and not runs_recipe(profile, cfg.float8):
+        needs = "MXFP8 tensor cores (Blackwell)" if cfg.float8.block else \
+            "fp8 tensor cores (fp8 GEMMs need Hopper, Ada, Blackwell or MI300)"
+        raise ConfigError(f"--fp8 {cfg.fp8} on {profile.name}: it has no {needs}; use --fp8 off")
     layout = cfg.layout
     rank = estimate.rank
     price = _priced_once(profile)
