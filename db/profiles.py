@@ -109,10 +109,12 @@ def _medians(model, device_name: str, keys: list, value, *where) -> Select:
 
 
 def device_record(session: Session, device_name: str) -> DeviceRecord:
-    """The device as its latest fingerprint describes it."""
+    """The device as its latest fingerprint describes it; ConfigError when the store holds none of it."""
     fingerprint = session.scalars(
         select(Fingerprint).where(Fingerprint.device_name == device_name).order_by(Fingerprint.id.desc())
     ).first()
+    if fingerprint is None:
+        raise ConfigError(f"{device_name} has no measurements in the store; run `headroom agent run` on it")
     return DeviceRecord(device_name, fingerprint.device_type, fingerprint.device_memory_bytes)
 
 

@@ -204,3 +204,10 @@ def test_each_kind_comes_from_the_latest_runs_that_recorded_it(measured, monkeyp
     # Matmuls: the last two runs; 1024^3 in both.
     assert {(r.dtype, r.flops): r.flop_per_s / 1e12 for r in matmul_records(measured, H100)} == {
         ("bf16", 2 * 4096**3): 595.5, ("bf16", 2 * 8192**3): 715.5, ("bf16", 2 * 1024**3): 92.5}
+
+
+def test_a_device_the_store_never_measured_is_named_not_a_crash(measured):
+    from headroom.core.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="NVIDIA B200 has no measurements in the store; run `headroom agent run` on it"):
+        profiles.build_profile(measured, "NVIDIA B200")

@@ -22,7 +22,7 @@ from sqlalchemy import select
 from headroom.agent import bench_matmul, bench_train
 from headroom.agent.check import masked_sdpa
 from headroom.agent.clocks import read_clocks
-from headroom.agent.fingerprint import device_name, fingerprint
+from headroom.agent.fingerprint import datasheet_spec, device_name, fingerprint
 from headroom.agent.ledger_check import LedgerCase, check
 from headroom.agent.runner import profile_from_store, run_suite
 from headroom.agent.sdpa import kernel_label, kernels_run
@@ -187,6 +187,8 @@ def repeat(ctx: Context) -> dict[str, Any]:
 # ---- FP8 training ------------------------------------------------------------------------------
 
 FP8_RECIPES = ("off", "torchao-tensorwise", "torchao-rowwise")
+"""bf16 and the float8 recipes; a Blackwell GPU runs MXFP8 too (its tensor cores; llama3.2-1b's widths and the
+sweep's tokens divide by its blocks)."""
 FP8_POLICIES = ("none", "full")
 
 
@@ -202,7 +204,9 @@ def fp8(ctx: Context) -> dict[str, Any]:
     steps = []
     with ctx.store() as store:
         provider = profile_from_store(store, device_name(ctx.device))
-        for recipe, policy in itertools.product(FP8_RECIPES, FP8_POLICIES):
+        hw = datasheet_spec(ctx.device)
+        recipes = FP8_RECIPES + (("torchao-mxfp8",) if hw is not None and hw.mx_formats else ())
+        for recipe, policy in itertools.product(recipes, FP8_POLICIES):
             config = TrainConfig(seq_len=seq_len, micro_batch=micro, precision="bf16-pure", fp8=recipe,
                                  recompute=parse_policy(policy))
             label = f"{recipe} {policy}"
