@@ -406,7 +406,7 @@ def test_mxfp8_runs_every_linear_head_included_on_blackwell_only():
 
 
 MISFIT = ("bench-llama-tiny: --fp8 torchao-mxfp8 casts every linear in blocks of 32 along each width, and its "
-          "ffn_hidden 176 do not divide by that")
+          "ffn_hidden 176 does not divide by that")
 
 
 @pytest.mark.parametrize(("spec", "changes", "message"), [

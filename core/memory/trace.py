@@ -125,7 +125,8 @@ class Trace:
     norm_offset: bool = False
     """The model's RMSNorm scales by 1 + weight in fp32 (headroom.core.specs.model.ModelSpec.norm_offset)."""
     float8: Float8Recipe | None = None
-    """The FP8 recipe of the blocks' linears (headroom.core.specs.float8), or None."""
+    """The FP8 recipe of the linears (headroom.core.specs.float8: the blocks', and the head's under MXFP8), or
+    None."""
     mm_count: int = 0
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)

@@ -57,8 +57,7 @@ class TrainConfig:
     precision: str = "amp-bf16"
     """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (headroom.core.specs.precision)."""
     fp8: str = "off"
-    """FP8 recipe of the block linears (headroom.core.specs.float8): ``off``, ``torchao-tensorwise``,
-    ``torchao-rowwise``."""
+    """FP8 recipe of the linears: ``off`` or a key of headroom.core.specs.float8.FLOAT8_RECIPES."""
     optimizer: str = "adamw"
     """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
     attention: Attention = "flash"
@@ -101,7 +100,8 @@ class TrainConfig:
         return get_float8(self.fp8)
 
     def _check_fp8(self, recipe: Float8Recipe) -> None:
-        """What headroom.core.specs.float8 models of a recipe: its stacks, a 16-bit input, no tensor parallelism."""
+        """What headroom.core.specs.float8 models of a recipe: its stacks, a bf16 input without autocast, and for
+        MXFP8 tp 1 and a micro-batch of whole blocks."""
         if self.stack not in recipe.stacks:
             note = f" ({recipe.stacks_note})" if recipe.stacks_note else ""
             raise ConfigError(f"--fp8 {recipe.name} under --stack {self.stack}: {recipe.summary} is run by the "
@@ -262,8 +262,9 @@ class TrainConfig:
         if self.float8 is not None and (misfits := mx_misfits(self.float8, {
                 "hidden": spec.hidden, "query width": spec.q_dim, "key/value width": spec.kv_dim,
                 "ffn_hidden": spec.ffn_hidden, "vocabulary": spec.vocab_size})):
+            verb = "does" if len(misfits) == 1 else "do"
             raise ConfigError(f"{spec.name}: --fp8 {self.fp8} casts every linear in blocks of {self.float8.block} "
-                              f"along each width, and its {', '.join(misfits)} do not divide by that (torchao "
+                              f"along each width, and its {', '.join(misfits)} {verb} not divide by that (torchao "
                               "asserts they do); use --fp8 torchao-rowwise")
         if spec.is_mla and (self.layout.tp > 1 or self.layout.pp > 1):
             raise ConfigError(f"{spec.name}: latent attention is planned on data and context parallelism with "

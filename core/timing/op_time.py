@@ -18,7 +18,8 @@ Device time of each op kind (headroom.core.timing.step_ops enumerates them):
 - **Memory-bound ops** (norms, casts, activations, RoPE, residual adds, the loss's softmax): what an op reads
   and writes (the trace says how many tensors of its output's size it reads: one for a unary op, two for a
   binary one, a cast its input's bytes) over the achieved bandwidth. Backward moves twice forward's bytes
-  (the output's gradient and the saved input in, the input's gradient out) in one kernel.
+  (the output's gradient and the saved input in, the input's gradient out) in one kernel; a float8 cast's
+  backward is the casts it runs again, each its own kernel (``TracedOp.backward_moved``).
 - Every kernel adds ``KERNEL_GAP_S``: the device idles between two dependent kernels while the next one
   starts, and a small kernel's grid ramps up and drains.
 
