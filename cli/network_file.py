@@ -1,26 +1,13 @@
-"""``--network FILE``: a cluster's network in a small TOML file kept beside the cluster, read for ``headroom plan``.
-
-    # cluster.toml: 8 A100s a node on NVLink 3, 8 HDR NICs a node
-    gpus_per_node = 8
-    intra_node = "nvlink3"
-    interconnect = "8x200g"   # or a link's key: ib-hdr, roce-400g, ...
-
-Every key is optional and a flag given on the command line wins over the file's value. The values are checked
-as the flags are (headroom.core.specs.interconnect.network_settings); a file that is missing, too large, not
-UTF-8 or not TOML is refused with the reason.
-"""
+"""``--network FILE``: read a cluster's network file for ``headroom plan`` (headroom.core.specs.network_file says
+what it holds). A file that is missing or unreadable is refused with the reason, as is one the parser refuses."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import tomllib
-
 from headroom.core.errors import ConfigError
-from headroom.core.specs.interconnect import NetworkSettings, network_settings
-
-MAX_BYTES = 64 * 1024
-"""A network file is a few lines; anything larger is not one."""
+from headroom.core.specs.interconnect import NetworkSettings
+from headroom.core.specs.network_file import MAX_BYTES, parse_network_file
 
 
 def read_network_file(path: str) -> NetworkSettings:
@@ -33,16 +20,7 @@ def read_network_file(path: str) -> NetworkSettings:
         raise ConfigError(f"{where}: no such file") from None
     except OSError as err:
         raise ConfigError(f"{where}: cannot be read ({err.strerror or err})") from None
-    if len(data) > MAX_BYTES:
-        raise ConfigError(f"{where}: over {MAX_BYTES // 1024} KiB; a network file is a few lines of TOML "
-                          "(gpus_per_node, intra_node, interconnect)")
-    try:
-        values = tomllib.loads(data.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise ConfigError(f"{where}: not UTF-8 text; a network file is a few lines of TOML") from None
-    except tomllib.TOMLDecodeError as err:
-        raise ConfigError(f"{where}: not TOML ({err}); write e.g. interconnect = \"8x200g\"") from None
-    return network_settings(values, where)
+    return parse_network_file(data, where)
 
 
 __all__ = ["MAX_BYTES", "read_network_file"]

@@ -52,6 +52,8 @@ from headroom.core.specs.layout import (
     Layout,
 )
 from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.network_file import MAX_BYTES as NETWORK_FILE_BYTES
+from headroom.core.specs.network_file import parse_network_file
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
@@ -220,6 +222,13 @@ class PlanInputs:
 
     def with_(self, **changes) -> PlanInputs:
         return replace(self, **changes)
+
+
+def network_inputs(data: bytes, name: str) -> dict[str, object]:
+    """The Plan page's network inputs an uploaded network file (headroom.core.specs.network_file) sets: each of
+    gpus_per_node, intra_node and interconnect the file gives. ConfigError names the file and what is wrong."""
+    settings = parse_network_file(data, f"network file {name}")
+    return {key: value for key, value in asdict(settings).items() if value is not None}
 
 
 def dimensions_spec(inputs: PlanInputs) -> ModelSpec:

@@ -225,6 +225,7 @@ def test_every_page_renders_in_chromium(dashboard, tmp_path):
                 for name, found in (("time", time_chart), ("ranks", ranks), ("peak", peak), ("scatter", scatter)):
                     assert plan_charts[name] <= found, f"{name} misses {plan_charts[name] - found}"
                 compare_with_another_plan(browser, By)
+                upload_a_network_file(browser, By, tmp_path)
         assert len(browser.find_elements(By.CSS_SELECTOR, "canvas, svg")) > 0
     finally:
         browser.quit()
@@ -296,6 +297,27 @@ return Array.from(document.querySelectorAll("[data-testid='stDataFrame']")).map(
 width the grid's own font draws the text in (the grid draws on a canvas: no element to measure)."""
 WHOLE = {"layout", "candidate", "what breaks the budget", "why not chosen"}
 """The Plan page's text columns, sized from their text (headroom.dashboard.widths)."""
+
+
+def upload_a_network_file(browser, by, tmp_path: Path) -> None:
+    """The sidebar's network file (as `headroom plan --network FILE`): it fills GPUs per node and the inter-node
+    network it gives; one with an unknown key is refused, naming the file and the key."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    def field(label: str):
+        return browser.find_element(by.CSS_SELECTOR, f"[data-testid='stSidebar'] input[aria-label='{label}']")
+
+    def upload(name: str, text: str) -> None:
+        path = tmp_path / name
+        path.write_text(text)
+        browser.find_element(by.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']").send_keys(str(path))
+
+    upload("cluster.toml", 'gpus_per_node = 4\ninterconnect = "4x200g"\n')
+    WebDriverWait(browser, 30, poll_frequency=0.5).until(lambda _: field("GPUs per node").get_attribute("value") == "4")
+    assert field("inter-node network").get_attribute("value") == "4x200g"
+    upload("colour.toml", 'colour = "red"\n')
+    WebDriverWait(browser, 30, poll_frequency=0.5).until(
+        lambda d: "network file colour.toml: unknown key 'colour'" in d.find_element(by.TAG_NAME, "body").text)
 
 
 def _plan_page(browser, address: str, query: str, shows: str) -> str:

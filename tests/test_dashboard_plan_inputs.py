@@ -8,6 +8,7 @@ from dataclasses import fields, replace
 
 import pytest
 
+from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import LINKS_BY_KEY
@@ -245,3 +246,18 @@ def test_the_page_names_the_recipe_and_a_bad_one_in_the_url(tmp_path, monkeypatc
                "torchao-tensorwise, torchao-rowwise, torchao-mxfp8, or auto.")
     assert warnings(bad) == [unknown]
     assert bad.selectbox(key="plan_fp8").value == "off"
+
+
+def test_an_uploaded_network_file_fills_the_network_inputs_it_gives():
+    """As `headroom plan --network FILE`: the page's GPUs per node, intra-node link and network from the file's
+    keys, those it leaves out untouched; a file that is not one is refused naming it and what is wrong."""
+    given = planning.network_inputs(b'gpus_per_node = 4\ninterconnect = "4x200g"\n', "cluster.toml")
+    assert given == {"gpus_per_node": 4, "interconnect": "4x200g"}
+    inputs = PlanInputs(gpus=16, global_batch=32).with_(**given)
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    request = planning.build_request(inputs, planning.resolve_preset(inputs.model), profile)
+    assert (request.cluster.gpus_per_node, request.cluster.nics_per_node) == (4, 4)
+    with pytest.raises(ConfigError, match=r"network file cluster.toml: unknown key 'colour'"):
+        planning.network_inputs(b'colour = "red"\n', "cluster.toml")
+    with pytest.raises(ConfigError, match=r"network file big.toml: over 64 KiB"):
+        planning.network_inputs(b"#" * (planning.NETWORK_FILE_BYTES + 1), "big.toml")

@@ -114,6 +114,22 @@ with st.sidebar:
     st.number_input("GPUs to search", min_value=0, step=8, key="plan_gpus",
                     help=f"every tp x pp x cp x dp layout and sharding stage of this many GPUs, at most {MAX_GPUS}; "
                     "0 plans the one layout the axes below give")
+    network_file = st.file_uploader("network file (TOML)", type="toml", key="plan_network_file",
+                                    help="a cluster's network as `headroom plan --network FILE` reads it: "
+                                    "gpus_per_node, intra_node, interconnect (e.g. interconnect = \"8x200g\"); it "
+                                    "fills the inputs below, which stay yours to change")
+    if network_file is not None and st.session_state.get("plan_network_applied") != network_file.file_id:
+        st.session_state.plan_network_applied = network_file.file_id  # once an upload: then the inputs are yours
+        try:
+            for field, value in planning.network_inputs(network_file.read(planning.NETWORK_FILE_BYTES + 1),
+                                                        network_file.name).items():
+                st.session_state[f"plan_{field}"] = value
+        except ConfigError as err:
+            st.session_state.plan_network_error = said(err)
+        else:
+            st.session_state.plan_network_error = None
+    if network_file is not None and st.session_state.get("plan_network_error"):
+        st.error(st.session_state.plan_network_error)
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
     given = st.session_state.plan_interconnect  # a network typed as NICs x Gb/s stays among the choices
