@@ -52,8 +52,7 @@ from headroom.core.specs.layout import (
     Layout,
 )
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.network_file import MAX_BYTES as NETWORK_FILE_BYTES
-from headroom.core.specs.network_file import parse_network_file
+from headroom.core.specs.network_file import MAX_BYTES, parse_network_file
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
@@ -222,6 +221,10 @@ class PlanInputs:
 
     def with_(self, **changes) -> PlanInputs:
         return replace(self, **changes)
+
+
+NETWORK_FILE_BYTES = MAX_BYTES
+"""An uploaded network file is read to one byte past this: a larger one is refused as none."""
 
 
 def network_inputs(data: bytes, name: str) -> dict[str, object]:
