@@ -108,3 +108,12 @@ def test_a_device_without_a_datasheet_link_takes_the_one_given_and_says_nothing_
     assert given.intra.key == "nvlink3" and given.assumed == ""
     with pytest.raises(ConfigError, match="unknown link 'nvlnk3' between the GPUs of a node"):
         cluster_for("cpu", intra="nvlnk3")
+
+
+def test_a_name_with_a_nul_is_refused_as_no_file_name(run_cli):
+    """Found by tests/test_cli_fuzz.py: the OS refuses a NUL in a path with a ValueError, not an OSError."""
+    result = run_cli("plan", "--model", "bench-llama-tiny", "--seq-len", "64", "--global-batch", "2", "--network",
+                     "cluster\x00.toml")
+    assert result.returncode == 2
+    assert result.stderr.startswith("headroom: error: --network cluster")
+    assert "not a file name (it holds a NUL character)" in result.stderr and "\x00" not in result.stderr
