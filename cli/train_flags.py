@@ -64,7 +64,7 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
     if fp8 != "none":
         choices = [*FP8_CHOICES, *([AUTO] if fp8 == "auto" else [])]
         p.add_argument("--fp8", default="off", choices=choices,
-                       help="FP8 recipe of the block linears: " + "; ".join(
+                       help="FP8 recipe of the linears: " + "; ".join(
                            f"{r.name} ({r.summary})" for r in FLOAT8_RECIPES.values())
                        + ("; auto tries each the stack runs, on GPUs with fp8 units" if fp8 == "auto" else "")
                        + " (default off; needs a bf16 recipe, or amp-bf16 with --zero 3)")

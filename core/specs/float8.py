@@ -92,7 +92,7 @@ FLOAT8_RECIPES: dict[str, Float8Recipe] = {
                      "torchao float8, one dynamic scale per tensor",
                      "torchtitan 0.3's Float8LinearConverter offers the rowwise recipes only"),
         Float8Recipe("torchao-rowwise", "rowwise", ("reference", "torchtitan"),
-                     "torchao float8, one dynamic scale per row (torchtitan's default recipe)"),
+                     "torchao float8, one dynamic scale per row; torchtitan's default"),
         Float8Recipe("torchao-mxfp8", "mxfp8", ("reference", "torchtitan"),
                      "torchao MXFP8, one scale per block of 32, Blackwell only", block=32),
     )
