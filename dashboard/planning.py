@@ -210,10 +210,10 @@ class PlanInputs:
         return cls(global_batch=run.sequences_per_rank * run.train.layout.dp, gpus=0, **values, **rest)
 
     def run_config(self) -> RunConfig | None:
-        """The configuration these inputs evaluate when they pin one (one layout, micro-batch, accumulation and
-        policy all pinned); None when the planner is left to choose. ConfigError names a bad input."""
+        """The configuration these inputs evaluate when they pin one (one layout, micro-batch, accumulation,
+        policy and FP8 recipe all pinned); None when the planner is left to choose. ConfigError names a bad input."""
         pins = configuration_pins(self)
-        if self.gpus or None in pins.values():
+        if self.gpus or None in pins.values() or self.fp8 == AUTO:  # searched recipes: one candidate each
             return None
         train = plan_ask(self).train
         return RunConfig(train=replace(train, micro_batch=pins["micro_batch"], recompute=pins["recompute"]),

@@ -225,6 +225,7 @@ def test_an_fp8_recipe_travels_in_the_url_and_is_planned():
     assert inputs.fp8 == "torchao-rowwise"
     shared = PlanInputs.from_query(inputs.to_query())
     assert shared == inputs and shared.run_config() == run
+    assert inputs.with_(fp8="auto").run_config() is None  # one candidate a recipe, not one configuration
     profile, _ = planning.datasheet_hardware(inputs.hardware)
     searched = planning.build_request(inputs.with_(fp8="auto", gpus=8), planning.resolve_preset("llama3-8b"), profile)
     assert searched.fp8_search and searched.train.fp8 == "off" and searched.fp8_text == " (fp8 recipes searched)"
