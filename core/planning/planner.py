@@ -522,12 +522,10 @@ def fp8_requests(request: PlanRequest, profile: HardwareProfile) -> list[PlanReq
     for name, recipe in FLOAT8_RECIPES.items():
         if name == request.train.fp8 or request.train.stack not in recipe.stacks or not runs_recipe(profile, recipe):
             continue
-        try:
-            train = replace(request.train, fp8=name)
-            train.check_model(request.spec)
+        try:  # the request checks the configuration and the model, as for the recipe asked for
+            subs.append(replace(request, train=replace(request.train, fp8=name)))
         except ConfigError:
             continue
-        subs.append(replace(request, train=train))
     return subs
 
 

@@ -114,11 +114,10 @@ class TrainConfig:
         if recipe.block and self.layout.tp > 1:
             raise ConfigError(f"--fp8 {recipe.name} with tp {self.layout.tp}: MXFP8 under tensor parallelism is not "
                               "measured yet; use tp 1, or --fp8 torchao-rowwise")
-        if recipe.block and (self.micro_batch * self.seq_len // self.layout.cp) % recipe.block:
-            tokens = self.micro_batch * self.seq_len // self.layout.cp
-            raise ConfigError(f"--fp8 {recipe.name}: a micro-batch's {tokens:,} tokens on a rank (micro-batch x "
-                              f"seq-len / cp) do not divide by its {recipe.block}-element blocks (torchao asserts "
-                              "they do); use a micro-batch or seq-len that makes them")
+        if recipe.block and self.rank_tokens % recipe.block:
+            raise ConfigError(f"--fp8 {recipe.name}: a micro-batch's {self.rank_tokens:,} tokens on a rank "
+                              f"(micro-batch x seq-len / cp) do not divide by its {recipe.block}-element blocks "
+                              "(torchao asserts they do); use a micro-batch or seq-len that makes them")
         if self.runs_autocast:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision} and no FSDP: under autocast "
                               "torchao's Float8Linear casts its input to CUDA's autocast dtype, which is not "

@@ -20,10 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from headroom.core.specs.hardware import HARDWARE_BY_KEY
+
 _MAMF = "ml-engineering MAMF table (Bekman), bf16"
 _H200_REFERENCE = "Headroom's H200 reference run (tests/data/reference, 2026-11-30)"
 
-SUSTAINED_OVER_BURST = 709.8 / 776.0
+H200_BF16_TFLOP_PER_S = 709.8
+"""The H200 reference run's bf16 GEMM at 8192^3, sustained (tests/data/reference)."""
+SUSTAINED_OVER_BURST = H200_BF16_TFLOP_PER_S / 776.0
 """What a GEMM sustains over what a short burst reaches: on the H200 reference run, 709.8 TFLOP/s at 8192^3 (the
 median of five, at 1,590 MHz under the 700 W cap) against the sweep's best, 776.0 at 4096x1024x4096 (1,920 MHz).
 A MAMF figure is a burst's best; a training step runs sustained, so MAMF rows are scaled by this."""
@@ -64,7 +68,8 @@ def _a100(form: str, shape: tuple[int, int, int], mamf_tflop_per_s: float, part:
 
 H200_FP8_TFLOP_PER_S = 1266.3
 """The H200 reference run's fp8 ``_scaled_mm`` at 8192^3 (tests/data/reference), the same run as its bf16 709.8."""
-FP8_OVER_BF16 = (H200_FP8_TFLOP_PER_S / 1978.9) / (709.8 / 989.4)
+_H200 = HARDWARE_BY_KEY["h200"]
+FP8_OVER_BF16 = (H200_FP8_TFLOP_PER_S * 1e12 / _H200.peak("fp8")) / (H200_BF16_TFLOP_PER_S * 1e12 / _H200.peak("bf16"))
 """What fraction of its fp8 peak a large fp8 GEMM reaches over what fraction of its bf16 peak a bf16 one reaches,
 on the H200 (0.892): taken for every other device with fp8 units, none of which has a published fp8 MAMF here
 (``assumed`` in each plan)."""
@@ -79,7 +84,7 @@ CURVES: dict[str, DeviceCurves] = {
         matmul_source="assumed: the H100 SXM's MAMF, scaled to its peak",
         attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction"),
     "h200": DeviceCurves(
-        sms=132, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=709.8,
+        sms=132, matmul_shape=(8192, 8192, 8192), matmul_tflop_per_s=H200_BF16_TFLOP_PER_S,
         matmul_source=f"{_H200_REFERENCE}: 709.8 TFLOP/s at 8192^3, the median of five, power-capped at 1,590 MHz "
                       "(a short burst reaches 776: a training step runs sustained)",
         attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1],
