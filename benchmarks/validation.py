@@ -68,7 +68,8 @@ def _configuration(run: PublishedRun) -> str:
     schedule = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
     return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp} pp {lay.pp}{schedule} dp {lay.dp} zero {lay.zero}, "
             f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
-            f"{run.config.precision}" + (f", {run.inter}" if run.gpus > 8 else "")
+            f"{run.config.precision}" + (f" + fp8 {run.config.fp8}" if run.config.float8 is not None else "")
+            + (f", {run.inter}" if run.gpus > 8 else "")
             + (", FA1-class attention" if run.attention_efficiency is not None else ""))
 
 

@@ -111,13 +111,14 @@ def render(result: Estimate) -> str:
     if cfg.layout.pp > 1:
         lines.append(f"pipeline stages: {split_text_for(cfg.layout, spec.n_layers, cfg.stack)}")
     lines.append("")
-    rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets",
+    rows = ("parameters", "gradients", "master_weights", "optimizer_states", "gradient_buckets", "fp8_weights",
             "gathered_parameters_forward", "gathered_parameters_backward", "weight_copies",
             "activations", "activations_per_layer", "activations_host", "logits", "autocast_cache",
             "forward_transient", "backward_transient", "optimizer_transient", "forward_peak", "backward_peak",
             "optimizer_peak", "peak")
-    optional = ("master_weights", "gradient_buckets", "gathered_parameters_forward", "gathered_parameters_backward",
-                "weight_copies", "activations_host", "autocast_cache", "optimizer_transient")
+    optional = ("master_weights", "gradient_buckets", "fp8_weights", "gathered_parameters_forward",
+                "gathered_parameters_backward", "weight_copies", "activations_host", "autocast_cache",
+                "optimizer_transient")
     memory_rows: list[tuple[str, tuple[str, ...]] | None] = []
     for key in rows:
         if memory[key] == 0 and key in optional:

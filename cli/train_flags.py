@@ -65,9 +65,10 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
         choices = [*FP8_CHOICES, *([AUTO] if fp8 == "auto" else [])]
         p.add_argument("--fp8", default="off", choices=choices,
                        help="FP8 recipe of the linears: " + "; ".join(
-                           f"{r.name} ({r.summary})" for r in FLOAT8_RECIPES.values())
+                           f"{r.name} ({r.summary}; {' and '.join(r.stacks)} stack{'s' if len(r.stacks) > 1 else ''})"
+                           for r in FLOAT8_RECIPES.values())
                        + ("; auto tries each the stack runs, on GPUs with fp8 units" if fp8 == "auto" else "")
-                       + " (default off; needs a bf16 recipe, or amp-bf16 with --zero 3)")
+                       + " (default off; needs a bf16 recipe, or for torchao's amp-bf16 with --zero 3)")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
     p.add_argument("--attention", default="flash", choices=ATTENTIONS,
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")

@@ -50,12 +50,10 @@ EXPORTERS: dict[str, Callable[[Run], Export]] = {
 FP8_UNEXPRESSED = {
     "hf": "the HF Trainer's TrainingArguments have no float8 linear conversion (Accelerate's own FP8 recipes are "
           "not modelled)",
-    "megatron": "Megatron-LM trains FP8 with Transformer Engine (--fp8-format, --fp8-recipe), not torchao's "
-                "float8 linears, and its recipes are not modelled yet",
     "deepspeed": "a DeepSpeed config has no float8 linear conversion (its FP8 is Transformer Engine's, in the model's "
                  "code)",
-    "lightning": "Lightning's FP8 precision is Transformer Engine's (precision=\"transformer-engine\"), not torchao's "
-                 "float8 linears",
+    "lightning": "Lightning's FP8 precision is Transformer Engine's over its own module swap "
+                 "(precision=\"transformer-engine\"), which is not modelled",
 }
 """Formats that cannot carry an FP8 recipe, and why: an export of a plan that uses one is refused, as is torchtitan's
 of a recipe its converter does not offer."""
@@ -70,14 +68,21 @@ def export(fmt: str, request: PlanRequest, best: Candidate) -> Export:
         raise ConfigError(f"unknown export format {fmt!r}; valid: {', '.join(EXPORTERS)}") from None
     if (reason := fp8_refusal(fmt, best)) is not None:
         recipe = best.config.float8
-        other = " or export it with --export torchtitan" if "torchtitan" in recipe.stacks else ""
+        other = next((f" or export it with --export {stack}" for stack in ("torchtitan", "megatron")
+                      if stack in recipe.stacks), "")
         raise ConfigError(f"--export {fmt} of a plan with --fp8 {recipe.name}: {reason}; plan with --fp8 off{other}")
     return writer(Run.of(request, best))
 
 
 def fp8_refusal(fmt: str, best: Candidate) -> str | None:
-    """Why ``fmt`` cannot carry ``best``'s FP8 recipe, or None (no recipe, or one the format carries)."""
+    """Why ``fmt`` cannot carry ``best``'s FP8 recipe, or None (no recipe, or one the format carries: torchtitan's
+    converter recipes, Megatron-LM's Transformer Engine ones)."""
     recipe = best.config.float8
     if recipe is None or (fmt not in FP8_UNEXPRESSED and fmt in recipe.stacks):
         return None
+    if fmt == "megatron":
+        return ("Megatron-LM trains FP8 with Transformer Engine (--fp8-format, --fp8-recipe), not torchao's "
+                "float8 linears")
+    if fmt == "torchtitan" and recipe.saves_fp8:
+        return "torchtitan converts linears with torchao, not Transformer Engine"
     return FP8_UNEXPRESSED.get(fmt) or recipe.stacks_note

@@ -24,6 +24,11 @@ and against its docs (``docs/user-guide/features/dist_optimizer.md``,
   --recompute-num-layers K`` checkpoints segments of K layers of each model
   chunk (headroom's every-K; K = 1 is full); ``--recompute-granularity
   selective --recompute-modules core_attn`` is the attention core.
+- FP8 (Transformer Engine's recipes, headroom.core.specs.float8): ``--fp8-format
+  hybrid`` (e4m3 forward, e5m2 gradients) and ``--fp8-recipe delayed`` or
+  ``tensorwise`` (current scaling); megatron-core's ``TransformerConfig.fp8``
+  (``--fp8-format``) and ``fp8_recipe``, whose default is ``delayed``, so the
+  recipe is always written. The amax history keeps its default length, 1.
 - ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1, so both are
   always written.
 """
@@ -33,6 +38,7 @@ from __future__ import annotations
 import shlex
 
 from headroom.core.exports.run import Export, Run, offload_note, ranks, stack_note
+from headroom.core.specs.float8 import FLOAT8_RECIPES, OFF
 from headroom.core.specs.layout import MULTI_CHUNK
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
@@ -164,6 +170,8 @@ def megatron(run: Run) -> Export:
              "--global-batch-size", str(run.global_batch),
              "--seq-length", str(run.seq_len)]
     args += _precision(run, notes)
+    if run.fp8 != OFF:  # only Transformer Engine's recipes reach here (headroom.core.exports.fp8_refusal)
+        args += ["--fp8-format", "hybrid", "--fp8-recipe", FLOAT8_RECIPES[run.fp8].megatron_recipe]
     args += _sharding(run, notes)
     args += _overlaps(run)
     args += _recompute(run, notes)

@@ -148,7 +148,7 @@ class Estimate:
         return {
             "parameters": static.parameters, "gradients": gradients, "master_weights": static.master_weights,
             "optimizer_states": static.optimizer_states, "gradient_buckets": static.gradient_buckets,
-            "gathered_parameters": gathered, "weight_copies": copies,
+            "fp8_weights": static.fp8_weights, "gathered_parameters": gathered, "weight_copies": copies,
             "activations": activations[0], "logits": activations[1], transient[0]: transient[1],
         }
 
@@ -278,6 +278,7 @@ class Estimate:
             "master_weights": self.static.master_weights,
             "optimizer_states": self.static.optimizer_states,
             "gradient_buckets": self.static.gradient_buckets,
+            "fp8_weights": self.static.fp8_weights,
             "gathered_parameters_forward": self.gathered_parameter_bytes[0],
             "gathered_parameters_backward": self.gathered_parameter_bytes[1],
             "deferred_gradients": self.deferred_gradient_bytes,

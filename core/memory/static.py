@@ -15,6 +15,7 @@ from dataclasses import dataclass, replace
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, first_rank
 from headroom.core.specs.config import TrainConfig
+from headroom.core.specs.float8 import scaling_state_bytes
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import get_precision, optimizer_state_bytes
@@ -35,10 +36,14 @@ class StaticMemory:
     gradient_buckets: int = 0
     """DDP's flat gradient buckets, a second copy of the gradients (``gradient_as_bucket_view=False``,
     the default: its PyTorch documentation says the view saves "the total gradients size")."""
+    fp8_weights: int = 0
+    """Transformer Engine's cached fp8 copies of the blocks' weights, row- and column-wise, and its delayed
+    scaling state (headroom.core.specs.float8): made on a step's first micro-batch, kept on the modules."""
 
     @property
     def total(self) -> int:
-        return self.parameters + self.gradients + self.master_weights + self.optimizer_states + self.gradient_buckets
+        return (self.parameters + self.gradients + self.master_weights + self.optimizer_states + self.gradient_buckets
+                + self.fp8_weights)
 
 
 def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
@@ -164,7 +169,8 @@ def fsdp_first_shard_parameters(spec: ModelSpec, ranks: int) -> int:
 
 
 def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = None) -> StaticMemory:
-    """Parameters, gradients, master copy, optimizer state and DDP buckets of one rank.
+    """Parameters, gradients, master copy, optimizer state, DDP buckets and Transformer Engine's fp8 weight caches
+    of one rank.
 
     Under ZeRO-3 with tp 1 and pp 1 (FSDP alone) this is the first data-parallel rank, the most loaded:
     its padded shard of every parameter (``fsdp_first_shard_parameters``), and the gradients, master
@@ -177,6 +183,30 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     With expert parallelism the rank's routed experts (its 1/ep of them) are sharded over the
     dp x cp / ep ranks that hold the same experts, the rest over dp x cp, each a plain division.
     """
+    rank = rank or first_rank(config.layout, spec.n_layers)
+    return replace(_static_memory(spec, config, rank), fp8_weights=fp8_weight_bytes(spec, config, rank))
+
+
+def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
+    """Transformer Engine's fp8 weight caches on one rank (headroom.core.specs.float8): a row- and a column-wise
+    byte for each weight element of the rank's blocks (its tensor-parallel part), and each linear's delayed
+    scaling state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
+    recipe = config.float8
+    if recipe is None or not recipe.saves_fp8:
+        return 0
+    weights = sum(te_block_weights(spec, config.layout.tp)) * rank.layers
+    return 2 * weights + scaling_state_bytes(recipe, 4 * rank.layers)
+
+
+def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:
+    """One block's Transformer Engine linears on a tensor-parallel rank, by weight elements: q/k/v (one fused
+    projection), the attention's output, fc1 (gate and up as one under a gated MLP) and fc2."""
+    h, f = spec.hidden, spec.ffn_hidden
+    whole = (h * (spec.q_dim + 2 * spec.kv_dim), spec.q_dim * h, (spec.mlp_projections - 1) * h * f, f * h)
+    return tuple(-(-w // tp) for w in whole)
+
+
+def _static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> StaticMemory:
     layout = config.layout
     if config.zero == 3 and layout.tp == 1 and layout.pp == 1 and layout.ep == 1:
         return _unsharded(fsdp_first_shard_parameters(spec, config.dp * layout.cp), config)
@@ -202,7 +232,8 @@ def _unsharded(parameters: int, config: TrainConfig) -> StaticMemory:
 
 def _sum(a: StaticMemory, b: StaticMemory) -> StaticMemory:
     return StaticMemory(a.parameters + b.parameters, a.gradients + b.gradients, a.master_weights + b.master_weights,
-                        a.optimizer_states + b.optimizer_states, a.gradient_buckets + b.gradient_buckets)
+                        a.optimizer_states + b.optimizer_states, a.gradient_buckets + b.gradient_buckets,
+                        a.fp8_weights + b.fp8_weights)
 
 
 def static_memory_of(parameters: int, config: TrainConfig, ranks: int | None = None) -> StaticMemory:

@@ -76,6 +76,9 @@ class TracedOp:
     backward_moved: tuple[int, ...] | None = None
     """A memory-bound op whose backward is not one kernel moving twice its bytes: the bytes each of its backward
     kernels moves (a float8 cast's: the casts backward runs again, headroom.core.specs.float8)."""
+    backward_only: bool = False
+    """Forward runs no kernel for it; only its ``backward_moved`` kernels run (Transformer Engine's cast of a
+    linear's output gradient, where the norm before it wrote the input's fp8 copy)."""
 
     def __post_init__(self) -> None:
         if self.kind == "gemm":
@@ -131,6 +134,11 @@ class Trace:
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
     weight_copies: dict[str, Sym] = field(default_factory=dict)
+    fp8_copies: dict[int, Sym] = field(default_factory=dict)
+    """Transformer Engine's fp8 copy of each tensor a converted linear reads, by the tensor's storage: one however
+    many linears read it (q, k and v)."""
+    normed: set[int] = field(default_factory=set)
+    """Storages a norm made: the fused norm before a Transformer Engine linear writes their fp8 copy itself."""
     shared: dict[str, Sym] = field(default_factory=dict)
     """Tensors the model makes once per forward and hands every layer (a stack's RoPE tables)."""
     repeats: list[Repeat] = field(default_factory=list)
@@ -290,13 +298,17 @@ class Trace:
         """
         x_in = self.cast(x, "bf16", f"{name}.input_bf16") if self.amp else x
         saved = self.cast(kept, "bf16", f"{name}.input_bf16") if kept is not None and self.amp else kept or x_in
-        self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
-        if bias and self.amp and param_dtype != "bf16":  # autocast casts the bias too; addmm keeps none of it
-            self.new(f"{name}.bias_bf16", (stacked * out_features,), "bf16", reads=2)
         shape = (*x.shape[:-2], rows if rows is not None else x.shape[-2], out_features)
         fp8 = self.float8 is not None and (self.layer is not None or self.float8.converts_head) and stacked == 1 \
             and self.float8.converts(x.shape[-1], out_features)
-        if fp8:
+        if fp8 and self.float8.saves_fp8:
+            # Transformer Engine keeps the input's fp8 copy, and the cached fp8 weight (static memory) for the weight
+            self.save(self._te_input(name, saved, x_in, shape))
+        else:
+            self.save(saved, self.weight(name, (stacked * out_features, x.shape[-1]), param_dtype))
+        if bias and self.amp and param_dtype != "bf16":  # autocast casts the bias too; addmm keeps none of it
+            self.new(f"{name}.bias_bf16", (stacked * out_features,), "bf16", reads=2)
+        if fp8 and not self.float8.saves_fp8:
             self._float8_casts(name, x_in, shape, (out_features, x.shape[-1]), param_dtype)
         out = self.new(f"{name}.out", shape, x_in.dtype)
         rows_in = _numel(x.shape[:-1])  # every row of x, before a row-parallel reduce-scatter
@@ -329,6 +341,44 @@ class Trace:
                      backward_moved=(sum(weight),)),
         ]
 
+    def _te_input(self, name: str, source: Sym, x: Sym, out_shape: tuple[int, ...]) -> Sym:
+        """A Transformer Engine linear's fp8 input (headroom.core.specs.float8), which backward keeps: ``source``'s
+        copy (the sharded input under sequence parallelism, gathered again in fp8 in backward), made once
+        however many linears read it. Its casts, as the time model prices them: forward, unless the norm that made
+        ``source`` wrote it (delayed scaling), one pass writing the row- and column-wise copies (one under
+        sequence parallelism, whose column-wise copy backward makes from the gathered input), after a pass for
+        the amax (current scaling); backward, the output's gradient cast once, row- and column-wise, the same
+        way."""
+        copy = self.fp8_copies.get(source.storage)
+        if copy is None:
+            label = f"{source.name.removeprefix('block.')}_fp8"
+            copy = self.fp8_copies[source.storage] = self.new(label, source.shape, "fp8")
+            self.unrecord(copy)
+            if self.ops is not None:
+                self._te_input_cast(source, x)
+        if self.ops is not None:
+            moved = _numel(out_shape) * (DTYPE_BYTES[x.dtype] * self._te_reads() + 2)
+            self.ops.append(TracedOp(self._named(f"{name}.grad_fp8"), "memory", "fp8", backward_moved=(moved,),
+                                     backward_only=True))
+        return copy
+
+    def _te_reads(self) -> int:
+        """Passes a Transformer Engine cast reads its 16-bit tensor in: its amax, then the cast (current scaling),
+        or the cast alone (delayed scaling's amax is taken in the same kernel)."""
+        return 1 if self.float8.delayed else 2
+
+    def _te_input_cast(self, source: Sym, x: Sym) -> None:
+        """The forward cast of a Transformer Engine linear's input (`_te_input`), recorded in ``ops``."""
+        if self.float8.delayed and source.storage in self.normed:
+            return  # the norm kernel writes the fp8 copy
+        elements = _numel(source.shape)
+        gathered = x.storage != source.storage  # sequence parallel: only the row-wise copy, gathered
+        written = elements * (1 if gathered else 2)
+        backward = (2 * _numel(x.shape),) if gathered else ()  # the gathered copy transposed for the weight gradient
+        self.ops.append(TracedOp(self.fp8_copies[source.storage].name, "memory", "fp8", bytes=written,
+                                 read_bytes=self._te_reads() * elements * DTYPE_BYTES[source.dtype],
+                                 backward_moved=backward))
+
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
         stats = "fp32" if x.dtype == "fp32" or self.rules.norm_stats_fp32 else x.dtype
@@ -337,7 +387,9 @@ class Trace:
         mean, rstd = self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats)
         self.save(x, mean, rstd, self.param(f"{name}.weight", h, param_dtype), self.param(f"{name}.bias", h, param_dtype))
         self.unrecord(mean, rstd)  # one kernel makes them with the output
-        return self.new(f"{name}.out", x.shape, x.dtype)
+        out = self.new(f"{name}.out", x.shape, x.dtype)
+        self.normed.add(out.storage)
+        return out
 
     def rms_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """RMSNorm: the stack's kernel (headroom.core.specs.stack); torch's is the fused one where the device has it.
@@ -358,7 +410,9 @@ class Trace:
             rstd = self.new(f"{name}.rstd", rows, "fp32")
             self.save(x, rstd, weight)
             self.unrecord(rstd)  # one kernel makes it with the output
-            return self.new(f"{name}.out", x.shape, x.dtype)
+            out = self.new(f"{name}.out", x.shape, x.dtype)
+            self.normed.add(out.storage)
+            return out
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
         # x^2, its mean and the epsilon added in place: made and dropped, never kept.
         self.new(f"{name}.squared", x.shape, "fp32")

@@ -11,7 +11,7 @@ from headroom.core.specs.data_parallel import (
     DataParallelSchedule,
     data_parallel_schedule,
 )
-from headroom.core.specs.float8 import Float8Recipe, get_float8, mx_misfits
+from headroom.core.specs.float8 import Float8Recipe, get_float8, mx_misfits, te_misfits
 from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
 from headroom.core.specs.precision import (
@@ -118,6 +118,10 @@ class TrainConfig:
             raise ConfigError(f"--fp8 {recipe.name}: a micro-batch's {self.rank_tokens:,} tokens on a rank "
                               f"(micro-batch x seq-len / cp) do not divide by its {recipe.block}-element blocks "
                               "(torchao asserts they do); use a micro-batch or seq-len that makes them")
+        if recipe.saves_fp8 and self.recipe.autocast:
+            raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision}: Megatron-LM has no autocast; "
+                              "its Transformer Engine linears train bf16 parameters (--bf16): use bf16-master, "
+                              "bf16-fp32grad or bf16-pure")
         if self.runs_autocast:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision} and no FSDP: under autocast "
                               "torchao's Float8Linear casts its input to CUDA's autocast dtype, which is not "
@@ -256,8 +260,16 @@ class TrainConfig:
         """Reject combinations the model cannot run, or cannot split by the layout."""
         if self.float8 is not None and (spec.is_moe or spec.is_mla):
             kind = "a mixture of experts" if spec.is_moe else "latent attention"
-            raise ConfigError(f"{spec.name}: --fp8 {self.fp8} of {kind} is not modelled (torchao converts grouped "
-                              "experts with a prototype converter of its own); use --fp8 off")
+            raise ConfigError(f"{spec.name}: --fp8 {self.fp8} of {kind} is not modelled (grouped experts' fp8 GEMMs "
+                              "are converted apart, by converters of their own); use --fp8 off")
+        tp = self.layout.tp
+        if self.float8 is not None and (misfits := te_misfits(self.float8, {
+                "hidden": spec.hidden, "query width / tp": spec.q_dim // tp, "ffn_hidden / tp": spec.ffn_hidden // tp},
+                self.rank_tokens // tp if self.layout.sp else self.rank_tokens)):
+            verb = "does" if len(misfits) == 1 else "do"
+            raise ConfigError(f"{spec.name}: --fp8 {self.fp8}: Transformer Engine's fp8 GEMMs need each linear's "
+                              f"input width to divide by 16 and its rows by 8, and its {', '.join(misfits)} {verb} "
+                              "not (assert_dim_for_fp8_exec); use --fp8 off, or another micro-batch or seq-len")
         if self.float8 is not None and (misfits := mx_misfits(self.float8, {
                 "hidden": spec.hidden, "query width": spec.q_dim, "key/value width": spec.kv_dim,
                 "ffn_hidden": spec.ffn_hidden, "vocabulary": spec.vocab_size})):

@@ -45,11 +45,47 @@ torchao's float8 training (``torchao.float8``, torchao 0.18; torchtitan 0.3 runs
   (no float8 all-gather): each keeps what the sharded bf16 linear keeps, and a cast whose amax reduces over a
   sharded dimension all-reduces it (headroom.core.timing.comm, ``_float8_amax_calls``). Both measured on two
   gloo ranks: rowwise under sequence parallelism, tensorwise without (tests/test_distributed_memory.py).
+
+Transformer Engine's FP8 (Megatron-LM ``--fp8-format hybrid``: e4m3 forward, e5m2 gradients; ``--fp8-recipe
+delayed`` is TE's ``DelayedScaling``, ``--fp8-recipe tensorwise`` its ``Float8CurrentScaling``; megatron-core's
+``TransformerConfig.fp8_recipe``; Transformer Engine 2.x, ``transformer_engine/pytorch/module/linear.py`` and
+``layernorm_linear.py``):
+
+- **Conversion.** Inside ``fp8_autocast`` every Transformer Engine linear of the blocks runs its three GEMMs in
+  fp8: the fused norm-and-projection (``TELayerNormColumnParallelLinear``: q/k/v, fc1) and the row-parallel
+  ones (the attention's output, fc2). The head is Megatron's own ``ColumnParallelLinear``, outside
+  ``fp8_autocast``: bf16. TE refuses a linear whose input's last width does not divide by 16 or whose rows
+  do not divide by 8 (``assert_dim_for_fp8_exec``): refused here too.
+- **What backward keeps.** Unlike torchao, TE saves the *fp8* input: ``_Linear.forward`` quantizes it and keeps
+  only the column-wise (transposed) copy its weight-gradient GEMM reads ("Discard row-wise data since it is not
+  needed in backward pass"), one byte an element; under sequence parallelism a column-parallel linear keeps its
+  sharded row-wise copy and all-gathers it again, in fp8, in backward (Float8 quantizers support "only rowwise
+  all-gather"). The norm fused into q/k/v and fc1 writes that copy itself (``apply_normalization`` with the
+  input quantizer); its 16-bit output is never kept. The attention core still keeps its bf16 output, so the
+  output projection's fp8 copy comes in addition; fc2's replaces the bf16 SwiGLU output.
+- **Weights.** The fp8 copy of each weight, row-wise for forward and column-wise for the input gradient (Hopper's
+  fp8 GEMMs take TN operands only), is made on a step's first micro-batch and cached on the module for the rest
+  (``is_first_microbatch``, which Megatron's TE wrappers pass; ``_fp8_workspaces["weight"]``): two bytes a
+  weight element for the whole run, beside the bf16 parameter. (``--fp8-param-gather``, which NeMo's recipes
+  set, keeps the parameters themselves in fp8 instead: not modelled.)
+- **Scales.** Delayed scaling keeps, per linear, an amax history of Megatron's ``--fp8-amax-history-len``
+  (default 1) for each of its three forward tensors (input, weight, output) and two backward ones, and a
+  scale per tensor, all fp32 (``DelayedScalingRecipeState``, ``transformer_engine/pytorch/quantization.py``):
+  a few bytes a linear, counted. Current scaling keeps
+  none: each cast takes its tensor's own amax first.
+- **Casts.** Delayed: one pass reading the 16-bit tensor and writing its fp8 row- and column-wise copies (the
+  amax for the next step's scale is taken in the same kernel), none for the norm-fed inputs (the norm writes
+  them). Current: the same, after a pass reading the tensor for its amax, the norm-fed inputs included; under
+  sequence parallelism that amax is all-reduced over the tensor-parallel ranks (a scalar a column-parallel
+  linear, ``set_quantizer_amax_reduction_group``). Backward casts the output's gradient once, row- and
+  column-wise together; the saved input and the cached weight are not cast again. The weights are cast once a
+  step (their first micro-batch), priced with the optimizer's step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from headroom.core.errors import ConfigError
 from headroom.core.specs.precision import get_precision
@@ -64,7 +100,7 @@ class Float8Recipe:
     torchao_recipe: str
     """``Float8LinearConfig.from_recipe_name``'s name: ``tensorwise`` (one scale per tensor) or ``rowwise`` (one
     per row of each GEMM's reduction). The two keep the same tensors and are priced alike (their casts move the
-    same bytes)."""
+    same bytes). Empty for Transformer Engine's recipes."""
     stacks: tuple[str, ...]
     """Stacks that run it: the agent's decoder (reference), and torchtitan's converter where it offers it."""
     summary: str
@@ -73,6 +109,21 @@ class Float8Recipe:
     block: int = 0
     """Elements a scale covers along a GEMM's reduction (MX formats: 32); 0: torchao float8's per-tensor or
     per-row scales."""
+    library: Literal["torchao", "transformer-engine"] = "torchao"
+    """Whose linears: torchao's (kept inputs in 16 bits, weights cast every micro-batch) or Transformer Engine's
+    (kept inputs in fp8, weights cast once a step and cached)."""
+    megatron_recipe: str = ""
+    """Megatron-LM's ``--fp8-recipe`` for a Transformer Engine recipe (with ``--fp8-format hybrid``)."""
+
+    @property
+    def saves_fp8(self) -> bool:
+        """Backward keeps a converted linear's input as its fp8 copy (Transformer Engine), not in 16 bits."""
+        return self.library == "transformer-engine"
+
+    @property
+    def delayed(self) -> bool:
+        """Scales come from an amax history (Transformer Engine's delayed scaling), not each tensor's own amax."""
+        return self.megatron_recipe == "delayed"
 
     @property
     def converts_head(self) -> bool:
@@ -81,8 +132,9 @@ class Float8Recipe:
 
     def converts(self, in_features: int, out_features: int) -> bool:
         """Does the recipe convert a linear of these widths? float8: both divide by 16 (torchtitan's filter);
-        MX: every linear (`mx_misfits` refuses a model with one whose widths do not divide by its blocks)."""
-        return self.block > 0 or (in_features % ALIGNMENT == 0 and out_features % ALIGNMENT == 0)
+        MX and Transformer Engine: every linear (`mx_misfits` and `te_misfits` refuse a model with one they
+        cannot run)."""
+        return self.block > 0 or self.saves_fp8 or (in_features % ALIGNMENT == 0 and out_features % ALIGNMENT == 0)
 
 
 FLOAT8_RECIPES: dict[str, Float8Recipe] = {
@@ -95,6 +147,14 @@ FLOAT8_RECIPES: dict[str, Float8Recipe] = {
                      "torchao float8, one dynamic scale per row; torchtitan's default"),
         Float8Recipe("torchao-mxfp8", "mxfp8", ("reference", "torchtitan"),
                      "torchao MXFP8, one scale per block of 32, Blackwell only", block=32),
+        Float8Recipe("te-delayed", "", ("megatron",),
+                     "Transformer Engine delayed scaling, Megatron's --fp8-recipe delayed",
+                     "Megatron-LM runs it through Transformer Engine",
+                     library="transformer-engine", megatron_recipe="delayed"),
+        Float8Recipe("te-current", "", ("megatron",),
+                     "Transformer Engine current scaling, Megatron's --fp8-recipe tensorwise",
+                     "Megatron-LM runs it through Transformer Engine",
+                     library="transformer-engine", megatron_recipe="tensorwise"),
     )
 }
 OFF = "off"
@@ -117,6 +177,36 @@ def needs_fsdp(precision: str, fp8: str) -> bool:
     """Does ``fp8`` run beside ``precision`` only under FSDP's mixed precision (an autocast recipe, refused without
     FSDP)? A search then holds zero 3 (headroom.core.planning.layout_search.pinned_layout)."""
     return fp8 not in (OFF, AUTO) and get_precision(precision).autocast
+
+
+TE_WIDTH, TE_ROWS = 16, 8
+"""Transformer Engine's fp8 GEMMs need each input's last width to divide by 16 and its rows by 8
+(``assert_dim_for_fp8_exec``, transformer_engine/pytorch/utils.py)."""
+
+AMAX_HISTORY = 1
+"""Megatron-LM's default ``--fp8-amax-history-len``: the delayed-scaling history each fp8 tensor keeps."""
+TE_FORWARD_TENSORS, TE_BACKWARD_TENSORS = 3, 2
+"""Scaled tensors of a Transformer Engine linear's ``fp8_meta``: input, weight and output forward, the output's
+and the input's gradient backward."""
+
+
+def scaling_state_bytes(recipe: Float8Recipe, linears: int) -> int:
+    """Bytes of ``linears`` Transformer Engine linears' delayed-scaling state: each scaled tensor's fp32 amax
+    history and its scale (``DelayedScalingRecipeState``, forward and backward); none under current scaling or
+    torchao, whose scales are each cast's own."""
+    if not recipe.delayed:
+        return 0
+    return linears * (TE_FORWARD_TENSORS + TE_BACKWARD_TENSORS) * (AMAX_HISTORY + 1) * 4
+
+
+def te_misfits(recipe: Float8Recipe, widths: dict[str, int], rows: int) -> list[str]:
+    """What Transformer Engine would refuse of a block's linears: ``widths`` (a name -> the width a linear reads on
+    a rank) that do not divide by 16, and ``rows`` (a micro-batch's tokens a linear reads on a rank) that do not
+    divide by 8."""
+    if not recipe.saves_fp8:
+        return []
+    misfits = [f"{name} {width:,}" for name, width in widths.items() if width % TE_WIDTH]
+    return misfits + ([f"row count {rows:,}"] if rows % TE_ROWS else [])
 
 
 def mx_misfits(recipe: Float8Recipe, widths: dict[str, int]) -> list[str]:

@@ -245,7 +245,11 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
                 ("all_reduce", stream, layers * backward,
                  f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
     sp = "Korthikanti 2022 Sec. 4.2.2"
-    calls = [("all_gather", stream, 2 * layers + rerun, f"per block the 2 norms' outputs forward{again}; {sp}"),
+    # Transformer Engine quantizes a norm's output before it gathers it (headroom.core.specs.float8)
+    te = config.float8 is not None and config.float8.saves_fp8
+    gathered = (spec.hidden, " in fp8 (Transformer Engine)") if te else (stream, "")
+    calls = [("all_gather", gathered[0], 2 * layers + rerun,
+              f"per block the 2 norms' outputs forward{gathered[1]}{again}; {sp}"),
              ("reduce_scatter", matmul, 2 * layers + scatters_again,
               f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
              ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
@@ -260,6 +264,8 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
 AMAX_BYTES = 8
 """torchao reduces a float8 scale's amax in fp64 (``tensor_to_amax``), so a sharded tensor's amax all-reduce moves
 eight bytes a value."""
+TE_AMAX_BYTES = 4
+"""Transformer Engine's amaxes are fp32 (``Float8CurrentScalingQuantizer``'s all-reduce, extensions/cast.cpp)."""
 
 
 def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens: int) -> list[tuple[str, int, int, str]]:
@@ -271,18 +277,27 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
     forward; a column-parallel linear's output-gradient rows and weight rows (hidden) backward. A block whose
     forward reruns (full, every-K, op-selective) runs its forward's again, all of them: the casts come before
     the save that stops a recompute early. Counted call for call on two gloo ranks
-    (tests/test_distributed_memory.py)."""
+    (tests/test_distributed_memory.py). Transformer Engine's current scaling all-reduces one fp32 amax for each
+    sequence-parallel norm output it quantizes (``set_quantizer_amax_reduction_group`` over the tensor-parallel
+    group, layernorm_linear.py); its delayed scaling reduces its amax histories once a forward, outside the
+    tensor-parallel group (not priced: a few kilobytes a micro-batch)."""
     recipe = config.float8
     if recipe is None:
         return []
+    reruns = layers if config.recompute.recomputes_blocks or config.recompute.caches_matmuls else 0
+    again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
+    if recipe.saves_fp8:
+        if recipe.delayed or not config.layout.sp:
+            return []
+        note = ("Transformer Engine current scaling: per block the amax of the 2 sequence-parallel norm outputs "
+                f"(q/k/v's and fc1's input){again}")
+        return [("all_reduce", TE_AMAX_BYTES, 2 * (layers + reruns), note)]
     h, stack = spec.hidden, get_stack(config.stack)
     qkv = [(h, spec.q_dim + 2 * spec.kv_dim)] if stack.fused_qkv else [(h, spec.q_dim), (h, spec.kv_dim), (h, spec.kv_dim)]
     converts = recipe.converts
     columns = sum(converts(i, o) for i, o in qkv) \
         + (spec.mlp_projections - 1) * converts(h, spec.ffn_hidden)  # q, k, v (or one qkv) and up (and gate)
     rows = converts(spec.q_dim, h) + converts(spec.ffn_hidden, h)  # the attention's output and down
-    reruns = layers if config.recompute.recomputes_blocks or config.recompute.caches_matmuls else 0
-    again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
     if recipe.torchao_recipe == "tensorwise":
         forward, backward = columns + 2 * rows, 3 * columns + 2 * rows
         note = f"float8 tensorwise amaxes of sharded tensors: per block {forward} forward, {backward} backward"

@@ -19,7 +19,8 @@ Device time of each op kind (headroom.core.timing.step_ops enumerates them):
   and writes (the trace says how many tensors of its output's size it reads: one for a unary op, two for a
   binary one, a cast its input's bytes) over the achieved bandwidth. Backward moves twice forward's bytes
   (the output's gradient and the saved input in, the input's gradient out) in one kernel; a float8 cast's
-  backward is the casts it runs again, each its own kernel (``TracedOp.backward_moved``).
+  backward is the casts it runs again, each its own kernel (``TracedOp.backward_moved``), and Transformer
+  Engine's cast of a linear's output gradient runs in backward only (``TracedOp.backward_only``).
 - Every kernel adds ``KERNEL_GAP_S``: the device idles between two dependent kernels while the next one
   starts, and a small kernel's grid ramps up and drains.
 
@@ -201,10 +202,12 @@ def ops_time(rates: DeviceRates, ops: tuple[TracedOp, ...],
             backward += 1
         else:
             moved = op.bytes + op.read_bytes
-            memory += memory_s(rates, moved)
             kernels = op.backward_moved if op.backward_moved is not None else (2 * moved,)
             b_memory += sum(memory_s(rates, b) for b in kernels)
             backward += len(kernels)
+            if op.backward_only:
+                continue
+            memory += memory_s(rates, moved)
         launches += 1
     return OpsTime(gemm, attention, memory, b_gemm, b_attention, b_memory, launches, backward, weight)
 

@@ -25,7 +25,7 @@ per optimizer step:
 
 - accumulation: each micro-batch after the first adds its gradients into ``.grad`` (read both, write one);
 - optimizer: a memory-bound pass reading parameters, gradients, master copy and state, and writing all but
-  the gradients;
+  the gradients; under Transformer Engine's FP8 recipes, with the blocks' weights cast to fp8 once a step;
 - communication (headroom.core.timing.comm): tensor- and pipeline-parallel traffic in full; data-parallel and FSDP traffic
   hidden behind the passes it runs in (`_dp_windows`: FSDP's forward gathers behind the forwards that gather,
   gradient reductions and backward gathers behind the backwards that run them, the last alone where
@@ -54,11 +54,13 @@ from typing import Literal
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
 from headroom.core.memory.pipeline import pipeline_seconds
+from headroom.core.memory.static import te_block_weights
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import Float8Recipe
 from headroom.core.specs.hardware import HardwareSpec
 from headroom.core.specs.interconnect import Cluster, cluster_for
+from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.timing.collective_curves import CollectiveCurves
 from headroom.core.timing.comm import (
@@ -76,10 +78,11 @@ from headroom.core.timing.op_time import (
     HostCosts,
     OpsTime,
     anchor_efficiency,
+    memory_s,
     ops_time,
 )
 from headroom.core.timing.schedule_replay import zbv_makespan
-from headroom.core.timing.step_ops import ForwardOps, forward_ops
+from headroom.core.timing.step_ops import ForwardOps, forward_kernels, forward_ops
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -341,7 +344,8 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
     static = estimate.static
     accumulation_s = (accumulation_steps - 1) * 3 * static.gradients / profile.hbm_bytes_per_s
     state = static.optimizer_states + static.master_weights
-    optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s
+    optimizer_s = (2 * static.parameters + static.gradients + 2 * state) / profile.hbm_bytes_per_s \
+        + _fp8_weight_cast_s(estimate, profile)
 
     m = accumulation_steps
     compute = replace(mine, accumulation_s=accumulation_s, optimizer_s=optimizer_s, micro_batches=m)
@@ -470,7 +474,7 @@ def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: boo
         return 0.0, 0.0
     timed = price(head)
     return (timed.forward_s + timed.backward_s,
-            _host_s(profile.host, estimate.config, len(head), 0, timed.backward_launches))
+            _host_s(profile.host, estimate.config, forward_kernels(head), 0, timed.backward_launches))
 
 
 def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Price) -> tuple[float, int]:
@@ -484,7 +488,7 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Pric
     if not policy.recomputes or not flops.blocks_forward:
         return 0.0, 0
     # Shares of the whole model's FLOPs (headroom.core.memory.flops), applied to this rank's time.
-    block_ops = sum(len(block) * n for block, n in ops.blocks)
+    block_ops = sum(forward_kernels(block) * n for block, n in ops.blocks)
     if policy.recomputes_blocks:
         return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
     attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))
@@ -498,6 +502,19 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Pric
     core = [(tuple(op for op in block if op.attention_core), n) for block, n in ops.blocks]
     seconds = sum(price(block).forward_s * n for block, n in core)
     return seconds * rerun, sum(len(block) * n for block, n in core)
+
+
+def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
+    """Transformer Engine's casts of the rank's block weights to fp8, once a step (the first micro-batch's, cached
+    for the rest: headroom.core.specs.float8): each linear's weight read (twice under current scaling, its amax
+    first) and written row- and column-wise, one kernel a linear. Priced with the optimizer's step."""
+    cfg = estimate.config
+    recipe = cfg.float8
+    if recipe is None or not recipe.saves_fp8:
+        return 0.0
+    reads = (1 if recipe.delayed else 2) * DTYPE_BYTES[cfg.block_param_dtype]
+    weights = te_block_weights(estimate.spec, cfg.layout.tp)
+    return estimate.rank.layers * sum(memory_s(profile.rates, w * (reads + 2)) for w in weights)
 
 
 def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, float]:

@@ -50,8 +50,8 @@ class ForwardOps:
 
     @property
     def launches(self) -> int:
-        """Kernels the forward launches."""
-        return sum(len(ops) * n for ops, n in self.blocks) + len(self.head)
+        """Kernels the forward launches (a backward-only op launches none)."""
+        return sum(forward_kernels(ops) * n for ops, n in self.blocks) + forward_kernels(self.head)
 
 
 def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, first: bool = True,
@@ -107,6 +107,10 @@ def _embedding_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[T
     tr.ops = []
     trace_embedding(tr, spec, config, d, config.block_param_dtype)
     return _recorded(tr)
+
+
+def forward_kernels(ops: tuple[TracedOp, ...]) -> int:
+    return sum(not op.backward_only for op in ops)
 
 
 def _recorded(tr: Trace) -> tuple[TracedOp, ...]:
