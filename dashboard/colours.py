@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 
 MEMORY: dict[str, str] = {
     "parameters": "#1f4e79", "gradients": "#4c78a8", "master weights": "#9ecae9", "optimizer states": "#6a51a3",
-    "gradient buckets": "#b79fd8", "gathered parameters": "#8c564b", "weight copies": "#17becf",
+    "gradient buckets": "#b79fd8", "fp8 weights": "#6b8e23", "gathered parameters": "#8c564b", "weight copies": "#17becf",
     "activations": "#f58518", "logits": "#ffc875", "forward transient": "#e45756", "backward transient": "#ff9d98",
     "optimizer transient": "#a3324a", "margin": "#bab0ac",
 }
