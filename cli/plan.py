@@ -45,6 +45,7 @@ from headroom.core.specs.interconnect import (
     intra_node_link,
     network,
 )
+from headroom.core.specs.precision import SEARCHED
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
 from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.step import HardwareProfile
@@ -170,6 +171,7 @@ def plan_ask(args: argparse.Namespace) -> PlanAsk:
         micro_batch=args.micro_batch, accumulation=args.accumulation,
         recompute=None if args.recompute is None else parse_policy(args.recompute),
         train_tokens=args.train_tokens, gpu_hour_price=args.gpu_hour_price, fp8_search=args.fp8 == AUTO,
+        precision_search=args.precision == SEARCHED,
     )
 
 
@@ -177,6 +179,16 @@ def plan_request(args: argparse.Namespace, profile: HardwareProfile) -> PlanRequ
     """The planner's request the flags ask for on ``profile``'s hardware."""
     spec = model_from_args(args)
     return plan_ask(args).request(spec, profile)
+
+
+def _recipe(req: PlanRequest, candidate: Candidate) -> str:
+    """A candidate's searched recipes as the table shows them: "bf16-pure + te-current", "fp8 off"; "" where the
+    plan searched none."""
+    if not req.searches_recipes:
+        return ""
+    config = candidate.config
+    fp8 = config.fp8 if config.float8 is not None else "fp8 off"
+    return f"{config.precision} + {fp8}" if req.precision_search else fp8
 
 
 NOTHING_FITS = 3
@@ -243,7 +255,7 @@ def render(result: Plan, top: int | None) -> str:
     lines = [
         f"plan: {spec.name} ({spec.parameters / 1e9:.2f}B parameters), seq-len {req.seq_len}, global batch "
         f"{req.global_batch} sequences ({req.global_batch * req.seq_len:,} tokens), {where}, "
-        f"{req.precision}{req.fp8_text}, {req.train.optimizer}, {req.train.stack} stack",
+        f"{req.precision_text}, {req.train.optimizer}, {req.train.stack} stack",
         f"hardware: {profile.name} ({profile.source})" + (f"; assumed: {'; '.join(profile.assumptions)}" if profile.assumptions else ""),
     ]
     if req.cluster is not None:
@@ -285,7 +297,8 @@ def render(result: Plan, top: int | None) -> str:
     lines += [
         f"{'pinned' if pinned is not None else 'recommendation'}: {best.layout}; micro-batch "
         f"{best.config.micro_batch} x accumulation {best.accumulation_steps}, recompute {best.config.recompute}"
-        + (f", fp8 {best.config.fp8}" if best.config.float8 is not None else ""),
+        + (f", fp8 {best.config.fp8}" if best.config.float8 is not None else "")
+        + (f", {best.config.precision}" if req.precision_search else ""),
         f"  {best.tokens_per_s:,.0f} tokens/s ({best.tokens_per_s / world:,.0f} per {unit}), {best.step_time_s:.3f} s per step, "
         f"needs {best.required_bytes / GB:.1f} GB of {req.budget_bytes / GB:.1f} GB "
         f"({(req.budget_bytes - best.required_bytes) / GB:.1f} GB headroom)",
@@ -320,13 +333,18 @@ def render(result: Plan, top: int | None) -> str:
     for c in faster[:3]:
         on = f" on {c.layout}" if req.gpus is not None else ""
         lines.append(f"  faster but rejected: {c.label}{on} ({c.tokens_per_s:,.0f} tokens/s) {c.rejection}")
-    lines += ["", f"{'#':>3}  {'micro':>5} {'accum':>5}  {'recompute':<13}{'tokens/s':>12}{'step s':>9}{'needs GB':>10}"
-                  f"{'headroom GB':>13}" + ("  layout" if req.gpus is not None else "")]
+    shown = result.candidates[:top]
+    recipes = [_recipe(req, c) for c in shown]  # the searched precision and fp8 recipe, where searched
+    width = max(map(len, recipes), default=0) + 2 if req.searches_recipes else 0
+    lines += ["", f"{'#':>3}  {'micro':>5} {'accum':>5}  {'recompute':<13}" + f"{'recipe':<{width}}" * bool(width)
+              + f"{'tokens/s':>12}{'step s':>9}{'needs GB':>10}{'headroom GB':>13}"
+              + ("  layout" if req.gpus is not None else "")]
     band = result.band
-    for i, c in enumerate(result.candidates[:top], 1):
+    for i, (c, recipe) in enumerate(zip(shown, recipes, strict=True), 1):
         rank = "1=" if i <= band and band > 1 else str(i)
         lines.append(
-            f"{rank:>3}  {c.config.micro_batch:>5} {c.accumulation_steps:>5}  {str(c.config.recompute):<13}{c.tokens_per_s:>12,.0f}"
+            f"{rank:>3}  {c.config.micro_batch:>5} {c.accumulation_steps:>5}  {c.config.recompute!s:<13}"
+            f"{recipe:<{width}}{c.tokens_per_s:>12,.0f}"
             f"{c.step_time_s:>9.3f}{c.required_bytes / GB:>10.1f}{(req.budget_bytes - c.required_bytes) / GB:>13.1f}"
             + (f"  {c.layout}" if req.gpus is not None else "")
         )
@@ -338,7 +356,7 @@ def render(result: Plan, top: int | None) -> str:
         if result.unsearched:
             lines.append(f"  {unsearched_text(result)}")
         for o in result.layouts[: (top or len(result.layouts))]:
-            lines.append(f"  {str(o.layout):<52} {o.why_lost(best)}")
+            lines.append(f"  {o.layout!s:<52} {o.why_lost(best)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]
     return printable_lines(lines)
 

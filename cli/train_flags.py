@@ -24,7 +24,12 @@ from headroom.core.specs.layout import (
     Layout,
 )
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from headroom.core.specs.precision import (
+    LIGHTEST,
+    OPTIMIZER_STATE_BYTES,
+    PRECISIONS,
+    SEARCHED,
+)
 from headroom.core.specs.recompute import POLICY_MEANINGS, POLICY_NAMES, parse_policy
 from headroom.core.specs.stack import FORMER_NAMES, STACKS
 
@@ -59,8 +64,11 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
         p.add_argument("--recompute", default="none", help=f"activation checkpointing: {policies} (default none)")
     elif recompute == "list":
         p.add_argument("--recompute", default="none", help=f"checkpoint policy(ies), comma-separated: {policies} (default none)")
-    p.add_argument("--precision", default=precision_default, choices=list(PRECISIONS),
-                   help="precision recipe (default " + (precision_default or "amp-bf16 on a GPU, fp32 on a CPU") + ")")
+    searched = [SEARCHED] if fp8 == "auto" else []  # the planner's commands search recipes
+    p.add_argument("--precision", default=precision_default, choices=[*PRECISIONS, *searched],
+                   help="precision recipe (default " + (precision_default or "amp-bf16 on a GPU, fp32 on a CPU") + ")"
+                   + ("; auto tries each the hardware computes in, with and without each fp8 recipe the stack runs"
+                      if searched else ""))
     if fp8 != "none":
         choices = [*FP8_CHOICES, *([AUTO] if fp8 == "auto" else [])]
         p.add_argument("--fp8", default="off", choices=choices,
@@ -224,9 +232,10 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     if not isinstance(micro, int):
         raise ConfigError(f"--micro-batch {micro!r} is not one integer")
     fp8 = getattr(args, "fp8", OFF)  # auto: the planner's to try (PlanRequest.fp8_search)
+    precision = precision or args.precision  # auto: the planner's to try, from the lightest (PlanRequest.precision_search)
     return TrainConfig(
-        seq_len=args.seq_len, micro_batch=micro, precision=precision or args.precision, optimizer=args.optimizer,
-        fp8=OFF if fp8 == AUTO else fp8,
+        seq_len=args.seq_len, micro_batch=micro, precision=LIGHTEST if precision == SEARCHED else precision,
+        optimizer=args.optimizer, fp8=OFF if fp8 == AUTO else fp8,
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )

@@ -39,7 +39,8 @@ def recommendation_text(result: Plan) -> str:
     return (
         f"micro-batch {best.config.micro_batch} x accumulation {best.accumulation_steps} x "
         f"{best.layout.dp} data-parallel rank(s), recompute {best.config.recompute}"
-        f"{f', fp8 {best.config.fp8}' if best.config.float8 is not None else ''}, on {best.layout} "
+        f"{f', fp8 {best.config.fp8}' if best.config.float8 is not None else ''}"
+        f"{f', {best.config.precision}' if result.request.precision_search else ''}, on {best.layout} "
         f"({count(best.layout.world, unit(result.profile))})"
     )
 

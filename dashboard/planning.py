@@ -53,6 +53,7 @@ from headroom.core.specs.layout import (
 )
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.network_file import MAX_BYTES, parse_network_file
+from headroom.core.specs.precision import LIGHTEST
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
@@ -213,7 +214,7 @@ class PlanInputs:
         """The configuration these inputs evaluate when they pin one (one layout, micro-batch, accumulation,
         policy and FP8 recipe all pinned); None when the planner is left to choose. ConfigError names a bad input."""
         pins = configuration_pins(self)
-        if self.gpus or None in pins.values() or self.fp8 == AUTO:  # searched recipes: one candidate each
+        if self.gpus or None in pins.values() or AUTO in (self.fp8, self.precision):  # searched: one candidate each
             return None
         train = plan_ask(self).train
         return RunConfig(train=replace(train, micro_batch=pins["micro_batch"], recompute=pins["recompute"]),
@@ -395,10 +396,10 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
     search = inputs.gpus > 0
     return PlanAsk(
         global_batch=inputs.global_batch,
-        train=TrainConfig(seq_len=inputs.seq_len, precision=inputs.precision, optimizer=inputs.optimizer,
-                          attention=inputs.attention, dropout=inputs.dropout, stack=inputs.stack,
-                          fp8=OFF if inputs.fp8 == AUTO else inputs.fp8, layout=build_layout(inputs)),
-        fp8_search=inputs.fp8 == AUTO,
+        train=TrainConfig(seq_len=inputs.seq_len, precision=LIGHTEST if inputs.precision == AUTO else inputs.precision,
+                          optimizer=inputs.optimizer, attention=inputs.attention, dropout=inputs.dropout,
+                          stack=inputs.stack, fp8=OFF if inputs.fp8 == AUTO else inputs.fp8, layout=build_layout(inputs)),
+        fp8_search=inputs.fp8 == AUTO, precision_search=inputs.precision == AUTO,
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
         pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,
         gpus_per_node=inputs.gpus_per_node, interconnect=inputs.interconnect or None,

@@ -262,3 +262,22 @@ def test_an_uploaded_network_file_fills_the_network_inputs_it_gives():
         planning.network_inputs(b'colour = "red"\n', "cluster.toml")
     with pytest.raises(ConfigError, match=r"network file big.toml: over 64 KiB"):
         planning.network_inputs(b"#" * (planning.NETWORK_FILE_BYTES + 1), "big.toml")
+
+
+def test_the_page_searches_the_precision_when_asked(tmp_path, monkeypatch):
+    """precision auto on the Plan page: as `headroom plan --precision auto`, each recipe a candidate of its own
+    (no one configuration to pin), the header says so and the recommendation names the recipe it picked."""
+    inputs = PlanInputs(model="llama3.2-1b", global_batch=8, precision="auto", micro_batch="2", accumulation_steps="4",
+                        recompute="none")
+    assert inputs.run_config() is None
+    profile, _ = planning.datasheet_hardware("datasheet: h100-sxm")
+    request = planning.build_request(inputs, planning.resolve_preset("llama3.2-1b"), profile)
+    assert request.precision_search and request.train.precision == "bf16-pure"
+    at = render_url(tmp_path, monkeypatch, {"model": "llama3.2-1b", "global_batch": "8", "precision": "auto",
+                                            "stack": "torchtitan", "hardware": "datasheet: h100-sxm"})
+    assert not at.exception and warnings(at) == []
+    assert at.selectbox(key="plan_precision").value == "auto"
+    page = " ".join(str(m.value) for m in at.markdown)
+    assert "precision recipes searched (each with the fp8 recipes the stack runs)" in page
+    recommendation = next(str(s.value) for s in at.success if str(s.value).startswith("**Recommendation:**"))
+    assert any(f", {p}, on " in recommendation for p in ("amp-bf16", "bf16-pure", "bf16-master", "bf16-fp32grad"))

@@ -64,6 +64,9 @@ class PlanAsk:
     gpu_hour_price: float | None = None
     fp8_search: bool = False
     """``--fp8 auto``: try each FP8 recipe beside ``train.fp8`` (PlanRequest.fp8_search)."""
+    precision_search: bool = False
+    """``--precision auto``: try each precision recipe the device computes in, with and without each FP8 recipe
+    (PlanRequest.precision_search)."""
 
     def request(self, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
         """The planner's request for ``spec`` on ``profile``'s hardware; ConfigError names an invalid setting."""
@@ -76,4 +79,5 @@ class PlanAsk:
             cluster=profile.cluster(self.gpus_per_node, self.interconnect, self.intra_node) if spans_gpus else None,
             micro_batch=self.micro_batch, accumulation=self.accumulation, recompute=self.recompute,
             train_tokens=self.train_tokens, gpu_hour_price=self.gpu_hour_price, fp8_search=self.fp8_search,
+            precision_search=self.precision_search,
         )

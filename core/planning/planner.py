@@ -42,7 +42,7 @@ from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.interconnect import Cluster
 from headroom.core.specs.layout import MAX_GPUS, Layout
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.precision import get_precision
+from headroom.core.specs.precision import SEARCHED, get_precision, searched_precisions
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.run_config import RunConfig
 from headroom.core.specs.stack import get_stack
@@ -129,6 +129,10 @@ class PlanRequest:
     fp8_search: bool = False
     """Try every FP8 recipe (headroom.core.specs.float8) beside ``train.fp8`` (``--fp8 auto``): those the stack
     runs and the configuration allows, on hardware with fp8 units."""
+    precision_search: bool = False
+    """Try every precision recipe the hardware computes in (``--precision auto``;
+    headroom.core.specs.precision.searched_precisions), each with fp8 off and with each FP8 recipe as
+    ``fp8_search`` tries them; ``train.precision`` is then the lightest (``LIGHTEST``), which screens each layout."""
 
     def __post_init__(self) -> None:
         if isinstance(self.global_batch, bool) or not isinstance(self.global_batch, int) or self.global_batch <= 0:
@@ -189,7 +193,7 @@ class PlanRequest:
     def pins_one_candidate(self) -> bool:
         """The micro-batch (directly or by accumulation) and the policy are pinned on one layout, and no FP8 recipe
         is searched: the plan evaluates that one configuration, and reports it even when it does not fit."""
-        return self.gpus is None and self.recompute is not None and not self.fp8_search and (
+        return self.gpus is None and self.recompute is not None and not self.searches_recipes and (
             self.micro_batch is not None or self.accumulation is not None)
 
     def run_cost(self, candidate: Candidate) -> RunCost | None:
@@ -233,11 +237,23 @@ class PlanRequest:
         return self.train.precision
 
     @property
+    def searches_recipes(self) -> bool:
+        """The precision or the FP8 recipe is searched: each is a candidate of its own."""
+        return self.fp8_search or self.precision_search
+
+    @property
     def fp8_text(self) -> str:
         """The FP8 recipe a plan's header names beside the precision: searched, pinned, or none ("")."""
         if self.fp8_search:
             return " (fp8 recipes searched)"
         return f" + fp8 {self.train.fp8}" if self.train.float8 is not None else ""
+
+    @property
+    def precision_text(self) -> str:
+        """The precision and FP8 recipe as a plan's header names them."""
+        if self.precision_search:
+            return "precision recipes searched (each with the fp8 recipes the stack runs)"
+        return f"{self.precision}{self.fp8_text}"
 
     @property
     def per_rank_batch(self) -> int:
@@ -279,6 +295,8 @@ class Candidate:
     """One GPU's dense peak for the compute dtype (MFU's denominator); None where the device has none."""
     fragmentation: float = 1.0
     """The allocator's fragmentation ``required_bytes`` was margined by (HardwareProfile.fragmentation_for)."""
+    names_precision: bool = False
+    """Its precision recipe was searched (PlanRequest.precision_search): its label names it."""
 
     @property
     def utilization(self) -> Utilization:
@@ -296,7 +314,8 @@ class Candidate:
 
     @property
     def label(self) -> str:
-        return self.run_config.label
+        """The run configuration's label, and the precision where the plan searched it."""
+        return self.run_config.label + (f", {self.config.precision}" if self.names_precision else "")
 
     @property
     def layout(self) -> Layout:
@@ -326,6 +345,7 @@ class Candidate:
             "micro_batch": self.config.micro_batch,
             "accumulation_steps": self.accumulation_steps,
             "recompute": str(self.config.recompute),
+            "precision": self.config.precision,
             "fp8": self.config.fp8,
             "tokens_per_s": self.tokens_per_s,
             "step_time_s": self.step_time_s,
@@ -507,25 +527,34 @@ def evaluate(request: PlanRequest, profile: HardwareProfile, calibration: Calibr
         estimate=est, accumulation_steps=accumulation, time=time, calibrated_peak_bytes=peak, required_bytes=required,
         tokens_per_s=tokens_per_s(est.config, time) / calibration.time.correction, step_time_s=step_s,
         peak_flop_per_s=profile.peak_flop_per_s.get(est.config.recipe.compute_dtype), fragmentation=fragmentation,
+        names_precision=request.precision_search,
     )
     if required <= request.budget_bytes:
         return candidate
     return replace(candidate, rejection=rejection_reason(candidate, request, profile))
 
 
-def fp8_requests(request: PlanRequest, profile: HardwareProfile) -> list[PlanRequest]:
-    """The request, and under ``fp8_search`` the same with each FP8 recipe the stack runs and this configuration
-    allows, where the device has the tensor cores it needs (headroom.core.timing.step.runs_recipe)."""
-    if not request.fp8_search:
+def recipe_requests(request: PlanRequest, profile: HardwareProfile) -> list[PlanRequest]:
+    """The request, and the same with each recipe it searches: under ``fp8_search`` each FP8 recipe the stack runs
+    and this configuration allows, where the device has the tensor cores it needs
+    (headroom.core.timing.step.runs_recipe); under ``precision_search`` each precision recipe the device computes
+    in (headroom.core.specs.precision.searched_precisions), each with fp8 off and those FP8 recipes."""
+    if not request.searches_recipes:
         return [request]
-    subs = [request]
-    for name, recipe in FLOAT8_RECIPES.items():
-        if name == request.train.fp8 or request.train.stack not in recipe.stacks or not runs_recipe(profile, recipe):
-            continue
-        try:  # the request checks the configuration and the model, as for the recipe asked for
-            subs.append(replace(request, train=replace(request.train, fp8=name)))
-        except ConfigError:
-            continue
+    train = request.train
+    precisions = searched_precisions(profile.peak_flop_per_s) if request.precision_search else [train.precision]
+    fp8s = [train.fp8, *(name for name, recipe in FLOAT8_RECIPES.items()
+                         if name != train.fp8 and train.stack in recipe.stacks and runs_recipe(profile, recipe))]
+    subs = []
+    for precision in precisions:
+        for fp8 in fp8s:
+            if (precision, fp8) == (train.precision, train.fp8):
+                subs.append(request)
+                continue
+            try:  # the request checks the configuration and the model, as for the recipe asked for
+                subs.append(replace(request, train=replace(train, precision=precision, fp8=fp8)))
+            except ConfigError:
+                continue
     return subs
 
 
@@ -577,7 +606,7 @@ def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibratio
 def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, time_limit_s: float | None,
           progress: SearchProgress | None, work: SearchWork) -> Plan:
     unsearched, stopped_at = 0, ""
-    if (request.fp8_search or request.train.float8 is not None) and "fp8" in profile.dtype_sources:
+    if (request.searches_recipes or request.train.float8 is not None) and "fp8" in profile.dtype_sources:
         fp8 = f"fp8 GEMMs by shape from one large fp8 GEMM ({profile.dtype_sources['fp8']})"
         profile = replace(profile, assumptions=(*profile.assumptions, fp8))
     if request.gpus is None:
@@ -657,7 +686,7 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
         if lightest.rejection is not None:
             return LayoutOutcome(layout, None, lightest), [lightest]
     evaluated: list[Candidate] = []
-    for sub in fp8_requests(request, profile):
+    for sub in recipe_requests(request, profile):
         for policy in policies_worth_trying(sub):
             for micro in micro_batches(sub):
                 candidate = evaluate(sub, profile, calibration, micro, policy)
@@ -699,8 +728,8 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "zero": result.request.zero,
             "gpus": result.request.gpus,
             "pinned": sorted(result.request.pinned),
-            "precision": result.request.precision,
-            "fp8": "auto" if result.request.fp8_search else result.request.train.fp8,
+            "precision": SEARCHED if result.request.precision_search else result.request.precision,
+            "fp8": "auto" if result.request.searches_recipes else result.request.train.fp8,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
             "micro_batch": result.request.micro_batch,

@@ -175,8 +175,9 @@ def get_float8(name: str) -> Float8Recipe | None:
 
 def needs_fsdp(precision: str, fp8: str) -> bool:
     """Does ``fp8`` run beside ``precision`` only under FSDP's mixed precision (an autocast recipe, refused without
-    FSDP)? A search then holds zero 3 (headroom.core.planning.layout_search.pinned_layout)."""
-    return fp8 not in (OFF, AUTO) and get_precision(precision).autocast
+    FSDP)? A search then holds zero 3 (headroom.core.planning.layout_search.pinned_layout). A searched precision
+    (``auto``) holds nothing: the search drops the combinations a layout cannot run."""
+    return fp8 not in (OFF, AUTO) and precision != AUTO and get_precision(precision).autocast
 
 
 TE_WIDTH, TE_ROWS = 16, 8

@@ -93,6 +93,25 @@ def optimizer_step_transient_bytes(name: str, device: str, state_bytes: int) -> 
     return state_bytes if name == "adagrad" else 0
 
 
+SEARCHED = "auto"
+"""A plan's ``--precision auto``: the planner tries every recipe the device computes in, each with and without
+the FP8 recipes (headroom.core.planning.planner.PlanRequest.precision_search)."""
+LIGHTEST = "bf16-pure"
+"""The recipe of least static memory and activations: what a precision search screens a layout with."""
+
+
+def searched_precisions(peaks: dict[str, float]) -> list[str]:
+    """The recipes a precision search tries on a device with these dense peaks (dtype -> FLOP/s): every bf16
+    recipe where the device has bf16 units (a profile without peaks, a measured box that timed no matmul, is taken
+    to have them), else fp32. fp32 is not tried beside bf16: its matmuls run at a small fraction of bf16's peak
+    (1/15 on an H100, 1/16 on an A100 without TF32) and its activations take twice the bytes, so it cannot win.
+    The search weighs time and memory only: a recipe's numerics (bf16-pure keeps no fp32 master copy) are the
+    user's to judge."""
+    if peaks and "bf16" not in peaks:
+        return ["fp32"]
+    return [name for name, recipe in PRECISIONS.items() if recipe.compute_dtype == "bf16"]
+
+
 def get_precision(name: str) -> PrecisionRecipe:
     try:
         return PRECISIONS[name]

@@ -29,7 +29,7 @@ from headroom.core.specs.hf_config import (
 )
 from headroom.core.specs.interconnect import LINKS_BY_KEY, NETWORK_EXAMPLE
 from headroom.core.specs.model import ModelSpec
-from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS
+from headroom.core.specs.precision import OPTIMIZER_STATE_BYTES, PRECISIONS, SEARCHED
 from headroom.core.specs.presets import PRESETS
 from headroom.core.specs.stack import STACKS
 from headroom.core.specs.stages import split_text_for
@@ -163,7 +163,9 @@ with st.sidebar:
                     st.selectbox(axis_labels[axis], AXIS_CHOICES[axis], key=f"plan_{axis}")
                 else:
                     st.text_input(axis_labels[axis], key=f"plan_{axis}", placeholder=AUTO)
-    st.selectbox("precision", list(PRECISIONS), key="plan_precision")
+    st.selectbox("precision", [*PRECISIONS, SEARCHED], key="plan_precision",
+                 help="The precision recipe; auto tries each the hardware computes in, with and without each fp8 "
+                      "recipe the stack runs.")
     st.selectbox("fp8 recipe", [*FP8_CHOICES, AUTO], key="plan_fp8",
                  help="the block linears' FP8 recipe: " + "; ".join(f"{r.name}: {r.summary}" for r in
                                                                   FLOAT8_RECIPES.values())
@@ -235,7 +237,7 @@ st.markdown(
     + (f", {spec.active_parameters / 1e9:.2f}B active per token" if spec.is_moe else "")
     + f"), sequence {request.seq_len}, global batch "
     f"{request.global_batch} ({request.global_batch * request.seq_len:,} tokens), {where}, "
-    f"{request.precision}{request.fp8_text}, {request.train.optimizer}, {request.train.stack} stack on "
+    f"{request.precision_text}, {request.train.optimizer}, {request.train.stack} stack on "
     f"**{plain(profile.name)}** "
     f"({profile.source}), "
     f"budget {budget_gb:.1f} GB per {unit}"
