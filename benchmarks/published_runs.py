@@ -140,19 +140,21 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     """The dense FP8 rows of Megatron-Bridge's DGX-H100 table (25.11 NeMo container) that Headroom can express.
 
     Llama 3 70B on 64 H100s, FP8-CS (``bf16_with_fp8_current_scaling_mixed``: ``--fp8-format hybrid
-    --fp8-recipe tensorwise``), global batch 128, micro-batch 1, sequence 8192, TP 4 x PP 8 (virtual 5) x DP 2:
+    --fp8-recipe tensorwise --fp8-param-gather``), global batch 128, micro-batch 1, sequence 8192,
+    TP 4 x PP 8 (virtual 5) x DP 2:
     1,602 tokens/s per GPU. Its recipe (scripts/performance/configs/llama/llama3_workload_base_configs.py,
     ``LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V1``; llama3_llm_pretrain.py; recipes/llama/llama3.py): sequence
     parallel, userbuffers tensor-parallel overlap, the distributed optimizer with gradient reduction and parameter
     gathering overlapped, no recompute, gradients reduced in bf16 (``grad_reduce_in_fp32 = False``); DGX H100 nodes
     on 8 x 400 Gb/s InfiniBand. Not modelled: the recipe keeps the first and last blocks in bf16
-    (``first_last_layers_bf16``) and the parameters in fp8 (``fp8_param_gather``). Not expressed: the 8B row
+    (``first_last_layers_bf16``). Not expressed: the 8B row
     (``recompute_num_layers=5``: Megatron's block recompute of 5 layers a stage, no Headroom policy) and the 405B
     row (126 layers over 8 x 8 virtual stages with the embedding and loss counted: an uneven interleaved split)."""
     layout = Layout(tp=4, sp=True, pp=8, dp=2, zero=1, schedule="interleaved", virtual_stages=5, tp_overlap=True,
                     overlap_grad_reduce=True, overlap_param_gather=True)
     config = TrainConfig(seq_len=8192, micro_batch=1, precision="bf16-master", optimizer="adam",
-                         recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current")
+                         recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
+                         fp8_param_gather=True)
     return [PublishedRun(name="Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", source=f"{MEGATRON_BRIDGE}, DGX-H100",
                          hardware="h100-sxm", spec=get_preset("llama3-70b"), config=config, global_batch=128,
                          published=1602, unit="tokens_per_s_per_gpu", inter="ib-ndr")]

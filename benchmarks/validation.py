@@ -69,6 +69,7 @@ def _configuration(run: PublishedRun) -> str:
     return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp} pp {lay.pp}{schedule} dp {lay.dp} zero {lay.zero}, "
             f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
             f"{run.config.precision}" + (f" + fp8 {run.config.fp8}" if run.config.float8 is not None else "")
+            + (" (fp8 param gather)" if run.config.fp8_params else "")
             + (f", {run.inter}" if run.gpus > 8 else "")
             + (", FA1-class attention" if run.attention_efficiency is not None else ""))
 

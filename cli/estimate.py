@@ -56,6 +56,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     spec = model_from_args(args)
     config = train_config(args)
+    config.check_sharding()
     timed = None
     if args.hardware is not None:
         from headroom.db.hardware import resolve_hardware

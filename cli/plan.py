@@ -159,7 +159,9 @@ def global_batch(args: argparse.Namespace) -> int:
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
     """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
     fsdp = needs_fsdp(args.precision, args.fp8)
-    layout = pinned_layout(layout_values(args), fsdp) if args.gpus is not None else layout_from_args(args, **ONE_GPU)
+    sharded = args.fp8_param_gather == "on"
+    layout = pinned_layout(layout_values(args), fsdp, sharded) if args.gpus is not None \
+        else layout_from_args(args, **ONE_GPU)
     given = read_network_file(args.network) if args.network else NetworkSettings()
     gpus_per_node = args.gpus_per_node if args.gpus_per_node is not None else given.gpus_per_node
     return PlanAsk(

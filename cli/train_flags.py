@@ -77,6 +77,10 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                            for r in FLOAT8_RECIPES.values())
                        + ("; auto tries each the stack runs, on GPUs with fp8 units" if fp8 == "auto" else "")
                        + " (default off; needs a bf16 recipe, or for torchao's amp-bf16 with --zero 3)")
+        p.add_argument("--fp8-param-gather", default="off", choices=["on", "off"],
+                       help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights "
+                            "held in fp8 (the distributed optimizer keeps their fp32 master; --zero 1 or more) and "
+                            "all-gathered in fp8 (default off)")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
     p.add_argument("--attention", default="flash", choices=ATTENTIONS,
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
@@ -236,9 +240,20 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     return TrainConfig(
         seq_len=args.seq_len, micro_batch=micro, precision=LIGHTEST if precision == SEARCHED else precision,
         optimizer=args.optimizer, fp8=OFF if fp8 == AUTO else fp8,
+        fp8_param_gather=_fp8_param_gather(args, fp8),
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )
+
+
+def _fp8_param_gather(args: argparse.Namespace, fp8: str) -> bool:
+    """``--fp8-param-gather on``: refused beside ``--fp8 off``, where no weight is in fp8 to gather."""
+    if getattr(args, "fp8_param_gather", "off") == "off":
+        return False
+    if fp8 == OFF:
+        raise ConfigError("--fp8-param-gather on holds the weights of an FP8 recipe in fp8, and --fp8 is off: use "
+                          "--fp8 te-delayed, te-current or auto")
+    return True
 
 
 POLICIES_HELP = "checkpoint policies (--recompute):\n" + "\n".join(

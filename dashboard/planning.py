@@ -150,6 +150,8 @@ class PlanInputs:
     precision: str = "amp-bf16"
     fp8: str = OFF
     """The FP8 recipe of the block linears (headroom.core.specs.float8), off, or auto (the planner tries each)."""
+    fp8_param_gather: bool = False
+    """Megatron-LM's --fp8-param-gather: the block weights held and gathered in fp8 (TrainConfig.fp8_param_gather)."""
     optimizer: str = "adamw"
     attention: str = "flash"
     stack: str = "reference"
@@ -369,7 +371,9 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values.setdefault(axis, value)
         if values["pp"] == 1:  # one stage runs no pipeline: a pinned schedule is dropped (headroom.dashboard.plan_notes says so)
             values.update(schedule="1f1b", virtual_stages=1)
-    return pinned_layout(values, needs_fsdp(inputs.precision, inputs.fp8)) if search else Layout(**values)
+    if not search:
+        return Layout(**values)
+    return pinned_layout(values, needs_fsdp(inputs.precision, inputs.fp8), inputs.fp8_param_gather)
 
 
 def build_request(inputs: PlanInputs, spec: ModelSpec, profile: HardwareProfile) -> PlanRequest:
@@ -398,7 +402,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
         global_batch=inputs.global_batch,
         train=TrainConfig(seq_len=inputs.seq_len, precision=LIGHTEST if inputs.precision == AUTO else inputs.precision,
                           optimizer=inputs.optimizer, attention=inputs.attention, dropout=inputs.dropout,
-                          stack=inputs.stack, fp8=OFF if inputs.fp8 == AUTO else inputs.fp8, layout=build_layout(inputs)),
+                          stack=inputs.stack, fp8=OFF if inputs.fp8 == AUTO else inputs.fp8,
+                          fp8_param_gather=inputs.fp8_param_gather, layout=build_layout(inputs)),
         fp8_search=inputs.fp8 == AUTO, precision_search=inputs.precision == AUTO,
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,
         pinned=pinned_axes(inputs), gpus=inputs.gpus if search else None,

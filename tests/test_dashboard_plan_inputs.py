@@ -281,3 +281,13 @@ def test_the_page_searches_the_precision_when_asked(tmp_path, monkeypatch):
     assert "precision recipes searched (each with the fp8 recipes the stack runs)" in page
     recommendation = next(str(s.value) for s in at.success if str(s.value).startswith("**Recommendation:**"))
     assert any(f", {p}, on " in recommendation for p in ("amp-bf16", "bf16-pure", "bf16-master", "bf16-fp32grad"))
+
+
+def test_fp8_parameters_travel_through_a_run_configuration_and_the_url():
+    run = RunConfig(train=TrainConfig(seq_len=4096, micro_batch=1, precision="bf16-master", stack="megatron",
+                                      fp8="te-current", fp8_param_gather=True, layout=Layout(tp=2, sp=True)),
+                    accumulation_steps=8)
+    inputs = PlanInputs.of_run(run, model="llama3-8b", hardware=planning.DATASHEET_PREFIX + "h100-sxm")
+    assert inputs.fp8_param_gather is True
+    assert PlanInputs.from_query(inputs.to_query()) == inputs
+    assert inputs.run_config() == run

@@ -224,3 +224,63 @@ def test_the_published_megatron_bridge_h100_fp8_run_within_10_percent():
     run = next(r for r in RUNS if r.source.startswith("Megatron-Bridge"))
     bf16 = validation.predict(dataclasses.replace(run, config=dataclasses.replace(run.config, fp8="off")))
     assert bf16 < 0.75 * rows[0].predicted
+
+
+def test_fp8_parameters_hold_each_block_weight_in_a_byte_and_gather_it_so():
+    """Megatron's --fp8-param-gather over 2 data-parallel ranks under ZeRO 1: the block weights are the fp8
+    parameters (a byte an element, not the recipe's 2) with their column-wise copy (a byte), and the updated
+    parameters are all-gathered in fp8."""
+    spec = get_preset("llama3-8b")
+    h, q, kv, f = spec.hidden, spec.q_dim, spec.kv_dim, spec.ffn_hidden
+    weights = spec.n_layers * (h * (q + 2 * kv) + q * h + 2 * h * f + f * h) // TP
+    layout = Layout(tp=TP, dp=2, zero=1)
+    held, cached = (estimate(spec, _config(layout=layout, fp8_param_gather=on), "cuda").static for on in (True, False))
+    assert cached.parameters - held.parameters == weights
+    assert (cached.fp8_weights, held.fp8_weights) == (2 * weights, weights)
+    cluster = default_cluster("h100-sxm")
+
+    def gathered(on):
+        terms = step_communication(spec, _config(layout=layout, fp8_param_gather=on), 4, cluster)
+        return next(t.message_bytes for t in terms if t.axis == "dp" and t.op == "all_gather")
+
+    assert gathered(False) - gathered(True) == weights
+
+
+def test_fp8_parameters_need_the_distributed_optimizer_and_megatron(run_cli):
+    plain = _config(layout=Layout(tp=TP, dp=2), fp8_param_gather=True)  # a layout the planner's search may try
+    with pytest.raises(ConfigError, match=r"needs Megatron-LM's distributed optimizer.*--zero 1 or more"):
+        plain.check_sharding()
+    _config(layout=Layout(tp=TP), fp8_param_gather=True).check_sharding()  # one data-parallel rank: nothing to shard
+    with pytest.raises(ConfigError, match="the torchtitan stack has none"):
+        _config(fp8="off", stack="torchtitan", fp8_param_gather=True)
+    args = ("estimate", "--model", "llama3-8b", "--precision", "bf16-master", "--stack", "megatron",
+            "--fp8-param-gather", "on")
+    off = run_cli(*args)
+    assert off.returncode == 2 and "--fp8 is off: use --fp8 te-delayed, te-current or auto" in off.stderr
+    unsharded = run_cli(*args, "--fp8", "te-current", "--dp", "2")
+    assert unsharded.returncode == 2 and "use --zero 1 or more" in unsharded.stderr
+
+
+def test_a_search_with_fp8_parameters_tries_only_sharded_layouts_and_exports_the_flag(run_cli):
+    args = ("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware", "h100-sxm",
+            "--gpus", "8", "--precision", "bf16-master", "--stack", "megatron", "--fp8", "te-current",
+            "--fp8-param-gather", "on")
+    result = run_cli(*args, "--json", "--top", "0")
+    assert result.returncode == 0, result.stderr
+    plan = json.loads(result.stdout)
+    assert plan["request"]["fp8_param_gather"] is True
+    layouts = [c["layout"] for c in plan["candidates"] + plan["rejected"]]
+    assert layouts and all(lay["zero"] >= 1 or lay["dp"] * lay["cp"] == 1 for lay in layouts)
+    assert any(lay["zero"] == 0 for lay in layouts)  # one data-parallel rank: nothing to shard, nothing refused
+    exported = run_cli(*args, "--export", "megatron")
+    assert exported.returncode == 0, exported.stderr
+    assert "--fp8-param-gather" in exported.stdout.split("\n")[0].split()
+
+
+def test_a_run_configuration_keeps_fp8_parameters():
+    from headroom.core.specs.run_config import RunConfig
+
+    run = RunConfig(train=_config(layout=Layout(tp=TP, dp=2, zero=1), fp8_param_gather=True), accumulation_steps=2)
+    document = run.to_dict()
+    assert document["fp8_param_gather"] is True and RunConfig.from_dict(document) == run
+    assert "fp8_param_gather" not in RunConfig(train=_config()).to_dict()

@@ -29,6 +29,8 @@ and against its docs (``docs/user-guide/features/dist_optimizer.md``,
   ``tensorwise`` (current scaling); megatron-core's ``TransformerConfig.fp8``
   (``--fp8-format``) and ``fp8_recipe``, whose default is ``delayed``, so the
   recipe is always written. The amax history keeps its default length, 1.
+  ``--fp8-param-gather`` holds the block weights in fp8 (it needs the
+  distributed optimizer: ZeRO 1 or more).
 - ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1, so both are
   always written.
 """
@@ -172,6 +174,8 @@ def megatron(run: Run) -> Export:
     args += _precision(run, notes)
     if run.fp8 != OFF:  # only Transformer Engine's recipes reach here (headroom.core.exports.fp8_refusal)
         args += ["--fp8-format", "hybrid", "--fp8-recipe", FLOAT8_RECIPES[run.fp8].megatron_recipe]
+        if run.fp8_params:
+            args.append("--fp8-param-gather")
     args += _sharding(run, notes)
     args += _overlaps(run)
     args += _recompute(run, notes)

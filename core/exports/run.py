@@ -77,6 +77,8 @@ class Run:
     """GPUs a node: the request's cluster's, else headroom.core.specs.interconnect.default_cluster's 8."""
     fp8: str = "off"
     """The FP8 recipe of the block linears (headroom.core.specs.float8), or ``off``."""
+    fp8_params: bool = False
+    """The block weights are held and gathered in fp8 (Megatron-LM's ``--fp8-param-gather``)."""
 
     @classmethod
     def of(cls, request: PlanRequest, best: Candidate) -> Run:
@@ -93,7 +95,7 @@ class Run:
                    accumulation_steps=run.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
                    stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8,
-                   fp8=cfg.fp8)
+                   fp8=cfg.fp8, fp8_params=cfg.fp8_params)
 
     @property
     def model(self) -> str:

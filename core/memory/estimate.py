@@ -239,6 +239,7 @@ class Estimate:
             "dropout": self.config.dropout,
             "precision": self.config.precision,
             "fp8": self.config.fp8,
+            "fp8_param_gather": self.config.fp8_param_gather,
             "optimizer": self.config.optimizer,
             "dp": self.config.dp,
             "zero": self.config.zero,

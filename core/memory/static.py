@@ -184,18 +184,29 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     dp x cp / ep ranks that hold the same experts, the rest over dp x cp, each a plain division.
     """
     rank = rank or first_rank(config.layout, spec.n_layers)
-    return replace(_static_memory(spec, config, rank), fp8_weights=fp8_weight_bytes(spec, config, rank))
+    static = _static_memory(spec, config, rank)
+    if config.fp8_params:  # the block weights held in fp8: a byte an element, not the recipe's parameter bytes
+        held = (config.recipe.param_bytes - 1) * te_rank_weights(spec, config, rank)
+        static = replace(static, parameters=static.parameters - _shard(held, config.dp * config.layout.cp,
+                                                                       config.zero >= 3))
+    return replace(static, fp8_weights=fp8_weight_bytes(spec, config, rank))
+
+
+def te_rank_weights(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
+    """Weight elements of the Transformer Engine linears of the rank's blocks (their tensor-parallel part)."""
+    return sum(te_block_weights(spec, config.layout.tp)) * rank.layers
 
 
 def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
     """Transformer Engine's fp8 weight caches on one rank (headroom.core.specs.float8): a row- and a column-wise
-    byte for each weight element of the rank's blocks (its tensor-parallel part), and each linear's delayed
-    scaling state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
+    byte for each weight element of the rank's blocks (its tensor-parallel part), or under ``fp8_param_gather``,
+    where the fp8 weight is the parameter itself, the column-wise byte alone; and each linear's delayed scaling
+    state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
     recipe = config.float8
     if recipe is None or not recipe.saves_fp8:
         return 0
-    weights = sum(te_block_weights(spec, config.layout.tp)) * rank.layers
-    return 2 * weights + scaling_state_bytes(recipe, 4 * rank.layers)
+    copies = 1 if config.fp8_params else 2
+    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(recipe, 4 * rank.layers)
 
 
 def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:

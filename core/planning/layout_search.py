@@ -57,15 +57,18 @@ from headroom.core.specs.stages import stage_layers
 PINNABLE: tuple[str, ...] = tuple(f.name for f in fields(Layout))
 
 
-def pinned_layout(values: Mapping[str, object], fsdp: bool = False) -> Layout:
+def pinned_layout(values: Mapping[str, object], fsdp: bool = False, sharded: bool = False) -> Layout:
     """The layout a search request carries: the pinned axes' ``values``, the others the Layout's defaults, which
     the search ignores. An unpinned dp holds a pinned ep, which must divide dp x cp; a pinned
     reshard-after-forward holds zero 3 and, for a shard over k ranks, 2k ranks to keep it over; a tp-overlap
     on, the sequence parallelism it needs; ``fsdp`` (the configuration runs only under FSDP: an FP8 recipe under
-    amp-bf16, headroom.core.specs.float8), zero 3."""
+    amp-bf16, headroom.core.specs.float8), zero 3; ``sharded`` (Megatron's fp8 parameters, which need its
+    distributed optimizer), zero 1 (the search drops each layout the configuration does not run on)."""
     held = dict(values)
     if fsdp:
         held.setdefault("zero", 3)
+    if sharded:
+        held.setdefault("zero", 1)
     if held.get("cp_comm"):
         held.setdefault("cp", 2)
     if held.get("tp_overlap"):
@@ -142,11 +145,12 @@ def _layouts(spec: ModelSpec, train: TrainConfig, gpus: int, gpus_per_node: int,
 
 def _runs(train: TrainConfig, layout: Layout) -> bool:
     """The configuration holds on the layout: an FP8 recipe under amp-bf16 runs only under FSDP's mixed
-    precision (TrainConfig's checks decide; other configurations hold on every layout the search makes)."""
+    precision, Megatron's fp8 parameters only under its distributed optimizer (TrainConfig's checks decide; other
+    configurations hold on every layout the search makes)."""
     if train.float8 is None:
         return True
     try:
-        replace(train, layout=layout)
+        replace(train, layout=layout).check_sharding()
     except ConfigError:
         return False
     return True

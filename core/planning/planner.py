@@ -152,6 +152,7 @@ class PlanRequest:
                 f"{self.context_reserve_bytes / GB:.2f} GB CUDA context reserve"
             )
         self.train.check_model(self.spec)
+        self.train.check_sharding()
         self._check_pins()
         check_run(self.train_tokens, self.gpu_hour_price)
 
@@ -246,7 +247,9 @@ class PlanRequest:
         """The FP8 recipe a plan's header names beside the precision: searched, pinned, or none ("")."""
         if self.fp8_search:
             return " (fp8 recipes searched)"
-        return f" + fp8 {self.train.fp8}" if self.train.float8 is not None else ""
+        if self.train.float8 is None:
+            return ""
+        return f" + fp8 {self.train.fp8}" + (" (fp8 param gather)" if self.train.fp8_params else "")
 
     @property
     def precision_text(self) -> str:
@@ -730,6 +733,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "pinned": sorted(result.request.pinned),
             "precision": SEARCHED if result.request.precision_search else result.request.precision,
             "fp8": "auto" if result.request.searches_recipes else result.request.train.fp8,
+            "fp8_param_gather": result.request.train.fp8_param_gather,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
             "micro_batch": result.request.micro_batch,

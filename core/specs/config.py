@@ -58,6 +58,10 @@ class TrainConfig:
     """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (headroom.core.specs.precision)."""
     fp8: str = "off"
     """FP8 recipe of the linears: ``off`` or a key of headroom.core.specs.float8.FLOAT8_RECIPES."""
+    fp8_param_gather: bool = False
+    """Megatron-LM's ``--fp8-param-gather``: under a Transformer Engine recipe the block weights are held in fp8
+    (the distributed optimizer keeps their fp32 master) and all-gathered in fp8 (headroom.core.specs.float8);
+    without an FP8 recipe it has nothing to act on."""
     optimizer: str = "adamw"
     """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
     attention: Attention = "flash"
@@ -93,11 +97,29 @@ class TrainConfig:
         optimizer_state_bytes(self.optimizer)
         if self.float8 is not None:
             self._check_fp8(self.float8)
+        if self.fp8_param_gather not in (True, False):
+            raise ConfigError(f"fp8-param-gather must be on or off, got {self.fp8_param_gather!r}")
+        if self.fp8_param_gather and self.stack != "megatron":
+            raise ConfigError(f"--fp8-param-gather is Megatron-LM's (its fp8 parameters and their fp8 all-gather); "
+                              f"the {self.stack} stack has none: use --stack megatron, or leave it off")
 
     @property
     def float8(self) -> Float8Recipe | None:
         """The FP8 recipe the block linears train under (headroom.core.specs.float8), or None."""
         return get_float8(self.fp8)
+
+    @property
+    def fp8_params(self) -> bool:
+        """The block weights are held in fp8: ``fp8_param_gather`` under a Transformer Engine recipe."""
+        return self.fp8_param_gather and self.float8 is not None and self.float8.saves_fp8
+
+    def check_sharding(self) -> None:
+        """What the configuration needs of its layout's sharding beyond what a Layout checks: Megatron's fp8
+        parameters its distributed optimizer. Checked where a configuration is planned or estimated, not in
+        every TrainConfig: the core's own keys (a layout with the data parallelism taken out) need not hold it."""
+        if self.fp8_params and self.zero == 0 and self.dp * self.layout.cp > 1:
+            raise ConfigError("--fp8-param-gather needs Megatron-LM's distributed optimizer, whose fp32 master "
+                              "copy it casts into the fp8 weights: use --zero 1 or more")
 
     def _check_fp8(self, recipe: Float8Recipe) -> None:
         """What headroom.core.specs.float8 models of a recipe: its stacks, a bf16 input without autocast, and for

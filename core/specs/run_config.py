@@ -30,7 +30,7 @@ COLUMNS = ("seq_len", "micro_batch", "accumulation_steps", "recompute", "attenti
 """The store's flat columns of a step, in the order `RunConfig.columns` writes them."""
 KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
-OPTIONAL_KEYS = ("fp8",)
+OPTIONAL_KEYS = ("fp8", "fp8_param_gather")
 """Keys written only when set (an FP8 recipe): a document without one reads as before, ``off``."""
 
 
@@ -85,7 +85,8 @@ class RunConfig:
         t = self.train
         return {"version": VERSION, **self.columns(), "dropout": t.dropout, "stack": t.stack,
                 "layout": {key: value for key, value in asdict(t.layout).items() if value is not None},
-                **({"fp8": t.fp8} if t.float8 is not None else {})}
+                **({"fp8": t.fp8} if t.float8 is not None else {}),
+                **({"fp8_param_gather": True} if t.fp8_param_gather else {})}
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> RunConfig:
@@ -114,7 +115,8 @@ class RunConfig:
                                 precision=document["precision"], optimizer=document["optimizer"],
                                 attention=document["attention"], dropout=document["dropout"],
                                 recompute=parse_policy(policy), stack=document["stack"], layout=Layout(**layout),
-                                fp8=document.get("fp8", "off"))
+                                fp8=document.get("fp8", "off"),
+                                fp8_param_gather=document.get("fp8_param_gather", False))
         except TypeError as err:  # a wrongly typed value the dataclasses compare or format
             raise ConfigError(f"run configuration: {err}") from None
         return cls(train=train, accumulation_steps=document["accumulation_steps"])

@@ -40,6 +40,7 @@ from headroom.core.memory.static import (
     fsdp_units,
     rank_expert_parameters,
     rank_parameters,
+    te_rank_weights,
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.data_parallel import DataParallelSchedule
@@ -548,7 +549,8 @@ def step_communication(
         if p == 0 or ranks == 1:
             continue
         over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
-        for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe):
+        in_fp8 = te_rank_weights(spec, config, largest) if config.fp8_params and group == "dp-cp" else 0
+        for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe, in_fp8):
             op, message, calls, size, reshard_group, window, note = call
             add("dp", op, message, calls, size, bool(window),
                 f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
@@ -557,7 +559,7 @@ def step_communication(
 
 
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,
-                          recipe: PrecisionRecipe) -> list[tuple[str, int, int, int, bool, str, str]]:
+                          recipe: PrecisionRecipe, in_fp8: int = 0) -> list[tuple[str, int, int, int, bool, str, str]]:
     """(op, message bytes, calls, group size, over the reshard group, window, what) of one sharding group's
     collectives in a step of ``m`` micro-batches: ``p`` parameters over ``ranks`` ranks, ``kept`` of them in a
     unit FSDP does not reshard after forward.
@@ -570,8 +572,12 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     forward (every micro-batch, or once where nothing frees them between) and, for the units resharded after
     forward, again in backward over all the ranks or the k a shard was kept over; the gradients
     reduce-scattered once or every micro-batch, in the gradients' dtype (fp32 under amp-bf16, torchtitan's
-    default reduce dtype)."""
-    grads, params, gathered = p * recipe.grad_bytes, p * recipe.param_bytes, p * recipe.activation_bytes
+    default reduce dtype). ``in_fp8`` of the parameters are gathered in fp8, a byte each (Megatron-LM's
+    ``--fp8-param-gather``)."""
+    grads = p * recipe.grad_bytes
+    params = p * recipe.param_bytes - in_fp8 * (recipe.param_bytes - 1)
+    gathered = p * recipe.activation_bytes - in_fp8 * (recipe.activation_bytes - 1)
+    fp8 = " (the block weights in fp8)" if in_fp8 else ""
     reductions = schedule.reductions(m)
     every = "once per step" if reductions == 1 else "every micro-batch"
     reduced = "backward" if schedule.overlap_grad_reduce else ""
@@ -583,15 +589,15 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
         gathered_in = "forward" if schedule.overlap_param_gather else ""
         return [("reduce_scatter", grads, calls, ranks, False, reduced,
                  f"gradients {'once per step' if calls == 1 else 'every micro-batch'}{after}"),
-                ("all_gather", params, 1, ranks, False, gathered_in, "updated parameters once per step, "
+                ("all_gather", params, 1, ranks, False, gathered_in, f"updated parameters{fp8} once per step, "
                  + ("during the next forward" if gathered_in else "after the optimizer step"))]
     forward, backward = schedule.forward_gathers(m), schedule.backward_gathers(m)
     calls = [("all_gather", gathered, forward, ranks, False, "forward",
-              "FSDP: parameters in the compute dtype, forward, "
+              f"FSDP: parameters in the compute dtype{fp8}, forward, "
               + ("every micro-batch" if forward == m else "once per step (kept gathered between micro-batches)"))]
     if backward and p > kept:
         size = schedule.backward_gather_ranks(ranks)
-        calls.append(("all_gather", (p - kept) * recipe.activation_bytes, backward, size, size != ranks, "backward",
+        calls.append(("all_gather", (p - kept) * gathered // p, backward, size, size != ranks, "backward",
                       "FSDP: parameters resharded after forward, again in backward, every micro-batch"))
     calls.append(("reduce_scatter", grads, reductions, ranks, False, "backward", f"FSDP: gradients {every}"))
     return calls

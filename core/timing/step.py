@@ -507,14 +507,24 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Pric
 def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
     """Transformer Engine's casts of the rank's block weights to fp8, once a step (the first micro-batch's, cached
     for the rest: headroom.core.specs.float8): each linear's weight read (twice under current scaling, its amax
-    first) and written row- and column-wise, one kernel a linear. Priced with the optimizer's step."""
+    first) and written row- and column-wise, one kernel a linear. Under ``fp8_param_gather`` the optimizer casts
+    its fp32 master shard into the fp8 weight instead (read, twice under current scaling, and a byte written, over
+    the dp x cp ranks the master is sharded over) and each rank transposes the gathered weight (a byte read, a
+    byte written). Priced with the optimizer's step."""
     cfg = estimate.config
     recipe = cfg.float8
     if recipe is None or not recipe.saves_fp8:
         return 0.0
-    reads = (1 if recipe.delayed else 2) * DTYPE_BYTES[cfg.block_param_dtype]
+    passes = 1 if recipe.delayed else 2
     weights = te_block_weights(estimate.spec, cfg.layout.tp)
-    return estimate.rank.layers * sum(memory_s(profile.rates, w * (reads + 2)) for w in weights)
+    rates = profile.rates
+    if cfg.fp8_params:
+        ranks = cfg.dp * cfg.layout.cp
+        seconds = sum(memory_s(rates, -(-w // ranks) * (4 * passes + 1)) + memory_s(rates, 2 * w) for w in weights)
+    else:
+        reads = passes * DTYPE_BYTES[cfg.block_param_dtype]
+        seconds = sum(memory_s(rates, w * (reads + 2)) for w in weights)
+    return estimate.rank.layers * seconds
 
 
 def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, float]:

@@ -171,6 +171,9 @@ with st.sidebar:
                                                                   FLOAT8_RECIPES.values())
                  + "; auto tries each the stack runs, on GPUs with fp8 units. Needs a bf16 recipe, or amp-bf16 "
                  "with ZeRO 3")
+    st.checkbox("fp8 param gather (Megatron)", key="plan_fp8_param_gather",
+                help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights held "
+                     "and all-gathered in fp8 (with ZeRO 1 or more)")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
     st.number_input("dropout (gpt blocks)", min_value=0.0, max_value=0.95, step=0.05, key="plan_dropout",
