@@ -185,6 +185,8 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     """
     rank = rank or first_rank(config.layout, spec.n_layers)
     static = _static_memory(spec, config, rank)
+    if config.float8 is None or not config.float8.saves_fp8:
+        return static
     if config.fp8_params:  # the block weights held in fp8: a byte an element, not the recipe's parameter bytes
         held = (config.recipe.param_bytes - 1) * te_rank_weights(spec, config, rank)
         static = replace(static, parameters=static.parameters - _shard(held, config.dp * config.layout.cp,

@@ -379,6 +379,12 @@ class Trace:
                                  read_bytes=self._te_reads() * elements * DTYPE_BYTES[source.dtype],
                                  backward_moved=backward))
 
+    def _norm_output(self, out: Sym) -> Sym:
+        """A norm's output, remembered where a Transformer Engine linear may read it (`_te_input`)."""
+        if self.float8 is not None and self.float8.saves_fp8:
+            self.normed.add(out.storage)
+        return out
+
     def layer_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """Saves its input, mean, rstd, weight and bias; the output is recomputed from them."""
         stats = "fp32" if x.dtype == "fp32" or self.rules.norm_stats_fp32 else x.dtype
@@ -387,9 +393,7 @@ class Trace:
         mean, rstd = self.new(f"{name}.mean", rows, stats), self.new(f"{name}.rstd", rows, stats)
         self.save(x, mean, rstd, self.param(f"{name}.weight", h, param_dtype), self.param(f"{name}.bias", h, param_dtype))
         self.unrecord(mean, rstd)  # one kernel makes them with the output
-        out = self.new(f"{name}.out", x.shape, x.dtype)
-        self.normed.add(out.storage)
-        return out
+        return self._norm_output(self.new(f"{name}.out", x.shape, x.dtype))
 
     def rms_norm(self, x: Sym, name: str, param_dtype: str) -> Sym:
         """RMSNorm: the stack's kernel (headroom.core.specs.stack); torch's is the fused one where the device has it.
@@ -410,9 +414,7 @@ class Trace:
             rstd = self.new(f"{name}.rstd", rows, "fp32")
             self.save(x, rstd, weight)
             self.unrecord(rstd)  # one kernel makes it with the output
-            out = self.new(f"{name}.out", x.shape, x.dtype)
-            self.normed.add(out.storage)
-            return out
+            return self._norm_output(self.new(f"{name}.out", x.shape, x.dtype))
         upcast = self.cast(x, "fp32", f"{name}.input_fp32")
         # x^2, its mean and the epsilon added in place: made and dropped, never kept.
         self.new(f"{name}.squared", x.shape, "fp32")

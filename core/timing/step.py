@@ -82,7 +82,7 @@ from headroom.core.timing.op_time import (
     ops_time,
 )
 from headroom.core.timing.schedule_replay import zbv_makespan
-from headroom.core.timing.step_ops import ForwardOps, forward_kernels, forward_ops
+from headroom.core.timing.step_ops import ForwardOps, forward_ops
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -474,7 +474,7 @@ def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: boo
         return 0.0, 0.0
     timed = price(head)
     return (timed.forward_s + timed.backward_s,
-            _host_s(profile.host, estimate.config, forward_kernels(head), 0, timed.backward_launches))
+            _host_s(profile.host, estimate.config, len(head), 0, timed.backward_launches))
 
 
 def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Price) -> tuple[float, int]:
@@ -488,7 +488,7 @@ def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Pric
     if not policy.recomputes or not flops.blocks_forward:
         return 0.0, 0
     # Shares of the whole model's FLOPs (headroom.core.memory.flops), applied to this rank's time.
-    block_ops = sum(forward_kernels(block) * n for block, n in ops.blocks)
+    block_ops = ops.launches - len(ops.head)
     if policy.recomputes_blocks:
         return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
     attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))

@@ -41,17 +41,19 @@ class ForwardOps:
     moe_layers: int
     head: tuple[TracedOp, ...]
     """The final norm, head and loss (on the last stage), and the embedding (on the first)."""
+    backward_only: int = 0
+    """Its ops that launch no forward kernel (Transformer Engine's output-gradient casts), all blocks counted."""
+
+    @property
+    def launches(self) -> int:
+        """Kernels the forward launches."""
+        return sum(len(ops) * n for ops, n in self.blocks) + len(self.head) - self.backward_only
 
     @property
     def blocks(self) -> tuple[tuple[tuple[TracedOp, ...], int], ...]:
         """(a block's ops, how many such blocks) for each kind the rank runs."""
         return tuple((ops, n) for ops, n in ((self.dense_block, self.dense_layers), (self.moe_block, self.moe_layers))
                      if n)
-
-    @property
-    def launches(self) -> int:
-        """Kernels the forward launches (a backward-only op launches none)."""
-        return sum(forward_kernels(ops) * n for ops, n in self.blocks) + forward_kernels(self.head)
 
 
 def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, first: bool = True,
@@ -63,7 +65,11 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
     dense = _block_ops(spec, plain, device, moe=False) if layers > moe_layers else ()
     moe = _block_ops(spec, plain, device, moe=True) if moe_layers else ()
     head = (_embedding_ops(spec, plain, device) if first else ()) + (_head_ops(spec, plain, device) if last else ())
-    return ForwardOps(dense, moe, layers - moe_layers, moe_layers, head)
+    dense_layers = layers - moe_layers
+    skipped = 0
+    if plain.float8 is not None and plain.float8.saves_fp8:  # the only recipe with backward-only ops
+        skipped = sum(n * (len(ops) - forward_kernels(ops)) for ops, n in ((dense, dense_layers), (moe, moe_layers)))
+    return ForwardOps(dense, moe, dense_layers, moe_layers, head, skipped)
 
 
 @functools.lru_cache(maxsize=1024)
