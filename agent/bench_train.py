@@ -90,6 +90,10 @@ def build_model(setup: TrainSetup, device: torch.device) -> Decoder:
         model = model.to(torch.bfloat16)
     if cfg.float8 is not None:
         float8.convert(model, cfg.float8)
+    if cfg.compile:
+        from headroom.agent.compiled import compile_blocks  # only where a run compiles
+
+        compile_blocks(model, cfg.recompute, cfg.stack)
     return model.train()
 
 

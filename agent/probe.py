@@ -35,7 +35,7 @@ from __future__ import annotations
 import gc
 import sys
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -172,7 +172,7 @@ class _StorageTracker(TorchDispatchMode):
         return out
 
 
-def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeResult:
+def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor], track: bool = True) -> ProbeResult:
     """Run ``forward()`` once and report what stays alive for backward.
 
     ``forward`` runs the model (under whatever autocast the caller wants) and
@@ -181,6 +181,10 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
     resizes a gathered parameter to 0 bytes after its unit's forward) costs
     nothing and is left out. Parameters are the model's before or after the
     forward (FSDP registers its gathered parameters while they are in use).
+
+    ``track=False`` leaves the dispatch mode out, autograd's hooks alone: for compiled blocks, which dynamo runs
+    eagerly under a dispatch mode (it would measure the eager blocks). What the hooks cannot see (a selective
+    checkpoint's cache, offload copies) is then not measured.
     """
     param_keys = {storage_key(p) for p in model.parameters()}
     device = next(model.parameters()).device.type if param_keys else "cpu"
@@ -220,7 +224,7 @@ def probe(model: torch.nn.Module, forward: Callable[[], torch.Tensor]) -> ProbeR
     tracker = _StorageTracker(param_keys, known=set(param_keys), modules=modules)
     with _young_garbage_collected():
         try:
-            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t), tracker if track else nullcontext():
                 loss = forward()
         finally:
             for hook in hooks:

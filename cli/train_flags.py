@@ -81,6 +81,11 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                        help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights "
                             "held in fp8 (the distributed optimizer keeps their fp32 master; --zero 1 or more) and "
                             "all-gathered in fp8 (default off)")
+    if fp8 != "none":  # the planner's and the estimate's commands
+        p.add_argument("--compile", default="off", choices=["on", "off"],
+                       help="each block compiled with torch.compile, as torchtitan's --compile.enable (reference and "
+                            "torchtitan stacks, llama blocks, recompute none or full): what inductor keeps for "
+                            "backward, measured on the CPU; the step priced as eager (default off)")
     p.add_argument("--optimizer", default="adamw", choices=list(OPTIMIZER_STATE_BYTES), help="optimizer (default adamw)")
     p.add_argument("--attention", default="flash", choices=ATTENTIONS,
                    help="flash (fused SDPA) or standard (materialises s x s scores); default flash")
@@ -240,7 +245,7 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     return TrainConfig(
         seq_len=args.seq_len, micro_batch=micro, precision=LIGHTEST if precision == SEARCHED else precision,
         optimizer=args.optimizer, fp8=OFF if fp8 == AUTO else fp8,
-        fp8_param_gather=_fp8_param_gather(args, fp8),
+        fp8_param_gather=_fp8_param_gather(args, fp8), compile=getattr(args, "compile", "off") == "on",
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )

@@ -30,6 +30,7 @@ from typing import Any
 from headroom.core.exports.run import (
     Export,
     Run,
+    compile_note,
     ep_overlap_note,
     offload_note,
     tp_overlap_note,
@@ -141,5 +142,7 @@ def deepspeed(run: Run) -> Export:
     _precision(run, config, notes)
     _layout(run, config, notes)
     _checkpointing(run, notes)
+    if (note := compile_note(run, "DeepSpeed", "call engine.compile() on the model, or compile its blocks")) is not None:
+        notes.append(note)
     return Export("deepspeed", json.dumps(config, indent=2), tuple(notes), notes_in_text=False,
                   unexpressed=run.axes_among(UNEXPRESSED))

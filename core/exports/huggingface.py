@@ -33,6 +33,7 @@ from headroom.core.exports.run import (
     Run,
     capacity_note,
     commented,
+    compile_note,
     data_parallel_batch,
     offload_note,
     overlap_note,
@@ -145,6 +146,8 @@ def huggingface(run: Run) -> Export:
     liger = run.stack == "hf-liger"
     stack = run.stack if liger else "hf"
     if hf_stack_covers(run.spec, stack) and (note := stack_note(run, "transformers", stack)):
+        notes.append(note)
+    if (note := compile_note(run, "HF Trainer", "its torch_compile=True compiles the whole model")) is not None:
         notes.append(note)
     if liger:
         notes.append("use_liger_kernel=True patches the model with Liger's Triton kernels when the Trainer is built: "

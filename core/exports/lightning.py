@@ -24,6 +24,7 @@ from headroom.core.exports.run import (
     Run,
     capacity_note,
     commented,
+    compile_note,
     data_parallel_batch,
     offload_note,
     tp_overlap_note,
@@ -104,6 +105,8 @@ def lightning(run: Run) -> Export:
     _checkpointing(run, in_strategy, notes)
     precision = _precision(run, strategy.startswith("DeepSpeedStrategy"), notes)
     micro, accumulation = data_parallel_batch(run, "Lightning", notes)
+    if (note := compile_note(run, "Lightning", "compile each block in configure_model")) is not None:
+        notes.append(note)
     if run.axes_among(UNEXPRESSED):
         notes.append(f"Lightning has no pipeline, context or expert parallel strategy: {run.axes_text(UNEXPRESSED)} "
                      "cannot be expressed")

@@ -39,7 +39,14 @@ from __future__ import annotations
 
 import shlex
 
-from headroom.core.exports.run import Export, Run, offload_note, ranks, stack_note
+from headroom.core.exports.run import (
+    Export,
+    Run,
+    compile_note,
+    offload_note,
+    ranks,
+    stack_note,
+)
 from headroom.core.specs.float8 import FLOAT8_RECIPES, OFF
 from headroom.core.specs.layout import MULTI_CHUNK
 
@@ -183,5 +190,7 @@ def megatron(run: Run) -> Export:
              "--attention-backend", "flash" if run.attention == "flash" else "unfused"]
     args += _optimizer(run, notes)
     if (note := stack_note(run, "Megatron-LM", "megatron")) is not None:
+        notes.append(note)
+    if (note := compile_note(run, "Megatron-LM", "Megatron-LM has no torch.compile of its blocks")) is not None:
         notes.append(note)
     return Export("megatron", shlex.join(args), tuple(notes), notes_in_text=False)

@@ -79,6 +79,8 @@ class Run:
     """The FP8 recipe of the block linears (headroom.core.specs.float8), or ``off``."""
     fp8_params: bool = False
     """The block weights are held and gathered in fp8 (Megatron-LM's ``--fp8-param-gather``)."""
+    compile: bool = False
+    """Each block compiled with torch.compile (TrainConfig.compile)."""
 
     @classmethod
     def of(cls, request: PlanRequest, best: Candidate) -> Run:
@@ -95,7 +97,7 @@ class Run:
                    accumulation_steps=run.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
                    stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8,
-                   fp8=cfg.fp8, fp8_params=cfg.fp8_params)
+                   fp8=cfg.fp8, fp8_params=cfg.fp8_params, compile=cfg.compile)
 
     @property
     def model(self) -> str:
@@ -239,6 +241,15 @@ def ep_overlap_note(run: Run, framework: str) -> str | None:
 def _unrun_overlap(framework: str, what: str, flag: str) -> str:
     return (f"{framework} has no overlap of {what}: they run exposed, slower than planned; re-plan with {flag} off "
             "for its step time")
+
+
+def compile_note(run: Run, framework: str, how: str) -> str | None:
+    """A plan of compiled blocks (TrainConfig.compile) exported to a framework whose settings here do not compile
+    them: ``how`` says how to, in its terms."""
+    if not run.compile:
+        return None
+    return (f"the plan compiles each block with torch.compile (what inductor keeps for backward, as torchtitan's "
+            f"--compile.enable); these {framework} settings do not: {how}, or plan with --compile off")
 
 
 def stack_note(run: Run, framework: str, stack: str) -> str | None:

@@ -258,10 +258,14 @@ def torchtitan(run: Run) -> Export:
     if layout.tp > 1 and not layout.sp:
         parallelism.append("--parallelism.no-enable-sequence-parallel")
     parallelism += _data_parallel_settings(run, notes)
+    if run.compile or layout.tp_overlap:  # its apply_compile: each block (torchtitan/distributed/compile.py)
+        # the blocks alone, as planned (its default compiles the loss too, which the plan counts eager)
+        parallelism += ["--compile.enable", "--compile.components model"]
     if layout.tp_overlap:  # inductor's micro-pipelined TP (torchtitan/distributed/compile.py)
-        parallelism += ["--compile.enable", "--compile.enable_async_tensor_parallel"]
-        notes.append("async tensor parallelism runs under torch.compile (--compile.enable), whose fused kernels save "
-                     "other tensors than the eager ones planned: memory and time may differ from the plan")
+        parallelism.append("--compile.enable_async_tensor_parallel")
+        if not run.compile:
+            notes.append("async tensor parallelism runs under torch.compile (--compile.enable), whose blocks save "
+                         "other tensors than the eager ones planned: plan with --compile on for what they keep")
     if layout.pp > 1:
         parallelism += [f"--parallelism.pipeline_parallel_schedule {SCHEDULES[layout.schedule]}",
                         f"--parallelism.pipeline_parallel_microbatch_size {run.micro_batch}", *_stages(run)]

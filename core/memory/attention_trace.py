@@ -138,7 +138,8 @@ def _rope(tr: Trace, x: Sym, tables: tuple[Sym, Sym], name: str) -> Sym:
     """x * cos + rotate_half(x) * sin: saves cos and sin, cast to x's dtype per call. Partial rotary
     rotates the first rotary_dim of each head and concatenates the rest back: the tables are that wide."""
     cos, sin = (tr.cast(t, x.dtype, f"{name}.{t.name.rsplit('.', 1)[-1]}_cast") for t in tables)
-    tr.save(cos, sin)
+    if not tr.in_compiled:  # compiled, backward makes the tables again
+        tr.save(cos, sin)
     # rotate_half's negated half and concatenation, and the two products: made and dropped, never kept.
     half = (*x.shape[:-1], x.shape[-1] // 2)
     for part, shape in (("negated", half), ("rotate_half", x.shape), ("x_cos", x.shape), ("rotated_sin", x.shape)):

@@ -26,7 +26,7 @@ def new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int 
     """An empty trace for ``cfg`` on a device with ``rules``: autocast or not, the stack's kernels, and ``layer``
     the block it starts in (None: the model's own tensors)."""
     return Trace(rules=rules, amp=cfg.runs_autocast, layer=layer, stack=get_stack(cfg.stack),
-                  norm_offset=spec.norm_offset, float8=cfg.float8)
+                  norm_offset=spec.norm_offset, float8=cfg.float8, compiled=cfg.compile)
 
 
 def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: RankKind) -> Trace:
@@ -293,7 +293,7 @@ def _swiglu(tr: Trace, x: Sym, name: str, width: int, out: int, param_dtype: str
         return tr.linear(hidden, f"{name}.down_proj", out, param_dtype, rows=rows, stacked=stacked, bias=bias)
     gate = tr.linear(x, f"{name}.gate_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
     up = tr.linear(x, f"{name}.up_proj", width, param_dtype, kept, stacked=stacked, bias=bias)
-    if tr.stack.swiglu == "silu-mul":
+    if tr.stack.swiglu == "silu-mul" or tr.in_compiled:  # SiLU recomputed in backward
         tr.save(gate, up)
     else:
         tr.save(gate)  # SiLU saves its input

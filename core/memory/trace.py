@@ -130,6 +130,10 @@ class Trace:
     float8: Float8Recipe | None = None
     """The FP8 recipe of the linears (headroom.core.specs.float8: the blocks', and the head's under MXFP8), or
     None."""
+    compiled: bool = False
+    """Each block runs compiled (TrainConfig.compile): inductor decomposes the block and its partitioner keeps,
+    of what eager autograd would, the RMSNorms' inputs and fp32 rstd (as a fused norm does, on every device),
+    and neither RoPE's tables nor SiLU's output, which backward recomputes (measured on the CPU: `in_compiled`)."""
     mm_count: int = 0
     """``aten.mm`` ops run so far in the current block."""
     kept: dict[int, SavedTensor] = field(default_factory=dict)
@@ -379,6 +383,11 @@ class Trace:
                                  read_bytes=self._te_reads() * elements * DTYPE_BYTES[source.dtype],
                                  backward_moved=backward))
 
+    @property
+    def in_compiled(self) -> bool:
+        """The op runs in a compiled block (the embedding, the final norm, the head and the loss stay eager)."""
+        return self.compiled and self.layer is not None
+
     def _norm_output(self, out: Sym) -> Sym:
         """A norm's output, remembered where a Transformer Engine linear may read it (`_te_input`)."""
         if self.float8 is not None and self.float8.saves_fp8:
@@ -410,7 +419,7 @@ class Trace:
         rows = x.shape[:-1] + (1,)
         weight = self.param(f"{name}.weight", (x.shape[-1],), param_dtype)
         kernel = self.stack.rms_norm
-        if kernel == "fused" or (kernel == "torch" and self.rules.fused_rms_norm):
+        if kernel == "fused" or (kernel == "torch" and (self.rules.fused_rms_norm or self.in_compiled)):
             rstd = self.new(f"{name}.rstd", rows, "fp32")
             self.save(x, rstd, weight)
             self.unrecord(rstd)  # one kernel makes it with the output

@@ -734,6 +734,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "precision": SEARCHED if result.request.precision_search else result.request.precision,
             "fp8": "auto" if result.request.searches_recipes else result.request.train.fp8,
             "fp8_param_gather": result.request.train.fp8_param_gather,
+            "compile": result.request.train.compile,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
             "micro_batch": result.request.micro_batch,

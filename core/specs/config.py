@@ -23,6 +23,10 @@ from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import Stack, get_stack, stack_name
 from headroom.core.specs.stages import chunk_layers, stage_layers
 
+COMPILED_STACKS = ("reference", "torchtitan")
+COMPILED_POLICIES = ("none", "full")
+"""Where a compiled block's saved set was measured (TrainConfig.compile)."""
+
 MAX_MICRO_BATCH = 2**20
 """Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
 
@@ -58,6 +62,10 @@ class TrainConfig:
     """``fp32``, ``amp-bf16``, ``bf16-pure`` or ``bf16-master`` (headroom.core.specs.precision)."""
     fp8: str = "off"
     """FP8 recipe of the linears: ``off`` or a key of headroom.core.specs.float8.FLOAT8_RECIPES."""
+    compile: bool = False
+    """Each block compiled with ``torch.compile`` (torchtitan's ``--compile.enable``: its ``apply_compile``
+    compiles every transformer block, its activation checkpoint inside): inductor's partitioner chooses what the
+    block keeps for backward (headroom.core.memory.trace.Trace.compiled)."""
     fp8_param_gather: bool = False
     """Megatron-LM's ``--fp8-param-gather``: under a Transformer Engine recipe the block weights are held in fp8
     (the distributed optimizer keeps their fp32 master) and all-gathered in fp8 (headroom.core.specs.float8);
@@ -97,6 +105,10 @@ class TrainConfig:
         optimizer_state_bytes(self.optimizer)
         if self.float8 is not None:
             self._check_fp8(self.float8)
+        if self.compile not in (True, False):
+            raise ConfigError(f"compile must be on or off, got {self.compile!r}")
+        if self.compile:
+            self._check_compile()
         if self.fp8_param_gather not in (True, False):
             raise ConfigError(f"fp8-param-gather must be on or off, got {self.fp8_param_gather!r}")
         if self.fp8_param_gather and self.stack != "megatron":
@@ -112,6 +124,24 @@ class TrainConfig:
     def fp8_params(self) -> bool:
         """The block weights are held in fp8: ``fp8_param_gather`` under a Transformer Engine recipe."""
         return self.fp8_param_gather and self.float8 is not None and self.float8.saves_fp8
+
+    def _check_compile(self) -> None:
+        """What a compiled block's saved set was measured under (on the CPU, tests/test_compile.py)."""
+        if self.stack not in COMPILED_STACKS:
+            raise ConfigError(f"--compile on under --stack {self.stack}: torch.compile of the blocks is measured for "
+                              f"the {' and '.join(COMPILED_STACKS)} stacks (torchtitan's --compile.enable); use "
+                              "--compile off")
+        if self.recompute.kind not in COMPILED_POLICIES:
+            raise ConfigError(f"--compile on with --recompute {self.recompute}: a compiled block is measured without "
+                              "checkpointing and under full (its checkpoint inside the compiled region); under a "
+                              "per-op policy inductor keeps only the cached outputs its backward reads, not modelled "
+                              "yet: use --recompute none or full, or --compile off")
+        if self.runs_autocast:
+            raise ConfigError(f"--compile on with --precision {self.precision} and no FSDP: compiled autocast is not "
+                              "measured; use a bf16 recipe, or amp-bf16 with --zero 3 (FSDP's mixed precision)")
+        if self.float8 is not None:
+            raise ConfigError(f"--compile on with --fp8 {self.fp8}: a compiled float8 block is not measured yet; use "
+                              "--compile off or --fp8 off")
 
     def check_sharding(self) -> None:
         """What the configuration needs of its layout's sharding beyond what a Layout checks: Megatron's fp8
@@ -205,10 +235,14 @@ class TrainConfig:
 
     def unmodelled_policy(self, spec: ModelSpec, policy: RecomputePolicy) -> str | None:
         """Why ``policy`` cannot be accounted for ``spec`` on this stack, or None: torchtitan's per-op
-        checkpointing of a mixture of experts (which expert outputs it keeps depends on the routing)."""
+        checkpointing of a mixture of experts (which expert outputs it keeps depends on the routing), and a
+        compiled block under a policy it was not measured with."""
         if spec.is_moe and policy.caches_matmuls and get_stack(self.stack).every_other_mm:
             return (f"{spec.name}: {self.stack}'s per-op checkpointing of a mixture of experts caches every second "
                     "matmul, so which experts' outputs it keeps depends on the routing: not modelled")
+        if self.compile and policy.kind not in COMPILED_POLICIES:
+            return (f"a compiled block is measured without checkpointing and under full only "
+                    f"({policy} under torch.compile is not modelled)")
         return None
 
     def model_notes(self, spec: ModelSpec) -> tuple[str, ...]:
@@ -280,6 +314,9 @@ class TrainConfig:
 
     def check_model(self, spec: ModelSpec) -> None:
         """Reject combinations the model cannot run, or cannot split by the layout."""
+        if self.compile and (spec.block != "llama" or spec.is_moe or spec.is_mla or spec.qk_norm or spec.bias != "none"):
+            raise ConfigError(f"{spec.name}: --compile on is measured for llama blocks (RMSNorm, RoPE, SwiGLU, no "
+                              "biases, q/k norms or experts); use --compile off")
         if self.float8 is not None and (spec.is_moe or spec.is_mla):
             kind = "a mixture of experts" if spec.is_moe else "latent attention"
             raise ConfigError(f"{spec.name}: --fp8 {self.fp8} of {kind} is not modelled (grouped experts' fp8 GEMMs "

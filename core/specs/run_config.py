@@ -30,7 +30,7 @@ COLUMNS = ("seq_len", "micro_batch", "accumulation_steps", "recompute", "attenti
 """The store's flat columns of a step, in the order `RunConfig.columns` writes them."""
 KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
-OPTIONAL_KEYS = ("fp8", "fp8_param_gather")
+OPTIONAL_KEYS = ("fp8", "fp8_param_gather", "compile")
 """Keys written only when set (an FP8 recipe): a document without one reads as before, ``off``."""
 
 
@@ -86,7 +86,8 @@ class RunConfig:
         return {"version": VERSION, **self.columns(), "dropout": t.dropout, "stack": t.stack,
                 "layout": {key: value for key, value in asdict(t.layout).items() if value is not None},
                 **({"fp8": t.fp8} if t.float8 is not None else {}),
-                **({"fp8_param_gather": True} if t.fp8_param_gather else {})}
+                **({"fp8_param_gather": True} if t.fp8_param_gather else {}),
+                **({"compile": True} if t.compile else {})}
 
     @classmethod
     def from_dict(cls, document: Mapping[str, Any]) -> RunConfig:
@@ -116,7 +117,8 @@ class RunConfig:
                                 attention=document["attention"], dropout=document["dropout"],
                                 recompute=parse_policy(policy), stack=document["stack"], layout=Layout(**layout),
                                 fp8=document.get("fp8", "off"),
-                                fp8_param_gather=document.get("fp8_param_gather", False))
+                                fp8_param_gather=document.get("fp8_param_gather", False),
+                                compile=document.get("compile", False))
         except TypeError as err:  # a wrongly typed value the dataclasses compare or format
             raise ConfigError(f"run configuration: {err}") from None
         return cls(train=train, accumulation_steps=document["accumulation_steps"])

@@ -171,6 +171,9 @@ with st.sidebar:
                                                                   FLOAT8_RECIPES.values())
                  + "; auto tries each the stack runs, on GPUs with fp8 units. Needs a bf16 recipe, or amp-bf16 "
                  "with ZeRO 3")
+    st.checkbox("torch.compile the blocks", key="plan_compile",
+                help="each block compiled, as torchtitan's --compile.enable: what inductor keeps for backward "
+                     "(reference and torchtitan stacks, llama blocks, recompute none or full); priced as eager")
     st.checkbox("fp8 param gather (Megatron)", key="plan_fp8_param_gather",
                 help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights held "
                      "and all-gathered in fp8 (with ZeRO 1 or more)")
