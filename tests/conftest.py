@@ -80,6 +80,20 @@ def run_cli(monkeypatch, tmp_path_factory, capsys):
     return run
 
 
+@pytest.fixture
+def plan_json(run_cli):
+    """Run ``headroom plan ... --json --top 0`` in this process and return its document; a failed plan fails the
+    test with its stderr."""
+    import json
+
+    def run(*args: str) -> dict:
+        result = run_cli("plan", *args, "--json", "--top", "0")
+        assert result.returncode == 0, result.stderr
+        return json.loads(result.stdout)
+
+    return run
+
+
 class SmokeStore(NamedTuple):
     url: str
     device_name: str

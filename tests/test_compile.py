@@ -5,7 +5,6 @@ exports carry it.
 The decoder is compiled as torchtitan compiles it (headroom.agent.compiled: each block, its checkpoint inside) and
 probed with autograd's saved-tensor hooks alone (a dispatch mode would make dynamo run the blocks eagerly)."""
 
-import json
 from collections import Counter
 
 import pytest
@@ -80,12 +79,9 @@ def test_only_llama_blocks_compile():
     _config(precision="amp-bf16", layout=Layout(dp=2, zero=3))  # FSDP's mixed precision: bf16 blocks
 
 
-def test_plan_tries_only_the_measured_policies_and_says_why(run_cli):
-    result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
-                     "h100-sxm", "--precision", "bf16-pure", "--stack", "torchtitan", "--compile", "on", "--json",
-                     "--top", "0")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+def test_plan_tries_only_the_measured_policies_and_says_why(plan_json):
+    plan = plan_json("--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware", "h100-sxm",
+                     "--precision", "bf16-pure", "--stack", "torchtitan", "--compile", "on")
     assert plan["request"]["compile"] is True
     assert {c["recompute"] for c in plan["candidates"] + plan["rejected"]} <= {"none", "full"}
     assert any("op-selective checkpointing is not tried: a compiled block is measured" in n for n in plan["notes"])

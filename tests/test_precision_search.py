@@ -2,14 +2,13 @@
 precision recipe the hardware computes in, each with fp8 off and with each FP8 recipe the stack runs on a GPU
 with fp8 units, and a plan says which it picked."""
 
-import json
 
 import pytest
 
 from headroom.core.specs.precision import LIGHTEST, PRECISIONS, searched_precisions
 
 BF16_RECIPES = ["amp-bf16", "bf16-pure", "bf16-master", "bf16-fp32grad"]
-PLAN = ("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "16", "--gpus", "2",
+PLAN = ("--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "16", "--gpus", "2",
         "--precision", "auto", "--stack", "torchtitan")
 
 
@@ -20,10 +19,8 @@ def test_a_device_with_bf16_units_tries_every_bf16_recipe_and_one_without_fp32()
     assert set(BF16_RECIPES) | {"fp32"} == set(PRECISIONS) and LIGHTEST in BF16_RECIPES
 
 
-def test_plan_searches_precisions_and_fp8_recipes_on_a_gpu_with_fp8_units(run_cli):
-    result = run_cli(*PLAN, "--hardware", "h100-sxm", "--json", "--top", "0")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+def test_plan_searches_precisions_and_fp8_recipes_on_a_gpu_with_fp8_units(plan_json):
+    plan = plan_json(*PLAN, "--hardware", "h100-sxm")
     assert (plan["request"]["precision"], plan["request"]["fp8"]) == ("auto", "auto")
     tried = {(c["precision"], c["fp8"]) for c in plan["candidates"] + plan["rejected"]}
     # torchtitan's converter runs torchao-rowwise; under amp-bf16 only on FSDP's mixed precision (zero 3)
@@ -35,16 +32,14 @@ def test_plan_searches_precisions_and_fp8_recipes_on_a_gpu_with_fp8_units(run_cl
     assert best["precision"] in BF16_RECIPES and best["fp8"] == "torchao-rowwise"
 
 
-def test_no_fp8_recipe_is_tried_on_a_gpu_without_fp8_units(run_cli):
-    result = run_cli(*PLAN, "--hardware", "a100-sxm-80gb", "--json", "--top", "0")
-    assert result.returncode == 0, result.stderr
-    candidates = json.loads(result.stdout)["candidates"]
+def test_no_fp8_recipe_is_tried_on_a_gpu_without_fp8_units(plan_json):
+    candidates = plan_json(*PLAN, "--hardware", "a100-sxm-80gb")["candidates"]
     assert {c["fp8"] for c in candidates} == {"off"}
     assert {c["precision"] for c in candidates} == set(BF16_RECIPES)
 
 
-def test_the_text_names_the_search_and_each_candidates_recipes(run_cli):
-    result = run_cli(*PLAN, "--hardware", "h100-sxm", "--top", "4")
+def test_the_text_names_the_search_and_each_candidates_recipes(run_cli, plan_json):
+    result = run_cli("plan", *PLAN, "--hardware", "h100-sxm", "--top", "4")
     assert result.returncode == 0, result.stderr
     text = result.stdout
     # the header is wrapped at the terminal's width: its words, in order
@@ -53,17 +48,14 @@ def test_the_text_names_the_search_and_each_candidates_recipes(run_cli):
     assert "recipe" in header.split()
     rows = text.split(header, 1)[1].strip().splitlines()[:4]
     assert all(any(f"{p} + " in row for p in BF16_RECIPES) for row in rows)
-    best = json.loads(run_cli(*PLAN, "--hardware", "h100-sxm", "--json").stdout)["recommendation"]
+    best = plan_json(*PLAN, "--hardware", "h100-sxm")["recommendation"]
     recommendation = " ".join(text.split("recommendation:", 1)[1].split("tokens/s", 1)[0].split())
     assert f"recompute {best['recompute']}, fp8 {best['fp8']}, {best['precision']} " in recommendation
 
 
-def test_a_pinned_configuration_with_the_precision_searched_is_one_candidate_a_recipe(run_cli):
-    result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
-                     "a100-sxm-80gb", "--precision", "auto", "--micro-batch", "2", "--recompute", "full", "--json",
-                     "--top", "0")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+def test_a_pinned_configuration_with_the_precision_searched_is_one_candidate_a_recipe(plan_json):
+    plan = plan_json("--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
+                     "a100-sxm-80gb", "--precision", "auto", "--micro-batch", "2", "--recompute", "full")
     assert plan["pinned"] is None
     assert sorted(c["precision"] for c in plan["candidates"] + plan["rejected"]) == sorted(BF16_RECIPES)
 

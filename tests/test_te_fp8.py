@@ -200,12 +200,9 @@ def test_other_exports_refuse_a_te_recipe_and_name_megatron(run_cli, fmt, reason
     assert "or export it with --export megatron" in result.stderr
 
 
-def test_plan_searches_both_te_recipes_under_megatron(run_cli):
-    result = run_cli("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware",
-                     "h100-sxm", "--gpus", "8", "--precision", "bf16-master", "--stack", "megatron", "--fp8",
-                     "auto", "--json", "--top", "0")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+def test_plan_searches_both_te_recipes_under_megatron(plan_json):
+    plan = plan_json("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware", "h100-sxm",
+                     "--gpus", "8", "--precision", "bf16-master", "--stack", "megatron", "--fp8", "auto")
     assert {c["fp8"] for c in plan["candidates"]} == {"off", "te-delayed", "te-current"}
     assert plan["recommendation"]["fp8"] in TE
 
@@ -261,18 +258,16 @@ def test_fp8_parameters_need_the_distributed_optimizer_and_megatron(run_cli):
     assert unsharded.returncode == 2 and "use --zero 1 or more" in unsharded.stderr
 
 
-def test_a_search_with_fp8_parameters_tries_only_sharded_layouts_and_exports_the_flag(run_cli):
-    args = ("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware", "h100-sxm",
+def test_a_search_with_fp8_parameters_tries_only_sharded_layouts_and_exports_the_flag(run_cli, plan_json):
+    args = ("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware", "h100-sxm",
             "--gpus", "8", "--precision", "bf16-master", "--stack", "megatron", "--fp8", "te-current",
             "--fp8-param-gather", "on")
-    result = run_cli(*args, "--json", "--top", "0")
-    assert result.returncode == 0, result.stderr
-    plan = json.loads(result.stdout)
+    plan = plan_json(*args)
     assert plan["request"]["fp8_param_gather"] is True
     layouts = [c["layout"] for c in plan["candidates"] + plan["rejected"]]
     assert layouts and all(lay["zero"] >= 1 or lay["dp"] * lay["cp"] == 1 for lay in layouts)
     assert any(lay["zero"] == 0 for lay in layouts)  # one data-parallel rank: nothing to shard, nothing refused
-    exported = run_cli(*args, "--export", "megatron")
+    exported = run_cli("plan", *args, "--export", "megatron")
     assert exported.returncode == 0, exported.stderr
     assert "--fp8-param-gather" in exported.stdout.split("\n")[0].split()
 
