@@ -222,6 +222,8 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             end = clock.mark()
+            if step == 0:
+                first_s = clock.seconds(start, end)  # a compiled model's includes its compile
             if timed:
                 memory.phase("optimizer")
                 marks.append((start, middle, end))
@@ -233,10 +235,15 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         host = host_load.verdict(window, host_load.mark(), samples, torch.get_num_threads())
         optimizer_s = [clock.seconds(m, e) for _, m, e in marks]
         tokens, targets = batches[0]
-        probed, ops = kernels_run(lambda: probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)))
+        if cfg.compile:  # hooks alone: under a dispatch mode dynamo would run the blocks eagerly
+            probed, kernel = probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision), track=False), \
+                "compiled"
+        else:
+            probed, ops = kernels_run(lambda: probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)))
+            kernel = kernel_label(ops) if cfg.attention == "flash" else "standard"
         row.activation_bytes = probed.activation_bytes
         row.details = memory.details() | {
-            "kernel": kernel_label(ops) if cfg.attention == "flash" else "standard",
+            "kernel": kernel, "first_step_s": first_s,
             "probe": {"device_activation_bytes": probed.device_activation_bytes, "host_bytes": probed.host_bytes,
                       "parameter_copy_bytes": probed.parameter_copy_bytes},
             "host": host,

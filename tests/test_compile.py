@@ -40,6 +40,8 @@ def test_the_ledger_is_what_the_compiled_decoder_keeps(model, stack, policy, sha
     config = _config(policy, stack, micro_batch=shape[0], seq_len=shape[1])
     decoder, tokens, targets = build(spec, config)
     assert all(type(block).__name__ == "OptimizedModule" for block in decoder.blocks)
+    # compiled as in training, before the probe: compiled under its hooks, a checkpoint keeps no generator state
+    forward_loss(decoder, tokens, targets, config.precision).backward()
     with torch.random.fork_rng():
         measured = probe(decoder, lambda: forward_loss(decoder, tokens, targets, config.precision), track=False)
     ledger = activation_ledger(spec, config, "cpu")

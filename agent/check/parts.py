@@ -197,6 +197,25 @@ def fp8(ctx: Context) -> dict[str, Any]:
     trained in bf16 and under each torchao float8 recipe (the reference stack, bf16-pure, no checkpointing and
     full), each step against its prediction: peak, saved bytes, step time. The store has no column for an FP8
     recipe, so these steps stay in the part's summary and are not stored."""
+    hw = datasheet_spec(ctx.device)
+    recipes = FP8_RECIPES + (("torchao-mxfp8",) if hw is not None and hw.mx_formats else ())
+    return _variant_steps(ctx, {f"{recipe} {policy}": {"fp8": recipe, "recompute": parse_policy(policy)}
+                                for recipe, policy in itertools.product(recipes, FP8_POLICIES)})
+
+
+def compiled(ctx: Context) -> dict[str, Any]:
+    """The same model and shape as the fp8 part (whose ``off`` rows are its eager steps), its blocks compiled as
+    torchtitan compiles them (headroom.agent.compiled), without checkpointing and under full: peak, saved bytes
+    (autograd's hooks alone), step time against the prediction, and the first step's time, which includes the
+    compile. Not stored (the store has no column for it)."""
+    return _variant_steps(ctx, {f"compiled {policy}": {"compile": True, "recompute": parse_policy(policy)}
+                                for policy in FP8_POLICIES})
+
+
+def _variant_steps(ctx: Context, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The sweep's model (on a CPU the toy llama) at the sweep's sequence, micro-batch 2 (1 on a CPU), bf16-pure on
+    the reference stack, once for each of ``variants`` (a label -> the TrainConfig fields it sets), until the part's
+    time is spent."""
     sweep = train_sweep(ctx)
     spec = get_preset(sweep.model if ctx.gpu else "bench-llama-tiny")
     seq_len, micro, runs = (sweep.seq_len, 2, {"steps": sweep.steps}) if ctx.gpu else \
@@ -204,19 +223,15 @@ def fp8(ctx: Context) -> dict[str, Any]:
     steps = []
     with ctx.store() as store:
         provider = profile_from_store(store, device_name(ctx.device))
-        hw = datasheet_spec(ctx.device)
-        recipes = FP8_RECIPES + (("torchao-mxfp8",) if hw is not None and hw.mx_formats else ())
-        for recipe, policy in itertools.product(recipes, FP8_POLICIES):
-            config = TrainConfig(seq_len=seq_len, micro_batch=micro, precision="bf16-pure", fp8=recipe,
-                                 recompute=parse_policy(policy))
-            label = f"{recipe} {policy}"
+        for label, fields in variants.items():
+            config = TrainConfig(seq_len=seq_len, micro_batch=micro, precision="bf16-pure", **fields)
             if ctx.left_s() <= 0:
                 steps.append({"label": label, "status": "not run", "message": "the part's time budget was spent"})
                 continue
             try:
                 row = bench_train.measure(ctx.device, bench_train.TrainSetup(spec=spec, config=config, **runs),
                                           provider)
-            except (RuntimeError, ConfigError) as err:  # torchao missing, or a recipe this device cannot run
+            except (RuntimeError, ConfigError) as err:  # no torchao, a recipe the device cannot run, a failed compile
                 steps.append({"label": label, "status": "error", "message": str(err).splitlines()[0][:300]})
                 continue
             steps.append({"label": label, "status": row.status or "ok", "message": row.message,
@@ -224,7 +239,8 @@ def fp8(ctx: Context) -> dict[str, Any]:
                           "peak_allocated_bytes": row.peak_allocated_bytes,
                           "predicted_activation_bytes": row.predicted_activation_bytes,
                           "activation_bytes": row.activation_bytes,
-                          "predicted_step_time_s": row.predicted_step_time_s, "median_s": row.median_s})
+                          "predicted_step_time_s": row.predicted_step_time_s, "median_s": row.median_s,
+                          "first_step_s": (row.details or {}).get("first_step_s")})
             if ctx.gpu:
                 torch.cuda.empty_cache()
     return {"model": spec.name, "seq_len": seq_len, "micro_batch": micro, "steps": steps}
@@ -329,7 +345,7 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
 
 
 PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
-    # name: (function, seconds on a GPU, seconds on a CPU); the GPU budgets sum to 8 min 15 s (most parts end well
+    # name: (function, seconds on a GPU, seconds on a CPU); the GPU budgets sum to 8 min 55 s (most parts end well
     # inside theirs). A budget is a deadline: the CPU's quick suite takes 32 s on a quiet 2-core box and more than 60 s beside a busy test worker,
     # whose lost training steps would leave the regret part nothing to judge.
     "environment": (environment, 20, 10),
@@ -338,6 +354,7 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     "offload": (offload, 45, 10),
     "repeat": (repeat, 20, 5),
     "fp8": (fp8, 30, 15),
+    "compile": (compiled, 40, 20),
     "regret": (regret_part, 50, 10),
     "multi-rank": (multi_rank, 90, 30),
 }

@@ -208,26 +208,28 @@ def _train_table(rows: Rows) -> list[str]:
     return _table(header, body)
 
 
-def _fp8_table(parts: dict[str, dict[str, Any]]) -> list[str]:
-    """The fp8 part's steps: each recipe's peak, saved bytes and step time against the prediction."""
-    result = parts.get("fp8", {}).get("result") or {}
+def _variant_table(parts: dict[str, dict[str, Any]], part: str, first: str) -> list[str]:
+    """The fp8 or compile part's steps: each variant's peak, saved bytes and step time against the prediction,
+    and its first step's time (a compiled model's includes its compile)."""
+    result = parts.get(part, {}).get("result") or {}
     if not result.get("steps"):
         return ["(not run)"]
     body = []
     for step in result["steps"]:
         if step["status"] != "ok":
-            body.append([step["label"], step["status"], "", "", "", (step.get("message") or "")[:120]])
+            body.append([step["label"], step["status"], "", "", "", "", (step.get("message") or "")[:120]])
             continue
         peak, saved = step["peak_allocated_bytes"], step["activation_bytes"]
-        predicted_s = step["predicted_step_time_s"]
+        predicted_s, first_s = step["predicted_step_time_s"], step.get("first_step_s")
         body.append([
             step["label"], "ok",
             f"{_gb(step['predicted_peak_bytes'])} / {_gb(peak)}" if peak else f"{_gb(step['predicted_peak_bytes'])} / -",
             f"{step['predicted_activation_bytes']:,} / {saved:,}" if saved is not None else "-",
-            f"{predicted_s:.3f} / {step['median_s']:.3f}" if predicted_s else f"- / {step['median_s']:.3f}", ""])
+            f"{predicted_s:.3f} / {step['median_s']:.3f}" if predicted_s else f"- / {step['median_s']:.3f}",
+            f"{first_s:.2f}" if first_s is not None else "-", ""])
     title = f"{result['model']}, seq-len {result['seq_len']}, micro-batch {result['micro_batch']}, bf16-pure:"
-    return [title, ""] + _table(["recipe and policy", "status", "peak GB predicted / measured",
-                                 "saved bytes ledger / probe", "step s predicted / measured", "note"], body)
+    return [title, ""] + _table([first, "status", "peak GB predicted / measured", "saved bytes ledger / probe",
+                                 "step s predicted / measured", "first step s", "note"], body)
 
 
 def _ledger_section(checks: list[dict[str, Any]]) -> list[str]:
@@ -278,7 +280,10 @@ def markdown(parts: dict[str, dict[str, Any]], rows: Rows, gpu: bool, title: str
     lines += _table(["target", "measured", "wanted", "verdict"],
                     [[t.name, t.measured, t.target, t.verdict] for t in targets(parts, rows, gpu)])
     lines += ["", "## Training steps: predicted vs measured", ""] + _train_table(rows)
-    lines += ["", "## FP8 training steps: predicted vs measured (not stored)", ""] + _fp8_table(parts)
+    lines += ["", "## FP8 training steps: predicted vs measured (not stored)", ""] \
+        + _variant_table(parts, "fp8", "recipe and policy")
+    lines += ["", "## Compiled training steps: predicted vs measured (not stored)", ""] \
+        + _variant_table(parts, "compile", "blocks and policy")
     lines += ["", "## Ledger vs probe (bytes kept for backward)", ""]
     lines += _ledger_section(parts.get("ledger", {}).get("result", {}).get("checks", []))
     lines += ["", "## Masked SDPA (what a sliding-window layer's kernel keeps)", ""]

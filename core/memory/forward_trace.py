@@ -21,6 +21,13 @@ from headroom.core.specs.devices import DeviceRules
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
 
+CPU_RNG_STATE_BYTES = 5056
+"""``torch.get_rng_state()``, the CPU generator's state: a compiled checkpoint (torch.compile over
+``torch.utils.checkpoint``) keeps it for backward as a saved tensor, once a checkpointed region, where an eager
+checkpoint holds it outside autograd. Measured on the CPU, with the block compiled in training (compiled under the
+probe's own saved-tensor hooks, it keeps none); what a GPU's compiled checkpoint keeps of its generators is not
+measured yet."""
+
 
 def new_trace(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, layer: int | None = None) -> Trace:
     """An empty trace for ``cfg`` on a device with ``rules``: autocast or not, the stack's kernels, and ``layer``
@@ -164,6 +171,8 @@ def _segment(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, para
             # SDPA a sliding-window layer's boolean mask, where it is explicit: one (s, s) expanded over the batch
             tr.keep_outside(*(tr.once("attention_mask.sliding_sdpa", (1, 1, d.s, d.s), "bool")
                               for layer in range(start, end) if sdpa_masked_layer(spec, cfg, layer)))
+        if tr.compiled:  # the compiled checkpoint keeps the CPU generator's state as a saved tensor
+            tr.save(tr.new("checkpoint.rng_state", (CPU_RNG_STATE_BYTES,), "uint8", "input"))
         with tr.checkpointed(x, kind="op-selective" if policy.caches_matmuls else "checkpoint"):
             if not policy.caches_matmuls:
                 # A checkpointed region keeps nothing but its input: its blocks need not be traced (most of a

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
 
-DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "bool": 1}
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1, "int64": 8, "bool": 1, "uint8": 1}
 """Bytes of one element, by the dtype names the core uses."""
 
 
