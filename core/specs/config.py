@@ -133,9 +133,9 @@ class TrainConfig:
                               "--compile off")
         if self.recompute.kind not in COMPILED_POLICIES:
             raise ConfigError(f"--compile on with --recompute {self.recompute}: a compiled block is measured without "
-                              "checkpointing and under full (its checkpoint inside the compiled region); under a "
-                              "per-op policy inductor keeps only the cached outputs its backward reads, not modelled "
-                              "yet: use --recompute none or full, or --compile off")
+                              "checkpointing and under full (its checkpoint inside the compiled region) only; under "
+                              "a per-op policy, measured, inductor keeps only the cached outputs its backward reads, "
+                              "not modelled yet: use --recompute none or full, or --compile off")
         if self.runs_autocast:
             raise ConfigError(f"--compile on with --precision {self.precision} and no FSDP: compiled autocast is not "
                               "measured; use a bf16 recipe, or amp-bf16 with --zero 3 (FSDP's mixed precision)")
