@@ -65,7 +65,7 @@ def test_a_compiled_llama_block_keeps_neither_silus_output_nor_ropes_tables():
 
 @pytest.mark.parametrize("changes, message", [
     ({"stack": "megatron"}, "--compile on under --stack megatron"),
-    ({"policy": "op-selective", "stack": "torchtitan"}, "under a per-op policy inductor keeps only"),
+    ({"policy": "op-selective", "stack": "torchtitan"}, "under a per-op policy, measured, inductor keeps only"),
     ({"policy": "every-2"}, "--recompute every-2"),
     ({"precision": "amp-bf16"}, "compiled autocast is not measured"),
     ({"fp8": "torchao-rowwise", "stack": "torchtitan"}, "a compiled float8 block is not measured yet"),
