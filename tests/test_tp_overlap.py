@@ -37,6 +37,11 @@ def test_it_needs_sequence_parallelism_and_a_stack_that_runs_it():
     assert str(Layout(tp=8, sp=True, tp_overlap=False)) == "tp 8 +sp, pp 1, cp 1, dp 1, zero 0, tp not overlapped"
 
 
+REGATHERED = "per block the 2 sharded norm outputs again in backward"
+"""Megatron-LM's backward all-gathers of its sharded norm outputs, beside the input-gradient GEMMs with or without
+the overlap (headroom.core.timing.comm._regathered_calls)."""
+
+
 def _terms(overlap: bool | None):
     config = TrainConfig(seq_len=8192, stack="megatron", layout=Layout(tp=8, sp=True, tp_overlap=overlap))
     return step_communication(LLAMA, config, 4, H100.cluster())
@@ -47,8 +52,8 @@ def test_each_blocks_collective_hides_all_but_its_first_piece():
     the rest beside the GEMMs; the embedding's, head's and loss's stay exposed."""
     plain, beside = _terms(None), _terms(True)
     assert sum(t.total_bytes for t in plain) == sum(t.total_bytes for t in beside)
-    assert not any(t.overlappable for t in plain)
-    hidden = [t for t in beside if t.overlappable]
+    assert [t.note.startswith(REGATHERED) for t in plain if t.overlappable] == [True]
+    hidden = [t for t in beside if t.overlappable and not t.note.startswith(REGATHERED)]
     assert {t.window for t in hidden} == {"matmuls"} and len(hidden) == 4  # sp: 2 all-gathers, 2 reduce-scatters
     for t in hidden:
         first = next(f for f in beside if f.note.startswith(t.note.split(";")[0]) and not f.overlappable)
@@ -65,7 +70,8 @@ def test_the_gemms_hide_the_rest_and_the_step_says_how_close():
         return step_time(estimate(LLAMA, config, "cuda", 4), H100, 4, H100.cluster())
 
     plain, beside = timed(None), timed(True)
-    assert not plain.overlaps
+    (regathers,) = plain.overlaps  # without the overlap, Megatron's backward re-gathers alone hide
+    assert regathers.communication_s == pytest.approx(sum(t.seconds for t in plain.communication if t.overlappable))
     (tp,) = [o for o in beside.overlaps if o.axis == "tp"]
     assert tp.window == "matmuls" and 0 < tp.communication_s < tp.window_s  # hidden, with slack to spare
     first = sum(t.seconds for t in beside.communication if not t.overlappable)

@@ -262,6 +262,23 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     return calls
 
 
+def _regathered_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
+    """Under sequence parallelism a stack that keeps a column-parallel linear's sharded input
+    (``Stack.sp_keeps_gathered_input`` off: Megatron-LM) gathers it again in backward for the weight gradient, two a
+    block, as (op, bytes a token, calls, what). Megatron-LM launches the all-gather asynchronously and runs the
+    input-gradient GEMM beside it (``LinearWithGradAccumulationAndAsyncCommunication.backward``,
+    megatron/core/tensor_parallel/layers.py; Korthikanti et al. 2022, Sec. 4.2.2: "overlapped"); Transformer
+    Engine's linears gather it too, in fp8 under its recipes (headroom.core.specs.float8). Priced hidden behind the
+    blocks' GEMMs."""
+    if not config.layout.sp or get_stack(config.stack).sp_keeps_gathered_input:
+        return []
+    te = config.float8 is not None and config.float8.saves_fp8
+    width = spec.hidden * (1 if te else DTYPE_BYTES[config.block_param_dtype])
+    return [("all_gather", width, 2 * layers, "per block the 2 sharded norm outputs again in backward, for the "
+             f"weight gradients{' (in fp8)' if te else ''}, beside the input-gradient GEMMs; Korthikanti 2022 "
+             "Sec. 4.2.2")]
+
+
 AMAX_BYTES = 8
 """torchao reduces a float8 scale's amax in fp64 (``tensor_to_amax``), so a sharded tensor's amax all-reduce moves
 eight bytes a value."""
@@ -515,6 +532,8 @@ def step_communication(
             add("tp", op, message - first, m * calls, layout.tp, True,
                 f"{note}; {layout.tp - 1} of its {layout.tp} pieces beside the GEMMs", window="matmuls")
             add("tp", op, first, m * calls, layout.tp, False, f"{note}; the first of its {layout.tp} pieces")
+        for op, token_bytes, calls, note in _regathered_calls(spec, config, layers):
+            add("tp", op, b * s * token_bytes, m * calls, layout.tp, True, note, window="matmuls")
         for op, token_bytes, calls, note in _vocabulary_calls(spec, config):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
         for op, message, calls, note in _float8_amax_calls(spec, config, layers, b * s):
