@@ -235,11 +235,13 @@ def measure(device: torch.device, setup: TrainSetup, profile: ProfileSource = No
         host = host_load.verdict(window, host_load.mark(), samples, torch.get_num_threads())
         optimizer_s = [clock.seconds(m, e) for _, m, e in marks]
         tokens, targets = batches[0]
+        def forward() -> torch.Tensor:
+            return forward_loss(model, tokens, targets, cfg.precision)
+
         if cfg.compile:  # hooks alone: under a dispatch mode dynamo would run the blocks eagerly
-            probed, kernel = probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision), track=False), \
-                "compiled"
+            probed, kernel = probe(model, forward, track=False), "compiled"
         else:
-            probed, ops = kernels_run(lambda: probe(model, lambda: forward_loss(model, tokens, targets, cfg.precision)))
+            probed, ops = kernels_run(lambda: probe(model, forward))
             kernel = kernel_label(ops) if cfg.attention == "flash" else "standard"
         row.activation_bytes = probed.activation_bytes
         row.details = memory.details() | {

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from headroom.core.specs.config import COMPILED_POLICIES
 from headroom.core.specs.recompute import RecomputePolicy
 
 
@@ -37,7 +38,7 @@ def compile_blocks(model: nn.Module, policy: RecomputePolicy, stack: str) -> Non
     reuses one graph for every block of a kind, where a method of each block would recompile for each until its
     limit (8) and then run eagerly. A policy other than none or full is not measured compiled
     (headroom.core.specs.config.COMPILED_POLICIES)."""
-    if policy.kind not in ("none", "full"):
+    if policy.kind not in COMPILED_POLICIES:
         raise ValueError(f"a compiled block is measured without checkpointing and under full, not {policy}")
     # Compiled afresh: a process that compiles many models (the agent's sweep, a test run) would pile its
     # recompiles up on the block's code until dynamo's limit, and then run the blocks eagerly.

@@ -185,7 +185,7 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     """
     rank = rank or first_rank(config.layout, spec.n_layers)
     static = _static_memory(spec, config, rank)
-    if config.float8 is None or not config.float8.saves_fp8:
+    if not config.te_fp8:
         return static
     if config.fp8_params:  # the block weights held in fp8: a byte an element, not the recipe's parameter bytes
         held = (config.recipe.param_bytes - 1) * te_rank_weights(spec, config, rank)
@@ -204,11 +204,10 @@ def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> in
     byte for each weight element of the rank's blocks (its tensor-parallel part), or under ``fp8_param_gather``,
     where the fp8 weight is the parameter itself, the column-wise byte alone; and each linear's delayed scaling
     state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
-    recipe = config.float8
-    if recipe is None or not recipe.saves_fp8:
+    if not config.te_fp8:
         return 0
     copies = 1 if config.fp8_params else 2
-    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(recipe, 4 * rank.layers)
+    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(config.float8, 4 * rank.layers)
 
 
 def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:

@@ -361,15 +361,10 @@ class Trace:
             if self.ops is not None:
                 self._te_input_cast(source, x)
         if self.ops is not None:
-            moved = _numel(out_shape) * (DTYPE_BYTES[x.dtype] * self._te_reads() + 2)
+            moved = _numel(out_shape) * (DTYPE_BYTES[x.dtype] * self.float8.te_cast_reads + 2)
             self.ops.append(TracedOp(self._named(f"{name}.grad_fp8"), "memory", "fp8", backward_moved=(moved,),
                                      backward_only=True))
         return copy
-
-    def _te_reads(self) -> int:
-        """Passes a Transformer Engine cast reads its 16-bit tensor in: its amax, then the cast (current scaling),
-        or the cast alone (delayed scaling's amax is taken in the same kernel)."""
-        return 1 if self.float8.delayed else 2
 
     def _te_input_cast(self, source: Sym, x: Sym) -> None:
         """The forward cast of a Transformer Engine linear's input (`_te_input`), recorded in ``ops``."""
@@ -380,7 +375,7 @@ class Trace:
         written = elements * (1 if gathered else 2)
         backward = (2 * _numel(x.shape),) if gathered else ()  # the gathered copy transposed for the weight gradient
         self.ops.append(TracedOp(self.fp8_copies[source.storage].name, "memory", "fp8", bytes=written,
-                                 read_bytes=self._te_reads() * elements * DTYPE_BYTES[source.dtype],
+                                 read_bytes=self.float8.te_cast_reads * elements * DTYPE_BYTES[source.dtype],
                                  backward_moved=backward))
 
     @property

@@ -121,9 +121,15 @@ class TrainConfig:
         return get_float8(self.fp8)
 
     @property
+    def te_fp8(self) -> bool:
+        """The block linears run a Transformer Engine FP8 recipe (its fp8 inputs kept, its fp8 weights cached)."""
+        recipe = self.float8
+        return recipe is not None and recipe.saves_fp8
+
+    @property
     def fp8_params(self) -> bool:
         """The block weights are held in fp8: ``fp8_param_gather`` under a Transformer Engine recipe."""
-        return self.fp8_param_gather and self.float8 is not None and self.float8.saves_fp8
+        return self.fp8_param_gather and self.te_fp8
 
     def _check_compile(self) -> None:
         """What a compiled block's saved set was measured under (on the CPU, tests/test_compile.py)."""

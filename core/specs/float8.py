@@ -126,6 +126,12 @@ class Float8Recipe:
         return self.megatron_recipe == "delayed"
 
     @property
+    def te_cast_reads(self) -> int:
+        """Passes a Transformer Engine cast reads its tensor in: its amax, then the cast (current scaling), or the
+        cast alone (delayed scaling takes the amax for the next step in the same kernel)."""
+        return 1 if self.delayed else 2
+
+    @property
     def converts_head(self) -> bool:
         """The head runs in float8 too (torchtitan's MX converter swaps every linear; its float8 recipes skip it)."""
         return self.block > 0

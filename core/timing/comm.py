@@ -246,11 +246,9 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
                 ("all_reduce", stream, layers * backward,
                  f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
     sp = "Korthikanti 2022 Sec. 4.2.2"
-    # Transformer Engine quantizes a norm's output before it gathers it (headroom.core.specs.float8)
-    te = config.float8 is not None and config.float8.saves_fp8
-    gathered = (spec.hidden, " in fp8 (Transformer Engine)") if te else (stream, "")
-    calls = [("all_gather", gathered[0], 2 * layers + rerun,
-              f"per block the 2 norms' outputs forward{gathered[1]}{again}; {sp}"),
+    fp8 = " in fp8 (Transformer Engine)" if config.te_fp8 else ""
+    calls = [("all_gather", _norm_output_bytes(spec, config), 2 * layers + rerun,
+              f"per block the 2 norms' outputs forward{fp8}{again}; {sp}"),
              ("reduce_scatter", matmul, 2 * layers + scatters_again,
               f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
              ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
@@ -272,11 +270,15 @@ def _regathered_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list
     blocks' GEMMs."""
     if not config.layout.sp or get_stack(config.stack).sp_keeps_gathered_input:
         return []
-    te = config.float8 is not None and config.float8.saves_fp8
-    width = spec.hidden * (1 if te else DTYPE_BYTES[config.block_param_dtype])
-    return [("all_gather", width, 2 * layers, "per block the 2 sharded norm outputs again in backward, for the "
-             f"weight gradients{' (in fp8)' if te else ''}, beside the input-gradient GEMMs; Korthikanti 2022 "
-             "Sec. 4.2.2")]
+    return [("all_gather", _norm_output_bytes(spec, config), 2 * layers, "per block the 2 sharded norm outputs "
+             f"again in backward, for the weight gradients{' (in fp8)' if config.te_fp8 else ''}, beside the "
+             "input-gradient GEMMs; Korthikanti 2022 Sec. 4.2.2")]
+
+
+def _norm_output_bytes(spec: ModelSpec, config: TrainConfig) -> int:
+    """Bytes a token of a norm's output moves when sequence parallelism gathers it: the blocks' parameter dtype, or
+    one under Transformer Engine's recipes, which quantize it before the gather (headroom.core.specs.float8)."""
+    return spec.hidden * (1 if config.te_fp8 else DTYPE_BYTES[config.block_param_dtype])
 
 
 AMAX_BYTES = 8

@@ -512,10 +512,9 @@ def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
     the dp x cp ranks the master is sharded over) and each rank transposes the gathered weight (a byte read, a
     byte written). Priced with the optimizer's step."""
     cfg = estimate.config
-    recipe = cfg.float8
-    if recipe is None or not recipe.saves_fp8:
+    if not cfg.te_fp8:
         return 0.0
-    passes = 1 if recipe.delayed else 2
+    passes = cfg.float8.te_cast_reads
     weights = te_block_weights(estimate.spec, cfg.layout.tp)
     rates = profile.rates
     if cfg.fp8_params:

@@ -67,8 +67,8 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
     head = (_embedding_ops(spec, plain, device) if first else ()) + (_head_ops(spec, plain, device) if last else ())
     dense_layers = layers - moe_layers
     skipped = 0
-    if plain.float8 is not None and plain.float8.saves_fp8:  # the only recipe with backward-only ops
-        skipped = sum(n * (len(ops) - forward_kernels(ops)) for ops, n in ((dense, dense_layers), (moe, moe_layers)))
+    if plain.te_fp8:  # the only recipes with backward-only ops, all in the blocks
+        skipped = sum(n * sum(op.backward_only for op in ops) for ops, n in ((dense, dense_layers), (moe, moe_layers)))
     return ForwardOps(dense, moe, dense_layers, moe_layers, head, skipped)
 
 
@@ -113,10 +113,6 @@ def _embedding_ops(spec: ModelSpec, config: TrainConfig, device: str) -> tuple[T
     tr.ops = []
     trace_embedding(tr, spec, config, d, config.block_param_dtype)
     return _recorded(tr)
-
-
-def forward_kernels(ops: tuple[TracedOp, ...]) -> int:
-    return sum(not op.backward_only for op in ops)
 
 
 def _recorded(tr: Trace) -> tuple[TracedOp, ...]:
