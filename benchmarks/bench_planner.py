@@ -12,7 +12,8 @@ ms); and the process time of `headroom plan` over `headroom estimate` (within
 (tp x pp x cp x dp x sharding stage x micro-batch x recompute), and 512 GPUs,
 printing the layouts searched, the candidates evaluated, the seconds per plan
 and milliseconds per layout, and the seconds its JSON takes; then GPT-3 175B
-over 1,536 and 16,384 A100s against the layout search's targets.
+over 1,536 and 16,384 A100s against the layout search's targets, and the same searches exhaustive (``prune=False``:
+every candidate of every layout, as ``headroom plan --exhaustive``), with the ratio.
 """
 
 from __future__ import annotations
@@ -115,11 +116,12 @@ def search() -> None:
         plan_to_dict(result)
         as_json = time.perf_counter() - start
         n = len(result.candidates) + len(result.rejected)
-        layouts = len(result.layouts)
+        layouts = len(result.layouts) + len(result.pruned)
         best = result.recommendation
-        print(f"\nsearch: llama3-70b on {gpus} GPUs: {layouts} layouts searched "
-              f"({sum(o.fits for o in result.layouts)} fit), {n} candidates evaluated, {elapsed:,.2f} s per plan, "
-              f"{elapsed * 1000 / layouts:.1f} ms per layout; its JSON {as_json:,.2f} s")
+        print(f"\nsearch: llama3-70b on {gpus} GPUs: {layouts} layouts ({len(result.layouts)} searched, "
+              f"{sum(o.fits for o in result.layouts)} fit, {len(result.pruned)} left out by their floors), {n} "
+              f"candidates evaluated, {elapsed:,.2f} s per plan, {elapsed * 1000 / layouts:.1f} ms per layout; its "
+              f"JSON {as_json:,.2f} s")
         if best is not None:
             print(f"  recommended: {best.layout}; {best.label}; {best.tokens_per_s / gpus:,.0f} tokens/s per GPU")
 
@@ -154,8 +156,17 @@ def gpt_175b() -> None:
         elapsed = time.perf_counter() - start
         peak_mb = _peak_rss_mb()
         n = len(result.candidates) + len(result.rejected)
-        print(f"\nsearch: gpt-175b on {gpus:,} A100s: {len(result.layouts)} layouts, {n} candidates, {elapsed:,.2f} s "
-              f"(target {target:g} s); the process's peak RSS so far {peak_mb:,.0f} MB (target 300)")
+        print(f"\nsearch: gpt-175b on {gpus:,} A100s: {len(result.layouts)} layouts searched, {len(result.pruned)} left "
+              f"out by their floors, {n} candidates, {elapsed:,.2f} s (target {target:g} s); the process's peak RSS so "
+              f"far {peak_mb:,.0f} MB (target 300)")
+        start = time.perf_counter()
+        whole = plan(request, profile, prune=False)
+        exhaustive = time.perf_counter() - start
+        same = (whole.recommendation.layout, whole.recommendation.config) == (result.recommendation.layout,
+                                                                             result.recommendation.config)
+        print(f"  exhaustive (--exhaustive): {len(whole.layouts)} layouts, "
+              f"{len(whole.candidates) + len(whole.rejected)} candidates, {exhaustive:,.2f} s: pruning "
+              f"{exhaustive / elapsed:,.1f}x faster; the same recommendation: {same}")
 
 
 if __name__ == "__main__":

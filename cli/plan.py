@@ -129,6 +129,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="tokens the whole run trains on: the plan adds its wall time and GPU-hours")
     output.add_argument("--gpu-hour-price", type=float, default=None,
                         help="price of one GPU-hour (any currency; needs --train-tokens): the plan adds the run's cost")
+    output.add_argument("--exhaustive", action="store_true",
+                        help="evaluate every layout and candidate of a search, not only those that could come within "
+                             f"{NEAR:.0%}% of the fastest (the recommendation is the same; the layouts table then "
+                             "gives every layout's fastest; several times slower)")
     output.add_argument("--top", type=int, default=5, help="candidates to show (default 5; JSON lists them all with --top 0)")
     output.add_argument("--trace", action="store_true",
                         help="also trace the recommendation (or the closest candidate) with HuggingFace transformers on "
@@ -208,7 +212,7 @@ def run(args: argparse.Namespace) -> int:
         traceable(args.model, request.train, request.spec)
     status = SearchStatus()
     try:
-        result = plan_and_advise(request, profile, calibration, progress=status)
+        result = plan_and_advise(request, profile, calibration, progress=status, prune=not args.exhaustive)
     finally:
         status.close()
     traced = None
@@ -243,9 +247,15 @@ def run(args: argparse.Namespace) -> int:
 
 def unsearched_text(result: Plan) -> str:
     """What a search cut short by its work bound left out, and how to search the rest."""
-    return (f"the search stopped at its work bound ({search_work.LIMIT:,} candidates) after {len(result.layouts):,} "
-            f"layouts, simplest first; {result.unsearched:,} left untried: pin --tp, --pp or --cp, or plan fewer "
-            "GPUs, to search them")
+    tried = len(result.layouts) + len(result.pruned)
+    return (f"the search stopped at its work bound ({search_work.LIMIT:,} candidates) after {tried:,} "
+            f"layout{'' if tried == 1 else 's'}, those that could be fastest first; {result.unsearched:,} left untried: pin --tp, "
+            "--pp or --cp, or plan fewer GPUs, to search them")
+
+
+def pruned_text(result: Plan) -> str:
+    """How many layouts a search left out by their floors (headroom.core.planning.pruning)."""
+    return f"{len(result.pruned):,} more left out: no step of theirs can come within {NEAR:.0%} of the fastest"
 
 
 def render(result: Plan, top: int | None) -> str:
@@ -307,7 +317,8 @@ def render(result: Plan, top: int | None) -> str:
         *_performance(best, req, unit)[1:],
         ("  why: the one configuration pinned" if pinned is not None else
          f"  why: the fastest of {len(result.candidates)} fitting candidates"
-         + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)}" if req.gpus else "")),
+         + (f" over {sum(o.fits for o in result.layouts)} fitting layouts of {len(result.layouts)} searched"
+            + (f" ({pruned_text(result)})" if result.pruned else "") if req.gpus else "")),
         *([f"  forced by {forced}"] if pinned is None and (forced := result.forced_by()) else []),
     ]
     if best.time.communication:
@@ -359,6 +370,11 @@ def render(result: Plan, top: int | None) -> str:
             lines.append(f"  {unsearched_text(result)}")
         for o in result.layouts[: (top or len(result.layouts))]:
             lines.append(f"  {o.layout!s:<52} {o.why_lost(best)}")
+        if result.pruned:
+            tokens = req.global_batch * req.seq_len
+            lines += ["", f"layouts left out: {len(result.pruned):,}; the fastest each could be:"]
+            for p in result.pruned[: (top or len(result.pruned))]:
+                lines.append(f"  {p.layout!s:<52} {p.why_left_out(tokens, best.tokens_per_s)}")
     lines += ["", f"rejected: {len(result.rejected)} (see --json for every reason)"]
     return printable_lines(lines)
 

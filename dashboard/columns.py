@@ -58,6 +58,15 @@ LAYOUTS_SHOWN = ["rank", "layout", "tokens_per_s", "step_time_s", "required_gb",
 """The layouts table's columns, so "why not chosen" has room: every layout has the search's GPU count, a missing
 rank says it does not fit, and the reason names the candidate."""
 
+PRUNED = {
+    "layout": st.column_config.TextColumn("layout", width=230),
+    "gpus": _whole("GPUs"),
+    "max_tokens_per_s": st.column_config.NumberColumn("tokens/s at most", format="%,.0f"),
+    "floor_step_s": st.column_config.NumberColumn("step at least (s)", format=SECONDS_FORMAT),
+    "lightest": st.column_config.TextColumn("lightest candidate"),
+}
+"""The layouts a search left out (headroom.dashboard.plan_tables.pruned_frame)."""
+
 COLLECTIVES = {
     "axis": st.column_config.TextColumn("axis"),
     "op": st.column_config.TextColumn("collective"),

@@ -229,6 +229,14 @@ def layouts_frame(result: Plan) -> pd.DataFrame:
     return pd.DataFrame(rows).astype({"rank": "Int64"})
 
 
+def pruned_frame(result: Plan) -> pd.DataFrame:
+    """The layouts a search left out (headroom.core.planning.pruning), the fastest each could be first."""
+    tokens = result.request.global_batch * result.request.seq_len
+    fits = {True: "fits", False: "does not fit", None: "not tried"}
+    return pd.DataFrame([{"layout": str(p.layout), "gpus": p.layout.world, "max_tokens_per_s": p.max_tokens_per_s(tokens),
+                          "floor_step_s": p.floor_s, "lightest": fits[p.fits]} for p in result.pruned])
+
+
 def time_terms_frame(result: Plan, shown: Mapping[str, Candidate]) -> pd.DataFrame:
     """Each candidate's step by term, calibrated (headroom.core.planning.planner.Candidate.time_by_term), seconds.
 

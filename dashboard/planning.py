@@ -71,7 +71,7 @@ MAX_GPUS = 4096
 """The page's cap on a search, which grows with the GPU count's divisors (64 GPUs of llama2-7b: 469 layouts,
 6-9 s on one quiet core); `headroom plan --gpus` has none."""
 PAGE_TIME_LIMIT_S = 10.0
-"""A search on the page tries layouts, simplest first, for this long at most (headroom.core.planning.planner.plan's time
+"""A search on the page tries layouts, those that could be fastest first, for this long at most (headroom.core.planning.planner.plan's time
 limit): 4096 GPUs of llama2-7b take 31 s and 0.73 GB in full on the 2-core CI machine, and a page that a URL
 can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),

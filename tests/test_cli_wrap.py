@@ -37,10 +37,10 @@ def cli(run_cli, monkeypatch):
 
     search = plan_cli.plan_and_advise
 
-    def once(request, profile, calibration, progress=None):
-        key = repr((request, profile, calibration))
+    def once(request, profile, calibration, progress=None, prune=True):
+        key = repr((request, profile, calibration, prune))
         if key not in _PLANS:
-            _PLANS[key] = search(request, profile, calibration, progress=progress)
+            _PLANS[key] = search(request, profile, calibration, progress=progress, prune=prune)
         return _PLANS[key]
 
     monkeypatch.setattr(plan_cli, "plan_and_advise", once)

@@ -353,9 +353,10 @@ def test_a_search_past_the_pages_time_limit_says_how_far_it_got(monkeypatch, tmp
     monkeypatch.setattr(planning, "PAGE_TIME_LIMIT_S", 0.0)  # spent at once: one layout tried
     every = core_plan("bench-llama-small", 128, 8, 8)
     at = render_url(tmp_path, monkeypatch, {**SMALL, "gpus": "8", "budget": "1.01GB"})
-    assert [w.value for w in at.warning] == [
-        f"The search stopped at this page's limit of 0 s: 1 layout tried, simplest first, {len(every.layouts) - 1} "
-        "left untried. `headroom plan --gpus 8` searches on without a time limit."]
+    assert [w.value for w in at.warning] == [(
+        "The search stopped at this page's limit of 0 s: 1 layout tried, those that could be fastest first, "
+        f"{len(every.layouts) + len(every.pruned) - 1} left untried. `headroom plan --gpus 8` searches on without a "
+        "time limit.")]
     assert at.error[0].value.startswith("**Recommendation:** Nothing fits the 1.0 GB budget on the 1 layout of 8 "
                                         "GPUs tried")
 

@@ -245,7 +245,7 @@ PLAN = ("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "
 def test_plan_searches_the_recipes_on_a_gpu_with_fp8_units(run_cli):
     import json
 
-    result = run_cli(*PLAN, "--hardware", "h100-sxm", "--fp8", "auto", "--json", "--top", "0")
+    result = run_cli(*PLAN, "--hardware", "h100-sxm", "--fp8", "auto", "--json", "--top", "0", "--exhaustive")
     assert result.returncode == 0, result.stderr
     plan = json.loads(result.stdout)
     assert plan["request"]["fp8"] == "auto"

@@ -1,6 +1,8 @@
 """The planner's contract: fits the budget, splits the batch exactly, explains itself."""
 
+import dataclasses
 import json
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -113,8 +115,10 @@ def test_calibration_corrects_predictions_and_reports_remaining_error():
 
 
 @pytest.mark.parametrize("budget_gb", [80, 1.01], ids=["fits", "nothing fits"])
-def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(budget_gb):
+def test_a_search_out_of_time_has_tried_the_layout_that_could_be_fastest_and_counts_the_rest(budget_gb):
+    from headroom.core.measured.calibration import uncalibrated
     from headroom.core.planning.layout_search import candidate_layouts
+    from headroom.core.planning.planner import layout_floor_s
     from headroom.core.specs.interconnect import default_cluster
 
     request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
@@ -122,10 +126,13 @@ def test_a_search_out_of_time_has_tried_the_simplest_layout_and_counts_the_rest(
     every = candidate_layouts(request.spec, request.train, 8, 8, 8, frozenset())
     whole = plan_and_advise(request, H100)
     cut = plan_and_advise(request, H100, time_limit_s=0)  # spent at once: one layout, then stop
-    assert (whole.unsearched, cut.unsearched, len(cut.layouts)) == (0, len(every) - 1, 1)
-    assert len(whole.layouts) == len(every)
-    simplest = min(every, key=lambda layout: (layout.tp * layout.pp * layout.cp, layout.zero))
-    assert cut.layouts[0].layout == simplest == Layout(dp=8, zero=0)
+    assert (whole.unsearched, cut.unsearched, len(cut.layouts), len(cut.pruned)) == (0, len(every) - 1, 1, 0)
+    assert len(whole.layouts) + len(whole.pruned) == len(every)
+    # Tried first: the lowest compute floor, then the fewest ranks splitting the model, then the lowest stage.
+    floors = {layout: layout_floor_s(dataclasses.replace(request.on_layout(layout), cluster=request.cluster), H100,
+                                     uncalibrated(H100.name)) for layout in every}
+    first = min(every, key=lambda layout: (floors[layout], layout.tp * layout.pp * layout.cp, layout.zero))
+    assert cut.layouts[0].layout == first and floors[first] < max(floors.values())
     # Nothing fits among the layouts tried says nothing about the rest: no advice from a search cut short.
     assert (whole.recommendation is None, bool(whole.advice), cut.advice) == (budget_gb < 2, budget_gb < 2, ())
 
@@ -212,8 +219,12 @@ def test_the_plan_says_what_forced_its_split():
     time = searched("llama3-8b", 8, 32, 8192, Layout(pp=4, schedule="zbv", virtual_stages=2),
                     frozenset({"pp", "schedule", "virtual_stages"}), stack="torchtitan")
     assert time.recommendation.layout.cp == 2
-    assert time.forced_by().startswith("time: the fastest layout over fewer model-parallel ranks, tp 1, pp 4 (zbv), "
-                                       "cp 1, dp 2, zero 3, is 5% slower")
+    assert time.forced_by().startswith("time: the fastest searched layout over fewer model-parallel ranks, tp 1, "
+                                       "pp 4 (zbv), cp 1, dp 2, zero 3, is 5% slower")
+    # Other layouts over fewer ranks were left out by their floors (headroom.core.planning.pruning): counted.
+    left_out = sum(p.layout.tp * p.layout.pp * p.layout.cp < 8 for p in time.pruned)
+    assert left_out and re.search(f"; {left_out} layouts over fewer model-parallel ranks cannot come within 1% "
+                                  r"\(the fastest at most [\d,]+ tokens/s against [\d,]+\)$", time.forced_by())
     assert searched("llama3-8b", 16, 64, 8192, Layout(), frozenset()).forced_by() is None
 
 

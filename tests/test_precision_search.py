@@ -20,7 +20,7 @@ def test_a_device_with_bf16_units_tries_every_bf16_recipe_and_one_without_fp32()
 
 
 def test_plan_searches_precisions_and_fp8_recipes_on_a_gpu_with_fp8_units(plan_json):
-    plan = plan_json(*PLAN, "--hardware", "h100-sxm")
+    plan = plan_json(*PLAN, "--hardware", "h100-sxm", "--exhaustive")  # every candidate, none left out
     assert (plan["request"]["precision"], plan["request"]["fp8"]) == ("auto", "auto")
     tried = {(c["precision"], c["fp8"]) for c in plan["candidates"] + plan["rejected"]}
     # torchtitan's converter runs torchao-rowwise; under amp-bf16 only on FSDP's mixed precision (zero 3)
@@ -30,10 +30,12 @@ def test_plan_searches_precisions_and_fp8_recipes_on_a_gpu_with_fp8_units(plan_j
     assert amp and all(c["layout"]["zero"] == 3 for c in amp)
     best = plan["recommendation"]
     assert best["precision"] in BF16_RECIPES and best["fp8"] == "torchao-rowwise"
+    pruned = plan_json(*PLAN, "--hardware", "h100-sxm")  # what could not tie with it left out: the same pick
+    assert pruned["recommendation"] == best and len(pruned["candidates"]) < len(plan["candidates"])
 
 
 def test_no_fp8_recipe_is_tried_on_a_gpu_without_fp8_units(plan_json):
-    candidates = plan_json(*PLAN, "--hardware", "a100-sxm-80gb")["candidates"]
+    candidates = plan_json(*PLAN, "--hardware", "a100-sxm-80gb", "--exhaustive")["candidates"]
     assert {c["fp8"] for c in candidates} == {"off"}
     assert {c["precision"] for c in candidates} == set(BF16_RECIPES)
 

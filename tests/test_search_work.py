@@ -1,5 +1,5 @@
 """A plan's work is bounded by a count, not a clock (headroom.core.planning.search_work): a search that reaches the bound stops
-trying layouts, simplest first, says how many it left, and stops at the same layout on every machine; the
+trying layouts, those that could be fastest first, says how many it left, and stops at the same layout on every machine; the
 advice a plan gives when nothing fits shares the plan's bound."""
 
 from __future__ import annotations
@@ -33,10 +33,10 @@ def _request(gpus: int | None = 64, budget_gb: float = 80) -> PlanRequest:
 
 
 def test_a_search_past_its_bound_stops_where_it_stops_on_every_machine(monkeypatch):
-    whole = plan(_request(), H100)
-    assert whole.unsearched == 0 and whole.stopped_at == ""
+    whole = plan(_request(), H100, prune=False)  # every candidate of every layout: 16,388
+    assert whole.unsearched == 0 and whole.stopped_at == "" and not whole.pruned
     monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 100)
-    first, again = plan(_request(), H100), plan(_request(), H100)
+    first, again = plan(_request(), H100, prune=False), plan(_request(), H100, prune=False)
     assert first.stopped_at == "work bound" and first.unsearched > 0
     assert len(first.layouts) + first.unsearched == len(whole.layouts)
     assert [o.layout for o in first.layouts] == [o.layout for o in again.layouts]  # counted, not timed
@@ -53,12 +53,13 @@ def test_the_bound_counts_every_candidate_of_a_plan_and_its_advice():
 
 
 def test_the_command_line_says_where_a_search_stopped(run_cli, monkeypatch):
-    monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 100)
+    monkeypatch.setattr(headroom.core.planning.search_work, "LIMIT", 5)  # the first layout tried spends more
     monkeypatch.setenv("COLUMNS", "1000")  # the line whole, not wrapped (tests/test_cli_wrap.py)
     text = run_cli("plan", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "512")
     assert text.returncode == 0
     (line,) = [line for line in text.stdout.splitlines() if "work bound" in line]
-    assert line.startswith("  the search stopped at its work bound (100 candidates) after ")
+    assert line.startswith("  the search stopped at its work bound (5 candidates) after 1 layout, those that could be "
+                           "fastest first; ")
     assert line.endswith(" left untried: pin --tp, --pp or --cp, or plan fewer GPUs, to search them")
     payload = json.loads(run_cli("plan", "--model", "llama3-8b", "--gpus", "64", "--global-batch", "512",
                                  "--json").stdout)

@@ -262,7 +262,7 @@ def test_a_search_with_fp8_parameters_tries_only_sharded_layouts_and_exports_the
     args = ("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware", "h100-sxm",
             "--gpus", "8", "--precision", "bf16-master", "--stack", "megatron", "--fp8", "te-current",
             "--fp8-param-gather", "on")
-    plan = plan_json(*args)
+    plan = plan_json(*args, "--exhaustive")  # every layout tried, none left out by its floor
     assert plan["request"]["fp8_param_gather"] is True
     layouts = [c["layout"] for c in plan["candidates"] + plan["rejected"]]
     assert layouts and all(lay["zero"] >= 1 or lay["dp"] * lay["cp"] == 1 for lay in layouts)

@@ -49,12 +49,14 @@ MOMENTS = {"forward": "the forward's end", "loss backward": "the loss's backward
 
 
 def plan_and_advise(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
-                    time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
-    """The plan, with advice when nothing fits (``time_limit_s``, ``progress``: see headroom.core.planning.planner.plan). A
+                    time_limit_s: float | None = None, progress: SearchProgress | None = None,
+                    prune: bool = True) -> Plan:
+    """The plan, with advice when nothing fits (``time_limit_s``, ``progress``, ``prune``: see
+    headroom.core.planning.planner.plan). A
     search cut short gets no advice: what the untried layouts would do is unknown, so the plan says how many
     are left. ``progress`` also hears of the searches the advice makes, each named by the change it tries."""
     with bounded_search():  # the plan and its advice share one work bound
-        result = plan(request, profile, calibration, time_limit_s=time_limit_s, progress=progress)
+        result = plan(request, profile, calibration, time_limit_s=time_limit_s, progress=progress, prune=prune)
         if result.recommendation is None and not result.unsearched:
             result = replace(result, advice=advise_nothing_fits(result, progress))
     return result

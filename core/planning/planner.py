@@ -36,6 +36,12 @@ from headroom.core.measured.calibration import Calibration, uncalibrated
 from headroom.core.memory.estimate import Estimate, estimate, layout_dict
 from headroom.core.memory.ledger import activation_ledger, ledgers_kept
 from headroom.core.planning.layout_search import candidate_layouts
+from headroom.core.planning.pruning import (
+    NO_RECOMPUTE,
+    Bar,
+    PrunedLayout,
+    candidate_floor_s,
+)
 from headroom.core.planning.search_work import SearchWork, bounded_search, charge
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import FLOAT8_RECIPES
@@ -397,6 +403,9 @@ class Plan:
     bound (headroom.core.planning.search_work): ``stopped_at`` says which."""
     stopped_at: str = ""
     """``time limit`` or ``work bound`` where the search stopped short, else empty."""
+    pruned: tuple[PrunedLayout, ...] = field(default=())
+    """Layouts a search left out, lowest floor first: no candidate of theirs can tie with the recommendation
+    (headroom.core.planning.pruning)."""
 
     @property
     def recommendation(self) -> Candidate | None:
@@ -433,9 +442,17 @@ class Plan:
             return None
         split = _split(best.layout)
         simpler = [o for o in self.layouts if _split(o.layout) < split]
-        if not simpler:
+        left_out = [p for p in self.pruned if _split(p.layout) < split]
+        if not simpler and not left_out:
             return None
         fitting = [o for o in simpler if o.fits]
+        if left_out:
+            tokens = self.request.global_batch * self.request.seq_len
+            floored = (f"{len(left_out):,} layout{'s' if len(left_out) > 1 else ''} over fewer model-parallel ranks "
+                       f"cannot come within {NEAR:.0%} (the fastest at most "
+                       f"{left_out[0].max_tokens_per_s(tokens):,.0f} tokens/s against {best.tokens_per_s:,.0f})")
+            if not fitting:
+                return f"time: {floored}" + ("; the others do not fit" if simpler else "")
         if not fitting:
             closest = min((o.closest for o in simpler if o.closest is not None), key=lambda c: c.required_bytes,
                           default=None)
@@ -444,7 +461,9 @@ class Plan:
             return (f"memory: no layout over fewer than {split} model-parallel ranks fits; the closest, "
                     f"{closest.layout} ({closest.label}), {closest.rejection}")
         fastest = max(fitting, key=lambda o: o.best.tokens_per_s if o.best else 0.0)
-        return f"time: the fastest layout over fewer model-parallel ranks, {fastest.layout}, is {fastest.why_lost(best)}"
+        searched = "searched " if left_out else ""
+        return (f"time: the fastest {searched}layout over fewer model-parallel ranks, {fastest.layout}, is "
+                f"{fastest.why_lost(best)}" + (f"; {floored}" if left_out else ""))
 
 
 @dataclass(frozen=True, slots=True)
@@ -592,56 +611,77 @@ def rejection_reason(candidate: Candidate, request: PlanRequest, profile: Hardwa
 @collector_paused
 @ledgers_kept()
 def plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration | None = None, *,
-         time_limit_s: float | None = None, progress: SearchProgress | None = None) -> Plan:
-    """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs.
+         time_limit_s: float | None = None, progress: SearchProgress | None = None, prune: bool = True) -> Plan:
+    """Every candidate of the request's layout, or of every layout of ``request.gpus`` GPUs that can tie with
+    the fastest.
 
-    ``time_limit_s`` bounds a layout search (a dashboard page's work), and headroom.core.planning.search_work bounds every
-    search's work: once either is spent no further layout is tried, and the plan counts the ones left
-    (`Plan.unsearched`, `Plan.stopped_at`). Layouts are tried simplest first
-    (fewest ranks one model is split over, then the lowest sharding stage), so a search cut short has
-    tried the ones a near tie would recommend. ``progress`` hears of each layout tried. No advice: when
-    nothing fits, ``headroom.core.planning.advice.plan_and_advise`` says what would.
+    A search tries layouts from the lowest compute floor up (headroom.core.planning.pruning; then the fewest
+    ranks one model is split over, then the lowest sharding stage), and leaves out a layout or candidate whose
+    floor cannot come within ``NEAR`` of the fastest fitting step found (`Plan.pruned`); ``prune=False``
+    evaluates them all (the recommendation and its near ties are the same). ``time_limit_s`` bounds a layout
+    search (a dashboard page's work), and headroom.core.planning.search_work bounds every search's work: once
+    either is spent no further layout is tried, and the plan counts the ones left (`Plan.unsearched`,
+    `Plan.stopped_at`); a search cut short has tried the layouts that could be fastest. ``progress`` hears of
+    each layout tried. No advice: when nothing fits, ``headroom.core.planning.advice.plan_and_advise`` says what
+    would.
     """
     with bounded_search() as work:
-        return _plan(request, profile, calibration or uncalibrated(profile.name), time_limit_s, progress, work)
+        return _plan(request, profile, calibration or uncalibrated(profile.name), time_limit_s, progress, work,
+                     Bar(NEAR) if prune else None)
 
 
 def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, time_limit_s: float | None,
-          progress: SearchProgress | None, work: SearchWork) -> Plan:
-    unsearched, stopped_at = 0, ""
+          progress: SearchProgress | None, work: SearchWork, bar: Bar | None) -> Plan:
+    unsearched, stopped_at, pruned = 0, "", []
     if (request.searches_recipes or request.train.float8 is not None) and "fp8" in profile.dtype_sources:
         fp8 = f"fp8 GEMMs by shape from one large fp8 GEMM ({profile.dtype_sources['fp8']})"
         profile = replace(profile, assumptions=(*profile.assumptions, fp8))
     if request.gpus is None:
-        outcome, evaluated = _plan_layout(request, profile, calibration, screen=False)
+        outcome, evaluated, _ = _plan_layout(request, profile, calibration, screen=False)
         fitting = [c for c in evaluated if c.rejection is None]
         rejected = [c for c in evaluated if c.rejection is not None]
         outcomes = [outcome]
     else:
         cluster = request.cluster_for(profile)
-        layouts = sorted(candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
-                                           cluster.gpus_per_node, request.pinned),
-                         key=lambda layout: (_split(layout), layout.zero))
-        fitting, rejected, outcomes = [], [], []
+        layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+                                    cluster.gpus_per_node, request.pinned)
+        subs = [replace(request.on_layout(layout), cluster=cluster) for layout in layouts]
+        floors = [layout_floor_s(sub, profile, calibration) for sub in subs]
+        order = sorted(range(len(subs)), key=lambda i: (floors[i], _split(subs[i].layout), subs[i].layout.zero))
+        fitting, rejected, outcomes, partial = [], [], [], []
         started = time.monotonic()
-        for tried, layout in enumerate(layouts):
-            if outcomes and (work.exhausted or time_limit_s is not None
-                             and time.monotonic() - started > time_limit_s):
+        for tried, i in enumerate(order):
+            if (outcomes or partial) and (work.exhausted or time_limit_s is not None
+                                          and time.monotonic() - started > time_limit_s):
                 unsearched, stopped_at = len(layouts) - tried, "work bound" if work.exhausted else "time limit"
                 break
-            sub = replace(request.on_layout(layout), cluster=cluster)
-            if micro_batches(sub):  # interleaving needs micro-batches in groups of pp
-                outcome, evaluated = _plan_layout(sub, profile, calibration, screen=True)
-                outcomes.append(outcome)
-                fitting += [c for c in evaluated if c.rejection is None]
-                rejected += [c for c in evaluated if c.rejection is not None]
+            sub = subs[i]
+            if bar is not None and bar.beyond(floors[i]):
+                pruned.append(PrunedLayout(sub.layout, floors[i], None))
+            elif micro_batches(sub):  # interleaving needs micro-batches in groups of pp
+                outcome, evaluated, skipped = _plan_layout(sub, profile, calibration, screen=True, bar=bar)
+                if skipped < math.inf:
+                    partial.append((outcome, evaluated, skipped))
+                else:
+                    outcomes.append(outcome)
+                    fitting += [c for c in evaluated if c.rejection is None]
+                    rejected += [c for c in evaluated if c.rejection is not None]
             if progress is not None:
                 progress(tried + 1, len(layouts), f"layouts of {request.gpus:,} GPUs")
+        for outcome, evaluated, skipped in partial:  # a layout some of whose candidates were left out
+            if outcome.best is not None and bar is not None and bar.beyond(outcome.best.step_time_s):
+                # Its fastest may be one left out: each is the best evaluated, or one whose floor is known.
+                pruned.append(PrunedLayout(outcome.layout, min(skipped, outcome.best.step_time_s), True))
+                continue
+            outcomes.append(outcome)
+            fitting += [c for c in evaluated if c.rejection is None]
+            rejected += [c for c in evaluated if c.rejection is not None]
+        pruned.sort(key=lambda p: p.floor_s)
     fastest = max((c.tokens_per_s for c in fitting), default=0.0)
     fitting.sort(key=lambda c: _rank(c, fastest))
     outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
     return Plan(request, profile, calibration, tuple(fitting), tuple(rejected), layouts=tuple(outcomes),
-                unsearched=unsearched, stopped_at=stopped_at)
+                unsearched=unsearched, stopped_at=stopped_at, pruned=tuple(pruned))
 
 
 def _seconds(s: float) -> str:
@@ -670,11 +710,13 @@ def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int, int], flo
     return (not near, simplicity, -c.tokens_per_s, c.required_bytes)
 
 
-def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
-                 screen: bool) -> tuple[LayoutOutcome, list[Candidate]]:
-    """Every candidate of one layout. A policy's micro-batches are tried from small to large and stop at the
-    first that does not fit (memory grows with the micro-batch). ``screen``: first try the lightest
-    candidate, micro-batch 1 under full recompute, and give up on the layout if even that does not fit."""
+def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, screen: bool,
+                 bar: Bar | None = None) -> tuple[LayoutOutcome, list[Candidate], float]:
+    """Every candidate of one layout, and the lowest floor of those left out (infinite: none). A policy's
+    micro-batches are tried from small to large and stop at the first that does not fit (memory grows with the
+    micro-batch). ``screen``: first try the lightest candidate, micro-batch 1 under full recompute, and give up
+    on the layout if even that does not fit. ``bar``: the search's fastest step so far; a candidate whose floor
+    cannot tie with it is left out (headroom.core.planning.pruning), and each candidate that fits lowers it."""
     layout = request.layout
     if not micro_batches(request):
         if request.micro_batch is not None or request.accumulation is not None:
@@ -683,24 +725,43 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
                               "interleaved schedule")
         raise ConfigError(f"no micro-batch splits the per-rank batch {request.per_rank_batch} into a multiple of "
                           f"pp {layout.pp} micro-batches for the interleaved schedule")
-    if screen:
-        lightest_policy = request.recompute or RecomputePolicy("full")
-        lightest = evaluate(request, profile, calibration, min(micro_batches(request)), lightest_policy)
-        if lightest.rejection is not None:
-            return LayoutOutcome(layout, None, lightest), [lightest]
     evaluated: list[Candidate] = []
+    screened = None
+    if screen:
+        screened = min(micro_batches(request)), request.recompute or RecomputePolicy("full")
+        lightest = evaluate(request, profile, calibration, *screened)
+        if lightest.rejection is not None:
+            return LayoutOutcome(layout, None, lightest), [lightest], math.inf
+        evaluated.append(lightest)
+    skipped = math.inf
     for sub in recipe_requests(request, profile):
         for policy in policies_worth_trying(sub):
             for micro in micro_batches(sub):
-                candidate = evaluate(sub, profile, calibration, micro, policy)
-                evaluated.append(candidate)
+                if sub is request and (micro, policy) == screened:
+                    candidate = evaluated[0]  # the screen's
+                elif bar is not None and bar.beyond(floor := candidate_floor_s(sub, profile, calibration, micro,
+                                                                               policy)):
+                    skipped = min(skipped, floor)
+                    continue
+                else:
+                    candidate = evaluate(sub, profile, calibration, micro, policy)
+                    evaluated.append(candidate)
+                if bar is not None:
+                    bar.saw(candidate)
                 if candidate.rejection is not None and screen:
                     break
     fitting = [c for c in evaluated if c.rejection is None]
     if fitting:
         best = min(fitting, key=lambda c: (-c.tokens_per_s, c.required_bytes))  # one layout: speed decides
-        return LayoutOutcome(layout, best, None), evaluated
-    return LayoutOutcome(layout, None, min(evaluated, key=lambda c: c.required_bytes)), evaluated
+        return LayoutOutcome(layout, best, None), evaluated, skipped
+    return LayoutOutcome(layout, None, min(evaluated, key=lambda c: c.required_bytes)), evaluated, skipped
+
+
+def layout_floor_s(request: PlanRequest, profile: HardwareProfile, calibration: Calibration) -> float:
+    """The lowest floor of any candidate of the request's layout (headroom.core.planning.pruning): without
+    recompute, which only adds, at each recipe and micro-batch it tries; infinite where none divides the batch."""
+    return min((candidate_floor_s(sub, profile, calibration, micro, NO_RECOMPUTE)
+                for sub in recipe_requests(request, profile) for micro in micro_batches(sub)), default=math.inf)
 
 
 def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
@@ -719,6 +780,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
     best = result.recommendation
     profile = result.profile
     band = result.band
+    tokens = result.request.global_batch * result.request.seq_len
     return {
         "request": {
             "model": result.request.spec.name,
@@ -769,6 +831,11 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
              "why": o.why_lost(best)}
             for o in result.layouts
         ],
+        "pruned": [
+            {"layout": layout_dict(p.layout), "fits": p.fits, "floor_step_s": p.floor_s,
+             "max_tokens_per_s": p.max_tokens_per_s(tokens), "why": p.why_left_out(tokens, best.tokens_per_s)}
+            for p in result.pruned
+        ] if best else [],
         "unsearched": {"layouts": result.unsearched, "stopped_at": result.stopped_at} if result.unsearched else None,
         "advice": list(result.advice),
         "forced_by": result.forced_by(),

@@ -6,7 +6,7 @@ units are counted as runs). Realistic searches stay well below the bound: llama3
 17,869 candidates (9 s), on 2^20 GPUs with a global batch of 2^24 41,499 (23 s). A plan at every maximum at
 once (10,000 layers, hidden 65,536, 2^20 GPUs, a batch of 2^24 sequences of 2^24 tokens) evaluates 180,487
 (84 s), and ran past 120 s before its layers were replayed. So a plan stops trying layouts once ``LIMIT``
-candidates are spent: simplest first, as a page's time limit cuts it, and the plan counts the layouts left
+candidates are spent: those whose compute floor is lowest first, as a page's time limit cuts it, and the plan counts the layouts left
 (headroom.core.planning.planner.Plan.unsearched). The same inputs stop at the same place on every machine, which a time limit
 cannot promise.
 """

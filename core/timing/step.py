@@ -53,6 +53,7 @@ from typing import Literal
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
+from headroom.core.memory.flops import StepFlops, step_flops
 from headroom.core.memory.pipeline import pipeline_seconds
 from headroom.core.memory.static import te_block_weights
 from headroom.core.memory.trace import TracedOp
@@ -60,8 +61,10 @@ from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import Float8Recipe
 from headroom.core.specs.hardware import HardwareSpec
 from headroom.core.specs.interconnect import Cluster, cluster_for
+from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.recompute import RecomputePolicy
+from headroom.core.specs.schedule_order import zbv_chunks
 from headroom.core.timing.collective_curves import CollectiveCurves
 from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
@@ -82,7 +85,7 @@ from headroom.core.timing.op_time import (
     ops_time,
 )
 from headroom.core.timing.schedule_replay import zbv_makespan
-from headroom.core.timing.step_ops import ForwardOps, forward_ops
+from headroom.core.timing.step_ops import ForwardOps, forward_ops, ops_config
 
 # Defaults used when a box has no measurement of its own and its datasheet row no curve (stated in every plan).
 DEFAULT_MATMUL_EFFICIENCY = 0.75
@@ -98,6 +101,8 @@ DEFAULT_HOST_BYTES_PER_S = 48e9
 run's two offload steps achieved it (46.6 and 49.6 GB/s; benchmarks/fit_time_constants.py)."""
 ATTENTION_BACKWARD_RATIO = 2.5
 """FlashAttention-2's backward runs five GEMMs against forward's two (Dao 2023): 2.5x forward's time."""
+PRICED_KEPT = 4096
+"""Ops tuples a profile keeps the price of (`HardwareProfile.price`): more than one search's distinct blocks."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +150,14 @@ class HardwareProfile:
     """Which figures are defaults rather than measurements."""
     collectives: CollectiveCurves | None = None
     """Collective times measured over the box's devices (headroom.core.timing.collective_curves); None: datasheet links."""
+    _priced: dict[int, tuple[tuple[TracedOp, ...], OpsTime]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    """`price`'s answers by the ops tuple's identity, the tuple kept so that its identity stays its own: the blocks
+    of a layout search's layouts share their ops (headroom.core.timing.step_ops caches them), so each is priced
+    once a search, not once a candidate. A copy of the profile (``dataclasses.replace``) starts empty."""
+    _floors: dict[tuple[object, ...], _FloorParts] = field(default_factory=dict, init=False, repr=False,
+                                                           compare=False)
+    """`step_floor_s`'s stage parts by what they depend on (the ops' configuration and the policy)."""
 
     def cluster(self, gpus_per_node: int = 8, inter: str | None = None, intra: str | None = None) -> Cluster:
         """Nodes of this device: its datasheet links (headroom.core.specs.interconnect.cluster_for; between nodes ``inter``, else
@@ -174,7 +187,14 @@ class HardwareProfile:
     def price(self, ops: tuple[TracedOp, ...]) -> OpsTime:
         """Device time of ``ops`` (headroom.core.timing.op_time): GEMMs by their shape, or on a device without a datasheet peak
         (a CPU) at the measured rate of their size."""
-        return ops_time(self.rates, ops, None if self.peak_flop_per_s else self.matmul_flop_per_s)
+        known = self._priced.get(id(ops))
+        if known is not None and known[0] is ops:
+            return known[1]
+        if len(self._priced) >= PRICED_KEPT:
+            self._priced.clear()
+        timed = ops_time(self.rates, ops, None if self.peak_flop_per_s else self.matmul_flop_per_s)
+        self._priced[id(ops)] = ops, timed
+        return timed
 
     @property
     def host_runs_ahead(self) -> bool:
@@ -338,7 +358,7 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
         raise ConfigError(f"--fp8 {cfg.fp8} on {profile.name}: it has no {needs}; use --fp8 off")
     layout = cfg.layout
     rank = estimate.rank
-    price = _priced_once(profile)
+    price = profile.price
     mine, blocks = _micro_batch(estimate, profile, price, rank.layers, rank.first, rank.last)
 
     static = estimate.static
@@ -367,24 +387,74 @@ def step_time(estimate: Estimate, profile: HardwareProfile, accumulation_steps: 
 Price = Callable[[tuple[TracedOp, ...]], OpsTime]
 
 
+def step_floor_s(spec: ModelSpec, config: TrainConfig, profile: HardwareProfile, accumulation_steps: int) -> float:
+    """A floor under `step_time`'s ``total_s`` for ``config`` over ``accumulation_steps`` micro-batches, from its
+    ops alone (no ledger, no collective): each pipeline stage's forward, backward and recompute per micro-batch
+    (`_micro_batch`'s terms, priced alike), through the schedule: the pipeline's time (`_bubble_s`), or under ZB-V
+    the busiest rank's two chunks (its replay cannot end sooner). A stage's time is its blocks' and its ends'
+    (`_FloorParts`), kept on the profile: the layouts of a search share them. A model whose blocks differ in kind
+    (dense and experts') is planned without a pipeline (TrainConfig.check_model): its one stage is priced whole.
+
+    What it leaves out is never negative (offload, FSDP's copies, the host's wait, accumulation, the optimizer,
+    exposed communication, any stage's wait but the pipeline's), and what a block runs does not depend on which
+    rank is the estimate's or on what the policy keeps (headroom.core.timing.step_ops), so no estimate of the
+    configuration is faster: headroom.core.planning.planner leaves out a candidate whose floor is slower than
+    the fastest found by more than a near tie."""
+    key = (spec, ops_config(config), config.recompute)
+    parts = profile._floors.get(key)
+    if parts is None:
+        if len(profile._floors) >= PRICED_KEPT:
+            profile._floors.clear()
+        parts = profile._floors[key] = _FloorParts(spec, config, profile)
+    layout, m = config.layout, accumulation_steps
+    if layout.schedule == "zbv" and layout.pp > 1:
+        chunks = config.chunk_layers(spec)
+        timed = [parts.stage_s(n, i == 0, i == len(chunks) - 1) for i, n in enumerate(chunks)]
+        return m * max(sum(timed[c] for c in zbv_chunks(layout.pp, rank)) for rank in range(layout.pp))
+    stages = config.stage_layers(spec)
+    timed = [parts.stage_s(n, i == 0, i == len(stages) - 1) for i, n in enumerate(stages)]
+    return pipeline_seconds(tuple(timed), m, layout.virtual_stages)
+
+
+class _FloorParts:
+    """One micro-batch's forward, backward and recompute of a configuration's stages, as `_micro_batch` prices
+    them: one block's and each end's (the embedding, the head and loss), or where blocks differ in kind each
+    stage's whole (``block_s`` None)."""
+
+    __slots__ = ("_config", "_ends", "_flops", "_profile", "_spec", "block_s")
+
+    def __init__(self, spec: ModelSpec, config: TrainConfig, profile: HardwareProfile) -> None:
+        self._spec, self._config, self._profile = spec, config, profile
+        self._flops = step_flops(spec, config, profile.device)
+        self._ends: dict[tuple[int, bool, bool], float] = {}
+        self.block_s = None if 0 < spec.moe_layers < spec.n_layers else self._direct_s(1, False, False)
+
+    def stage_s(self, layers: int, first: bool, last: bool) -> float:
+        if self.block_s is None:
+            return self._once(layers, first, last)
+        return layers * self.block_s + self._once(0, first, last)
+
+    def _once(self, layers: int, first: bool, last: bool) -> float:
+        key = (layers, first, last)
+        if key not in self._ends:
+            self._ends[key] = self._direct_s(*key)
+        return self._ends[key]
+
+    def _direct_s(self, layers: int, first: bool, last: bool) -> float:
+        price = self._profile.price
+        ops = forward_ops(self._spec, self._config, self._profile.device, layers, first=first, last=last)
+        blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
+        head = price(ops.head)
+        recomputed, _ = _recompute(self._config, self._flops, blocks, ops, price)
+        return blocks.forward_s + blocks.backward_s + head.forward_s + head.backward_s + recomputed
+
+
 def _matmuls_s(estimate: Estimate, blocks: OpsTime) -> float:
     """The blocks' GEMMs in one micro-batch: forward, backward's two products, and the share of forward's the
     policy runs again (headroom.core.memory.flops: recompute FLOPs over the blocks' forward FLOPs)."""
     flops = estimate.flops
     again = min(1.0, flops.recompute / flops.blocks_forward) if flops.blocks_forward else 0.0
     return blocks.gemm_s * (1 + again) + blocks.backward_gemm_s
-
-
-def _priced_once(profile: HardwareProfile) -> Price:
-    """``profile.price``, each ops tuple priced once: a pipeline's stages run the same block's ops."""
-    priced: dict[int, tuple[tuple[TracedOp, ...], OpsTime]] = {}  # the ops kept: their id stays theirs
-
-    def price(ops: tuple[TracedOp, ...]) -> OpsTime:
-        if id(ops) not in priced:
-            priced[id(ops)] = ops, profile.price(ops)
-        return priced[id(ops)][1]
-
-    return price
 
 
 def _micro_batch(estimate: Estimate, profile: HardwareProfile, price: Price, layers: int, first: bool,
@@ -397,7 +467,7 @@ def _micro_batch(estimate: Estimate, profile: HardwareProfile, price: Price, lay
     ops = forward_ops(spec, cfg, profile.device, layers, first=first, last=last)
     blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
     head = price(ops.head)
-    recomputed, rerun_ops = _recompute(estimate, blocks, ops, price)
+    recomputed, rerun_ops = _recompute(cfg, estimate.flops, blocks, ops, price)
     share = 1.0 if layers == rank.layers else layers / rank.layers if rank.layers else 0.0
     offload_s = share * 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
     forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
@@ -477,14 +547,15 @@ def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: boo
             _host_s(profile.host, estimate.config, len(head), 0, timed.backward_launches))
 
 
-def _recompute(estimate: Estimate, blocks: OpsTime, ops: ForwardOps, price: Price) -> tuple[float, int]:
+def _recompute(config: TrainConfig, flops: StepFlops, blocks: OpsTime, ops: ForwardOps,
+               price: Price) -> tuple[float, int]:
     """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
 
     Full and every-K rerun the blocks' forward, less what torch's early stop skips (headroom.core.memory.flops.recompute_flops:
     the recomputed share of the blocks' FLOPs). Selective reruns the attention core. Op-selective reruns every
     memory-bound op of the blocks, and under torchtitan every second matmul (the FLOPs headroom.core.memory.flops counts).
     """
-    policy, flops = estimate.config.recompute, estimate.flops
+    policy = config.recompute
     if not policy.recomputes or not flops.blocks_forward:
         return 0.0, 0
     # Shares of the whole model's FLOPs (headroom.core.memory.flops), applied to this rank's time.

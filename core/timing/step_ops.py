@@ -60,7 +60,7 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
                 last: bool = True) -> ForwardOps:
     """The ops of one micro-batch's forward on a rank of ``layers`` blocks (its pipeline stage's: the embedding
     on the ``first``, the head and loss on the ``last``)."""
-    plain = _plain(config)
+    plain = ops_config(config)
     moe_layers = min(layers, spec.moe_layers)
     dense = _block_ops(spec, plain, device, moe=False) if layers > moe_layers else ()
     moe = _block_ops(spec, plain, device, moe=True) if moe_layers else ()
@@ -73,8 +73,9 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
 
 
 @functools.lru_cache(maxsize=1024)
-def _plain(config: TrainConfig) -> TrainConfig:
-    """The configuration without checkpointing, and without what no op's shape depends on."""
+def ops_config(config: TrainConfig) -> TrainConfig:
+    """The configuration without checkpointing, and without what no op's shape depends on: configurations with the
+    same one run the same ops."""
     layout = replace(config.layout.fewest_data_parallel(), zero=3 if config.fsdp_mixed_precision else 0,
                      schedule="1f1b", virtual_stages=1, pp=1, stage_layers=None)
     return replace(config, recompute=RecomputePolicy("none"), layout=layout)

@@ -260,8 +260,9 @@ for model_note in request.notes():  # a context extended; what the config asks a
 if result.unsearched:
     limit = (f"this page's limit of {planning.PAGE_TIME_LIMIT_S:g} s" if result.stopped_at == "time limit"
              else f"its work bound ({search_work.LIMIT:,} candidates)")
-    st.warning(f"The search stopped at {limit}: {plan_tables.count(len(result.layouts), 'layout')} tried, simplest "
-               f"first, {result.unsearched} left untried. "
+    tried = plan_tables.count(len(result.layouts) + len(result.pruned), "layout")
+    st.warning(f"The search stopped at {limit}: {tried} tried, those that could be fastest first, "
+               f"{result.unsearched} left untried. "
                + (f"`headroom plan --gpus {request.gpus}` searches on without a time limit."
                   if result.stopped_at == "time limit" else "Pin tensor, pipeline or context parallelism to search "
                                                             "the rest."))
@@ -322,6 +323,14 @@ if searched:
                                                  wrapped="why")  # every layout name whole, every reason too
     st.dataframe(layouts, hide_index=True, column_config=layout_columns, column_order=columns.LAYOUTS_SHOWN,
                  row_height=layout_rows, placeholder=columns.MISSING)
+    if result.pruned:
+        with st.expander(f"{plan_tables.count(len(result.pruned), 'more layout')} left out: no step of theirs can "
+                         f"come within {NEAR:.0%} of the fastest"):
+            st.caption("Each one's floor: its forward, backward and recompute through the pipeline, with "
+                       "communication, the optimizer and the host left out (or, where some of its candidates ran, "
+                       "the fastest of them). Nothing left out could be recommended or tie with it.")
+            st.dataframe(plan_tables.pruned_frame(result), hide_index=True, column_config=columns.PRUNED,
+                         placeholder=columns.MISSING)
     options = plan_tables.layout_options(result)
     if len(options) >= 2:
         st.subheader("Compare two layouts")
