@@ -69,8 +69,9 @@ class TrainSetup:
     def label(self) -> str:
         cfg = self.config
         fp8 = f" fp8 {cfg.fp8}" if cfg.float8 is not None else ""
+        compiled = " compiled" if cfg.compile else ""
         return (f"{self.spec.name} s{cfg.seq_len} micro {cfg.micro_batch} x{self.accumulation_steps} "
-                f"{cfg.recompute} {cfg.attention} {cfg.precision}{fp8}")
+                f"{cfg.recompute} {cfg.attention} {cfg.precision}{fp8}{compiled}")
 
 
 def forward_loss(model: Decoder, tokens: torch.Tensor, targets: torch.Tensor, precision: str) -> torch.Tensor:

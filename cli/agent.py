@@ -18,6 +18,7 @@ from headroom.cli.train_flags import (
 from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
 from headroom.core.safe_text import MAX_LABELS, text_problem
+from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.stack import STACKS, get_stack
 
@@ -72,13 +73,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "the step runs on several local ranks under torch's own parallelism (DDP, ZeRO-1, FSDP2, tensor "
         "parallelism, a pipeline alone under --schedule 1f1b, gpipe or zbv with --accumulation micro-batches) and every "
         "rank is recorded; --cp, --ep, --zero 2 and the interleaved schedule are planned by the core but not measured "
-        "here, and refused. A step the core predicts cannot fit is skipped, not run. "
+        "here, and refused. On one device --fp8 runs torchao's float8 linears and --compile on compiles each block, as "
+        "torchtitan does. A step the core predicts cannot fit is skipped, not run. "
         "Example: headroom agent train --model llama3.2-1b --seq-len 2048 --micro-batch 1,2,4 --recompute none,full; "
         "headroom agent train --model bench-llama-small --device cpu --nproc 2 --dp 2 --zero 3",
         epilog=POLICIES_HELP,
     )
     train.add_argument("--model", required=True, help="preset name, a HuggingFace config.json, a model directory holding one, or a HuggingFace model id (org/name[@revision])")
-    add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None, fp8="none")
+    add_train_flags(train, micro_batch="list", recompute="list", layout="fixed", precision_default=None, fp8="one")
     train.add_argument("--nproc", type=int, default=None,
                        help="local processes, one per GPU (default: tp x dp x pp x cp; --nproc alone means --dp)")
     train.add_argument("--accumulation", type=int, default=1, help="micro-batches per optimizer step: a pipeline's micro-batches under --pp (default 1)")
@@ -307,6 +309,7 @@ def run_train(args: argparse.Namespace) -> int:
                           "loss with its own function, which the agent's decoder does not run (its loss is torch's "
                           f"loss_parallel, the reference's); measure --stack reference, or plan it (headroom plan "
                           f"--stack {args.stack})")
+    _check_recipe(args, layout)
     if layout.world > 1:  # what the agent cannot run is refused first, by name
         from headroom.agent import train_ranks
 
@@ -346,6 +349,21 @@ def run_train(args: argparse.Namespace) -> int:
         else:
             print(wrap(summarize(report)))
         return 1 if nothing_measured(report) else 0
+
+
+def _check_recipe(args: argparse.Namespace, layout: Layout) -> None:
+    """The FP8 recipes and compilation the agent's decoder runs: torchao's float8 (headroom.agent.float8) and
+    torch.compile'd blocks (headroom.agent.compiled), on one device."""
+    recipe = FLOAT8_RECIPES.get(args.fp8)
+    if recipe is not None and recipe.library != "torchao":
+        runs = ", ".join(name for name, r in FLOAT8_RECIPES.items() if r.library == "torchao")
+        raise ConfigError(f"--fp8 {args.fp8}: Transformer Engine's recipes run inside Megatron-LM on CUDA, not in the "
+                          f"agent's decoder, which runs torchao's ({runs}); plan it: headroom plan --stack megatron "
+                          f"--fp8 {args.fp8}")
+    ran = [flag for flag, on in (("--fp8", recipe is not None), ("--compile on", args.compile == "on")) if on]
+    if ran and layout.world > 1:
+        raise ConfigError(f"{' and '.join(ran)}: the agent measures them on one device; drop --nproc and the "
+                          "parallel axes (headroom plan plans them on any layout)")
 
 
 def _check_local_ranks(ranks: int) -> None:

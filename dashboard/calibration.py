@@ -23,7 +23,7 @@ from headroom.core.measured.calibration import Calibration
 from headroom.core.measured.measurements import timing_noise
 from headroom.core.specs.presets import PRESETS
 from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
-from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.run_config import RECIPE_COLUMNS, RunConfig
 from headroom.core.specs.stack import stack_name
 from headroom.core.units import GB
 from headroom.dashboard.planning import MEASURED_PREFIX, PlanInputs
@@ -58,7 +58,7 @@ def time_points(train: pd.DataFrame) -> pd.DataFrame:
     return _finish(frame)
 
 
-STEP_KEYS = ["device_name", "model_name", *RUN_COLUMNS, "dropout", "stack", "layout"]
+STEP_KEYS = ["device_name", "model_name", *RUN_COLUMNS, *RECIPE_COLUMNS, "dropout", "stack", "layout"]
 """What a step's Plan-page link depends on: its device, model and run configuration."""
 
 

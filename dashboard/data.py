@@ -204,7 +204,7 @@ def train_steps(url: str, device: str | None = None) -> pd.DataFrame:
     dropout = t.prediction[("config", "dropout")].as_float().label("dropout")
     stack = t.prediction[("config", "stack")].as_string().label("stack")
     query = _with_run(t, t.model_name, t.seq_len, t.micro_batch, t.accumulation_steps, t.recompute, t.attention,
-                      t.precision, t.optimizer, dropout, stack, cast(t.layout, String).label("layout"),
+                      t.precision, t.optimizer, t.fp8, t.compile, dropout, stack, cast(t.layout, String).label("layout"),
                       t.median_s, t.min_s, t.max_s, busy, t.tokens_per_s, t.mfu,
                       t.peak_allocated_bytes, t.peak_reserved_bytes, t.activation_bytes, t.predicted_peak_bytes,
                       t.predicted_activation_bytes, t.predicted_step_time_s, device=device)

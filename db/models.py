@@ -43,6 +43,7 @@ from sqlalchemy import (
     Integer,
     MetaData,
     String,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, MappedAsDataclass, mapped_column
@@ -50,7 +51,7 @@ from sqlalchemy.types import TypeDecorator
 
 from headroom.core.specs.hardware import DTYPES
 from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
-from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.run_config import RECIPE_COLUMNS, RunConfig
 from headroom.core.specs.stack import stack_name
 from headroom.core.timing.collective_ops import OPS as COLLECTIVE_OPS
 
@@ -330,6 +331,11 @@ class TrainStepResult(TimedResult):
     """Median exposed communication within a step on this rank: the time it waited for collectives, seconds."""
     predicted_communication_s: Mapped[float | None] = mapped_column(default=None)
     """The core's exposed communication per step (headroom.core.timing.step.StepTime.communication_s)."""
+    # The recipe beyond the precision (revision 0007): a step stored before it ran neither.
+    fp8: Mapped[str] = mapped_column(default="off", server_default="off")
+    """The FP8 recipe of its linears (headroom.core.specs.float8), or ``off``."""
+    compile: Mapped[bool] = mapped_column(default=False, server_default=false())
+    """Its blocks compiled with torch.compile (headroom.agent.compiled)."""
 
     @property
     def run_config(self) -> RunConfig:
@@ -337,7 +343,7 @@ class TrainStepResult(TimedResult):
         made for (as headroom.db.profiles.train_step_records reads them). ConfigError where today's core cannot
         read it."""
         said = (self.prediction or {}).get("config") or {}
-        return RunConfig.from_columns({key: getattr(self, key) for key in RUN_COLUMNS},
+        return RunConfig.from_columns({key: getattr(self, key) for key in (*RUN_COLUMNS, *RECIPE_COLUMNS)},
                                       dropout=float(said.get("dropout") or 0.0),
                                       stack=stack_name(said.get("stack") or "reference"), layout=self.layout)
 

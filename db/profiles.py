@@ -164,7 +164,7 @@ def dispatch_records(session: Session, device_name: str) -> list[DispatchRecord]
 TRAIN_STEP_COLUMNS = (
     "model_name", "model_spec", "seq_len", "micro_batch", "accumulation_steps", "precision", "optimizer", "attention",
     "recompute", "median_s", "peak_allocated_bytes", "peak_reserved_bytes", "activation_bytes", "layout", "rank",
-    "min_s", "max_s",
+    "min_s", "max_s", "fp8", "compile",
 )
 
 

@@ -105,8 +105,8 @@ def test_noisy_follows_the_cores_rule():
     train = pd.DataFrame({
         "device_name": ["gpu"] * 4, "model_name": ["m"] * 4, "seq_len": [8] * 4, "micro_batch": [1, 2, 4, 8],
         "accumulation_steps": [1] * 4, "recompute": ["none"] * 4, "precision": ["fp32"] * 4,
-        "optimizer": ["adamw"] * 4, "attention": ["flash"] * 4, "dropout": [None] * 4, "stack": [None] * 4,
-        "layout": [None] * 4,
+        "optimizer": ["adamw"] * 4, "attention": ["flash"] * 4, "fp8": ["off"] * 4, "compile": [False] * 4,
+        "dropout": [None] * 4, "stack": [None] * 4, "layout": [None] * 4,
         "median_s": [1.0, 1.0, 1.0, 1.0], "min_s": [0.9, 0.5, 0.9, None], "max_s": [1.1, 1.5, 2.5, None],
         "host_busy": [None, float("nan"), False, True],
         "predicted_step_time_s": [0.5, 1.0, 2.0, 4.0]})
@@ -163,20 +163,25 @@ def test_each_steps_link_carries_its_layout_stack_and_dropout_as_the_store_holds
     from headroom.dashboard.calibration import plan_links
 
     wide = Layout(tp=2, sp=True, dp=8, zero=1)
-    rows = [("llama3.2-1b", 2048, "full", None, "torchtitan", wide, 4),
-            ("gpt2-small", 1024, "none", 0.1, None, None, 1),
-            ("my-own-model", 2048, "none", None, None, None, 1),
-            ("llama3.2-1b", 2048, "sometimes", None, None, None, 1)]
+    rows = [("llama3.2-1b", 2048, "full", None, "torchtitan", wide, 4, False),
+            ("gpt2-small", 1024, "none", 0.1, None, None, 1, False),
+            ("llama3.2-1b", 2048, "full", None, None, None, 1, True),  # compiled (revision 0007's column)
+            ("my-own-model", 2048, "none", None, None, None, 1, False),
+            ("llama3.2-1b", 2048, "sometimes", None, None, None, 1, False)]
     train = pd.DataFrame([{
         "device_name": DEVICE, "model_name": model, "seq_len": seq, "micro_batch": 1, "accumulation_steps": accum,
-        "recompute": policy, "attention": "flash", "precision": "amp-bf16", "optimizer": "adamw",
-        "dropout": dropout, "stack": stack, "layout": None if layout is None else json.dumps(asdict(layout))}
-        for model, seq, policy, dropout, stack, layout, accum in rows])
+        "recompute": policy, "attention": "flash", "precision": "bf16-pure" if compiled else "amp-bf16",
+        "optimizer": "adamw", "fp8": "off",
+        "compile": compiled, "dropout": dropout, "stack": stack,
+        "layout": None if layout is None else json.dumps(asdict(layout))}
+        for model, seq, policy, dropout, stack, layout, accum, compiled in rows])
     links = list(plan_links(train))
-    assert links[2:] == [None, None]
-    shared = [PlanInputs.from_query(dict(parse_qsl(urlsplit(link).query))) for link in links[:2]]
+    assert links[3:] == [None, None]
+    shared = [PlanInputs.from_query(dict(parse_qsl(urlsplit(link).query))) for link in links[:3]]
     assert [(i.model, i.gpus_per_node, i.run_config()) for i in shared] == [
         ("llama3.2-1b", 16, RunConfig(train=TrainConfig(seq_len=2048, recompute=parse_policy("full"),
                                                         stack="torchtitan", layout=wide), accumulation_steps=4)),
-        ("gpt2-small", 8, RunConfig(train=TrainConfig(seq_len=1024, dropout=0.1)))]
+        ("gpt2-small", 8, RunConfig(train=TrainConfig(seq_len=1024, dropout=0.1))),
+        ("llama3.2-1b", 8, RunConfig(train=TrainConfig(seq_len=2048, recompute=parse_policy("full"),
+                                                       precision="bf16-pure", compile=True)))]
 

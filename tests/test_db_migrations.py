@@ -57,7 +57,7 @@ def _rows(path: Path) -> dict[str, list[dict]]:
 
 
 def test_revisions_are_linear_and_the_fixture_is_at_the_previous_one(old_store):
-    assert revisions() == ("0001", "0002", "0003", "0004", "0005", "0006")
+    assert revisions() == ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
     # Read from the scripts' names; Alembic's own walk of the chain agrees.
     walked = ScriptDirectory.from_config(alembic_config()).walk_revisions()
     assert tuple(reversed([script.revision for script in walked])) == revisions()
@@ -90,6 +90,7 @@ def test_a_writer_upgrades_the_0001_fixture_and_keeps_every_row(old_store):
         assert predicted == PREDICTED[row["id"]]
         # 0004: a step stored before multi-rank steps existed ran on one device
         assert (row["rank"], row["world_size"], row["layout"], row["communication_median_s"]) == (0, 1, None, None)
+        assert (row["fp8"], row["compile"]) == ("off", 0)  # 0007: a step stored before them ran neither
     assert sqlite_integrity(old_store) == ["ok"]
 
 

@@ -14,7 +14,7 @@ from headroom.core.measured.measurements import TrainStepRecord
 from headroom.core.memory.estimate import estimate
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
-from headroom.core.specs.run_config import COLUMNS, KEYS, VERSION, RunConfig
+from headroom.core.specs.run_config import COLUMNS, KEYS, OPTIONAL_KEYS, RECIPE_COLUMNS, VERSION, RunConfig
 from headroom.db.models import TrainStepResult
 from tests.run_configs import RUNS
 
@@ -67,9 +67,10 @@ def test_a_missing_key_is_named():
 
 def test_the_store_columns_are_the_training_step_rows():
     columns = CONFIGS[1].columns()
-    assert tuple(columns) == COLUMNS
+    assert tuple(columns) == COLUMNS + RECIPE_COLUMNS
     assert set(columns) <= set(TrainStepResult.__table__.columns.keys())
-    assert set(columns) | {"dropout", "stack", "layout", "version"} == set(KEYS)
+    assert set(COLUMNS) | {"dropout", "stack", "layout", "version"} == set(KEYS)
+    assert set(RECIPE_COLUMNS) <= set(OPTIONAL_KEYS)  # a document writes them only when set
     with pytest.raises(ConfigError, match=r"^run configuration: missing columns 'recompute', 'optimizer'$"):
         RunConfig.from_columns({key: columns[key] for key in COLUMNS if key not in ("recompute", "optimizer")})
 

@@ -44,7 +44,7 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import COLUMNS as RUN_COLUMNS
-from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.run_config import RECIPE_COLUMNS, RunConfig
 from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
 from headroom.core.timing.device_curves import CURVES
 from headroom.core.timing.op_time import HostCosts, anchor_efficiency
@@ -157,6 +157,10 @@ class TrainStepRecord:
     """The agent flagged the host busy while the steps were timed (agent/host_load.py)."""
     stack: str = "reference"
     """Whose checkpointing the step ran (headroom.core.specs.stack), as its stored prediction records it."""
+    fp8: str = "off"
+    """The FP8 recipe of its linears (headroom.core.specs.float8), or ``off``."""
+    compile: bool = False
+    """Its blocks compiled with torch.compile."""
 
     @property
     def noisy(self) -> str | None:
@@ -168,7 +172,7 @@ class TrainStepRecord:
         """What makes two steps the same configuration (a fleet reruns the same ones night after night)."""
         return (json.dumps(self.model_spec, sort_keys=True), self.seq_len, self.micro_batch, self.accumulation_steps,
                 self.precision, self.optimizer, self.attention, self.recompute, self.dropout,
-                json.dumps(self.layout, sort_keys=True), self.rank, self.stack)
+                json.dumps(self.layout, sort_keys=True), self.rank, self.stack, self.fp8, self.compile)
 
     @property
     def world(self) -> int:
@@ -178,14 +182,16 @@ class TrainStepRecord:
     @property
     def run_config(self) -> RunConfig:
         """The configuration the step ran; ConfigError where today's core cannot read it."""
-        return RunConfig.from_columns({key: getattr(self, key) for key in RUN_COLUMNS}, dropout=self.dropout,
-                                      stack=self.stack, layout=self.layout)
+        return RunConfig.from_columns({key: getattr(self, key) for key in (*RUN_COLUMNS, *RECIPE_COLUMNS)},
+                                      dropout=self.dropout, stack=self.stack, layout=self.layout)
 
     @property
     def label(self) -> str:
         ranks = f" rank {self.rank}/{self.world}" if self.layout else ""
         stack = f" ({self.stack})" if self.stack != "reference" else ""
-        return f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{stack}{ranks}"
+        recipe = (f" fp8 {self.fp8}" if self.fp8 != "off" else "") + (" compiled" if self.compile else "")
+        return (f"{self.model_name} micro {self.micro_batch} x{self.accumulation_steps} {self.recompute}{recipe}"
+                f"{stack}{ranks}")
 
 
 @dataclass(frozen=True, slots=True)

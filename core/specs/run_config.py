@@ -32,6 +32,9 @@ KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
 OPTIONAL_KEYS = ("fp8", "fp8_param_gather", "compile")
 """Keys written only when set (an FP8 recipe): a document without one reads as before, ``off``."""
+RECIPE_COLUMNS = ("fp8", "compile")
+"""The store's columns of a step beside `COLUMNS` (revision 0007): the FP8 recipe the agent ran and whether it
+compiled the blocks. A step stored before them ran neither (``off``, false)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -62,28 +65,32 @@ class RunConfig:
         return f"micro {self.train.micro_batch} x accum {self.accumulation_steps}, {self.train.recompute}{fp8}"
 
     def columns(self) -> dict[str, Any]:
-        """The store's flat columns of a training step (headroom.db.models.TrainStepResult)."""
+        """The store's flat columns of a training step (headroom.db.models.TrainStepResult): `COLUMNS`, then
+        `RECIPE_COLUMNS`."""
         t = self.train
         return {"seq_len": t.seq_len, "micro_batch": t.micro_batch, "accumulation_steps": self.accumulation_steps,
                 "recompute": str(t.recompute), "attention": t.attention, "precision": t.precision,
-                "optimizer": t.optimizer}
+                "optimizer": t.optimizer, "fp8": t.fp8, "compile": t.compile}
 
     @classmethod
     def from_columns(cls, columns: Mapping[str, Any], *, dropout: float = 0.0, stack: str = "reference",
                      layout: Mapping[str, Any] | None = None) -> RunConfig:
-        """The configuration of a stored step: its `COLUMNS` (other keys are ignored) and what the store keeps
-        beside them (None layout: one device). ConfigError names a missing or invalid value."""
+        """The configuration of a stored step: its `COLUMNS` and `RECIPE_COLUMNS` (absent: off; other keys are
+        ignored) and what the store keeps beside them (None layout: one device). ConfigError names a missing or
+        invalid value."""
         missing = [key for key in COLUMNS if key not in columns]
         if missing:
             raise ConfigError(f"run configuration: missing columns {', '.join(map(repr, missing))}")
+        recipe = {key: columns[key] for key in RECIPE_COLUMNS if columns.get(key) not in (None, "off", False)}
         return cls.from_dict({"version": VERSION, **{key: columns[key] for key in COLUMNS}, "dropout": dropout,
-                              "stack": stack, "layout": dict(layout) if layout else asdict(Layout())})
+                              "stack": stack, "layout": dict(layout) if layout else asdict(Layout()), **recipe})
 
     def to_dict(self) -> dict[str, Any]:
         """The versioned document: plain JSON types, the policy by name, the layout by its fields (a data-parallel
         setting left to the stack, None, is left out: a document without one reads as before)."""
         t = self.train
-        return {"version": VERSION, **self.columns(), "dropout": t.dropout, "stack": t.stack,
+        return {"version": VERSION, **{key: value for key, value in self.columns().items() if key in COLUMNS},
+                "dropout": t.dropout, "stack": t.stack,
                 "layout": {key: value for key, value in asdict(t.layout).items() if value is not None},
                 **({"fp8": t.fp8} if t.float8 is not None else {}),
                 **({"fp8_param_gather": True} if t.fp8_param_gather else {}),
