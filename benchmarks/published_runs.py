@@ -148,16 +148,30 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     gathering overlapped, no recompute, gradients reduced in bf16 (``grad_reduce_in_fp32 = False``); DGX H100 nodes
     on 8 x 400 Gb/s InfiniBand. Not modelled: the recipe keeps the first and last blocks in bf16
     (``first_last_layers_bf16``). Not expressed: the 8B row
-    (``recompute_num_layers=5``: Megatron's block recompute of 5 layers a stage, no Headroom policy) and the 405B
-    row (126 layers over 8 x 8 virtual stages with the embedding and loss counted: an uneven interleaved split)."""
-    layout = Layout(tp=4, sp=True, pp=8, dp=2, zero=1, schedule="interleaved", virtual_stages=5, tp_overlap=True,
-                    overlap_grad_reduce=True, overlap_param_gather=True)
-    config = TrainConfig(seq_len=8192, micro_batch=1, precision="bf16-master", optimizer="adam",
-                         recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
-                         fp8_param_gather=True)
-    return [PublishedRun(name="Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", source=f"{MEGATRON_BRIDGE}, DGX-H100",
-                         hardware="h100-sxm", spec=get_preset("llama3-70b"), config=config, global_batch=128,
-                         published=1602, unit="tokens_per_s_per_gpu", inter="ib-ndr")]
+    (``recompute_num_layers=5``: Megatron's block recompute of 5 layers a stage, no Headroom policy).
+
+    Llama 3.1 405B on 1,024 H100s, FP8-CS, global batch 512, micro-batch 1, sequence 8192, TP 8 x PP 8 (virtual 8)
+    x CP 2 x DP 8: 292 tokens/s per GPU. Its recipe (llama31_workload_base_configs.py,
+    ``LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V1``; llama31_llm_pretrain.py; recipes/llama/llama3.py,
+    ``llama31_405b_pretrain_config``): the same common settings as the 70B's, and
+    ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``: 126 blocks + 2 over 64
+    chunks, 1, 2 x 62, 1 (headroom.core.specs.stages)."""
+    common = {"tp_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True, "sp": True, "zero": 1,
+              "schedule": "interleaved"}
+    runs = []
+    for name, model, layout, batch, published in (
+        ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", "llama3-70b",
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 128, 1602),
+        ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "llama3.1-405b",
+         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 512, 292),
+    ):
+        config = TrainConfig(seq_len=8192, micro_batch=1, precision="bf16-master", optimizer="adam",
+                             recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
+                             fp8_param_gather=True)
+        runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, DGX-H100", hardware="h100-sxm",
+                                 spec=get_preset(model), config=config, global_batch=batch, published=published,
+                                 unit="tokens_per_s_per_gpu", inter="ib-ndr"))
+    return runs
 
 
 LLM_FOUNDRY = "llm-foundry benchmarking README"

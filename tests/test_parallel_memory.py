@@ -282,7 +282,8 @@ def test_fsdp_with_tensor_or_pipeline_parallelism_keeps_the_plain_division():
 @pytest.mark.parametrize(("layout", "match"), [
     (dict(tp=3), "32 attention heads do not split over tp 3; use --tp among"),
     ({"pp": 5, "schedule": "interleaved", "virtual_stages": 2},
-     "its 32 layers do not split over pp 5 x 2 virtual stages; use --pp x --virtual-stages among"),
+     "its 32 layers do not split over pp 5 x 2 virtual stages, evenly or with the embedding and the loss counted as a "
+     r"layer each \(34\); use --pp x --virtual-stages among"),
     ({"pp": 2, "stage_layers": (10, 10)}, "stage layers 10,10 hold 20 blocks, not the model's 32; give 2 counts"),
     (dict(sp=True), "needs tp > 1"),
     (dict(cp=3), "seq-len 4096 does not split into 2 x cp = 6"),

@@ -4,6 +4,7 @@ gloo ranks in tests/test_multi_rank.py; torchtitan's own splitter is checked in 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -63,9 +64,12 @@ def test_a_split_that_cannot_apply_is_refused_by_name(layout, message):
 def test_a_split_must_hold_the_models_layers_and_the_interleaved_schedule_an_even_one():
     with pytest.raises(ConfigError, match="^llama3-8b: stage layers 10,10 hold 20 blocks, not the model's 32"):
         TrainConfig(seq_len=4096, layout=Layout(pp=2, stage_layers=[10, 10])).check_model(LLAMA)
-    with pytest.raises(ConfigError, match="its 126 layers do not split over pp 16 x 2 virtual stages"):
+    with pytest.raises(ConfigError, match=r"^llama3.1-405b: its 126 layers do not split over pp 6 x 2 virtual stages, "
+                                          r"evenly or with the embedding and the loss counted as a layer each \(128\); "
+                                          r"use --pp x --virtual-stages among 6, 7, 9, 14, 18 \(or 1, 2, 4, 8, 16\), "
+                                          r"or the 1f1b schedule with --stage-layers$"):
         TrainConfig(seq_len=4096, stack="megatron",
-                    layout=Layout(pp=16, schedule="interleaved", virtual_stages=2)).check_model(LLAMA_405B)
+                    layout=Layout(pp=6, schedule="interleaved", virtual_stages=2)).check_model(LLAMA_405B)
     assert str(Layout(pp=4, stage_layers=[7, 9, 9, 7])) == "tp 1, pp 4 (1f1b, stages 7/9x2/7), cp 1, dp 1, zero 0"
 
 
@@ -110,7 +114,8 @@ def test_the_search_plans_pipelines_the_layers_do_not_divide():
     train = TrainConfig(seq_len=2048, stack="megatron", layout=Layout(tp=8))
     layouts = candidate_layouts(LLAMA_405B, train, 256, 128, 8, frozenset({"tp"}))
     depths = {(layout.pp, layout.schedule) for layout in layouts}
-    assert (16, "1f1b") in depths and (16, "interleaved") not in depths  # 126 = 7 + 8 x 14 + 7; not over 32 chunks
+    # 126 = 7 + 8 x 14 + 7; over 32 chunks with the embedding and the loss counted (Megatron-LM's account-for split)
+    assert (16, "1f1b") in depths and (16, "interleaved") in depths
     titan = candidate_layouts(LLAMA_405B, TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(tp=8)), 256,
                               128, 8, frozenset({"tp"}))
     assert (16, "interleaved") in {(layout.pp, layout.schedule) for layout in titan}  # torchtitan splits any
@@ -151,11 +156,17 @@ def test_the_plan_page_pins_a_split():
 
 
 def test_megatron_takes_first_and_last_stages_of_their_own(run_cli):
+    """7, 8 x 14, 7 is Megatron-LM's split with the embedding and the loss counted a layer each (128 over 16); other
+    first and last counts around alike middle stages are its decoder-first and -last flags; anything else a note."""
     base = ("plan", "--model", "llama3.1-405b", "--seq-len", "2048", "--global-batch", "16", "--tp", "8",
             "--budget", "200GB", "--stack", "megatron", "--export", "megatron")
     chosen = run_cli(*base, "--pp", "16")
     assert chosen.returncode == 0, chosen.stderr
-    assert "--decoder-first-pipeline-num-layers 7 --decoder-last-pipeline-num-layers 7" in chosen.stdout
+    assert ("--pipeline-model-parallel-size 16 --account-for-embedding-in-pipeline-split "
+            "--account-for-loss-in-pipeline-split --context-parallel-size 1") in chosen.stdout
+    ends = run_cli(*base, "--stage-layers", "5,8,8,8,8,8,8,8,8,8,8,8,8,8,8,9")
+    assert ends.returncode == 0, ends.stderr
+    assert "--decoder-first-pipeline-num-layers 5 --decoder-last-pipeline-num-layers 9" in ends.stdout
     odd = run_cli(*base, "--stage-layers", "6,9,8,8,8,8,8,8,8,8,8,8,8,8,8,7")
     assert "--decoder-first-pipeline-num-layers" not in odd.stdout
     assert "Megatron-LM cannot split the layers 6,9,8,8" in " ".join(odd.stderr.split())  # a note, on stderr
@@ -170,3 +181,40 @@ def test_estimate_says_the_split(run_cli):
     report = json.loads(run_cli(*base, "--json").stdout)
     assert report["config"]["stage_layers"] == [8, 9, 8, 7] and report["config"]["layout"]["stage_layers"] is None
     assert [r["layers"] for r in report["ranks"]] == [8, 9, 8, 7]
+
+
+def test_megatron_counts_the_embedding_and_the_loss_where_interleaved_chunks_do_not_divide():
+    """Llama 3.1 405B as Megatron-Bridge's recipe splits it over pp 8 x v 8 (account_for_embedding_in_pipeline_split,
+    account_for_loss_in_pipeline_split): 126 + 2 weights, 2 a chunk; the first chunk holds the embedding and one
+    block, the last one block and the loss (megatron/core/transformer/transformer_layer.py)."""
+    from headroom.core.specs.stages import (
+        accounts_for_ends,
+        chunk_layers,
+        split_text_for,
+    )
+
+    layout = Layout(tp=8, pp=8, schedule="interleaved", virtual_stages=8)
+    assert chunk_layers(layout, 126, "megatron") == (1, *(2,) * 62, 1)
+    assert stage_layers(layout, 126, "megatron") == (15, 16, 16, 16, 16, 16, 16, 15)  # rank i: chunks i, i + 8, ...
+    assert split_text_for(layout, 126, "megatron") == (
+        "15/16x6/15 blocks (chosen: the layers do not divide, so the embedding and the loss count as a layer each "
+        "(Megatron-LM's --account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split))")
+    assert chunk_layers(Layout(pp=4, schedule="interleaved", virtual_stages=2), 32, "megatron") == (4,) * 8  # even
+    assert [accounts_for_ends(n, 64) for n in (126, 128, 127, 62)] == [True, False, False, False]
+    estimated = estimate(LLAMA_405B, TrainConfig(seq_len=8192, stack="megatron", precision="bf16-master",
+                                                  layout=dataclasses.replace(layout, sp=True, cp=2)), "cuda", 64)
+    assert [r.rank.layers for r in estimated.ranks] == [15, 16, 15]  # first, middle and last kinds
+
+
+def test_megatron_exports_the_split_with_the_embedding_and_the_loss_counted(run_cli):
+    """Megatron-Bridge's Llama 3.1 405B FP8 layout on 1,024 H100s, as its recipe sets it: the account-for flags and
+    the virtual stages by their count (each rank's chunks hold different blocks)."""
+    result = run_cli("plan", "--model", "llama3.1-405b", "--seq-len", "8192", "--global-batch", "512",
+                     "--hardware", "h100-sxm", "--stack", "megatron", "--precision", "bf16-master", "--tp", "8",
+                     "--sp", "on", "--budget", "200GB", "--pp", "8", "--schedule", "interleaved", "--virtual-stages", "8", "--cp", "2", "--dp", "8",
+                     "--zero", "1", "--micro-batch", "1", "--recompute", "none", "--export", "megatron")
+    assert result.returncode == 0, result.stderr
+    assert ("--pipeline-model-parallel-size 8 --account-for-embedding-in-pipeline-split "
+            "--account-for-loss-in-pipeline-split --virtual-pipeline-model-parallel-size 8 --context-parallel-size 2"
+            in result.stdout)
+    assert "--num-layers-per-virtual-pipeline-stage" not in result.stdout

@@ -9,7 +9,10 @@ and against its docs (``docs/user-guide/features/dist_optimizer.md``,
   ``--pipeline-model-parallel-size``, ``--num-layers-per-virtual-pipeline-stage``
   (interleaved 1F1B; Megatron has no GPipe or zero-bubble schedule: zbv is
   exported as interleaved over its two chunks, with a note), ``--context-parallel-size``;
-  the data-parallel size is what the world size leaves.
+  the data-parallel size is what the world size leaves. An uneven split: ``--account-for-embedding-in-pipeline-split
+  --account-for-loss-in-pipeline-split`` where the layers with the embedding and the loss counted a layer each
+  divide over the chunks (then ``--virtual-pipeline-model-parallel-size`` names the chunks a rank), else
+  ``--decoder-first-pipeline-num-layers`` and ``--decoder-last-pipeline-num-layers`` (the middle stages alike).
 - batch: ``--micro-batch-size``, ``--global-batch-size`` (micro-batches per
   step = global / (micro x dp)), ``--seq-length``.
 - precision: ``--bf16`` is bf16 parameters, fp32 main gradients and an fp32
@@ -49,6 +52,7 @@ from headroom.core.exports.run import (
 )
 from headroom.core.specs.float8 import FLOAT8_RECIPES, OFF
 from headroom.core.specs.layout import MULTI_CHUNK
+from headroom.core.specs.stages import accounts_for_ends, weighted_split
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 """ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy."""
@@ -126,12 +130,16 @@ def _optimizer(run: Run, notes: list[str]) -> list[str]:
 
 
 def _stages(run: Run, notes: list[str]) -> list[str]:
-    """An uneven split of the layers (headroom.core.specs.stages): Megatron-LM gives its first and last stages
-    their own counts (``--decoder-first-pipeline-num-layers``, ``--decoder-last-pipeline-num-layers``) and splits
-    the rest evenly over the middle ones; any other split it cannot take, said in a note."""
+    """An uneven split of the layers (headroom.core.specs.stages): Megatron-LM counts the embedding and the loss as
+    a layer each (``--account-for-embedding-in-pipeline-split``, ``--account-for-loss-in-pipeline-split``), or
+    gives its first and last stages their own counts (``--decoder-first-pipeline-num-layers``,
+    ``--decoder-last-pipeline-num-layers``) and splits the rest evenly over the middle ones; any other split it
+    cannot take, said in a note."""
     chunks = run.chunk_layers
     if len(set(chunks)) == 1:
         return []
+    if accounts_for_ends(sum(chunks), len(chunks)) and chunks == weighted_split(sum(chunks), len(chunks)):
+        return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
     middle = chunks[1:-1]
     if run.layout.schedule not in MULTI_CHUNK and len(set(middle)) <= 1:
         return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
@@ -154,8 +162,12 @@ def megatron(run: Run) -> Export:
     if layout.tp_overlap:  # Transformer Engine's userbuffers (megatron/training/arguments.py)
         args.append("--tp-comm-overlap")
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
-    args += _stages(run, notes)
-    if layout.schedule in MULTI_CHUNK:
+    stages = _stages(run, notes)
+    args += stages
+    if layout.schedule in MULTI_CHUNK and "--account-for-loss-in-pipeline-split" in stages:
+        # Chunks of unequal blocks: the virtual stages by their count (megatron/training/arguments.py)
+        args += ["--virtual-pipeline-model-parallel-size", str(layout.virtual_stages)]
+    elif layout.schedule in MULTI_CHUNK:
         args += ["--num-layers-per-virtual-pipeline-stage", str(run.layers_per_chunk)]
     if layout.schedule == "zbv":
         notes.append("Megatron-LM has no zero-bubble schedule: these flags run interleaved 1F1B over the same two "

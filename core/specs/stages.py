@@ -22,10 +22,20 @@ and the loss. The split is, in order of precedence:
 - **even**: the other stacks put ``n / (pp v)`` blocks in each chunk
   (Megatron-LM by default; the agent's pipeline, as torchtitan's manual
   split). Where the layers do not divide, the planner chooses torchtitan's
-  rule for the 1f1b and gpipe schedules (Megatron-LM expresses it with
+  rule for the 1f1b and gpipe schedules (Megatron-LM expresses it with the
+  flags below where the ``n + 2`` weights divide, else with
   ``--decoder-first-pipeline-num-layers`` and
   ``--decoder-last-pipeline-num-layers`` where its middle stages are alike);
-  Llama 3 405B, 126 layers over 16 stages: 7, 8 x 14, 7.
+  Llama 3 405B, 126 layers over 16 stages: 7, 8 x 14, 7. Under the
+  interleaved schedule it does so only where the ``n + 2`` weights divide
+  over the ``pp x v`` chunks: Megatron-LM's
+  ``--account-for-embedding-in-pipeline-split`` and
+  ``--account-for-loss-in-pipeline-split``, which count the embedding and
+  the loss as a layer each and split ``n + 2`` evenly over the virtual
+  stages (megatron/core/transformer/transformer_layer.py,
+  ``get_transformer_layer_offset``; its arguments refuse a remainder).
+  Llama 3.1 405B over pp 8 x v 8, as Megatron-Bridge's recipe runs it: 1,
+  2 x 62, 1 blocks a chunk.
 """
 
 from __future__ import annotations
@@ -82,9 +92,21 @@ def chunk_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tup
         return weighted_split(n_layers, chunks)
     if n_layers % chunks == 0:
         return (n_layers // chunks,) * chunks
+    if accounts_for_ends(n_layers, chunks):  # Megatron-LM's split with the embedding and the loss counted
+        return weighted_split(n_layers, chunks)
+    weighted = divisors_near(n_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT, chunks)
     raise ConfigError(f"its {n_layers} layers do not split over pp {layout.pp} x {layout.virtual_stages} virtual "
-                      f"stages; use --pp x --virtual-stages among {divisors_near(n_layers, chunks)}, or the "
-                      "1f1b schedule with --stage-layers")
+                      f"stages, evenly or with the embedding and the loss counted as a layer each "
+                      f"({n_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT}); use --pp x --virtual-stages among "
+                      f"{divisors_near(n_layers, chunks)} (or {weighted}), or the 1f1b schedule with --stage-layers")
+
+
+def accounts_for_ends(n_layers: int, chunks: int) -> bool:
+    """The layers, with the embedding and the loss counted as a layer each, split evenly over ``chunks`` (and the
+    layers alone do not): Megatron-LM's ``--account-for-embedding-in-pipeline-split`` and
+    ``--account-for-loss-in-pipeline-split`` split (`weighted_split` gives it)."""
+    weights = n_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT
+    return chunks > 1 and n_layers % chunks != 0 and weights % chunks == 0 and weights // chunks > 1
 
 
 def rank_chunks(layout: Layout, rank: int) -> tuple[int, ...]:
@@ -111,6 +133,9 @@ def split_text_for(layout: Layout, n_layers: int, stack: str = "reference") -> s
         why = "as given"
     elif get_stack(stack).weighted_stages:
         why = f"{stack}'s split: the embedding and the head count as a block each"
+    elif n_layers % layout.chunks and layout.schedule == "interleaved":
+        why = ("chosen: the layers do not divide, so the embedding and the loss count as a layer each (Megatron-LM's "
+               "--account-for-embedding-in-pipeline-split and --account-for-loss-in-pipeline-split)")
     elif n_layers % layout.chunks:
         why = "chosen: the layers do not divide, so the embedding and the head count as a block each (torchtitan's rule)"
     else:
@@ -122,5 +147,5 @@ def split_text_for(layout: Layout, n_layers: int, stack: str = "reference") -> s
     return f"{split_text(layers)} blocks ({why})"
 
 
-__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "chunk_layers", "rank_chunks", "split_text_for", "stage_layers",
+__all__ = ["EMBEDDING_WEIGHT", "HEAD_WEIGHT", "accounts_for_ends", "chunk_layers", "rank_chunks", "split_text_for", "stage_layers",
            "weighted_split"]
