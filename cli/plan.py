@@ -6,7 +6,9 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 
+from headroom.cli.nccl_tests import read_nccl_tests
 from headroom.cli.network_file import read_network_file
 from headroom.cli.search_status import SearchStatus
 from headroom.cli.train_flags import (
@@ -106,6 +108,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout.add_argument("--intra-node", default=None, metavar="LINK", type=_link,
                         help=f"link between the GPUs of a node: one of {', '.join(LINKS_BY_KEY)} (default: the "
                              "card's own, e.g. nvlink4 for an H100 SXM, pcie5-x16 for an H100 PCIe)")
+    layout.add_argument("--nccl-tests", action="append", default=[], metavar="[OP=]FILE",
+                        help="nccl-tests' output of one node (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                             "alltoall_perf or sendrecv_perf over its GPUs): the collective's measured times replace "
+                             "the node's link for groups inside a node, and the store's curve for that collective "
+                             "and group size; OP= names the collective where the output does not (all_reduce, "
+                             "all_gather, reduce_scatter, all_to_all, send_recv); repeatable")
     layout.add_argument("--network", default=None, metavar="FILE",
                         help="a TOML file of the cluster's network: gpus_per_node, intra_node and interconnect, "
                              "each as the flag of that name takes it (e.g. interconnect = \"8x200g\"); a flag given "
@@ -205,6 +213,9 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
     profile, calibration = resolve_hardware(args.hardware, args.db)
+    if args.nccl_tests:
+        measured = read_nccl_tests(args.nccl_tests, plan_ask(args).gpus_per_node, profile.collectives)
+        profile = replace(profile, collectives=measured)
     request = plan_request(args, profile)
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
         from headroom.cli.trace import traceable

@@ -1,0 +1,123 @@
+"""``headroom plan --nccl-tests [OP=]FILE``: nccl-tests' output of one node read as the node's measured collectives
+(headroom.core.timing.nccl_tests). The logs here are synthetic, written in nccl-tests' format (its header, rank
+lines and the 13 columns of all_reduce_perf and its siblings, or the 12 of versions without a root column) from a
+stated latency and bandwidth; no figure in them was measured."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from headroom.core.errors import ConfigError
+from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
+from headroom.core.timing.collective_ops import bus_factor
+from headroom.core.timing.nccl_tests import (
+    MAX_BYTES,
+    nccl_tests_curves,
+    parse_nccl_tests,
+)
+
+GPU = "NVIDIA H100 80GB HBM3"
+SIZES = [1024 * 4**i for i in range(11)]  # 1 KiB .. 1 GiB
+
+
+def log(binary: str = "all_reduce_perf", ranks: int = 8, hosts: tuple[str, ...] = ("node1",), latency_us: float = 20.0,
+        gb_per_s: float = 300.0, named: bool = True, root: bool = True, bus: str | None = None,
+        time_scale: float = 1.0) -> bytes:
+    """nccl-tests' output of ``binary`` over ``ranks`` GPUs spread over ``hosts``: each size takes latency + size /
+    bandwidth; ``bus`` the collective whose bus factor the busbw column uses (default the binary's);
+    ``time_scale`` scales the printed times alone (as a table in other units would)."""
+    op = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "sendrecv_perf": "send_recv"}[binary]
+    lines = [f"# Collective test starting: {binary}"] if named else []
+    lines += [(f"# nThread 1 nGpus {ranks} minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 "
+               "agg iters: 1 validation: 1 graph: 0"), "#", "# Using devices"]
+    lines += [f"#  Rank {r:2d} Group  0 Pid  {4000 + r} on {hosts[r * len(hosts) // ranks]:>10} device {r:2d} "
+              f"[0000:{r:02x}:00] {GPU}" for r in range(ranks)]
+    lines += ["#", "#       size         count      type   redop" + ("    root" if root else "")
+              + "     time   algbw   busbw #wrong     time   algbw   busbw #wrong"]
+    for size in SIZES:
+        t = latency_us + size / (gb_per_s * 1e9) * 1e6
+        algbw = size / (t * 1e-6) / 1e9
+        busbw = algbw * bus_factor(bus or op, ranks)
+        cells = f"{t * time_scale:8.2f} {algbw:7.2f} {busbw:7.2f}      0"
+        lines.append(f"{size:12d} {size // 2:13d}      bf16     sum" + ("      -1" if root else "") + f" {cells} {cells}")
+    lines += ["# Out of bounds values : 0 OK", "# Avg bus bandwidth    : 99.99", "#"]
+    return "\n".join(lines).encode()
+
+
+def test_a_table_reads_as_one_record_a_size_at_its_out_of_place_time():
+    run = parse_nccl_tests(log(), "a.log")
+    assert (run.op, run.ranks, run.host, set(run.devices)) == ("all_reduce", 8, "node1", {GPU})
+    assert [r.message_bytes for r in run.records] == SIZES
+    assert {(r.op, r.group_size) for r in run.records} == {("all_reduce", 8)}
+    one_mib = next(r for r in run.records if r.message_bytes == 2**20)
+    assert one_mib.median_s == pytest.approx(round(20 + 2**20 / 300e3, 2) * 1e-6, rel=1e-12)  # the printed time
+    curves = nccl_tests_curves([(run, "a.log")], 8)
+    assert curves.seconds("all_reduce", 2**20, 8) == one_mib.median_s  # a measured size: its time, as printed
+    assert curves.group_sizes() == (8,) and curves.seconds("all_gather", 2**20, 8) is None
+    assert curves.source == f"by nccl-tests on {GPU} (a.log: all_reduce over 8)"
+
+
+def test_an_older_table_without_its_name_or_a_root_column_takes_the_collective_given():
+    old = log("all_gather_perf", named=False, root=False)
+    with pytest.raises(ConfigError, match=r"^b.log: its output does not name its collective .* name it before the "
+                                          r"file: --nccl-tests all_reduce=FILE"):
+        parse_nccl_tests(old, "b.log")
+    run = parse_nccl_tests(old, "b.log", "all_gather")
+    assert run.op == "all_gather" and len(run.records) == len(SIZES)
+
+
+@pytest.mark.parametrize(("data", "op", "said"), [
+    (b"all good\n", None, "no '#  Rank N Group G Pid P on HOST device D [BUS] GPU' lines"),
+    (log(hosts=("node1", "node2"), ranks=16), None,
+     "its 16 ranks ran on 2 hosts (node1, node2); measured collectives are taken inside one node"),
+    (log(ranks=1), None, "one rank moves nothing"),
+    (log(), "all_gather", "given as all_gather, but its output says all_reduce_perf"),
+    (log(named=False), "allreduce", "unknown collective 'allreduce'; valid: all_reduce, all_gather"),
+    (log("all_gather_perf", named=False, bus="all_reduce"), "all_gather",
+     "busbw / algbw is 1.750, not all_gather's 0.875 over 8 ranks: the output of another collective?"),
+    (log(time_scale=1e-3), None, "is not size / time"),  # milliseconds where nccl-tests prints microseconds
+    (log().replace(b"      0\n", b"\n", 1), None, "12 columns, not the 13 of its header"),
+    (log().split(b"#       size")[0], None, "no column header"),
+    (log().split(b"# Out of bounds")[0].rsplit(b"time   algbw   busbw #wrong", 1)[0] + b"time   algbw   busbw #wrong",
+     None, "no rows of message size and time"),
+    (b"#" * (MAX_BYTES + 1), None, "over 1024 KiB"),
+    (b"\xff\xfe", None, "not UTF-8 text"),
+], ids=["not nccl-tests", "two hosts", "one rank", "another op given", "unknown op", "busbw of another op",
+        "milliseconds", "a column short", "no header", "no rows", "too large", "not text"])
+def test_what_is_not_one_nodes_nccl_tests_table_is_refused_by_name(data, op, said):
+    with pytest.raises(ConfigError, match="^x.log") as refused:
+        parse_nccl_tests(data, "x.log", op)
+    assert said in str(refused.value)
+
+
+def test_a_file_replaces_the_stores_curve_of_its_collective_and_keeps_the_others():
+    stored = CollectiveCurves.from_records([CollectiveRecord("all_reduce", 8, 2**20, 1.0),
+                                            CollectiveRecord("all_gather", 8, 2**20, 2.0)], "NVIDIA H100 (nccl)")
+    curves = nccl_tests_curves([(parse_nccl_tests(log(), "a.log"), "a.log")], 8, stored)
+    assert curves.seconds("all_gather", 2**20, 8) == 2.0 and curves.seconds("all_reduce", 2**20, 8) < 1e-3
+    assert curves.source.endswith(", else NVIDIA H100 (nccl)")
+    with pytest.raises(ConfigError, match=r"^a.log: 8 ranks on one host, more than the 4 GPUs a node"):
+        nccl_tests_curves([(parse_nccl_tests(log(), "a.log"), "a.log")], 4)
+
+
+PLAN = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
+        "--tp", "8", "--dp", "1", "--json")
+
+
+def test_plan_prices_tensor_parallel_all_reduces_at_the_files_times(run_cli, tmp_path):
+    path = tmp_path / "all_reduce.log"
+    path.write_bytes(log(gb_per_s=30.0))  # a slow node: its all-reduces cost more than NVLink 4's datasheet
+    datasheet, measured = (json.loads(run_cli(*PLAN, *extra).stdout) for extra in ((), ("--nccl-tests", str(path))))
+    assert measured["hardware"]["cluster"]["measured"] == {
+        "source": f"by nccl-tests on {GPU} ({path}: all_reduce over 8)", "group_sizes": [8]}
+
+    def all_reduce(plan):
+        terms = [t for t in plan["recommendation"]["communication"] if t["op"] == "all_reduce"]
+        return {t["link"] for t in terms}, sum(t["seconds"] for t in terms)
+
+    (links, seconds), (datasheet_links, datasheet_seconds) = all_reduce(measured), all_reduce(datasheet)
+    assert links == {"measured"} and datasheet_links == {"nvlink4"} and seconds > 2 * datasheet_seconds
+    refused = run_cli(*PLAN, "--nccl-tests", str(tmp_path / "missing.log"))
+    assert refused.returncode == 2 and f"--nccl-tests {tmp_path / 'missing.log'}: no such file" in refused.stderr
