@@ -155,20 +155,29 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     ``LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V1``; llama31_llm_pretrain.py; recipes/llama/llama3.py,
     ``llama31_405b_pretrain_config``): the same common settings as the 70B's, and
     ``account_for_embedding_in_pipeline_split`` and ``account_for_loss_in_pipeline_split``: 126 blocks + 2 over 64
-    chunks, 1, 2 x 62, 1 (headroom.core.specs.stages)."""
+    chunks, 1, 2 x 62, 1 (headroom.core.specs.stages).
+
+    Beside the H100 rows, the same table's DGX-B200 FP8-CS rows of dense models, on the same recipes
+    (``LLAMA3_8B_PRETRAIN_CONFIG_B200_FP8_CS_V1``: 8 GPUs, micro-batch 2, global batch 128, 30,624 tokens/s per GPU;
+    ``LLAMA31_405B_PRETRAIN_CONFIG_B200_FP8_CS_V1``: 128 GPUs, TP 4 x PP 8 (virtual 8) x CP 2, global batch 64, 661).
+    The 8B recipe's CUDA graphs are not modelled (its step is predicted device-bound)."""
     common = {"tp_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True, "sp": True, "zero": 1,
               "schedule": "interleaved"}
     runs = []
-    for name, model, layout, batch, published in (
-        ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", "llama3-70b",
-         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 128, 1602),
-        ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "llama3.1-405b",
-         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 512, 292),
+    for name, system, hardware, model, layout, micro, batch, published in (
+        ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", "DGX-H100", "h100-sxm", "llama3-70b",
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, 1602),
+        ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "DGX-H100", "h100-sxm", "llama3.1-405b",
+         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, 292),
+        ("Llama 3 8B, FP8-CS, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",
+         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, 30624),
+        ("Llama 3.1 405B, FP8-CS, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
+         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, 661),
     ):
-        config = TrainConfig(seq_len=8192, micro_batch=1, precision="bf16-master", optimizer="adam",
+        config = TrainConfig(seq_len=8192, micro_batch=micro, precision="bf16-master", optimizer="adam",
                              recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
                              fp8_param_gather=True)
-        runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, DGX-H100", hardware="h100-sxm",
+        runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, {system}", hardware=hardware,
                                  spec=get_preset(model), config=config, global_batch=batch, published=published,
                                  unit="tokens_per_s_per_gpu", inter="ib-ndr"))
     return runs
