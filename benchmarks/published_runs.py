@@ -146,8 +146,8 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     ``LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V1``; llama3_llm_pretrain.py; recipes/llama/llama3.py): sequence
     parallel, userbuffers tensor-parallel overlap, the distributed optimizer with gradient reduction and parameter
     gathering overlapped, no recompute, gradients reduced in bf16 (``grad_reduce_in_fp32 = False``); DGX H100 nodes
-    on 8 x 400 Gb/s InfiniBand. Not modelled: the recipe keeps the first and last blocks in bf16
-    (``first_last_layers_bf16``). Not expressed: the 8B row
+    on 8 x 400 Gb/s InfiniBand; its first and last blocks in bf16 (``first_last_layers_bf16``, the precision
+    recipe's: TrainConfig.first_last_bf16). Not expressed: the 8B row
     (``recompute_num_layers=5``: Megatron's block recompute of 5 layers a stage, no Headroom policy).
 
     Llama 3.1 405B on 1,024 H100s, FP8-CS, global batch 512, micro-batch 1, sequence 8192, TP 8 x PP 8 (virtual 8)
@@ -176,7 +176,7 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     ):
         config = TrainConfig(seq_len=8192, micro_batch=micro, precision="bf16-master", optimizer="adam",
                              recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
-                             fp8_param_gather=True)
+                             fp8_param_gather=True, first_last_bf16=True)
         runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, {system}", hardware=hardware,
                                  spec=get_preset(model), config=config, global_batch=batch, published=published,
                                  unit="tokens_per_s_per_gpu", inter="ib-ndr"))

@@ -70,6 +70,7 @@ def _configuration(run: PublishedRun) -> str:
             f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
             f"{run.config.precision}" + (f" + fp8 {run.config.fp8}" if run.config.float8 is not None else "")
             + (" (fp8 param gather)" if run.config.fp8_params else "")
+            + (" (first and last blocks bf16)" if run.config.first_last_bf16 else "")
             + (f", {run.inter}" if run.gpus > 8 else "")
             + (", FA1-class attention" if run.attention_efficiency is not None else ""))
 

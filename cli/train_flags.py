@@ -81,6 +81,10 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                        help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights "
                             "held in fp8 (the distributed optimizer keeps their fp32 master; --zero 1 or more) and "
                             "all-gathered in fp8 (default off)")
+        p.add_argument("--first-last-layers-bf16", default="off", choices=["on", "off"],
+                       help="Megatron-LM's --first-last-layers-bf16 under --fp8 te-current: the model's first and last "
+                            "blocks run in bf16, outside the recipe, as Megatron-Bridge's current-scaling recipe sets "
+                            "it (default off)")
     if fp8 != "none":  # the planner's and the estimate's commands
         p.add_argument("--compile", default="off", choices=["on", "off"],
                        help="each block compiled with torch.compile, as torchtitan's --compile.enable (reference and "
@@ -246,6 +250,7 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
         seq_len=args.seq_len, micro_batch=micro, precision=LIGHTEST if precision == SEARCHED else precision,
         optimizer=args.optimizer, fp8=OFF if fp8 == AUTO else fp8,
         fp8_param_gather=_fp8_param_gather(args, fp8), compile=getattr(args, "compile", "off") == "on",
+        first_last_bf16=getattr(args, "first_last_layers_bf16", "off") == "on",
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )

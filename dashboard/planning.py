@@ -152,6 +152,9 @@ class PlanInputs:
     """The FP8 recipe of the block linears (headroom.core.specs.float8), off, or auto (the planner tries each)."""
     fp8_param_gather: bool = False
     """Megatron-LM's --fp8-param-gather: the block weights held and gathered in fp8 (TrainConfig.fp8_param_gather)."""
+    first_last_bf16: bool = False
+    """Megatron-LM's --first-last-layers-bf16: the first and last blocks outside the FP8 recipe
+    (TrainConfig.first_last_bf16)."""
     compile: bool = False
     """Each block compiled with torch.compile (TrainConfig.compile)."""
     optimizer: str = "adamw"
@@ -405,7 +408,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
         train=TrainConfig(seq_len=inputs.seq_len, precision=LIGHTEST if inputs.precision == AUTO else inputs.precision,
                           optimizer=inputs.optimizer, attention=inputs.attention, dropout=inputs.dropout,
                           stack=inputs.stack, fp8=OFF if inputs.fp8 == AUTO else inputs.fp8,
-                          fp8_param_gather=inputs.fp8_param_gather, compile=inputs.compile,
+                          fp8_param_gather=inputs.fp8_param_gather, first_last_bf16=inputs.first_last_bf16,
+                          compile=inputs.compile,
                           layout=build_layout(inputs)),
         fp8_search=inputs.fp8 == AUTO, precision_search=inputs.precision == AUTO,
         budget_bytes=parse_budget(inputs.budget) if inputs.budget.strip() else None,

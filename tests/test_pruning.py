@@ -42,6 +42,8 @@ SEARCHES = {
     "offload allowed, tight budget": (dataclasses.replace(
         _request(SMALL, 8, 16, 512), allow_offload=True, budget_bytes=int(2.2e9)), H100),
     "experts over ep, dense and moe blocks": (_request(MIXED_MOE, 4, 8, 128), H100),
+    "te-current, bf16 end blocks": (_request(SMALL, 8, 16, 256, stack="megatron", precision="bf16-master",
+                                             fp8="te-current", first_last_bf16=True), H100),
 }
 
 

@@ -207,9 +207,10 @@ def test_plan_searches_both_te_recipes_under_megatron(plan_json):
 
 
 def test_the_published_megatron_bridge_h100_fp8_runs_within_10_percent():
-    """Megatron-Bridge's DGX-H100 FP8-CS rows pinned to their layouts, nothing fitted: Llama 3 70B (1,602 tokens/s
-    per GPU) predicted at 1,526, -4.7%, the same layout in bf16 at 1,135; Llama 3.1 405B (292), its 126 layers over
-    64 chunks with the embedding and the loss counted, at 319, +9.3%."""
+    """Megatron-Bridge's DGX-H100 FP8-CS rows pinned to their layouts, their first and last blocks in bf16 as the
+    recipe keeps them, nothing fitted: Llama 3 70B (1,602 tokens/s per GPU) predicted at 1,477, -7.8%, the same
+    layout in bf16 at 1,135; Llama 3.1 405B (292), its 126 layers over 64 chunks with the embedding and the loss
+    counted, at 311, +6.3%."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
     import validation
     from published_runs import RUNS
@@ -219,9 +220,10 @@ def test_the_published_megatron_bridge_h100_fp8_runs_within_10_percent():
     assert [r.name for r in rows] == ["Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2",
                                       "Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8"]
     assert all(abs(r.error) <= 0.10 for r in rows)
-    assert -0.05 < rows[0].error < -0.04 and 0.09 < rows[1].error < 0.10
+    assert -0.08 < rows[0].error < -0.07 and 0.06 < rows[1].error < 0.07
     run = next(r for r in RUNS if r.source.startswith("Megatron-Bridge"))
-    bf16 = validation.predict(dataclasses.replace(run, config=dataclasses.replace(run.config, fp8="off")))
+    bf16 = validation.predict(dataclasses.replace(run, config=dataclasses.replace(run.config, fp8="off",
+                                                                                   first_last_bf16=False)))
     assert bf16 < 0.75 * rows[0].predicted
 
 

@@ -33,7 +33,9 @@ and against its docs (``docs/user-guide/features/dist_optimizer.md``,
   (``--fp8-format``) and ``fp8_recipe``, whose default is ``delayed``, so the
   recipe is always written. The amax history keeps its default length, 1.
   ``--fp8-param-gather`` holds the block weights in fp8 (it needs the
-  distributed optimizer: ZeRO 1 or more).
+  distributed optimizer: ZeRO 1 or more). ``--first-last-layers-bf16`` with
+  ``--num-layers-at-start-in-bf16 1 --num-layers-at-end-in-bf16 1`` keeps the
+  model's first and last blocks out of the recipe.
 - ``--attention-dropout`` and ``--hidden-dropout`` default to 0.1, so both are
   always written.
 """
@@ -50,6 +52,7 @@ from headroom.core.exports.run import (
     ranks,
     stack_note,
 )
+from headroom.core.specs.config import BF16_END_BLOCKS
 from headroom.core.specs.float8 import FLOAT8_RECIPES, OFF
 from headroom.core.specs.layout import MULTI_CHUNK
 from headroom.core.specs.stages import accounts_for_ends, weighted_split
@@ -195,6 +198,9 @@ def megatron(run: Run) -> Export:
         args += ["--fp8-format", "hybrid", "--fp8-recipe", FLOAT8_RECIPES[run.fp8].megatron_recipe]
         if run.fp8_params:
             args.append("--fp8-param-gather")
+        if run.first_last_bf16:  # megatron/training/arguments.py; megatron/core/fp8_utils.py
+            args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(BF16_END_BLOCKS),
+                     "--num-layers-at-end-in-bf16", str(BF16_END_BLOCKS)]
     args += _sharding(run, notes)
     args += _overlaps(run)
     args += _recompute(run, notes)

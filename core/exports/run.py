@@ -79,6 +79,8 @@ class Run:
     """The FP8 recipe of the block linears (headroom.core.specs.float8), or ``off``."""
     fp8_params: bool = False
     """The block weights are held and gathered in fp8 (Megatron-LM's ``--fp8-param-gather``)."""
+    first_last_bf16: bool = False
+    """The model's first and last blocks outside the FP8 recipe (Megatron-LM's ``--first-last-layers-bf16``)."""
     compile: bool = False
     """Each block compiled with torch.compile (TrainConfig.compile)."""
 
@@ -97,7 +99,8 @@ class Run:
                    accumulation_steps=run.accumulation_steps, layout=cfg.layout, precision=cfg.precision,
                    optimizer=cfg.optimizer, attention=cfg.attention, dropout=cfg.dropout, policy=cfg.recompute,
                    stack=cfg.stack, gpus_per_node=request.cluster.gpus_per_node if request.cluster else 8,
-                   fp8=cfg.fp8, fp8_params=cfg.fp8_params, compile=cfg.compile)
+                   fp8=cfg.fp8, fp8_params=cfg.fp8_params, first_last_bf16=cfg.first_last_bf16,
+                   compile=cfg.compile)
 
     @property
     def model(self) -> str:

@@ -242,6 +242,7 @@ class Estimate:
             "precision": self.config.precision,
             "fp8": self.config.fp8,
             "fp8_param_gather": self.config.fp8_param_gather,
+            "first_last_bf16": self.config.first_last_bf16,
             "compile": self.config.compile,
             "optimizer": self.config.optimizer,
             "dp": self.config.dp,

@@ -51,6 +51,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
 
     policy, n = cfg.recompute, rank.layers
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
+    bf16 = _bf16_layers(cfg, rank)
     # A segment saves what an earlier one of the same length and kinds of layer saved (headroom.core.memory.trace.Repeat):
     # replayed instead of traced, an 80-layer model costs two segments. The first segment, and any that made a
     # tensor the model makes once (a RoPE table, a mask), are no template.
@@ -61,9 +62,9 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     while i < len(starts):
         index, start = i, starts[i]
         end = min(start + size, n)
-        kinds = _segment_kinds(tr, spec, start, end)
+        kinds = _segment_kinds(tr, spec, start, end, bf16)
         if (template := templates.get(kinds)) is not None and run and run[0] == template:
-            alike = _alike_from(tr, spec, start, size, n)  # a 10,000-layer rank replays its run in one step
+            alike = _alike_from(tr, spec, start, size, n, bf16)  # a 10,000-layer rank replays its run in one step
             run[2] += alike
             i += alike
             continue
@@ -75,7 +76,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
             run = [template, start, 1]
             continue
         shared = len(tr.shared)
-        x = _segment(tr, spec, d, cfg, x, param_dtype, start, end)
+        x = _segment(tr, spec, d, cfg, x, param_dtype, start, end, bf16)
         if index and len(tr.shared) == shared:
             templates[kinds] = start
     if run:
@@ -153,8 +154,27 @@ def _targets(tr: Trace, d: Dims) -> Sym:
     return tr.new("targets", (d.tokens,), "int64", "input")
 
 
+def _bf16_layers(cfg: TrainConfig, rank: RankKind) -> frozenset[int]:
+    """The rank's blocks, by index on the rank, that run in bf16 under the FP8 recipe (TrainConfig.first_last_bf16):
+    the model's first on the first stage, its last on the last."""
+    n = rank.layers
+    ends = [*range(cfg.bf16_blocks(n, rank.first, False)), *range(n - cfg.bf16_blocks(n, False, rank.last), n)]
+    return frozenset(ends)
+
+
+def _traced_block(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, param_dtype: str, layer: int,
+                  bf16: frozenset[int]) -> Sym:
+    """Block ``layer``, under the FP8 recipe or, where it is one of ``bf16``, without it."""
+    tr.layer = layer
+    tr.float8 = None if layer in bf16 else cfg.float8
+    try:
+        return trace_block(tr, spec, d, cfg, x, param_dtype)
+    finally:
+        tr.float8 = cfg.float8
+
+
 def _segment(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, param_dtype: str,
-             start: int, end: int) -> Sym:
+             start: int, end: int, bf16: frozenset[int] = frozenset()) -> Sym:
     """Blocks start..end-1 under the policy: one checkpointed region, or plain (offloaded) blocks."""
     policy = cfg.recompute
     tr.layer = start
@@ -180,35 +200,35 @@ def _segment(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, para
                 tr.layer = end - 1
                 return tr.new("residual_mlp", x.shape, x.dtype)
             for layer in range(start, end):
-                tr.layer = layer
-                x = trace_block(tr, spec, d, cfg, x, param_dtype)
+                x = _traced_block(tr, spec, d, cfg, x, param_dtype, layer, bf16)
         return x
     tr.offloading = policy.offloads
     for layer in range(start, end):
-        tr.layer = layer
-        x = trace_block(tr, spec, d, cfg, x, param_dtype)
+        x = _traced_block(tr, spec, d, cfg, x, param_dtype, layer, bf16)
     tr.offloading = False
     return x
 
 
-def _alike_from(tr: Trace, spec: ModelSpec, start: int, size: int, n: int) -> int:
+def _alike_from(tr: Trace, spec: ModelSpec, start: int, size: int, n: int, bf16: frozenset[int] = frozenset()) -> int:
     """Segments from ``start`` on in a row whose kinds (`_segment_kinds`) are the one at ``start``'s: every full
     segment past the dense blocks of a mixture of experts, when a window's pattern repeats within a segment's
-    length (or there is none); else this one."""
+    length (or there is none), up to the first that holds a bf16 block (`_bf16_layers`); else this one."""
     windowed = tr.stack.transformers_modules and spec.sliding_window_pattern > 1
     if start + size > n or (spec.is_moe and start < spec.dense_layers) \
-            or (windowed and size % spec.sliding_window_pattern):
+            or (windowed and size % spec.sliding_window_pattern) or any(start <= layer < start + size for layer in bf16):
         return 1
-    return (n - start) // size
+    later = [layer for layer in bf16 if layer >= start]
+    return ((min(later) - start) // size if later else (n - start) // size) or 1
 
 
-def _segment_kinds(tr: Trace, spec: ModelSpec, start: int, end: int) -> tuple:
+def _segment_kinds(tr: Trace, spec: ModelSpec, start: int, end: int, bf16: frozenset[int] = frozenset()) -> tuple:
     """What a segment of blocks keeps depends on: its length, and each block's kind, where blocks differ:
-    experts in place of the MLP, and under transformers' modules a sliding window (its mask, its RoPE tables)."""
+    experts in place of the MLP, under transformers' modules a sliding window (its mask, its RoPE tables), and a
+    block kept out of the FP8 recipe (`_bf16_layers`)."""
     windowed = tr.stack.transformers_modules and spec.sliding_window_pattern > 1
-    if not (spec.is_moe or windowed):
+    if not (spec.is_moe or windowed or bf16):
         return (end - start,)
-    return (end - start, *((spec.is_moe_layer(n), windowed and spec.sliding(n)) for n in range(start, end)))
+    return (end - start, *((spec.is_moe_layer(n), windowed and spec.sliding(n), n in bf16) for n in range(start, end)))
 
 
 def trace_block(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, param_dtype: str) -> Sym:

@@ -195,8 +195,15 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
 
 
 def te_rank_weights(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
-    """Weight elements of the Transformer Engine linears of the rank's blocks (their tensor-parallel part)."""
-    return sum(te_block_weights(spec, config.layout.tp)) * rank.layers
+    """Weight elements of the Transformer Engine linears of the rank's blocks under the FP8 recipe (their
+    tensor-parallel part)."""
+    return sum(te_block_weights(spec, config.layout.tp)) * fp8_rank_blocks(config, rank)
+
+
+def fp8_rank_blocks(config: TrainConfig, rank: RankKind) -> int:
+    """The rank's blocks under the FP8 recipe: all but those `TrainConfig.first_last_bf16` keeps in bf16, whose
+    weights are plain parameters with no fp8 copy and no scaling state."""
+    return rank.layers - config.bf16_blocks(rank.layers, rank.first, rank.last)
 
 
 def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
@@ -207,7 +214,8 @@ def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> in
     if not config.te_fp8:
         return 0
     copies = 1 if config.fp8_params else 2
-    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(config.float8, 4 * rank.layers)
+    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(config.float8,
+                                                                               4 * fp8_rank_blocks(config, rank))
 
 
 def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:

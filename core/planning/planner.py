@@ -255,7 +255,8 @@ class PlanRequest:
             return " (fp8 recipes searched)"
         if self.train.float8 is None:
             return ""
-        return f" + fp8 {self.train.fp8}" + (" (fp8 param gather)" if self.train.fp8_params else "")
+        return (f" + fp8 {self.train.fp8}" + (" (fp8 param gather)" if self.train.fp8_params else "")
+                + (" (first and last blocks bf16)" if self.train.first_last_bf16 else ""))
 
     @property
     def precision_text(self) -> str:
@@ -796,6 +797,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "precision": SEARCHED if result.request.precision_search else result.request.precision,
             "fp8": "auto" if result.request.searches_recipes else result.request.train.fp8,
             "fp8_param_gather": result.request.train.fp8_param_gather,
+            "first_last_bf16": result.request.train.first_last_bf16,
             "compile": result.request.train.compile,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,

@@ -29,6 +29,9 @@ COMPILED_POLICIES = ("none", "full")
 
 MAX_MICRO_BATCH = 2**20
 """Sequences in one micro-batch at most: far beyond any device's memory, bounded so work stays bounded."""
+BF16_END_BLOCKS = 1
+"""Blocks at each end of the model `TrainConfig.first_last_bf16` keeps in bf16: Megatron-LM's
+``--num-layers-at-start-in-bf16`` and ``--num-layers-at-end-in-bf16`` as Megatron-Bridge's recipe sets them."""
 
 Attention = Literal["flash", "standard"]
 ATTENTIONS = ("flash", "standard")
@@ -70,6 +73,13 @@ class TrainConfig:
     """Megatron-LM's ``--fp8-param-gather``: under a Transformer Engine recipe the block weights are held in fp8
     (the distributed optimizer keeps their fp32 master) and all-gathered in fp8 (headroom.core.specs.float8);
     without an FP8 recipe it has nothing to act on."""
+    first_last_bf16: bool = False
+    """Megatron-LM's ``--first-last-layers-bf16`` (with ``--num-layers-at-start-in-bf16`` and
+    ``--num-layers-at-end-in-bf16`` at `BF16_END_BLOCKS`): the model's first and last blocks run outside the FP8
+    recipe, in bf16 (megatron/core/fp8_utils.py's ``get_fp8_context`` gives them a null context, and
+    ``fp8_model_init`` none, so their weights are not fp8 parameters), as Megatron-Bridge's current-scaling recipe
+    sets it (``bf16_with_fp8_current_scaling_mixed``). Under current scaling only: megatron-core asserts it away
+    from delayed scaling."""
     optimizer: str = "adamw"
     """``sgd``, ``sgd-momentum``, ``adagrad``, ``adam`` or ``adamw``."""
     attention: Attention = "flash"
@@ -114,6 +124,12 @@ class TrainConfig:
         if self.fp8_param_gather and self.stack != "megatron":
             raise ConfigError(f"--fp8-param-gather is Megatron-LM's (its fp8 parameters and their fp8 all-gather); "
                               f"the {self.stack} stack has none: use --stack megatron, or leave it off")
+        if self.first_last_bf16 not in (True, False):
+            raise ConfigError(f"first-last-layers-bf16 must be on or off, got {self.first_last_bf16!r}")
+        if self.first_last_bf16 and (not self.te_fp8 or self.float8.delayed):
+            raise ConfigError(f"--first-last-layers-bf16 keeps the model's first and last blocks out of Transformer "
+                              f"Engine's current scaling (megatron-core refuses it under delayed scaling), and --fp8 is "
+                              f"{self.fp8}: use --fp8 te-current, or leave it off")
 
     @property
     def float8(self) -> Float8Recipe | None:
@@ -125,6 +141,14 @@ class TrainConfig:
         """The block linears run a Transformer Engine FP8 recipe (its fp8 inputs kept, its fp8 weights cached)."""
         recipe = self.float8
         return recipe is not None and recipe.saves_fp8
+
+    def bf16_blocks(self, layers: int, first: bool, last: bool) -> int:
+        """Of a pipeline stage's ``layers`` blocks, those `first_last_bf16` runs in bf16: the model's first on the
+        ``first`` stage (which holds layer 0, under the interleaved schedule in its first chunk) and its last on the
+        ``last``."""
+        if not self.first_last_bf16:
+            return 0
+        return min(layers, BF16_END_BLOCKS * (int(first) + int(last)))
 
     @property
     def fp8_params(self) -> bool:

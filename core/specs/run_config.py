@@ -30,7 +30,7 @@ COLUMNS = ("seq_len", "micro_batch", "accumulation_steps", "recompute", "attenti
 """The store's flat columns of a step, in the order `RunConfig.columns` writes them."""
 KEYS = ("version", *COLUMNS, "dropout", "stack", "layout")
 """The document's keys, in the order `to_dict` writes them."""
-OPTIONAL_KEYS = ("fp8", "fp8_param_gather", "compile")
+OPTIONAL_KEYS = ("fp8", "fp8_param_gather", "first_last_bf16", "compile")
 """Keys written only when set (an FP8 recipe): a document without one reads as before, ``off``."""
 RECIPE_COLUMNS = ("fp8", "compile")
 """The store's columns of a step beside `COLUMNS` (revision 0007): the FP8 recipe the agent ran and whether it
@@ -94,6 +94,7 @@ class RunConfig:
                 "layout": {key: value for key, value in asdict(t.layout).items() if value is not None},
                 **({"fp8": t.fp8} if t.float8 is not None else {}),
                 **({"fp8_param_gather": True} if t.fp8_param_gather else {}),
+                **({"first_last_bf16": True} if t.first_last_bf16 else {}),
                 **({"compile": True} if t.compile else {})}
 
     @classmethod
@@ -125,6 +126,7 @@ class RunConfig:
                                 recompute=parse_policy(policy), stack=document["stack"], layout=Layout(**layout),
                                 fp8=document.get("fp8", "off"),
                                 fp8_param_gather=document.get("fp8_param_gather", False),
+                                first_last_bf16=document.get("first_last_bf16", False),
                                 compile=document.get("compile", False))
         except TypeError as err:  # a wrongly typed value the dataclasses compare or format
             raise ConfigError(f"run configuration: {err}") from None

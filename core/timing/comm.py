@@ -213,7 +213,8 @@ class CommTerm:
         return self.message_bytes * self.calls
 
 
-def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
+def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int,
+                           bf16: int = 0) -> list[tuple[str, int, int, str]]:
     """Tensor parallelism's collectives in ``layers`` blocks for one micro-batch, as (op, bytes a token, calls,
     what): each call moves b s tokens (the whole gathered buffer under sp).
 
@@ -226,8 +227,10 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     for the reduce-scatters a stack's save list keeps (Stack.caches_reduce_scatters).
 
     Each moves its tensor's dtype: a matmul's output and its gradient the compute dtype; the norms' outputs
-    and the residual stream's gradients the blocks' parameter dtype, fp32 under autocast. Measured on two
-    gloo ranks, reference and hf (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
+    and the residual stream's gradients the blocks' parameter dtype, fp32 under autocast, and the norms' outputs
+    one byte under Transformer Engine's recipes, but in the ``bf16`` of the ``layers`` blocks kept out of the
+    recipe (TrainConfig.first_last_bf16). Measured on two gloo ranks, reference and hf
+    (tests/test_distributed_memory.py, tests/test_hf_tensor_parallel.py).
     """
     stack, policy = get_stack(config.stack), config.recompute
     matmul = spec.hidden * config.recipe.activation_bytes
@@ -247,11 +250,15 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
                  f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
     sp = "Korthikanti 2022 Sec. 4.2.2"
     fp8 = " in fp8 (Transformer Engine)" if config.te_fp8 else ""
-    calls = [("all_gather", _norm_output_bytes(spec, config), 2 * layers + rerun,
-              f"per block the 2 norms' outputs forward{fp8}{again}; {sp}"),
-             ("reduce_scatter", matmul, 2 * layers + scatters_again,
-              f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
-             ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
+    per_block = 2 + (2 if rerun else 0)  # the norms' outputs gathered forward, and again where the forward reruns
+    calls = [("all_gather", _norm_output_bytes(spec, config), per_block * (layers - bf16),
+              f"per block the 2 norms' outputs forward{fp8}{again}; {sp}")] if layers > bf16 else []
+    if bf16:
+        calls.append(("all_gather", stream, per_block * bf16,
+                      f"the 2 norms' outputs of each of the {bf16} end blocks kept in bf16 forward{again}; {sp}"))
+    calls += [("reduce_scatter", matmul, 2 * layers + scatters_again,
+               f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
+              ("all_gather", matmul, 2 * layers, f"per block the 2 row-parallel outputs' gradients backward; {sp}")]
     if stack.splits_column_inputs:
         calls.append(("all_reduce", stream, layers * columns,
                       f"per block the input gradient of each of its {columns} column-parallel linears, whole"))
@@ -260,7 +267,8 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) ->
     return calls
 
 
-def _regathered_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str]]:
+def _regathered_calls(spec: ModelSpec, config: TrainConfig, layers: int,
+                      bf16: int = 0) -> list[tuple[str, int, int, str]]:
     """Under sequence parallelism a stack that keeps a column-parallel linear's sharded input
     (``Stack.sp_keeps_gathered_input`` off: Megatron-LM) gathers it again in backward for the weight gradient, two a
     block, as (op, bytes a token, calls, what). Megatron-LM launches the all-gather asynchronously and runs the
@@ -270,9 +278,26 @@ def _regathered_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list
     blocks' GEMMs."""
     if not config.layout.sp or get_stack(config.stack).sp_keeps_gathered_input:
         return []
-    return [("all_gather", _norm_output_bytes(spec, config), 2 * layers, "per block the 2 sharded norm outputs "
-             f"again in backward, for the weight gradients{' (in fp8)' if config.te_fp8 else ''}, beside the "
-             "input-gradient GEMMs; Korthikanti 2022 Sec. 4.2.2")]
+    calls = [("all_gather", _norm_output_bytes(spec, config), 2 * (layers - bf16), "per block the 2 sharded norm "
+              f"outputs again in backward, for the weight gradients{' (in fp8)' if config.te_fp8 else ''}, beside the "
+              "input-gradient GEMMs; Korthikanti 2022 Sec. 4.2.2")] if layers > bf16 else []
+    if bf16:
+        calls.append(("all_gather", spec.hidden * DTYPE_BYTES[config.block_param_dtype], 2 * bf16,
+                      f"the same for the {bf16} end blocks kept in bf16"))
+    return calls
+
+
+def _largest_stage_bf16(spec: ModelSpec, config: TrainConfig) -> int:
+    """Of the blocks of the largest pipeline stage (whose collectives a rank's terms count), those
+    TrainConfig.first_last_bf16 keeps out of the FP8 recipe: none where a middle stage holds as many blocks as any,
+    else the end stage's."""
+    if not config.first_last_bf16:
+        return 0
+    stages = config.stage_layers(spec)
+    most = max(stages)
+    largest = [i for i, n in enumerate(stages) if n == most]
+    i = next((i for i in largest if 0 < i < len(stages) - 1), largest[0])
+    return config.bf16_blocks(most, i == 0, i == len(stages) - 1)
 
 
 def _norm_output_bytes(spec: ModelSpec, config: TrainConfig) -> int:
@@ -524,7 +549,8 @@ def step_communication(
                               overlappable=overlappable, window=window if overlappable else "", note=note))
 
     if layout.tp > 1:
-        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers):
+        bf16 = _largest_stage_bf16(spec, config)
+        for op, token_bytes, calls, note in _tensor_parallel_calls(spec, config, layers, bf16):
             message = b * s * token_bytes
             if not layout.tp_overlap:
                 add("tp", op, message, m * calls, layout.tp, False, note)
@@ -534,11 +560,11 @@ def step_communication(
             add("tp", op, message - first, m * calls, layout.tp, True,
                 f"{note}; {layout.tp - 1} of its {layout.tp} pieces beside the GEMMs", window="matmuls")
             add("tp", op, first, m * calls, layout.tp, False, f"{note}; the first of its {layout.tp} pieces")
-        for op, token_bytes, calls, note in _regathered_calls(spec, config, layers):
+        for op, token_bytes, calls, note in _regathered_calls(spec, config, layers, bf16):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, True, note, window="matmuls")
         for op, token_bytes, calls, note in _vocabulary_calls(spec, config):
             add("tp", op, b * s * token_bytes, m * calls, layout.tp, False, note)
-        for op, message, calls, note in _float8_amax_calls(spec, config, layers, b * s):
+        for op, message, calls, note in _float8_amax_calls(spec, config, layers - bf16, b * s):
             add("tp", op, message, m * calls, layout.tp, False, note)
     if layout.cp > 1:
         for op, message, calls, window, note in _context_parallel_calls(spec, config, layers):

@@ -55,7 +55,7 @@ from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
 from headroom.core.memory.flops import StepFlops, step_flops
 from headroom.core.memory.pipeline import pipeline_seconds
-from headroom.core.memory.static import te_block_weights
+from headroom.core.memory.static import fp8_rank_blocks, te_block_weights
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import Float8Recipe
@@ -418,8 +418,8 @@ def step_floor_s(spec: ModelSpec, config: TrainConfig, profile: HardwareProfile,
 
 class _FloorParts:
     """One micro-batch's forward, backward and recompute of a configuration's stages, as `_micro_batch` prices
-    them: one block's and each end's (the embedding, the head and loss), or where blocks differ in kind each
-    stage's whole (``block_s`` None)."""
+    them: one block's and each end's (the embedding, the head and loss), or where blocks differ in kind (experts',
+    bf16 end blocks under an FP8 recipe) each stage's whole (``block_s`` None)."""
 
     __slots__ = ("_config", "_ends", "_flops", "_profile", "_spec", "block_s")
 
@@ -427,7 +427,8 @@ class _FloorParts:
         self._spec, self._config, self._profile = spec, config, profile
         self._flops = step_flops(spec, config, profile.device)
         self._ends: dict[tuple[int, bool, bool], float] = {}
-        self.block_s = None if 0 < spec.moe_layers < spec.n_layers else self._direct_s(1, False, False)
+        uniform = not (0 < spec.moe_layers < spec.n_layers or config.first_last_bf16)
+        self.block_s = self._direct_s(1, False, False) if uniform else None
 
     def stage_s(self, layers: int, first: bool, last: bool) -> float:
         if self.block_s is None:
@@ -497,7 +498,7 @@ def _bubble_s(estimate: Estimate, profile: HardwareProfile, price: Price, mine: 
     seconds: dict[tuple[int, bool, bool], float] = {(rank.layers, rank.first, rank.last): mine.per_micro_batch_s}
 
     def stage_s(layers: int, first: bool, last: bool) -> float:
-        if not rank.layers:
+        if not rank.layers or estimate.config.first_last_bf16:  # bf16 blocks on the end stages: each its own
             return _micro_batch(estimate, profile, price, layers, first, last)[0].per_micro_batch_s
         device, host = _ends(estimate, profile, price, first, last)
         share = layers / rank.layers
@@ -594,7 +595,7 @@ def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
     else:
         reads = passes * DTYPE_BYTES[cfg.block_param_dtype]
         seconds = sum(memory_s(rates, w * (reads + 2)) for w in weights)
-    return estimate.rank.layers * seconds
+    return fp8_rank_blocks(cfg, estimate.rank) * seconds
 
 
 def _fsdp_copy_s(estimate: Estimate, profile: HardwareProfile) -> tuple[float, float]:

@@ -43,6 +43,10 @@ class ForwardOps:
     """The final norm, head and loss (on the last stage), and the embedding (on the first)."""
     backward_only: int = 0
     """Its ops that launch no forward kernel (Transformer Engine's output-gradient casts), all blocks counted."""
+    bf16_block: tuple[TracedOp, ...] = ()
+    """One dense block's ops outside the FP8 recipe (TrainConfig.first_last_bf16), which ``bf16_layers`` of the
+    ``dense_layers`` run."""
+    bf16_layers: int = 0
 
     @property
     def launches(self) -> int:
@@ -52,8 +56,9 @@ class ForwardOps:
     @property
     def blocks(self) -> tuple[tuple[tuple[TracedOp, ...], int], ...]:
         """(a block's ops, how many such blocks) for each kind the rank runs."""
-        return tuple((ops, n) for ops, n in ((self.dense_block, self.dense_layers), (self.moe_block, self.moe_layers))
-                     if n)
+        kinds = ((self.dense_block, self.dense_layers - self.bf16_layers), (self.moe_block, self.moe_layers),
+                 (self.bf16_block, self.bf16_layers))
+        return tuple((ops, n) for ops, n in kinds if n)
 
 
 def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, first: bool = True,
@@ -66,10 +71,19 @@ def forward_ops(spec: ModelSpec, config: TrainConfig, device: str, layers: int, 
     moe = _block_ops(spec, plain, device, moe=True) if moe_layers else ()
     head = (_embedding_ops(spec, plain, device) if first else ()) + (_head_ops(spec, plain, device) if last else ())
     dense_layers = layers - moe_layers
+    bf16_layers = plain.bf16_blocks(dense_layers, first, last)
+    bf16 = _block_ops(spec, _without_fp8(plain), device, moe=False) if bf16_layers else ()
     skipped = 0
-    if plain.te_fp8:  # the only recipes with backward-only ops, all in the blocks
-        skipped = sum(n * sum(op.backward_only for op in ops) for ops, n in ((dense, dense_layers), (moe, moe_layers)))
-    return ForwardOps(dense, moe, dense_layers, moe_layers, head, skipped)
+    if plain.te_fp8:  # the only recipes with backward-only ops, all in the blocks under the recipe
+        skipped = sum(n * sum(op.backward_only for op in ops)
+                      for ops, n in ((dense, dense_layers - bf16_layers), (moe, moe_layers)))
+    return ForwardOps(dense, moe, dense_layers, moe_layers, head, skipped, bf16, bf16_layers)
+
+
+@functools.lru_cache(maxsize=1024)
+def _without_fp8(config: TrainConfig) -> TrainConfig:
+    """The configuration of a block `TrainConfig.first_last_bf16` keeps out of the FP8 recipe."""
+    return replace(config, fp8="off", fp8_param_gather=False, first_last_bf16=False)
 
 
 @functools.lru_cache(maxsize=1024)
