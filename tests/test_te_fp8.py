@@ -224,7 +224,7 @@ def test_the_published_megatron_bridge_h100_fp8_runs_within_10_percent():
     run = next(r for r in RUNS if r.source.startswith("Megatron-Bridge"))
     bf16 = validation.predict(dataclasses.replace(run, config=dataclasses.replace(run.config, fp8="off",
                                                                                    first_last_bf16=False)))
-    assert bf16 < 0.75 * rows[0].predicted
+    assert 1130 < bf16 < 1140 and bf16 < 0.78 * rows[0].predicted  # fp8 GEMMs and casts: 1.30x, two blocks bf16
 
 
 def test_fp8_parameters_hold_each_block_weight_in_a_byte_and_gather_it_so():
