@@ -250,10 +250,20 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
         seq_len=args.seq_len, micro_batch=micro, precision=LIGHTEST if precision == SEARCHED else precision,
         optimizer=args.optimizer, fp8=OFF if fp8 == AUTO else fp8,
         fp8_param_gather=_fp8_param_gather(args, fp8), compile=getattr(args, "compile", "off") == "on",
-        first_last_bf16=getattr(args, "first_last_layers_bf16", "off") == "on",
+        first_last_bf16=_first_last_bf16(args, fp8),
         attention=args.attention, dropout=args.dropout, recompute=parse_policy(policy), stack=args.stack,
         layout=layout if layout is not None else (layout_from_args(args) if hasattr(args, "dp") else Layout()),
     )
+
+
+def _first_last_bf16(args: argparse.Namespace, fp8: str) -> bool:
+    """``--first-last-layers-bf16 on``: refused beside ``--fp8 auto``, whose recipes it does not all apply to."""
+    if getattr(args, "first_last_layers_bf16", "off") == "off":
+        return False
+    if fp8 == AUTO:
+        raise ConfigError("--first-last-layers-bf16 on applies to --fp8 te-current alone, and --fp8 auto searches "
+                          "other recipes too: give --fp8 te-current")
+    return True
 
 
 def _fp8_param_gather(args: argparse.Namespace, fp8: str) -> bool:

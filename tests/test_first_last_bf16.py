@@ -153,3 +153,13 @@ def test_the_floor_stays_under_the_step_with_bf16_end_blocks():
         est = estimate(SPEC, config, "cuda", 8)
         total = step_time(est, H100, 8, default_cluster("h100-sxm")).total_s
         assert 0 < step_floor_s(SPEC, config, H100, 8) <= total
+
+
+def test_a_search_of_fp8_recipes_is_refused_beside_it(run_cli):
+    from headroom.dashboard.planning import PlanInputs, plan_ask
+
+    refused = run_cli("plan", "--model", "llama3-8b", "--stack", "megatron", "--precision", "bf16-master", "--fp8",
+                      "auto", "--first-last-layers-bf16", "on", "--global-batch", "8")
+    assert refused.returncode == 2 and "applies to --fp8 te-current alone" in refused.stderr
+    with pytest.raises(ConfigError, match="apply to the te-current recipe alone"):
+        plan_ask(PlanInputs(stack="megatron", precision="bf16-master", fp8="auto", first_last_bf16=True))
