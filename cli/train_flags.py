@@ -256,24 +256,27 @@ def train_config(args: argparse.Namespace, *, precision: str | None = None, micr
     )
 
 
+def _fp8_flag(args: argparse.Namespace, name: str, fp8: str, refused: str, why: str) -> bool:
+    """An on/off flag of the FP8 recipe (``name``, its dest), on; refused with ``why`` beside ``--fp8 refused``."""
+    if getattr(args, name, "off") == "off":
+        return False
+    if fp8 == refused:
+        raise ConfigError(why)
+    return True
+
+
 def _first_last_bf16(args: argparse.Namespace, fp8: str) -> bool:
     """``--first-last-layers-bf16 on``: refused beside ``--fp8 auto``, whose recipes it does not all apply to."""
-    if getattr(args, "first_last_layers_bf16", "off") == "off":
-        return False
-    if fp8 == AUTO:
-        raise ConfigError("--first-last-layers-bf16 on applies to --fp8 te-current alone, and --fp8 auto searches "
-                          "other recipes too: give --fp8 te-current")
-    return True
+    return _fp8_flag(args, "first_last_layers_bf16", fp8, AUTO,
+                     "--first-last-layers-bf16 on applies to --fp8 te-current alone, and --fp8 auto searches other "
+                     "recipes too: give --fp8 te-current")
 
 
 def _fp8_param_gather(args: argparse.Namespace, fp8: str) -> bool:
     """``--fp8-param-gather on``: refused beside ``--fp8 off``, where no weight is in fp8 to gather."""
-    if getattr(args, "fp8_param_gather", "off") == "off":
-        return False
-    if fp8 == OFF:
-        raise ConfigError("--fp8-param-gather on holds the weights of an FP8 recipe in fp8, and --fp8 is off: use "
-                          "--fp8 te-delayed, te-current or auto")
-    return True
+    return _fp8_flag(args, "fp8_param_gather", fp8, OFF,
+                     "--fp8-param-gather on holds the weights of an FP8 recipe in fp8, and --fp8 is off: use --fp8 "
+                     "te-delayed, te-current or auto")
 
 
 POLICIES_HELP = "checkpoint policies (--recompute):\n" + "\n".join(
