@@ -76,7 +76,12 @@ class PrunedLayout:
         at_most = self.max_tokens_per_s(tokens_per_step)
         fits = {None: "", True: "; its lightest candidate fits"}.get(self.fits, "")
         return (f"left out: a step takes at least {self.floor_s:.3g} s (at most {at_most:,.0f} tokens/s, "
-                f"{1 - at_most / fastest_tokens_per_s:.0%} below the fastest){fits}")
+                f"{_percent(1 - at_most / fastest_tokens_per_s)} below the fastest){fits}")
+
+
+def _percent(fraction: float) -> str:
+    """"1.02%" near the near tie, where a rounder figure would read as within it; "12%" beyond."""
+    return f"{fraction:.2%}" if fraction < 0.1 else f"{fraction:.0%}"
 
 
 def candidate_floor_s(request: PlanRequest, profile: HardwareProfile, calibration: Calibration, micro_batch: int,
