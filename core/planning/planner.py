@@ -638,10 +638,7 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
         fp8 = f"fp8 GEMMs by shape from one large fp8 GEMM ({profile.dtype_sources['fp8']})"
         profile = replace(profile, assumptions=(*profile.assumptions, fp8))
     if request.gpus is None:
-        outcome, evaluated, _ = _plan_layout(request, profile, calibration, screen=False)
-        fitting = [c for c in evaluated if c.rejection is None]
-        rejected = [c for c in evaluated if c.rejection is not None]
-        outcomes = [outcome]
+        searched = [_plan_layout(request, profile, calibration, screen=False)]
     else:
         cluster = request.cluster_for(profile)
         layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
@@ -649,35 +646,31 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
         subs = [replace(request.on_layout(layout), cluster=cluster) for layout in layouts]
         floors = [layout_floor_s(sub, profile, calibration) for sub in subs]
         order = sorted(range(len(subs)), key=lambda i: (floors[i], _split(subs[i].layout), subs[i].layout.zero))
-        fitting, rejected, outcomes, partial = [], [], [], []
+        searched = []  # (outcome, its candidates, the lowest floor of those left out), in the order tried
         started = time.monotonic()
         for tried, i in enumerate(order):
-            if (outcomes or partial) and (work.exhausted or time_limit_s is not None
-                                          and time.monotonic() - started > time_limit_s):
+            if searched and (work.exhausted or time_limit_s is not None and time.monotonic() - started > time_limit_s):
                 unsearched, stopped_at = len(layouts) - tried, "work bound" if work.exhausted else "time limit"
                 break
             sub = subs[i]
             if bar is not None and bar.beyond(floors[i]):
                 pruned.append(PrunedLayout(sub.layout, floors[i], None))
             elif micro_batches(sub):  # interleaving needs micro-batches in groups of pp
-                outcome, evaluated, skipped = _plan_layout(sub, profile, calibration, screen=True, bar=bar)
-                if skipped < math.inf:
-                    partial.append((outcome, evaluated, skipped))
-                else:
-                    outcomes.append(outcome)
-                    fitting += [c for c in evaluated if c.rejection is None]
-                    rejected += [c for c in evaluated if c.rejection is not None]
+                searched.append(_plan_layout(sub, profile, calibration, screen=True, bar=bar))
             if progress is not None:
                 progress(tried + 1, len(layouts), f"layouts of {request.gpus:,} GPUs")
-        for outcome, evaluated, skipped in partial:  # a layout some of whose candidates were left out
-            if outcome.best is not None and bar is not None and bar.beyond(outcome.best.step_time_s):
-                # Its fastest may be one left out: each is the best evaluated, or one whose floor is known.
-                pruned.append(PrunedLayout(outcome.layout, min(skipped, outcome.best.step_time_s), True))
-                continue
-            outcomes.append(outcome)
-            fitting += [c for c in evaluated if c.rejection is None]
-            rejected += [c for c in evaluated if c.rejection is not None]
-        pruned.sort(key=lambda p: p.floor_s)
+    outcomes, kept = [], []
+    # Whole layouts first, then those some of whose candidates were left out, each in the order tried.
+    for outcome, evaluated, skipped in sorted(searched, key=lambda searched: searched[2] < math.inf):
+        if skipped < math.inf and outcome.best is not None and bar is not None and bar.beyond(outcome.best.step_time_s):
+            # Its fastest may be one left out: each is the best evaluated, or one whose floor is known.
+            pruned.append(PrunedLayout(outcome.layout, min(skipped, outcome.best.step_time_s), True))
+            continue
+        outcomes.append(outcome)
+        kept += evaluated
+    pruned.sort(key=lambda p: p.floor_s)
+    fitting = [c for c in kept if c.rejection is None]
+    rejected = [c for c in kept if c.rejection is not None]
     fastest = max((c.tokens_per_s for c in fitting), default=0.0)
     fitting.sort(key=lambda c: _rank(c, fastest))
     outcomes.sort(key=lambda o: _rank(o.best, fastest) if o.best else (True, (0, 0), 0.0, o.closest.required_bytes))
