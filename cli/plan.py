@@ -189,10 +189,10 @@ def plan_ask(args: argparse.Namespace) -> PlanAsk:
     )
 
 
-def plan_request(args: argparse.Namespace, profile: HardwareProfile) -> PlanRequest:
-    """The planner's request the flags ask for on ``profile``'s hardware."""
+def plan_request(args: argparse.Namespace, profile: HardwareProfile, ask: PlanAsk | None = None) -> PlanRequest:
+    """The planner's request the flags ask for on ``profile``'s hardware (``ask``: their question, where read)."""
     spec = model_from_args(args)
-    return plan_ask(args).request(spec, profile)
+    return (ask or plan_ask(args)).request(spec, profile)
 
 
 def _recipe(req: PlanRequest, candidate: Candidate) -> str:
@@ -213,10 +213,11 @@ def run(args: argparse.Namespace) -> int:
     if args.top < 0:
         raise ConfigError(f"--top must be 0 (all) or a positive count, got {args.top}")
     profile, calibration = resolve_hardware(args.hardware, args.db)
+    ask = plan_ask(args)  # once: it reads --network's file
     if args.nccl_tests:
-        measured = read_nccl_tests(args.nccl_tests, plan_ask(args).gpus_per_node, profile.collectives)
+        measured = read_nccl_tests(args.nccl_tests, ask.gpus_per_node, profile.collectives)
         profile = replace(profile, collectives=measured)
-    request = plan_request(args, profile)
+    request = plan_request(args, profile, ask)
     if args.trace:  # a preset, an autocast recipe or a pinned split is refused before planning
         from headroom.cli.trace import traceable
 
