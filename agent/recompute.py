@@ -125,11 +125,11 @@ def apply_blocks(blocks: Sequence[nn.Module], x: torch.Tensor, policy: Recompute
         for block in blocks:
             x = checkpoint(block, x, use_reentrant=False, context_fn=context, early_stop=not titan)
         return x
-    size = policy.segment_layers(len(blocks))
-    for start in range(0, len(blocks), size):
-        segment = blocks[start : start + size]
+    size, checkpointed = policy.segment_layers(len(blocks)), policy.recomputed_layers(len(blocks))
+    for start in range(0, checkpointed, size):
+        segment = blocks[start : min(start + size, checkpointed)]
         x = checkpoint(functools.partial(_run, segment), x, use_reentrant=False, early_stop=not titan)
-    return x
+    return _run(blocks[checkpointed:], x)  # block-K's blocks past the first K keep everything
 
 
 def checkpointed(fn: Callable[..., torch.Tensor], *args: torch.Tensor) -> torch.Tensor:

@@ -14,7 +14,7 @@ from headroom.core.specs.presets import get_preset  # noqa: E402
 from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.probing import probe_config  # noqa: E402
 
-POLICIES = ("none", "full", "every-2", "selective", "op-selective", "offload")
+POLICIES = ("none", "full", "every-2", "block-2", "selective", "op-selective", "offload")
 PRECISIONS = ("fp32", "amp-bf16", "bf16-pure")
 MATRIX = [
     (block, attention, dropout, policy, precision)
@@ -35,7 +35,7 @@ def _config(seq_len, micro_batch, attention, dropout, policy, precision):
     ("block", "attention", "dropout", "policy", "precision"), MATRIX, ids=["-".join(map(str, m)) for m in MATRIX]
 )
 def test_ledger_matches_probe_on_cpu(block, attention, dropout, policy, precision):
-    # Four layers so that every-2 makes two segments; GQA on the llama preset.
+    # Four layers so that every-2 makes two segments and block-2 keeps two blocks whole; GQA on the llama preset.
     spec = dataclasses.replace(get_preset(f"bench-{block}-tiny"), n_layers=4)
     config = _config(32, 2, attention, dropout, policy, precision)
     measured = probe_config(spec, config, "cpu")

@@ -13,7 +13,7 @@ from headroom.core.specs.presets import get_preset  # noqa: E402
 from headroom.core.specs.recompute import parse_policy  # noqa: E402
 from tests.probing import assert_same_training, build  # noqa: E402
 
-POLICIES = ("full", "every-2", "selective", "op-selective", "offload")
+POLICIES = ("full", "every-2", "block-2", "selective", "op-selective", "offload")
 SPECS = {
     "gpt": dataclasses.replace(get_preset("bench-gpt-tiny"), n_layers=3),
     "llama": dataclasses.replace(get_preset("bench-llama-tiny"), n_layers=3),
@@ -33,7 +33,7 @@ def test_every_policy_gives_the_loss_and_gradients_of_none(policy, block, attent
     assert_same_training(spec, base, dataclasses.replace(base, recompute=parse_policy(policy)))
 
 
-@pytest.mark.parametrize("policy", ["none", "full", "every-2", "selective", "op-selective"])
+@pytest.mark.parametrize("policy", ["none", "full", "every-2", "block-2", "selective", "op-selective"])
 @pytest.mark.parametrize(("block", "attention", "dropout", "device"), [
     ("gpt", "standard", 0.0, "cpu"), ("gpt", "standard", 0.1, "cpu"), ("llama", "standard", 0.0, "cpu"),
     ("post-norms", "standard", 0.0, "cpu"),

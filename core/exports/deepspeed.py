@@ -100,6 +100,9 @@ def _checkpointing(run: Run, notes: list[str]) -> None:
     elif policy.kind == "every":
         notes.append(f"wrap each run of {policy.every} consecutive blocks in one deepspeed.checkpointing.checkpoint "
                      f"call {WRAP}")
+    elif policy.kind == "block":
+        notes.append(f"wrap each of the first {policy.every} blocks of each pipeline stage in "
+                     f"deepspeed.checkpointing.checkpoint, and none of the others {WRAP}")
     elif policy.kind == "selective":
         notes.append(f"wrap only the attention core (QK^T, softmax, dropout, PV) in "
                      f"deepspeed.checkpointing.checkpoint {WRAP}")

@@ -75,6 +75,11 @@ def _checkpointing(run: Run, notes: list[str]) -> tuple[bool, list[str]]:
                      "gradient checkpointing (full), the same recompute but every layer's input kept, more memory "
                      "than planned: check with headroom estimate --recompute full")
         return True, []
+    if policy.kind == "block":
+        notes.append(f"the HF Trainer checkpoints every layer or none, not the first {policy.every}; set: gradient "
+                     "checkpointing (full), which recomputes every layer: less memory and more recompute than "
+                     "planned: check with headroom estimate --recompute full")
+        return True, []
     if policy.kind == "op-selective":
         notes.append("gradient_checkpointing=True would recompute whole layers (full); op-selective is set on the "
                      "model instead, through gradient_checkpointing_kwargs' context_fn")

@@ -77,6 +77,8 @@ def _checkpointing(run: Run, in_strategy: bool, notes: list[str]) -> None:
         return
     how = {"full": "wrap each block in torch.utils.checkpoint.checkpoint",
            "every": f"wrap each run of {policy.every} blocks in one torch.utils.checkpoint.checkpoint call",
+           "block": f"wrap each of the first {policy.every} blocks of each pipeline stage in "
+                    "torch.utils.checkpoint.checkpoint, and none of the others",
            "selective": "wrap the attention core (QK^T, softmax, dropout, PV) in torch.utils.checkpoint.checkpoint",
            "op-selective": "wrap each block in torch.utils.checkpoint.checkpoint with a context_fn from "
                            "create_selective_checkpoint_contexts that saves the matmul and attention outputs"}

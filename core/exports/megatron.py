@@ -107,6 +107,9 @@ def _recompute(run: Run, notes: list[str]) -> list[str]:
                          "per chunk")
             k = run.layers_per_chunk
         return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", str(k)]
+    if policy.kind == "block":
+        return ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers",
+                str(policy.every)]
     if policy.kind == "selective":
         return ["--recompute-granularity", "selective", "--recompute-modules", "core_attn"]
     if policy.kind == "op-selective":

@@ -159,6 +159,11 @@ def _checkpointing(run: Run, notes: list[str]) -> str:
         notes.append(f"torchtitan has no every-{policy.every} segments; set: full, the same recompute but every "
                      "block's input kept, more memory than planned: check with headroom estimate --recompute full")
         return "activation-checkpoint:full"
+    if policy.kind == "block":
+        notes.append(f"torchtitan has no block-{policy.every} (its selective layer option checkpoints every n-th "
+                     "block, not the first K); set: full, which recomputes every block: less memory and more "
+                     "recompute than planned: check with headroom estimate --recompute full")
+        return "activation-checkpoint:full"
     if policy.kind == "op-selective":
         if run.stack != "torchtitan":
             notes.append("torchtitan's selective (per-op SAC) also recomputes every second matmul: less memory and "

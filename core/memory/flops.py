@@ -178,6 +178,7 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     - full and every-K: every block's forward, less the last block of each
       segment's last matmul, when nothing saves its output (``_unsaved_last_matmul``;
       without dropout: residual dropout saves a mask, which needs that output);
+    - block-K: the first min(K, L) blocks of each pipeline stage of L, each a segment of its own;
     - selective: QK^T for the explicit or math-path attention (PV's inputs are
       saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
     - op-selective: no matmul (their outputs are cached); none and offload: 0.
@@ -189,6 +190,8 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     b, s = config.micro_batch, config.seq_len
     layer = layer_forward_flops(spec, b, s)
     policy, stack = config.recompute, get_stack(config.stack)
+    if policy.kind == "block":
+        return _block_recompute_flops(spec, config, early_stop=config.dropout == 0 and stack.early_stop)
     if policy.recomputes_blocks:
         blocks = step_flops(spec, config, device, recompute=0).blocks_forward
         if config.dropout > 0 or not stack.early_stop:
@@ -211,6 +214,26 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
             if fused and rules.device == "cpu" and not stack.caches_cpu_attention else 0
         return spec.n_layers * (_sac_recomputed(spec, layer, stack.fused_qkv) + attention)
     return 0
+
+
+def _block_recompute_flops(spec: ModelSpec, config: TrainConfig, early_stop: bool) -> int:
+    """block-K's recompute over the whole model: each stage's first K blocks, each its own segment
+    (`checkpointed_block_flops`)."""
+    b, s, k = config.micro_batch, config.seq_len, config.recompute.every
+    per_block = {moe: checkpointed_block_flops(spec, b, s, moe, early_stop) for moe in {False, spec.is_moe}}
+    total, start = 0, 0
+    for layers in config.stage_layers(spec):
+        total += sum(per_block[spec.is_moe_layer(i)] for i in range(start, start + min(k, layers)))
+        start += layers
+    return total
+
+
+def checkpointed_block_flops(spec: ModelSpec, micro_batch: int, seq_len: int, moe: bool, early_stop: bool) -> int:
+    """Forward FLOPs a block checkpointed on its own runs again: its whole forward (a dense or an experts' block),
+    less its last matmul where torch's early stop skips it (``early_stop``: no dropout, and a stack whose checkpoint
+    stops early; `_unsaved_last_matmul`)."""
+    forward = sum(layer_forward_flops(spec, micro_batch, seq_len, moe).values())
+    return forward - (_unsaved_last_matmul(spec, micro_batch, seq_len, moe) if early_stop else 0)
 
 
 def _sac_recomputed(spec: ModelSpec, layer: dict[str, int], fused_qkv: bool) -> int:

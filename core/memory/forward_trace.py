@@ -4,6 +4,7 @@ experts) under the checkpoint policy, the final norm, the head and the loss (cor
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 from headroom.core.memory.attention_trace import (
     attention_core,
@@ -19,6 +20,7 @@ from headroom.core.memory.trace import Dims, Sym, Trace, per_head, storage_view
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules
 from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack
 
 CPU_RNG_STATE_BYTES = 5056
@@ -49,22 +51,46 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     else:  # the previous stage's output, received
         x = tr.new("stage_input", (b, d.rows, h), param_dtype)
 
-    policy, n = cfg.recompute, rank.layers
-    size = policy.segment_layers(n) if policy.recomputes_blocks else 1
     bf16 = _bf16_layers(cfg, rank)
+    for part, start, end in _policy_ranges(cfg, rank.layers):
+        x = _blocks(tr, spec, d, part, x, param_dtype, start, end, rank.layers, bf16)
+    tr.layer = None
+    if rank.last:
+        trace_head(tr, spec, cfg, d, x, param_dtype)
+    return tr
+
+
+def _policy_ranges(cfg: TrainConfig, n: int) -> list[tuple[TrainConfig, int, int]]:
+    """The rank's blocks as ranges under one policy each: all of them under the configuration's own, but block-K's
+    first min(K, n) checkpointed one by one (as under full) and the rest kept whole (as under none)."""
+    policy = cfg.recompute
+    if policy.kind != "block":
+        return [(cfg, 0, n)]
+    k = policy.recomputed_layers(n)
+    ranges = [(replace(cfg, recompute=RecomputePolicy("full")), 0, k)]
+    if k < n:
+        ranges.append((replace(cfg, recompute=RecomputePolicy("none")), k, n))
+    return ranges
+
+
+def _blocks(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, param_dtype: str, first: int, last: int,
+            n: int, bf16: frozenset[int]) -> Sym:
+    """Blocks ``first``..``last - 1`` of the rank's ``n``, segment by segment under ``cfg``'s policy."""
+    policy = cfg.recompute
+    size = policy.segment_layers(n) if policy.recomputes_blocks else 1
     # A segment saves what an earlier one of the same length and kinds of layer saved (headroom.core.memory.trace.Repeat):
     # replayed instead of traced, an 80-layer model costs two segments. The first segment, and any that made a
     # tensor the model makes once (a RoPE table, a mask), are no template.
     templates: dict[tuple, int] = {}
     run: list[int] = []  # the segments replayed in a row from one template: template, first start, count
-    starts = range(0, n, size)
+    starts = range(first, last, size)
     i = 0
     while i < len(starts):
         index, start = i, starts[i]
-        end = min(start + size, n)
+        end = min(start + size, last)
         kinds = _segment_kinds(tr, spec, start, end, bf16)
         if (template := templates.get(kinds)) is not None and run and run[0] == template:
-            alike = _alike_from(tr, spec, start, size, n, bf16)  # a 10,000-layer rank replays its run in one step
+            alike = _alike_from(tr, spec, start, size, last, bf16)  # a 10,000-layer rank replays its run in one step
             run[2] += alike
             i += alike
             continue
@@ -81,10 +107,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
             templates[kinds] = start
     if run:
         x = tr.repeat_segments(*run, size, x)
-    tr.layer = None
-    if rank.last:
-        trace_head(tr, spec, cfg, d, x, param_dtype)
-    return tr
+    return x
 
 
 def trace_embedding(tr: Trace, spec: ModelSpec, cfg: TrainConfig, d: Dims, param_dtype: str) -> Sym:

@@ -312,12 +312,16 @@ def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, l
     """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
-    recompute (full, every-K, op-selective, offload), or one attention core
-    (selective). What the loss kept (``loss_kept``: its probabilities over the vocabulary, or Liger's two
+    recompute (full, every-K, op-selective, offload, and block-K where it checkpoints every block of the rank), or
+    one attention core (selective). What the loss kept (``loss_kept``: its probabilities over the vocabulary, or Liger's two
     gradients) is freed by the time a block's backward runs. ``layers``: the rank's blocks.
     """
     policy = config.recompute
     if not policy.recomputes and not (policy.offloads and rules.offload_moves):
+        return 0
+    if policy.recomputed_layers(layers) < layers and policy.kind == "block":
+        # block-K: backward reaches its checkpointed blocks after the blocks kept whole, whose activations it has
+        # freed by then, each as large as what one recompute brings back.
         return 0
     # The largest block: a mixture of experts' last (a routed one), or any.
     layer = spec.n_layers - 1

@@ -335,9 +335,10 @@ class TrainConfig:
             raise ConfigError(f"--stack {stack.name} --ep-overlap on: only megatron "
                               "(--overlap-moe-expert-parallel-comm) runs one micro-batch's expert all-to-alls beside "
                               "another's compute; use --ep-overlap off, or --stack megatron")
-        if self.recompute.kind in ("full", "every"):
-            raise ConfigError(f"--ep-overlap on with {self.recompute} recompute: Megatron-LM refuses full and every-K "
-                              "recomputation with --overlap-moe-expert-parallel-comm; use none, selective or offload")
+        if self.recompute.recomputes_blocks:
+            raise ConfigError(f"--ep-overlap on with {self.recompute} recompute: Megatron-LM refuses full, every-K and "
+                              "block-K recomputation (granularity full) with --overlap-moe-expert-parallel-comm; use "
+                              "none, selective or offload")
         if self.recipe.compute_dtype not in ("bf16", "fp16"):
             raise ConfigError(f"--ep-overlap on with {self.precision}: Megatron-LM overlaps the expert all-to-alls of "
                               "a 16-bit model only; use a bf16 recipe")
@@ -398,6 +399,10 @@ class TrainConfig:
                               "ScheduleZBVZeroBubble, run by torchtitan (ZBVZeroBubble) and the reference stack; "
                               f"{stack.name} has no zero-bubble schedule: use --schedule 1f1b or interleaved, or "
                               "--stack torchtitan")
+        if self.recompute.kind == "block" and self.layout.pp > 1 and self.layout.virtual_stages > 1:
+            raise ConfigError(f"--recompute {self.recompute} under --schedule {self.layout.schedule}: Megatron-LM "
+                              f"checkpoints the first K blocks of each of a rank's {self.layout.virtual_stages} "
+                              "chunks, which Headroom does not model yet; use --schedule 1f1b, or every-K or full")
         if self.layout.ep_overlap:
             self._check_ep_overlap(stack)
         if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:
@@ -433,8 +438,9 @@ class TrainConfig:
                 f"{spec.name}: seq-len {self.seq_len} exceeds its {spec.max_seq_len} learned positions"
             )
 
-        if self.recompute.kind == "every" and self.recompute.every > spec.n_layers:
+        if self.recompute.kind in ("every", "block") and self.recompute.every > spec.n_layers:
+            kind = self.recompute.kind
             raise ConfigError(
-                f"{spec.name}: every-{self.recompute.every} is longer than the model's {spec.n_layers} layers; "
-                f"use every-K with K <= {spec.n_layers}"
+                f"{spec.name}: {self.recompute} is longer than the model's {spec.n_layers} layers; "
+                f"use {kind}-K with K <= {spec.n_layers}"
             )

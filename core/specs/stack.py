@@ -145,7 +145,7 @@ class Stack:
     name: str
     sp_keeps_gathered_input: bool
     """Under sequence parallelism, backward keeps the all-gathered input of column-parallel linears."""
-    policies: tuple[str, ...] = ("none", "full", "every", "selective", "op-selective", "offload")
+    policies: tuple[str, ...] = ("none", "full", "every", "block", "selective", "op-selective", "offload")
     """The checkpoint policies (RecomputePolicy kinds) the stack offers."""
     early_stop: bool = True
     """A recomputed region stops once it has rebuilt every tensor backward needs (torch's default), skipping a
@@ -251,7 +251,7 @@ class Stack:
 
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
-            offered = ", ".join("every-K" if kind == "every" else kind for kind in self.policies)
+            offered = ", ".join(f"{kind}-K" if kind in ("every", "block") else kind for kind in self.policies)
             raise ConfigError(f"the {self.name} stack has no {policy} checkpointing; it offers {offered}")
 
 
@@ -263,7 +263,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           overlaps_tensor_parallel=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
-    Stack("megatron", False, policies=("none", "full", "every", "selective", "offload"), early_stop=False,
+    Stack("megatron", False, policies=("none", "full", "every", "block", "selective", "offload"), early_stop=False,
           rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
           overlaps_data_parallel=False, overlaps_expert_parallel=True,
           context_parallel="transformer-engine",

@@ -235,8 +235,9 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int,
     stack, policy = get_stack(config.stack), config.recompute
     matmul = spec.hidden * config.recipe.activation_bytes
     stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
-    rerun = 2 * layers if policy.recomputes_blocks or policy.caches_matmuls else 0  # the forward's two per block
-    segments = -(-layers // (policy.segment_layers(layers) or 1)) if rerun else 0  # op-selective: block by block
+    reruns = layers if policy.caches_matmuls else policy.recomputed_layers(layers)
+    rerun = 2 * reruns  # the forward's two per block
+    segments = -(-reruns // (policy.segment_layers(layers) or 1)) if rerun else 0  # op-selective: block by block
     unclosed = segments if stack.early_stop and config.dropout == 0 else 0
     scatters_again = 0 if policy.caches_matmuls and stack.caches_reduce_scatters else rerun - unclosed
     columns = 3 + spec.mlp_projections - 1  # q, k, v and the MLP's up (and gate)
@@ -250,11 +251,13 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int,
                  f"per block {backward} column-parallel input gradients backward; Shoeybi 2019 Sec. 3")]
     sp = "Korthikanti 2022 Sec. 4.2.2"
     fp8 = " in fp8 (Transformer Engine)" if config.te_fp8 else ""
-    per_block = 2 + (2 if rerun else 0)  # the norms' outputs gathered forward, and again where the forward reruns
-    calls = [("all_gather", _norm_output_bytes(spec, config), per_block * (layers - bf16),
+    # The norms' outputs gathered forward, and again in each block whose forward reruns (block-K's first K: the
+    # first stage's bf16 end block among them).
+    bf16_reruns = min(bf16, reruns)
+    calls = [("all_gather", _norm_output_bytes(spec, config), 2 * (layers - bf16 + reruns - bf16_reruns),
               f"per block the 2 norms' outputs forward{fp8}{again}; {sp}")] if layers > bf16 else []
     if bf16:
-        calls.append(("all_gather", stream, per_block * bf16,
+        calls.append(("all_gather", stream, 2 * (bf16 + bf16_reruns),
                       f"the 2 norms' outputs of each of the {bf16} end blocks kept in bf16 forward{again}; {sp}"))
     calls += [("reduce_scatter", matmul, 2 * layers + scatters_again,
                f"per block the 2 row-parallel outputs forward{closing if scatters_again else ''}; {sp}"),
@@ -329,7 +332,8 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
     recipe = config.float8
     if recipe is None:
         return []
-    reruns = layers if config.recompute.recomputes_blocks or config.recompute.caches_matmuls else 0
+    policy = config.recompute
+    reruns = layers if policy.caches_matmuls else policy.recomputed_layers(layers)
     again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
     if recipe.saves_fp8:
         if recipe.delayed or not config.layout.sp:
@@ -357,7 +361,8 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
 def _context_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -> list[tuple[str, int, int, str, str]]:
     """Ring attention's collectives in ``layers`` blocks for one micro-batch, as (op, message bytes, calls, the
     window it overlaps with or "" where exposed, what). kv: this rank's K and V of one layer, b s/cp x kv_dim/tp x
-    2 in the compute dtype; the attention runs again where the policy recomputes it (full, every-K, selective).
+    2 in the compute dtype; the attention runs again where the policy recomputes it (full, every-K, block-K's first K blocks,
+    selective).
 
     torch's (headroom.core.specs.stack.Stack.context_parallel), counted call for call, with their sizes and dtypes,
     on gloo ranks (tests/distributed/context_parallel.py): ``all-gather`` gathers kv once in forward (nccl-tests
@@ -371,27 +376,27 @@ def _context_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -
     cp = layout.cp
     kv = config.micro_batch * _ceil(config.seq_len, cp) * _ceil(spec.kv_dim, layout.tp) * 2
     kv_bytes = kv * config.recipe.activation_bytes
-    forwards = 2 if policy.recomputes_blocks or policy.recomputes_attention else 1
-    again = " (+recompute)" if forwards == 2 else ""
+    runs = layers + (layers if policy.recomputes_attention else policy.recomputed_layers(layers))
+    again = " (+recompute)" if runs > layers else ""
     if get_stack(config.stack).context_parallel == "transformer-engine":
         if config.cp_comm == "ring":
-            return [("send_recv", kv_bytes, forwards * layers * (cp - 1), "attention",
+            return [("send_recv", kv_bytes, runs * (cp - 1), "attention",
                      f"ring attention forward: local K and V, cp-1 hops per layer{again}"),
                     ("send_recv", 2 * kv_bytes, layers * (cp - 1), "attention",
                      "ring attention backward: K, V with dK, dV, cp-1 hops per layer")]
         half = cp * kv_bytes // 2
-        return [("all_gather", half, 2 * forwards * layers, "", f"K and V gathered per layer forward{again}"),
+        return [("all_gather", half, 2 * runs, "", f"K and V gathered per layer forward{again}"),
                 ("all_gather", half, 2 * layers, "", "K and V gathered again per layer backward"),
                 ("reduce_scatter", half, 2 * layers, "", "dK and dV reduce-scattered per layer backward")]
     gradients = [("send_recv", kv * 4, layers * (cp - 1), "attention",
                   "dK and dV passed on per layer backward, fp32, cp-1 of cp hops beside a chunk"),
                  ("send_recv", kv * 4, layers, "", "dK and dV passed on per layer backward, fp32, the last hop")]
     if config.cp_comm == "ring":
-        return [("send_recv", kv_bytes, forwards * layers * (cp - 1), "attention",
+        return [("send_recv", kv_bytes, runs * (cp - 1), "attention",
                  f"K and V passed on per layer forward, cp-1 hops{again}"),
                 ("send_recv", kv_bytes, layers * (cp - 1), "attention", "K and V passed on per layer backward"),
                 *gradients]
-    return [("all_gather", cp * kv_bytes, forwards * layers, "first chunk",
+    return [("all_gather", cp * kv_bytes, runs, "first chunk",
              f"K and V gathered per layer forward{again}"),
             ("all_gather", cp * kv_bytes, layers, "first chunk", "K and V gathered again per layer backward"),
             *gradients]
@@ -533,7 +538,6 @@ def step_communication(
     b, h = config.micro_batch, spec.hidden
     s = _ceil(config.seq_len, layout.cp)
     layers = max(config.stage_layers(spec))
-    forwards = 2 if config.recompute.recomputes_blocks else 1
     terms: list[CommTerm] = []
 
     def add(axis: str, op: str, message: int, calls: int, size: int, overlappable: bool, note: str,
@@ -575,8 +579,9 @@ def step_communication(
             "activation forward and gradient backward per micro-batch and virtual stage")
     if layout.ep > 1:
         routed = spec.expert_rows(b * s) * h * DTYPE_BYTES[config.block_param_dtype]
-        again = " (+2 recomputed forward)" if forwards == 2 else ""
-        calls = spec.moe_layers * 2 * (forwards + 1)
+        reruns = config.recompute.recomputed_layers(spec.moe_layers)
+        again = f" (+2 in the recomputed forward of {reruns})" if reruns else ""
+        calls = 2 * (2 * spec.moe_layers + reruns)
         what = f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}"
         if not layout.ep_overlap:
             add("ep", "all_to_all", routed, m * calls, layout.ep, False, what)

@@ -11,8 +11,8 @@ The model, per micro-batch (``step_time``), from the ops the rank runs (headroom
   their shape reaches, attention at the attention rate, memory-bound ops by their bytes;
 - backward: each GEMM's two gradient products at their shapes, attention ``attention_backward_ratio`` x
   forward, memory-bound ops twice forward's bytes;
-- recompute: what the policy runs again: whole blocks (full, every-K; less the FLOPs torch's early stop
-  skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
+- recompute: what the policy runs again: whole blocks (full, every-K, block-K's first K a stage; less the
+  FLOPs torch's early stop skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
   (op-selective);
 - offload: saved bytes to the host and back over ``host_bytes_per_s``;
 - FSDP (ZeRO-3): its copies into and out of the all-gather's and the reduce-scatter's buffers, forward and
@@ -53,7 +53,7 @@ from typing import Literal
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
-from headroom.core.memory.flops import StepFlops, step_flops
+from headroom.core.memory.flops import StepFlops, checkpointed_block_flops, step_flops
 from headroom.core.memory.pipeline import pipeline_seconds
 from headroom.core.memory.static import fp8_rank_blocks, te_block_weights
 from headroom.core.memory.trace import TracedOp
@@ -65,6 +65,7 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.schedule_order import zbv_chunks
+from headroom.core.specs.stack import get_stack
 from headroom.core.timing.collective_curves import CollectiveCurves
 from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
@@ -427,7 +428,8 @@ class _FloorParts:
         self._spec, self._config, self._profile = spec, config, profile
         self._flops = step_flops(spec, config, profile.device)
         self._ends: dict[tuple[int, bool, bool], float] = {}
-        uniform = not (0 < spec.moe_layers < spec.n_layers or config.first_last_bf16)
+        # block-K recomputes a stage's first K blocks, not a share of each: a stage is not layers x one block.
+        uniform = not (0 < spec.moe_layers < spec.n_layers or config.first_last_bf16 or config.recompute.kind == "block")
         self.block_s = self._direct_s(1, False, False) if uniform else None
 
     def stage_s(self, layers: int, first: bool, last: bool) -> float:
@@ -446,7 +448,7 @@ class _FloorParts:
         ops = forward_ops(self._spec, self._config, self._profile.device, layers, first=first, last=last)
         blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
         head = price(ops.head)
-        recomputed, _ = _recompute(self._config, self._flops, blocks, ops, price)
+        recomputed, _ = _recompute(self._spec, self._config, self._flops, blocks, ops, price)
         return blocks.forward_s + blocks.backward_s + head.forward_s + head.backward_s + recomputed
 
 
@@ -468,7 +470,7 @@ def _micro_batch(estimate: Estimate, profile: HardwareProfile, price: Price, lay
     ops = forward_ops(spec, cfg, profile.device, layers, first=first, last=last)
     blocks = sum((price(block).scaled(n) for block, n in ops.blocks), OpsTime())
     head = price(ops.head)
-    recomputed, rerun_ops = _recompute(cfg, estimate.flops, blocks, ops, price)
+    recomputed, rerun_ops = _recompute(spec, cfg, estimate.flops, blocks, ops, price)
     share = 1.0 if layers == rank.layers else layers / rank.layers if rank.layers else 0.0
     offload_s = share * 2 * estimate.ledger.host_bytes / profile.host_bytes_per_s
     forward_copy_s, backward_copy_s = _fsdp_copy_s(estimate, profile)
@@ -548,12 +550,14 @@ def _ends(estimate: Estimate, profile: HardwareProfile, price: Price, first: boo
             _host_s(profile.host, estimate.config, len(head), 0, timed.backward_launches))
 
 
-def _recompute(config: TrainConfig, flops: StepFlops, blocks: OpsTime, ops: ForwardOps,
+def _recompute(spec: ModelSpec, config: TrainConfig, flops: StepFlops, blocks: OpsTime, ops: ForwardOps,
                price: Price) -> tuple[float, int]:
     """Device seconds one micro-batch's backward spends running forward ops again, and how many it runs.
 
     Full and every-K rerun the blocks' forward, less what torch's early stop skips (headroom.core.memory.flops.recompute_flops:
-    the recomputed share of the blocks' FLOPs). Selective reruns the attention core. Op-selective reruns every
+    the recomputed share of the blocks' FLOPs). Block-K reruns the stage's first K blocks, each its own segment
+    (headroom.core.memory.flops.checkpointed_block_flops: the share of a block it reruns; a dense block's, where a
+    stage mixes dense and experts' blocks). Selective reruns the attention core. Op-selective reruns every
     memory-bound op of the blocks, and under torchtitan every second matmul (the FLOPs headroom.core.memory.flops counts).
     """
     policy = config.recompute
@@ -561,6 +565,13 @@ def _recompute(config: TrainConfig, flops: StepFlops, blocks: OpsTime, ops: Forw
         return 0.0, 0
     # Shares of the whole model's FLOPs (headroom.core.memory.flops), applied to this rank's time.
     block_ops = ops.launches - len(ops.head)
+    if policy.kind == "block":
+        layers = sum(n for _, n in ops.blocks)
+        k = policy.recomputed_layers(layers)
+        early_stop = config.dropout == 0 and get_stack(config.stack).early_stop
+        b, s = config.micro_batch, config.seq_len
+        rerun = checkpointed_block_flops(spec, b, s, False, early_stop) / sum(flops.layer_forward.values())
+        return blocks.forward_s * k / layers * rerun, block_ops * k // layers
     if policy.recomputes_blocks:
         return blocks.forward_s * flops.recompute / flops.blocks_forward, block_ops
     attention_flops = sum(v for k, v in flops.blocks_forward_by_matmul.items() if k.startswith("attn_"))

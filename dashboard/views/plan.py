@@ -195,7 +195,8 @@ with st.sidebar:
     pin_columns[0].text_input("micro-batch", key="plan_micro_batch", placeholder=AUTO)
     pin_columns[1].text_input("accumulation", key="plan_accumulation_steps", placeholder=AUTO)
     st.text_input("recompute", key="plan_recompute", placeholder=AUTO,
-                  help="none, selective, op-selective, full, every-K (K blocks a segment) or offload")
+                  help="none, selective, op-selective, full, every-K (K blocks a segment), block-K (the first K blocks of "
+                       "each pipeline stage) or offload")
 
 inputs = PlanInputs(**{f.name: st.session_state[f"plan_{f.name}"] for f in fields(PlanInputs)})
 st.session_state.plan_inputs = inputs
