@@ -61,6 +61,16 @@ def test_each_checkpointed_block_keeps_its_input_and_the_rest_keep_everything(bl
     assert [saved[f"block-{k}"] for k in range(1, 5)] == [saved["none"] - k * step for k in range(1, 5)]
 
 
+def test_the_checkpointed_blocks_stop_at_k_beside_bf16_end_blocks():
+    """Under Megatron's --first-last-layers-bf16 the stage's first block (bf16) is checkpointed by any K and its last
+    by none below 32: each further K checkpoints one more fp8 block, the same difference each time (a replay of
+    alike blocks once ran on to the bf16 last block, past K)."""
+    saved = [estimate(LLAMA3_8B, _megatron(f"block-{k}", fp8="te-current", first_last_bf16=True),
+                      "cuda").ledger.saved_bytes for k in range(1, 9)]
+    steps = {a - b for a, b in zip(saved, saved[1:])}
+    assert len(steps) == 1 and steps.pop() > 0
+
+
 @pytest.mark.parametrize("block", ["gpt", "llama"])
 def test_backward_reaches_the_checkpoints_after_freeing_the_others(block):
     """Measured on CPU, op by op: the backward's peak over what forward kept is none's while K is below the blocks

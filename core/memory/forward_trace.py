@@ -233,15 +233,16 @@ def _segment(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, para
 
 
 def _alike_from(tr: Trace, spec: ModelSpec, start: int, size: int, n: int, bf16: frozenset[int] = frozenset()) -> int:
-    """Segments from ``start`` on in a row whose kinds (`_segment_kinds`) are the one at ``start``'s: every full
-    segment past the dense blocks of a mixture of experts, when a window's pattern repeats within a segment's
-    length (or there is none), up to the first that holds a bf16 block (`_bf16_layers`); else this one."""
+    """Segments from ``start`` on, before block ``n``, in a row whose kinds (`_segment_kinds`) are the one at
+    ``start``'s: every full segment past the dense blocks of a mixture of experts, when a window's pattern repeats
+    within a segment's length (or there is none), up to the first that holds a bf16 block (`_bf16_layers`); else
+    this one."""
     windowed = tr.stack.transformers_modules and spec.sliding_window_pattern > 1
     if start + size > n or (spec.is_moe and start < spec.dense_layers) \
             or (windowed and size % spec.sliding_window_pattern) or any(start <= layer < start + size for layer in bf16):
         return 1
-    later = [layer for layer in bf16 if layer >= start]
-    return ((min(later) - start) // size if later else (n - start) // size) or 1
+    end = min([layer for layer in bf16 if layer >= start], default=n)
+    return (min(end, n) - start) // size or 1
 
 
 def _segment_kinds(tr: Trace, spec: ModelSpec, start: int, end: int, bf16: frozenset[int] = frozenset()) -> tuple:
