@@ -147,8 +147,14 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     parallel, userbuffers tensor-parallel overlap, the distributed optimizer with gradient reduction and parameter
     gathering overlapped, no recompute, gradients reduced in bf16 (``grad_reduce_in_fp32 = False``); DGX H100 nodes
     on 8 x 400 Gb/s InfiniBand; its first and last blocks in bf16 (``first_last_layers_bf16``, the precision
-    recipe's: TrainConfig.first_last_bf16). Not expressed: the 8B row
-    (``recompute_num_layers=5``: Megatron's block recompute of 5 layers a stage, no Headroom policy).
+    recipe's: TrainConfig.first_last_bf16).
+
+    Llama 3 8B on 8 H100s, FP8-CS, global batch 128, micro-batch 1, sequence 8192, DP 8: 14,451 tokens/s per GPU.
+    Its recipe (``LLAMA3_8B_PRETRAIN_CONFIG_H100_FP8_CS_V1``, commit 280806ccf of 2025-12-09, the 25.11 container's):
+    ``recompute_num_layers=5``, which the scripts' overrides (utils/overrides.py) turn into
+    ``--recompute-granularity full --recompute-method block --recompute-num-layers 5`` (block-5); the distributed
+    optimizer with both overlaps, as the B200 8B row. The table's FSDP column reads 1 for this row (8 in the later
+    archive's copy), but the recipe sets no ``use_megatron_fsdp``: planned as the recipe runs it.
 
     Llama 3.1 405B on 1,024 H100s, FP8-CS, global batch 512, micro-batch 1, sequence 8192, TP 8 x PP 8 (virtual 8)
     x CP 2 x DP 8: 292 tokens/s per GPU. Its recipe (llama31_workload_base_configs.py,
@@ -164,18 +170,20 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     common = {"tp_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True, "sp": True, "zero": 1,
               "schedule": "interleaved"}
     runs = []
-    for name, system, hardware, model, layout, micro, batch, published in (
+    for name, system, hardware, model, layout, micro, batch, policy, published in (
         ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", "DGX-H100", "h100-sxm", "llama3-70b",
-         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, 1602),
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, "none", 1602),
         ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "DGX-H100", "h100-sxm", "llama3.1-405b",
-         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, 292),
+         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, "none", 292),
+        ("Llama 3 8B, FP8-CS, DP 8, block-5 recompute", "DGX-H100", "h100-sxm", "llama3-8b",
+         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 1, 128, "block-5", 14451),
         ("Llama 3 8B, FP8-CS, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",
-         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, 30624),
+         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, "none", 30624),
         ("Llama 3.1 405B, FP8-CS, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
-         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, 661),
+         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", 661),
     ):
         config = TrainConfig(seq_len=8192, micro_batch=micro, precision="bf16-master", optimizer="adam",
-                             recompute=parse_policy("none"), layout=layout, stack="megatron", fp8="te-current",
+                             recompute=parse_policy(policy), layout=layout, stack="megatron", fp8="te-current",
                              fp8_param_gather=True, first_last_bf16=True)
         runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, {system}", hardware=hardware,
                                  spec=get_preset(model), config=config, global_batch=batch, published=published,

@@ -178,3 +178,12 @@ def test_the_megatron_export_sets_the_block_method(run_cli):
     titan = run_cli("plan", *flags[:8], "--stack", "reference", *flags[10:], "--export", "torchtitan")
     assert titan.returncode == 0, titan.stderr
     assert "activation-checkpoint:full" in titan.stdout and "torchtitan has no block-5" in titan.stdout
+
+
+def test_a_search_pinned_to_block_k_tries_one_chunk_a_rank(plan_json):
+    """The layout search leaves out the interleaved schedule it cannot run block-K under, and plans the others."""
+    plan = plan_json("--model", "llama3-70b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
+                     "--gpus", "32", "--stack", "megatron", "--recompute", "block-4")
+    layouts = [entry["layout"] for entry in plan["layouts"] + plan["pruned"]]
+    assert {layout["virtual_stages"] for layout in layouts} == {1} and max(layout["pp"] for layout in layouts) > 1
+    assert {c["recompute"] for c in plan["candidates"]} == {"block-4"}

@@ -641,7 +641,9 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
         searched = [_plan_layout(request, profile, calibration, screen=False)]
     else:
         cluster = request.cluster_for(profile)
-        layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
+        # The pinned policy decides which schedules can run (block-K: one chunk a rank).
+        train = request.train if request.recompute is None else replace(request.train, recompute=request.recompute)
+        layouts = candidate_layouts(request.spec, train, request.global_batch, request.gpus,
                                     cluster.gpus_per_node, request.pinned)
         subs = [replace(request.on_layout(layout), cluster=cluster) for layout in layouts]
         floors = [layout_floor_s(sub, profile, calibration) for sub in subs]
