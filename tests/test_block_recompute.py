@@ -5,6 +5,7 @@ and counts on the agent's decoder (CPU), and by composition of full and none els
 from __future__ import annotations
 
 import dataclasses
+import itertools
 
 import pytest
 
@@ -67,7 +68,7 @@ def test_the_checkpointed_blocks_stop_at_k_beside_bf16_end_blocks():
     alike blocks once ran on to the bf16 last block, past K)."""
     saved = [estimate(LLAMA3_8B, _megatron(f"block-{k}", fp8="te-current", first_last_bf16=True),
                       "cuda").ledger.saved_bytes for k in range(1, 9)]
-    steps = {a - b for a, b in zip(saved, saved[1:])}
+    steps = {a - b for a, b in itertools.pairwise(saved)}
     assert len(steps) == 1 and steps.pop() > 0
 
 
