@@ -286,3 +286,48 @@ def _llm_foundry_runs() -> list[PublishedRun]:
 
 RUNS: tuple[PublishedRun, ...] = (*_narayanan_runs(), *_llm_foundry_runs(), *_torchtitan_runs(),
                                   *_megatron_bridge_runs())
+
+NARAYANAN_TABLE_2 = "Narayanan et al. 2021 (arXiv 2104.04473), Table 2"
+
+# (params, heads, hidden, layers, scheme, tp, pp, gpus, global batch, micro-batch, TFLOP/s per GPU)
+_TABLE_2 = (
+    ("174.6B", 96, 12288, 96, "ZeRO-3", 1, 1, 384, 1536, 4, 144),
+    ("174.6B", 96, 12288, 96, "ZeRO-3", 1, 1, 768, 1536, 2, 88),
+    ("174.6B", 96, 12288, 96, "ZeRO-3", 1, 1, 1536, 1536, 1, 44),
+    ("529.6B", 128, 20480, 105, "ZeRO-3", 1, 1, 640, 2560, 4, 138),
+    ("529.6B", 128, 20480, 105, "ZeRO-3", 1, 1, 1120, 2240, 2, 98),
+    ("529.6B", 128, 20480, 105, "ZeRO-3", 1, 1, 2240, 2240, 1, 48),
+    ("174.6B", 96, 12288, 96, "PTD-P", 8, 12, 384, 1536, 1, 153),
+    ("174.6B", 96, 12288, 96, "PTD-P", 8, 12, 768, 1536, 1, 149),
+    ("174.6B", 96, 12288, 96, "PTD-P", 8, 12, 1536, 1536, 1, 141),
+    ("529.6B", 128, 20480, 105, "PTD-P", 8, 35, 560, 2240, 1, 171),
+    ("529.6B", 128, 20480, 105, "PTD-P", 8, 35, 1120, 2240, 1, 167),
+    ("529.6B", 128, 20480, 105, "PTD-P", 8, 35, 2240, 2240, 1, 159),
+)
+
+
+def _narayanan_table_2_runs() -> list[PublishedRun]:
+    """Narayanan et al. 2021, Table 2 (Sec. 5.2): the GPT-3 175B and the 530B model on Selene under DeepSpeed's
+    ZeRO-3 without model parallelism and under PTD-P, each at three GPU counts of one global batch. Not a validation
+    set the step-time issue names: an independent check, to which nothing is fitted, kept out of `RUNS`.
+
+    ZeRO-3 is planned as FSDP on the reference stack (parameters, gradients and optimizer state sharded over every
+    rank, each layer gathered forward and again backward), with every layer recomputed (a 175B at micro-batch 4
+    cannot keep its activations) and the paper's mixed precision; PTD-P as Table 1's runs, model-parallel size 96 =
+    tp 8 x pp 12 and 280 = tp 8 x pp 35, on the 1F1B schedule (the table gives no interleaving). The 530B's ZeRO-3
+    run at 640 GPUs is the table's starred row: 560 GPUs did not fit it, and its batch is 2,560."""
+    runs = []
+    for params, heads, hidden, layers, scheme, tp, pp, gpus, batch, micro, tflops in _TABLE_2:
+        zero3 = scheme == "ZeRO-3"
+        layout = Layout(dp=gpus, zero=3) if zero3 else Layout(tp=tp, pp=pp, dp=gpus // (tp * pp))
+        config = TrainConfig(seq_len=2048, micro_batch=micro, precision="bf16-master", optimizer="adam",
+                             attention="standard", recompute=parse_policy("full"), dropout=0.1, layout=layout,
+                             stack="reference" if zero3 else "megatron")
+        runs.append(PublishedRun(name=f"GPT {params}, {scheme}, {gpus} GPUs", source=NARAYANAN_TABLE_2,
+                                 hardware="a100-sxm-80gb", spec=_gpt(params, layers, hidden, heads), config=config,
+                                 global_batch=batch, published=tflops, unit="tflop_per_s_per_gpu", inter="ib-hdr"))
+    return runs
+
+
+INDEPENDENT: tuple[PublishedRun, ...] = tuple(_narayanan_table_2_runs())
+"""Published runs outside the validation sets: checks of the model, never fitted to."""

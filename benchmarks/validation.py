@@ -1,6 +1,6 @@
 """The time model's validation: every published run pinned to its configuration, and the H200 reference run.
 
-    python benchmarks/validation.py            # the table docs/time-model.md shows, and the targets
+    python benchmarks/validation.py            # the table docs/time-model.md shows, the targets, the independent check
     python benchmarks/validation.py --markdown # the table alone, as docs/time-model.md holds it
 
 Uncalibrated throughout: datasheet peaks and the cited curves of headroom.core.timing.device_curves; the kernel gap and host
@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from h200_reference import h200_profile, label, predicted_s, regrets, train_steps
-from published_runs import RUNS, PublishedRun, megatron_eq3_flops
+from published_runs import INDEPENDENT, RUNS, PublishedRun, megatron_eq3_flops
 
 from headroom.core.memory.estimate import estimate
 from headroom.core.specs.hardware import get_hardware
@@ -78,6 +78,12 @@ def _configuration(run: PublishedRun) -> str:
 def published_rows() -> list[Row]:
     return [Row(run.name, run.source, _configuration(run), run.published, predict(run),
                 "TFLOP/s per GPU" if run.unit == "tflop_per_s_per_gpu" else "tokens/s per GPU") for run in RUNS]
+
+
+def independent_rows() -> list[Row]:
+    """Published runs outside the validation sets (published_runs.INDEPENDENT), predicted the same way."""
+    return [Row(run.name, run.source, _configuration(run), run.published, predict(run), "TFLOP/s per GPU")
+            for run in INDEPENDENT]
 
 
 def h200_rows() -> list[Row]:
@@ -157,6 +163,14 @@ def main() -> None:
         print(f"H200 regret at {budget}: {shown} (picked {outcome.recommended}; best measured that fit "
               f"{outcome.best})")
     print(_pinned_plan_timing())
+    independent = independent_rows()
+    print()
+    print("Independent check, nothing fitted to it (docs/time-model.md):")
+    print(markdown(independent))
+    for scheme in ("ZeRO-3", "PTD-P"):
+        rows = [r for r in independent if f", {scheme}," in r.name]
+        print(f"{independent[0].source}, {scheme}: {_errors(rows)}; predicted / published "
+              f"{min(r.ratio for r in rows):.2f}-{max(r.ratio for r in rows):.2f}")
 
 
 def _pinned_plan_timing() -> str:
