@@ -65,7 +65,8 @@ def test_what_it_hides_comes_off_the_step_and_one_micro_batch_hides_nothing():
 
 @pytest.mark.parametrize(("changes", "message"), [
     ({"stack": "reference"}, "--stack reference --ep-overlap on: only megatron"),
-    ({"recompute": parse_policy("full")}, "Megatron-LM refuses full and every-K recomputation"),
+    ({"recompute": parse_policy("full")}, "Megatron-LM refuses full, every-K and block-K recomputation"),
+    ({"recompute": parse_policy("block-2")}, "with block-2 recompute: Megatron-LM refuses full, every-K and block-K"),
     ({"precision": "fp32"}, "Megatron-LM overlaps the expert all-to-alls of a 16-bit model only"),
 ])
 def test_what_megatron_refuses_with_it_is_refused_by_name(changes, message):

@@ -196,7 +196,7 @@ def test_a_mixture_of_experts_is_planned_on_torchtitan_without_per_op_checkpoint
 
 def test_megatron_offers_its_own_policies_and_no_op_level_one():
     with pytest.raises(ConfigError, match="^the megatron stack has no op-selective checkpointing; it offers none, "
-                                          "full, every-K, selective, offload$"):
+                                          "full, every-K, block-K, selective, offload$"):
         TrainConfig(seq_len=512, stack="megatron", recompute=parse_policy("op-selective"))
     request = PlanRequest(spec=get_preset("llama3-8b"), train=TrainConfig(seq_len=8192, stack="megatron"),
                           global_batch=16, allow_offload=True)
