@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 
 import pytest
 
@@ -188,3 +189,28 @@ def test_a_search_pinned_to_block_k_tries_one_chunk_a_rank(plan_json):
     layouts = [entry["layout"] for entry in plan["layouts"] + plan["pruned"]]
     assert {layout["virtual_stages"] for layout in layouts} == {1} and max(layout["pp"] for layout in layouts) > 1
     assert {c["recompute"] for c in plan["candidates"]} == {"block-4"}
+
+
+EIGHT_H100_FP8 = ("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "128", "--hardware", "h100-sxm",
+                  "--gpus", "8", "--stack", "megatron", "--precision", "bf16-master", "--fp8", "te-current",
+                  "--fp8-param-gather", "on", "--first-last-layers-bf16", "on", "--zero", "1", "--dp", "8")
+
+
+def test_a_megatron_search_picks_the_fewest_blocks_that_fit(run_cli, plan_json):
+    """Megatron-Bridge's H100 Llama 3 8B recipe on its distributed optimizer: nothing recomputed does not fit 80 GB,
+    full does; the search finds block-12 at micro-batch 1 the fastest, the fewest blocks that fit there (block-11 is
+    over the budget, pinned), and faster than full or every-K."""
+    plan = plan_json(*EIGHT_H100_FP8)
+    best = plan["recommendation"]
+    assert (best["recompute"], best["micro_batch"]) == ("block-12", 1)
+    others = [c for c in plan["candidates"] if not c["recompute"].startswith("block")]
+    assert {c["recompute"] for c in others} >= {"full", "every-2"}
+    assert all(c["tokens_per_s"] < best["tokens_per_s"] for c in others)
+    pinned = run_cli("plan", *EIGHT_H100_FP8, "--micro-batch", "1", "--recompute", "block-11", "--json", "--top", "0")
+    assert pinned.returncode == 3 and json.loads(pinned.stdout)["recommendation"] is None
+
+
+def test_the_reference_stack_searches_no_block_k(plan_json):
+    plan = plan_json("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "128", "--hardware", "h100-sxm",
+                     "--gpus", "8", "--precision", "bf16-master", "--zero", "1", "--dp", "8")
+    assert not any(c["recompute"].startswith("block") for c in plan["candidates"] + plan["rejected"])

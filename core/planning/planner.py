@@ -731,6 +731,7 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
         evaluated.append(lightest)
     skipped = math.inf
     for sub in recipe_requests(request, profile):
+        first = 0 if sub is request else len(evaluated)  # this recipe's candidates (the screen's among them)
         for policy in policies_worth_trying(sub):
             for micro in micro_batches(sub):
                 if sub is request and (micro, policy) == screened:
@@ -746,11 +747,91 @@ def _plan_layout(request: PlanRequest, profile: HardwareProfile, calibration: Ca
                     bar.saw(candidate)
                 if candidate.rejection is not None and screen:
                     break
+        if searches_block_recompute(sub):
+            evaluated += _fewest_blocks(sub, profile, calibration, evaluated[first:], bar)
     fitting = [c for c in evaluated if c.rejection is None]
     if fitting:
         best = min(fitting, key=lambda c: (-c.tokens_per_s, c.required_bytes))  # one layout: speed decides
         return LayoutOutcome(layout, best, None), evaluated, skipped
     return LayoutOutcome(layout, None, min(evaluated, key=lambda c: c.required_bytes)), evaluated, skipped
+
+
+BLOCK_SEARCHED_STACKS = ("megatron",)
+"""Stacks whose search tries block-K: Megatron-LM's own dial (``--recompute-method block``). The reference stack
+runs it when pinned; its search keeps the policies the agent's sweeps measure."""
+
+
+def searches_block_recompute(request: PlanRequest) -> bool:
+    """The search tries block-K for this request: no policy pinned, a stack that runs it, one chunk a rank
+    (headroom.core.specs.config.TrainConfig.check_model), and a model whose recompute the ledger accounts for."""
+    return (request.recompute is None and request.train.stack in BLOCK_SEARCHED_STACKS
+            and request.layout.virtual_stages == 1
+            and request.train.unmodelled_policy(request.spec, RecomputePolicy("block", 1)) is None)
+
+
+def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
+                   tried: list[Candidate], bar: Bar | None) -> list[Candidate]:
+    """block-K at each micro-batch where nothing is kept whole fits and full recompute does: the fewest blocks a
+    stage checkpoints for the step to fit, the fastest block-K (each further block reruns one more forward). A
+    rank's memory falls by the same bytes with each further block (headroom.core.memory.ledger: one block's kept
+    activations less its input, a micro-batch in flight at a time), so block-1 and block-2 give the K to check;
+    past that estimate (the most loaded rank may change with K) the fewest K that fits is bisected. The
+    candidates evaluated, fitting or not."""
+    layers = max(request.train.stage_layers(request.spec))
+    found: list[Candidate] = []
+
+    def tried_at(micro: int, kind: str) -> Candidate | None:
+        return next((c for c in tried if c.estimate.config.micro_batch == micro
+                     and c.estimate.config.recompute.kind == kind), None)
+
+    def at(micro: int, k: int) -> Candidate:
+        candidate = evaluate(request, profile, calibration, micro, RecomputePolicy("block", k))
+        found.append(candidate)
+        if bar is not None:
+            bar.saw(candidate)
+        return candidate
+
+    fastest = max((c.tokens_per_s for c in tried if c.rejection is None), default=0.0)
+    for micro in micro_batches(request):
+        none, full = tried_at(micro, "none"), tried_at(micro, "full")
+        if none is not None and none.rejection is None:
+            continue  # nothing recomputed fits: faster than any block-K
+        if full is not None and full.rejection is not None:
+            break  # not even full recompute fits, nor will a larger micro-batch
+        # Any block-K is slower than nothing recomputed at this micro-batch, whose step is known where it was
+        # tried (if not, its floor): a bound the layout's fastest, or the search's, may already beat.
+        bound = none.step_time_s if none is not None else candidate_floor_s(request, profile, calibration, micro,
+                                                                             RecomputePolicy("block", 1))
+        if layers < 2 or (none is not None and none.tokens_per_s <= fastest) \
+                or (bar is not None and bar.beyond(bound)):
+            continue
+        # Each further block reruns one more forward: block-K is no faster than block-1 nor, past 2, block-2.
+        one = at(micro, 1)
+        if one.rejection is None or layers < 3 or not _could_win(one, fastest, bar):
+            fastest = max(fastest, one.tokens_per_s if one.rejection is None else 0.0)
+            continue
+        two = at(micro, 2)
+        step = one.required_bytes - two.required_bytes
+        if two.rejection is None or step <= 0 or not _could_win(two, fastest, bar):
+            fastest = max(fastest, two.tokens_per_s if two.rejection is None else 0.0)
+            continue
+        low, high = 2, layers  # block-2 does not fit; block-L is full recompute
+        k = min(high - 1, max(low + 1, 2 + math.ceil((two.required_bytes - request.budget_bytes) / step)))
+        probes = 0
+        while low + 1 < high:
+            if at(micro, k).rejection is None:
+                high = k
+            else:
+                low = k
+            probes += 1  # the estimate's neighbour first (where it is exact, that settles it), then halves
+            k = (high - 1 if k == high else low + 1) if probes == 1 else (low + high) // 2
+        fastest = max([fastest, *(c.tokens_per_s for c in found if c.rejection is None)])
+    return found
+
+
+def _could_win(candidate: Candidate, fastest: float, bar: Bar | None) -> bool:
+    """A candidate slower than this one may still be its layout's fastest and come within the search's near tie."""
+    return candidate.tokens_per_s > fastest and not (bar is not None and bar.beyond(candidate.step_time_s))
 
 
 def layout_floor_s(request: PlanRequest, profile: HardwareProfile, calibration: Calibration) -> float:

@@ -567,6 +567,8 @@ def _recompute(spec: ModelSpec, config: TrainConfig, flops: StepFlops, blocks: O
     block_ops = ops.launches - len(ops.head)
     if policy.kind == "block":
         layers = sum(n for _, n in ops.blocks)
+        if not layers:  # a stage of the embedding or the head alone
+            return 0.0, 0
         k = policy.recomputed_layers(layers)
         early_stop = config.dropout == 0 and get_stack(config.stack).early_stop
         b, s = config.micro_batch, config.seq_len
