@@ -163,9 +163,6 @@ def test_tensor_parallel_collectives_run_again_in_the_k_blocks_only():
 def test_where_it_is_refused():
     with pytest.raises(ConfigError, match="the torchtitan stack has no block-5 checkpointing; it offers none, full"):
         TrainConfig(seq_len=2048, stack="torchtitan", recompute=parse_policy("block-5"))
-    interleaved = Layout(pp=4, schedule="interleaved", virtual_stages=2)
-    with pytest.raises(ConfigError, match="first K blocks of each of a rank's 2 chunks"):
-        _megatron("block-5", interleaved).check_model(LLAMA3_8B)
     with pytest.raises(ConfigError, match="block-40 is longer than the model's 32 layers; use block-K with K <= 32"):
         _megatron("block-40").check_model(LLAMA3_8B)
 
@@ -182,13 +179,28 @@ def test_the_megatron_export_sets_the_block_method(run_cli):
     assert "activation-checkpoint:full" in titan.stdout and "torchtitan has no block-5" in titan.stdout
 
 
-def test_a_search_pinned_to_block_k_tries_one_chunk_a_rank(plan_json):
-    """The layout search leaves out the interleaved schedule it cannot run block-K under, and plans the others."""
-    plan = plan_json("--model", "llama3-70b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
-                     "--gpus", "32", "--stack", "megatron", "--recompute", "block-4")
-    layouts = [entry["layout"] for entry in plan["layouts"] + plan["pruned"]]
-    assert {layout["virtual_stages"] for layout in layouts} == {1} and max(layout["pp"] for layout in layouts) > 1
-    assert {c["recompute"] for c in plan["candidates"]} == {"block-4"}
+def test_under_virtual_stages_each_chunk_checkpoints_its_first_k():
+    """Megatron-LM runs block-K in each model chunk (each is a TransformerBlock): on 4 stages of 2 chunks of 4
+    blocks, block-2 keeps a micro-batch's what block-4 keeps on 4 stages of one 8-block chunk, rank for rank, and
+    recomputes half the model; block-4 there is full recompute, its transient included."""
+    from headroom.core.memory.pipeline import rank_kinds
+
+    interleaved, plain = Layout(pp=4, schedule="interleaved", virtual_stages=2), Layout(pp=4)
+    for chunked, whole in (("block-2", "block-4"), ("block-1", "block-2"), ("block-4", "full")):
+        a, b = _megatron(chunked, interleaved), _megatron(whole, plain)
+        ranks = zip(rank_kinds(interleaved, a.chunk_layers(LLAMA3_8B), 8),
+                    rank_kinds(plain, b.chunk_layers(LLAMA3_8B), 8), strict=True)
+        for mine, theirs in ranks:
+            assert mine.chunks == (4, 4) and theirs.chunks == ()
+            ours, reference = (activation_ledger(LLAMA3_8B, c, rank=r) for c, r in ((a, mine), (b, theirs)))
+            assert (ours.saved_bytes, ours.recompute_bytes) == (reference.saved_bytes, reference.recompute_bytes)
+    full = estimate(LLAMA3_8B, _megatron("full", interleaved), "cuda", 8).flops.recompute
+    assert estimate(LLAMA3_8B, _megatron("block-2", interleaved), "cuda", 8).flops.recompute * 2 == full
+    assert _megatron("block-3", interleaved).recomputed_blocks(8) == 6
+    cluster = default_cluster("h100-sxm")
+    times = {p: step_time(estimate(LLAMA3_8B, _megatron(p, interleaved), "cuda", 8), H100, 8, cluster)
+             for p in ("full", "block-2")}
+    assert times["block-2"].recompute_s * 2 == pytest.approx(times["full"].recompute_s, rel=1e-12)
 
 
 EIGHT_H100_FP8 = ("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "128", "--hardware", "h100-sxm",

@@ -217,12 +217,12 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
 
 
 def _block_recompute_flops(spec: ModelSpec, config: TrainConfig, early_stop: bool) -> int:
-    """block-K's recompute over the whole model: each stage's first K blocks, each its own segment
+    """block-K's recompute over the whole model: each pipeline chunk's first K blocks, each its own segment
     (`checkpointed_block_flops`)."""
     b, s, k = config.micro_batch, config.seq_len, config.recompute.every
     per_block = {moe: checkpointed_block_flops(spec, b, s, moe, early_stop) for moe in {False, spec.is_moe}}
     total, start = 0, 0
-    for layers in config.stage_layers(spec):
+    for layers in config.chunk_layers(spec):
         total += sum(per_block[spec.is_moe_layer(i)] for i in range(start, start + min(k, layers)))
         start += layers
     return total

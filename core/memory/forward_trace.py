@@ -52,7 +52,7 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
         x = tr.new("stage_input", (b, d.rows, h), param_dtype)
 
     bf16 = _bf16_layers(cfg, rank)
-    for part, start, end in _policy_ranges(cfg, rank.layers):
+    for part, start, end in _policy_ranges(cfg, rank.chunk_layers):
         x = _blocks(tr, spec, d, part, x, param_dtype, start, end, rank.layers, bf16)
     tr.layer = None
     if rank.last:
@@ -60,16 +60,20 @@ def trace_forward(spec: ModelSpec, cfg: TrainConfig, rules: DeviceRules, rank: R
     return tr
 
 
-def _policy_ranges(cfg: TrainConfig, n: int) -> list[tuple[TrainConfig, int, int]]:
-    """The rank's blocks as ranges under one policy each: all of them under the configuration's own, but block-K's
-    first min(K, n) checkpointed one by one (as under full) and the rest kept whole (as under none)."""
+def _policy_ranges(cfg: TrainConfig, chunks: tuple[int, ...]) -> list[tuple[TrainConfig, int, int]]:
+    """The rank's blocks (``chunks``: each chunk's, in the order the rank runs them) as ranges under one policy
+    each: all of them under the configuration's own, but under block-K each chunk's first min(K, n) checkpointed
+    one by one (as under full) and the rest kept whole (as under none), as Megatron-LM's ``TransformerBlock`` runs
+    each chunk."""
     policy = cfg.recompute
     if policy.kind != "block":
-        return [(cfg, 0, n)]
-    k = policy.recomputed_layers(n)
-    ranges = [(replace(cfg, recompute=RecomputePolicy("full")), 0, k)]
-    if k < n:
-        ranges.append((replace(cfg, recompute=RecomputePolicy("none")), k, n))
+        return [(cfg, 0, sum(chunks))]
+    full, none = replace(cfg, recompute=RecomputePolicy("full")), replace(cfg, recompute=RecomputePolicy("none"))
+    ranges, start = [], 0
+    for n in chunks:
+        k = policy.recomputed_layers(n)
+        ranges += [(full, start, start + k)] + ([(none, start + k, start + n)] if k < n else [])
+        start += n
     return ranges
 
 

@@ -196,6 +196,8 @@ def activation_ledger(spec: ModelSpec, config: TrainConfig, device: str = "cuda"
     rules = rules or device_rules(device)
     rank = rank or first_rank(config.layout, spec.n_layers, config.stack)
     one_micro_batch = rank.one_micro_batch
+    if config.recompute.kind != "block":  # only block-K keeps by chunk: the other policies share one ledger
+        one_micro_batch = replace(one_micro_batch, chunks=())
     key = (spec, _ledger_key(config), rules, one_micro_batch)
     kept = _kept_ledgers.get()
     if kept is None:
@@ -268,7 +270,7 @@ def _cached_ledger(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, ran
         forward_transient, loss_gradient = fp32_over_vocab + head_output, 2 * fp32_over_vocab
     ring = _ring_buffer_bytes(config, d) if config.layout.cp > 1 else 0
     return Ledger(tuple(tr.kept.values()), rank.layers, repeats=tuple(tr.repeats), loss_gradient_bytes=loss_gradient,
-                  recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks, rank.layers),
+                  recompute_bytes=_recompute_bytes(spec, config, rules, freed_by_blocks, rank.chunk_layers),
                   forward_transient_bytes=forward_transient, ring_buffer_bytes=ring)
 
 
@@ -308,20 +310,22 @@ def _fused_linear_chunk_bytes(d: Dims, amp: bool, input_bytes: int, device: str)
     return rows * vocab * matmul + max(rows * h * matmul, weight_gradient) + 4 * tokens
 
 
-def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, loss_kept: int, layers: int) -> int:
+def _recompute_bytes(spec: ModelSpec, config: TrainConfig, rules: DeviceRules, loss_kept: int,
+                     chunks: tuple[int, ...]) -> int:
     """What backward brings back at once, on top of what forward kept, once the loss's tensors are freed.
 
     A checkpointed segment or an offloaded block: what its blocks keep without
     recompute (full, every-K, op-selective, offload, and block-K where it checkpoints every block of the rank), or
     one attention core (selective). What the loss kept (``loss_kept``: its probabilities over the vocabulary, or Liger's two
-    gradients) is freed by the time a block's backward runs. ``layers``: the rank's blocks.
+    gradients) is freed by the time a block's backward runs. ``chunks``: the rank's blocks, chunk by chunk.
     """
     policy = config.recompute
     if not policy.recomputes and not (policy.offloads and rules.offload_moves):
         return 0
-    if policy.recomputed_layers(layers) < layers and policy.kind == "block":
-        # block-K: backward reaches its checkpointed blocks after the blocks kept whole, whose activations it has
-        # freed by then, each as large as what one recompute brings back.
+    layers = sum(chunks)
+    if policy.kind == "block" and all(policy.recomputed_layers(n) < n for n in chunks):
+        # block-K: backward reaches a chunk's checkpointed blocks after the chunk's blocks kept whole, whose
+        # activations it has freed by then, each as large as what one recompute brings back.
         return 0
     # The largest block: a mixture of experts' last (a routed one), or any.
     layer = spec.n_layers - 1

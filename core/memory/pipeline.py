@@ -70,6 +70,14 @@ class RankKind:
     copies_in_flight: Fraction | None = None
     """Micro-batches of autocast's weight copies alive then, where not ``in_flight`` (zbv: each chunk keeps its
     own weights' copies for its micro-batches in flight)."""
+    chunks: tuple[int, ...] = ()
+    """Blocks of each chunk the rank holds, in the order it runs them, where it holds more than one (interleaved,
+    zbv); empty: one chunk of ``layers``."""
+
+    @property
+    def chunk_layers(self) -> tuple[int, ...]:
+        """Blocks of each chunk the rank holds: ``chunks``, else one chunk of ``layers``."""
+        return self.chunks or (self.layers,)
 
     @property
     def logits_count(self) -> Fraction:
@@ -160,7 +168,7 @@ def rank_kinds(layout: Layout, chunks: tuple[int, ...], micro_batches: int) -> t
     def kind(rank: int, name: str = "") -> RankKind:
         weights = held(rank)
         return RankKind(name, rank, sum(weights), *holds_ends(layout, rank),
-                        in_flight(layout, rank, micro_batches, weights))
+                        in_flight(layout, rank, micro_batches, weights), chunks=weights if len(weights) > 1 else ())
 
     ends, middles = [], {}
     for rank in range(layout.pp):

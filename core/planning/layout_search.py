@@ -180,10 +180,9 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     else:
         zbv = [("zbv", 2)] if get_stack(train.stack).zero_bubble == "searched" else []
         schedules = [("1f1b", 1), ("interleaved", 2), *zbv] if pp > 1 else [("1f1b", 1)]
-    # for the depths whose layers split that far, and one chunk a rank under block-K (TrainConfig.check_model)
+    # for the depths whose layers split that far
     schedules = [(schedule, v) for schedule, v in schedules
-                 if (pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v)))
-                 and (v == 1 or train.recompute.kind != "block")]
+                 if pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v))]
     zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
     settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync", "stage_layers")
                 if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}

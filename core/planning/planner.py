@@ -641,9 +641,7 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
         searched = [_plan_layout(request, profile, calibration, screen=False)]
     else:
         cluster = request.cluster_for(profile)
-        # The pinned policy decides which schedules can run (block-K: one chunk a rank).
-        train = request.train if request.recompute is None else replace(request.train, recompute=request.recompute)
-        layouts = candidate_layouts(request.spec, train, request.global_batch, request.gpus,
+        layouts = candidate_layouts(request.spec, request.train, request.global_batch, request.gpus,
                                     cluster.gpus_per_node, request.pinned)
         subs = [replace(request.on_layout(layout), cluster=cluster) for layout in layouts]
         floors = [layout_floor_s(sub, profile, calibration) for sub in subs]
@@ -762,10 +760,9 @@ runs it when pinned; its search keeps the policies the agent's sweeps measure.""
 
 
 def searches_block_recompute(request: PlanRequest) -> bool:
-    """The search tries block-K for this request: no policy pinned, a stack that runs it, one chunk a rank
-    (headroom.core.specs.config.TrainConfig.check_model), and a model whose recompute the ledger accounts for."""
+    """The search tries block-K for this request: no policy pinned, a stack that runs it, and a model whose
+    recompute the ledger accounts for."""
     return (request.recompute is None and request.train.stack in BLOCK_SEARCHED_STACKS
-            and request.layout.virtual_stages == 1
             and request.train.unmodelled_policy(request.spec, RecomputePolicy("block", 1)) is None)
 
 
@@ -777,7 +774,7 @@ def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: 
     activations less its input, a micro-batch in flight at a time), so block-1 and block-2 give the K to check;
     past that estimate (the most loaded rank may change with K) the fewest K that fits is bisected. The
     candidates evaluated, fitting or not."""
-    layers = max(request.train.stage_layers(request.spec))
+    layers = max(request.train.chunk_layers(request.spec))  # block-K of a chunk's blocks or more is full recompute
     found: list[Candidate] = []
 
     def tried_at(micro: int, kind: str) -> Candidate | None:

@@ -325,6 +325,16 @@ class TrainConfig:
         """Blocks on each pipeline stage, given or the stack's split (headroom.core.specs.stages)."""
         return stage_layers(self.layout, spec.n_layers, self.stack)
 
+    def recomputed_blocks(self, layers: int) -> int:
+        """Blocks of a pipeline stage of ``layers`` whose forward the policy runs again whole: all of them under
+        full and every-K; under block-K the first K of each of the stage's chunks, its blocks split over the
+        layout's virtual stages as evenly as they go (headroom.core.specs.recompute.RecomputePolicy.recomputed_layers)."""
+        policy = self.recompute
+        if policy.kind != "block":
+            return policy.recomputed_layers(layers)
+        v = self.layout.virtual_stages if self.layout.pp > 1 else 1
+        return sum(policy.recomputed_layers(layers // v + (i < layers % v)) for i in range(v))
+
     def chunk_layers(self, spec: ModelSpec) -> tuple[int, ...]:
         """Blocks in each pipeline chunk (virtual stage), first to last (headroom.core.specs.stages)."""
         return chunk_layers(self.layout, spec.n_layers, self.stack)
@@ -399,10 +409,6 @@ class TrainConfig:
                               "ScheduleZBVZeroBubble, run by torchtitan (ZBVZeroBubble) and the reference stack; "
                               f"{stack.name} has no zero-bubble schedule: use --schedule 1f1b or interleaved, or "
                               "--stack torchtitan")
-        if self.recompute.kind == "block" and self.layout.pp > 1 and self.layout.virtual_stages > 1:
-            raise ConfigError(f"--recompute {self.recompute} under --schedule {self.layout.schedule}: Megatron-LM "
-                              f"checkpoints the first K blocks of each of a rank's {self.layout.virtual_stages} "
-                              "chunks, which Headroom does not model yet; use --schedule 1f1b, or every-K or full")
         if self.layout.ep_overlap:
             self._check_ep_overlap(stack)
         if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:

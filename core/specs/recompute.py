@@ -5,9 +5,10 @@
   forward runs again during backward.
 - ``every-K``: segments of K blocks; only each segment's input is kept and a
   whole segment is recomputed at once. ``every-1`` is ``full``.
-- ``block-K``: the first K blocks of each pipeline stage are checkpointed one
-  by one, as under ``full``; the stage's other blocks keep everything, as under
-  ``none`` (Megatron-LM's ``--recompute-method block --recompute-num-layers K``).
+- ``block-K``: the first K blocks of each pipeline chunk (a stage, or each of
+  its virtual stages) are checkpointed one by one, as under ``full``; the
+  chunk's other blocks keep everything, as under ``none`` (Megatron-LM's
+  ``--recompute-method block --recompute-num-layers K``).
 - ``selective``: recompute the attention core only (QK^T, softmax, dropout, PV).
 - ``op-selective``: save matmul and attention outputs, recompute the cheap
   elementwise ops around them.
@@ -28,8 +29,8 @@ POLICY_MEANINGS = {
     "none": "every block's activations live until its backward",
     "full": "each block keeps only its input and runs its forward again in backward",
     "every-K": "each segment of K blocks keeps only its input and runs again in backward (every-1 is full)",
-    "block-K": "the first K blocks of each pipeline stage keep only their input and run again in backward, the "
-               "others keep everything (Megatron-LM's --recompute-method block)",
+    "block-K": "the first K blocks of each pipeline stage (each chunk of it) keep only their input and run again "
+               "in backward, the others keep everything (Megatron-LM's --recompute-method block)",
     "selective": "the attention core alone (QK^T, softmax, dropout, PV) runs again in backward",
     "op-selective": "matmul and attention outputs are kept, the cheap elementwise ops around them run again",
     "offload": "everything is kept, in host memory (torch's save_on_cpu)",

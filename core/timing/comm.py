@@ -235,7 +235,7 @@ def _tensor_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int,
     stack, policy = get_stack(config.stack), config.recompute
     matmul = spec.hidden * config.recipe.activation_bytes
     stream = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
-    reruns = layers if policy.caches_matmuls else policy.recomputed_layers(layers)
+    reruns = layers if policy.caches_matmuls else config.recomputed_blocks(layers)
     rerun = 2 * reruns  # the forward's two per block
     segments = -(-reruns // (policy.segment_layers(layers) or 1)) if rerun else 0  # op-selective: block by block
     unclosed = segments if stack.early_stop and config.dropout == 0 else 0
@@ -333,7 +333,7 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
     if recipe is None:
         return []
     policy = config.recompute
-    reruns = layers if policy.caches_matmuls else policy.recomputed_layers(layers)
+    reruns = layers if policy.caches_matmuls else config.recomputed_blocks(layers)
     again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
     if recipe.saves_fp8:
         if recipe.delayed or not config.layout.sp:
@@ -376,7 +376,7 @@ def _context_parallel_calls(spec: ModelSpec, config: TrainConfig, layers: int) -
     cp = layout.cp
     kv = config.micro_batch * _ceil(config.seq_len, cp) * _ceil(spec.kv_dim, layout.tp) * 2
     kv_bytes = kv * config.recipe.activation_bytes
-    runs = layers + (layers if policy.recomputes_attention else policy.recomputed_layers(layers))
+    runs = layers + (layers if policy.recomputes_attention else config.recomputed_blocks(layers))
     again = " (+recompute)" if runs > layers else ""
     if get_stack(config.stack).context_parallel == "transformer-engine":
         if config.cp_comm == "ring":
@@ -579,7 +579,7 @@ def step_communication(
             "activation forward and gradient backward per micro-batch and virtual stage")
     if layout.ep > 1:
         routed = spec.expert_rows(b * s) * h * DTYPE_BYTES[config.block_param_dtype]
-        reruns = config.recompute.recomputed_layers(spec.moe_layers)
+        reruns = config.recomputed_blocks(spec.moe_layers)
         again = f" (+2 in the recomputed forward of {reruns})" if reruns else ""
         calls = 2 * (2 * spec.moe_layers + reruns)
         what = f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}"

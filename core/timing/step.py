@@ -569,7 +569,7 @@ def _recompute(spec: ModelSpec, config: TrainConfig, flops: StepFlops, blocks: O
         layers = sum(n for _, n in ops.blocks)
         if not layers:  # a stage of the embedding or the head alone
             return 0.0, 0
-        k = policy.recomputed_layers(layers)
+        k = config.recomputed_blocks(layers)
         early_stop = config.dropout == 0 and get_stack(config.stack).early_stop
         b, s = config.micro_batch, config.seq_len
         rerun = checkpointed_block_flops(spec, b, s, False, early_stop) / sum(flops.layer_forward.values())
