@@ -22,6 +22,11 @@ never touches CUDA), so a part starts in milliseconds, not seconds:
   fp8          the ~1B llama's step in bf16 and under each torchao float8 recipe
                (needs torchao), against the prediction: peak, saved bytes, step
                time (kept in the report, not in the store)
+  compile      the same step with each block compiled as torchtitan compiles it,
+               without checkpointing and under full (not stored)
+  block        the same step under block-K recompute (Megatron-LM's block
+               method: the first K blocks checkpointed, the rest kept whole),
+               beside none and full, against the prediction (not stored)
   regret       plans from this box's own measurements at 80 GB and at a budget
                that forces checkpointing; each recommendation, measured, against
                the best measured configuration that fit

@@ -36,15 +36,16 @@ def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
     stem = md.name.removesuffix(".md")
     assert sorted(p.name for p in out.iterdir()) == sorted(f"{stem}{ext}" for ext in (".checks.json", ".json.gz", ".log", ".md"))
     parts = json.loads((out / f"{stem}.checks.json").read_text())
-    assert list(parts) == ["environment", "ledger", "suite", "offload", "repeat", "fp8", "compile", "regret",
-                           "multi-rank"]
+    assert list(parts) == ["environment", "ledger", "suite", "offload", "repeat", "fp8", "compile", "block",
+                           "regret", "multi-rank"]
     assert {name: p["status"] for name, p in parts.items()} == dict.fromkeys(parts, "ok")
     runs = list(check_runs(read_runs(out / f"{stem}.json.gz"), "gpu check bundle"))
     assert [r.run["suite"] for r in runs][0] == "quick"  # then the check's own runs
     assert all(r.fingerprint["device_type"] == "cpu" for r in runs)
     report = md.read_text()
     for section in ("## Targets", "## Training steps: predicted vs measured", "## Ledger vs probe", "## Plans and regret",
-                    "## Masked SDPA", "## FP8 training steps", "## Compiled training steps"):
+                    "## Masked SDPA", "## FP8 training steps", "## Compiled training steps",
+                    "## Block recompute steps"):
         assert section in report
     # the bf16 and float8 steps of the same model: every one ran, its saved bytes what the ledger says (a CPU)
     steps = parts["fp8"]["result"]["steps"]
@@ -56,6 +57,11 @@ def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
     assert [s["label"] for s in compiled] == ["compiled none", "compiled full"]
     assert all(s["status"] == "ok" and s["activation_bytes"] == s["predicted_activation_bytes"]
                and s["first_step_s"] > 0 for s in compiled), compiled
+    # and under block recompute, beside none and full: what its hooks see is what the ledger says
+    blocks = parts["block"]["result"]["steps"]
+    assert [s["label"] for s in blocks] == ["none", "block-1", "full"]
+    assert all(s["status"] == "ok" and s["activation_bytes"] == s["predicted_activation_bytes"] for s in blocks), blocks
+    assert blocks[0]["activation_bytes"] > blocks[1]["activation_bytes"] > blocks[2]["activation_bytes"]
     masked = parts["environment"]["result"]["sdpa_masked"]
     assert [(p["label"], p["status"], p["kernel"]) for p in masked] == [
         (f"{dtype} s{s} b1 a8 d128 window 64", "ok", "flash") for dtype in ("bf16", "fp32") for s in (128, 120)]

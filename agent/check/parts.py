@@ -212,6 +212,15 @@ def compiled(ctx: Context) -> dict[str, Any]:
                                 for policy in FP8_POLICIES})
 
 
+def block(ctx: Context) -> dict[str, Any]:
+    """The same model and shape as the fp8 part, under Megatron-LM's block recompute as the reference stack runs it
+    (headroom.agent.recompute: a stage's first K blocks checkpointed one by one, the rest kept whole): a quarter and
+    half of the ~1B llama's 16 blocks (the toy llama's first of its 2 on a CPU), beside none and full, against the
+    prediction: peak, saved bytes, step time. Not stored: the regret part weighs the policies the sweep measured."""
+    policies = ("none", "block-4", "block-8", "full") if ctx.gpu else ("none", "block-1", "full")
+    return _variant_steps(ctx, {policy: {"recompute": parse_policy(policy)} for policy in policies})
+
+
 def _variant_steps(ctx: Context, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The sweep's model (on a CPU the toy llama) at the sweep's sequence, micro-batch 2 (1 on a CPU), bf16-pure on
     the reference stack, once for each of ``variants`` (a label -> the TrainConfig fields it sets), until the part's
@@ -345,7 +354,7 @@ def multi_rank(ctx: Context) -> dict[str, Any]:
 
 
 PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
-    # name: (function, seconds on a GPU, seconds on a CPU); the GPU budgets sum to 8 min 55 s (most parts end well
+    # name: (function, seconds on a GPU, seconds on a CPU); the GPU budgets sum to 9 min 20 s (most parts end well
     # inside theirs). A budget is a deadline: the CPU's quick suite takes 32 s on a quiet 2-core box and more than 60 s beside a busy test worker,
     # whose lost training steps would leave the regret part nothing to judge.
     "environment": (environment, 20, 10),
@@ -355,6 +364,7 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     "repeat": (repeat, 20, 5),
     "fp8": (fp8, 30, 15),
     "compile": (compiled, 40, 20),
+    "block": (block, 25, 10),
     "regret": (regret_part, 50, 10),
     "multi-rank": (multi_rank, 90, 30),
 }

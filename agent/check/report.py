@@ -209,7 +209,7 @@ def _train_table(rows: Rows) -> list[str]:
 
 
 def _variant_table(parts: dict[str, dict[str, Any]], part: str, first: str) -> list[str]:
-    """The fp8 or compile part's steps: each variant's peak, saved bytes and step time against the prediction,
+    """The fp8, compile or block part's steps: each variant's peak, saved bytes and step time against the prediction,
     and its first step's time (a compiled model's includes its compile)."""
     result = parts.get(part, {}).get("result") or {}
     if not result.get("steps"):
@@ -284,6 +284,8 @@ def markdown(parts: dict[str, dict[str, Any]], rows: Rows, gpu: bool, title: str
         + _variant_table(parts, "fp8", "recipe and policy")
     lines += ["", "## Compiled training steps: predicted vs measured (not stored)", ""] \
         + _variant_table(parts, "compile", "blocks and policy")
+    lines += ["", "## Block recompute steps: predicted vs measured (not stored)", ""] \
+        + _variant_table(parts, "block", "policy")
     lines += ["", "## Ledger vs probe (bytes kept for backward)", ""]
     lines += _ledger_section(parts.get("ledger", {}).get("result", {}).get("checks", []))
     lines += ["", "## Masked SDPA (what a sliding-window layer's kernel keeps)", ""]
