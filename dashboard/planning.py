@@ -40,6 +40,7 @@ from headroom.core.planning.planner import (
     Plan,
     PlanRequest,
 )
+from headroom.core.safe_text import printable
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import OFF, needs_fsdp
 from headroom.core.specs.hardware import HARDWARE
@@ -59,6 +60,7 @@ from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import KEYS as RUN_DOCUMENT_KEYS
 from headroom.core.specs.run_config import OPTIONAL_KEYS, RunConfig
 from headroom.core.specs.stack import stack_name
+from headroom.core.timing.nccl_tests import nccl_tests_curves, parse_nccl_tests
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import parse_budget
 from headroom.db.hardware import resolve_hardware
@@ -240,6 +242,17 @@ def network_inputs(data: bytes, name: str) -> dict[str, object]:
     gpus_per_node, intra_node and interconnect the file gives. ConfigError names the file and what is wrong."""
     settings = parse_network_file(data, f"network file {name}")
     return {key: value for key, value in asdict(settings).items() if value is not None}
+
+
+def nccl_tests_profile(profile: HardwareProfile, files: list[tuple[str, bytes]], gpus_per_node: int) -> HardwareProfile:
+    """The profile with uploaded nccl-tests output (a name and its bytes each, one node's run of a collective that
+    its output names) as its measured collectives, over the store's where it has others, as `headroom plan
+    --nccl-tests FILE` reads it (headroom.core.timing.nccl_tests); none uploaded: the profile as it is. ConfigError
+    names the file and what is wrong with it."""
+    if not files:
+        return profile
+    runs = [(parse_nccl_tests(data, f"nccl-tests file {printable(name)}"), printable(name)) for name, data in files]
+    return replace(profile, collectives=nccl_tests_curves(runs, gpus_per_node, profile.collectives))
 
 
 def dimensions_spec(inputs: PlanInputs) -> ModelSpec:

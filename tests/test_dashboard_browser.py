@@ -226,6 +226,7 @@ def test_every_page_renders_in_chromium(dashboard, tmp_path):
                     assert plan_charts[name] <= found, f"{name} misses {plan_charts[name] - found}"
                 compare_with_another_plan(browser, By)
                 upload_a_network_file(browser, By, tmp_path)
+                upload_nccl_tests_output(browser, By, tmp_path)
         assert len(browser.find_elements(By.CSS_SELECTOR, "canvas, svg")) > 0
     finally:
         browser.quit()
@@ -318,6 +319,25 @@ def upload_a_network_file(browser, by, tmp_path: Path) -> None:
     upload("colour.toml", 'colour = "red"\n')
     WebDriverWait(browser, 30, poll_frequency=0.5).until(
         lambda d: "network file colour.toml: unknown key 'colour'" in d.find_element(by.TAG_NAME, "body").text)
+
+
+def upload_nccl_tests_output(browser, by, tmp_path: Path) -> None:
+    """The sidebar's nccl-tests output (as `headroom plan --nccl-tests FILE`), after the network file's 4 GPUs a
+    node: one node's all_reduce_perf over 4 GPUs; searched over 4 GPUs, the plan's cluster names its collectives."""
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    from tests.test_nccl_tests import log
+
+    path = tmp_path / "all_reduce.log"
+    path.write_bytes(log(ranks=4))
+    browser.find_elements(by.CSS_SELECTOR, "[data-testid='stSidebar'] input[type='file']")[1].send_keys(str(path))
+    gpus = browser.find_element(by.CSS_SELECTOR, "[data-testid='stSidebar'] input[aria-label='GPUs to search']")
+    gpus.send_keys(Keys.CONTROL, "a")
+    gpus.send_keys("4", Keys.TAB)
+    WebDriverWait(browser, 90, poll_frequency=0.5).until(
+        lambda d: "by nccl-tests on NVIDIA H100 80GB HBM3 (all_reduce.log: all_reduce over 4)"
+        in d.find_element(by.TAG_NAME, "body").text)
 
 
 def _plan_page(browser, address: str, query: str, shows: str) -> str:

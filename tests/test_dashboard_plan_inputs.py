@@ -266,6 +266,27 @@ def test_an_uploaded_network_file_fills_the_network_inputs_it_gives():
         planning.network_inputs(b"#" * (planning.NETWORK_FILE_BYTES + 1), "big.toml")
 
 
+def test_uploaded_nccl_tests_output_prices_the_nodes_collectives():
+    """As `headroom plan --nccl-tests FILE`: each uploaded file one node's run of the collective its output names; a
+    plan's tensor-parallel all-reduces then run at its times, a file that is not one is refused by its name."""
+    from tests.test_nccl_tests import log
+
+    inputs = PlanInputs(model="llama3-8b", seq_len=4096, global_batch=64, tp="8", dp="1")
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    assert planning.nccl_tests_profile(profile, [], 8) is profile
+    measured = planning.nccl_tests_profile(profile, [("ar.log", log(gb_per_s=30.0))], inputs.gpus_per_node)
+    assert measured.collectives.group_sizes() == (8,)
+    spec = planning.resolve_preset(inputs.model)
+
+    def all_reduce_s(p) -> float:
+        plan = planning.make_plan(inputs, spec, p, None)
+        return sum(t.seconds for t in plan.recommendation.time.communication if t.op == "all_reduce" and t.axis == "tp")
+
+    assert all_reduce_s(measured) > 2 * all_reduce_s(profile)
+    with pytest.raises(ConfigError, match=r"^nccl-tests file notes.txt: no '#  Rank N Group G Pid P on HOST"):
+        planning.nccl_tests_profile(profile, [("notes.txt", b"hello\n")], 8)
+
+
 def test_the_page_searches_the_precision_when_asked(tmp_path, monkeypatch):
     """precision auto on the Plan page: as `headroom plan --precision auto`, each recipe a candidate of its own
     (no one configuration to pin), the header says so and the recommendation names the recipe it picked."""

@@ -130,6 +130,11 @@ with st.sidebar:
             st.session_state.plan_network_error = None
     if network_file is not None and st.session_state.get("plan_network_error"):
         st.error(st.session_state.plan_network_error)
+    nccl_files = st.file_uploader("nccl-tests output (one node)", accept_multiple_files=True, key="plan_nccl_tests",
+                                  help="what all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf or "
+                                  "sendrecv_perf printed over one node's GPUs, each file the collective its output "
+                                  "names: groups inside a node are priced at its times, as `headroom plan "
+                                  "--nccl-tests FILE` prices them")
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
     given = st.session_state.plan_interconnect  # a network typed as NICs x Gb/s stays among the choices
@@ -226,6 +231,8 @@ try:
     else:
         spec = planning.dimensions_spec(inputs)
     profile, calibration = data.hardware(url, inputs.hardware)
+    profile = planning.nccl_tests_profile(profile, [(f.name, f.getvalue()) for f in nccl_files or []],
+                                          inputs.gpus_per_node)
     with st.spinner(f"Searching the layouts of {inputs.gpus} GPUs (at most {planning.PAGE_TIME_LIMIT_S:g} s)..."
                     if inputs.gpus else "Planning..."):
         result = cached_plan(inputs, spec, profile, calibration)
