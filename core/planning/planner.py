@@ -768,10 +768,11 @@ def searches_block_recompute(request: PlanRequest) -> bool:
 
 def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: Calibration,
                    tried: list[Candidate], bar: Bar | None) -> list[Candidate]:
-    """block-K at each micro-batch where nothing is kept whole fits and full recompute does: the fewest blocks a
-    stage checkpoints for the step to fit, the fastest block-K (each further block reruns one more forward). A
-    rank's memory falls by the same bytes with each further block (headroom.core.memory.ledger: one block's kept
-    activations less its input, a micro-batch in flight at a time), so block-1 and block-2 give the K to check;
+    """block-K at each micro-batch where keeping every block whole does not fit and full recompute does: the fewest
+    blocks each pipeline chunk checkpoints for the step to fit, the fastest block-K (each further block reruns one
+    more forward). A rank's memory falls by the same bytes with each further block (headroom.core.memory.ledger:
+    one block's kept activations less its input, for each micro-batch in flight), so block-1 and block-2 give the K
+    to check;
     past that estimate (the most loaded rank may change with K) the fewest K that fits is bisected. The
     candidates evaluated, fitting or not."""
     layers = max(request.train.chunk_layers(request.spec))  # block-K of a chunk's blocks or more is full recompute
