@@ -226,3 +226,13 @@ def test_the_reference_stack_searches_no_block_k(plan_json):
     plan = plan_json("--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "128", "--hardware", "h100-sxm",
                      "--gpus", "8", "--precision", "bf16-master", "--zero", "1", "--dp", "8")
     assert not any(c["recompute"].startswith("block") for c in plan["candidates"] + plan["rejected"])
+
+
+def test_advice_weighs_a_pinned_block_k(run_cli):
+    """Nothing fits one GPU at 60 GB under a pinned block-2: the advice's changes are tried under it (it once judged
+    every change by full, every-K and offload alone, none of them the pinned policy, and found none)."""
+    result = run_cli("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "16", "--hardware",
+                     "h100-sxm", "--stack", "megatron", "--micro-batch", "1", "--recompute", "block-2", "--budget",
+                     "60GB")
+    assert result.returncode == 3, result.stderr
+    assert "smallest change that fits: --gpus " in result.stdout and ", block-2 on tp " in result.stdout

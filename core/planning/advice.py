@@ -94,7 +94,7 @@ def _could_fit(request: PlanRequest, base: Plan) -> bool:
             return any(_could_fit(replace(request.on_layout(layout), cluster=cluster), base) for layout in layouts)
         return any(
             evaluate(request, base.profile, base.calibration, 1, policy).rejection is None
-            for policy in policies_worth_trying(request) if policy.kind in ("full", "every", "offload")
+            for policy in policies_worth_trying(request) if policy.kind in ("full", "every", "block", "offload")
         )
     except ConfigError:
         return False
