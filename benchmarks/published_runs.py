@@ -164,9 +164,11 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     chunks, 1, 2 x 62, 1 (headroom.core.specs.stages).
 
     The later containers' tables (docs/performance-summary-archive.md) list the same two H100 layouts at larger
-    global batches, on the same recipes (``LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V2``, batch 256: 1,664 tokens/s
-    per GPU in 26.04.01; ``LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V2``, batch 1536: 326 in 26.06): rows of their
-    own, their software five to seven months newer than 25.11's.
+    global batches, on the same recipes (``LLAMA3_70B_PRETRAIN_CONFIG_H100_FP8_CS_V2``, batch 256;
+    ``LLAMA31_405B_PRETRAIN_CONFIG_H100_FP8_CS_V2``, batch 1536): rows of their own, each from the first container
+    that lists it (26.02, three months after 25.11: 1,621 and 311 tokens/s per GPU), the closest to the other rows'
+    software. Later containers measured the same configurations faster (the 70B 1,633-1,664 in 26.02.01-26.04.01,
+    the 405B 328 and 326 in 26.04.01 and 26.06), their software newer.
 
     Beside the H100 rows, the same table's DGX-B200 FP8-CS rows of dense models, on the same recipes
     (``LLAMA3_8B_PRETRAIN_CONFIG_B200_FP8_CS_V1``: 8 GPUs, micro-batch 2, global batch 128, 30,624 tokens/s per GPU;
@@ -180,10 +182,10 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
          Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, "none", 1602),
         ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "DGX-H100", "h100-sxm", "llama3.1-405b",
          Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, "none", 292),
-        ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2, batch 256 (26.04.01)", "DGX-H100", "h100-sxm", "llama3-70b",
-         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 256, "none", 1664),
-        ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8, batch 1536 (26.06)", "DGX-H100", "h100-sxm",
-         "llama3.1-405b", Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 1536, "none", 326),
+        ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2, batch 256 (26.02)", "DGX-H100", "h100-sxm", "llama3-70b",
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 256, "none", 1621),
+        ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8, batch 1536 (26.02)", "DGX-H100", "h100-sxm",
+         "llama3.1-405b", Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 1536, "none", 311),
         ("Llama 3 8B, FP8-CS, DP 8, block-5 recompute", "DGX-H100", "h100-sxm", "llama3-8b",
          Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 1, 128, "block-5", 14451),
         ("Llama 3 8B, FP8-CS, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",

@@ -797,9 +797,10 @@ def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: 
         if full is not None and full.rejection is not None:
             break  # not even full recompute fits, nor will a larger micro-batch
         # Any block-K is slower than nothing recomputed at this micro-batch, whose step is known where it was
-        # tried (if not, its floor): a bound the layout's fastest, or the search's, may already beat.
+        # tried (if not, its floor, which the layout's floor already priced): a bound the layout's fastest, or the
+        # search's, may already beat.
         bound = none.step_time_s if none is not None else candidate_floor_s(request, profile, calibration, micro,
-                                                                             RecomputePolicy("block", 1))
+                                                                             NO_RECOMPUTE)
         if layers < 2 or (none is not None and none.tokens_per_s <= fastest) \
                 or (bar is not None and bar.beyond(bound)):
             continue
