@@ -18,7 +18,7 @@ from headroom.core.specs.hardware import get_hardware
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.run_config import RunConfig
-from headroom.core.specs.stages import stage_layers, weighted_split
+from headroom.core.specs.stages import chunk_layers, stage_layers, weighted_split
 from headroom.core.timing.step import datasheet_profile, step_time
 from headroom.dashboard.planning import PlanInputs, build_layout
 
@@ -53,8 +53,10 @@ def test_each_stack_splits_the_layers_by_its_rule(stack, layout, n_layers, expec
     ({"stage_layers": (32,)}, "give one count per stage, with --pp above 1"),
     ({"pp": 3, "stage_layers": (16, 0, 16)}, "a middle stage holds at least one block"),
     ({"pp": 2, "stage_layers": (-1, 33)}, "stage layers must be a count of blocks per pipeline stage"),
-    ({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "stage_layers": (16, 16)},
-     "stage layers apply to the 1f1b and gpipe schedules"),
+    ({"pp": 2, "schedule": "interleaved", "virtual_stages": 2, "stage_layers": (15, 17)},
+     "under the interleaved schedule: each stage's blocks split evenly over its 2 chunks .* divisible by 2$"),
+    ({"pp": 2, "schedule": "zbv", "virtual_stages": 2, "stage_layers": (16, 16)},
+     "the zbv schedule splits the layers over its chunks itself"),
 ])
 def test_a_split_that_cannot_apply_is_refused_by_name(layout, message):
     with pytest.raises(ConfigError, match=message):
@@ -67,10 +69,32 @@ def test_a_split_must_hold_the_models_layers_and_the_interleaved_schedule_an_eve
     with pytest.raises(ConfigError, match=r"^llama3.1-405b: its 126 layers do not split over pp 6 x 2 virtual stages, "
                                           r"evenly or with the embedding and the loss counted as a layer each \(128\); "
                                           r"use --pp x --virtual-stages among 6, 7, 9, 14, 18 \(or 1, 2, 4, 8, 16\), "
-                                          r"or the 1f1b schedule with --stage-layers$"):
+                                          r"or --stage-layers, a count a stage \(divisible by 2 under the "
+                                          r"interleaved schedule\)$"):
         TrainConfig(seq_len=4096, stack="megatron",
                     layout=Layout(pp=6, schedule="interleaved", virtual_stages=2)).check_model(LLAMA_405B)
     assert str(Layout(pp=4, stage_layers=[7, 9, 9, 7])) == "tp 1, pp 4 (1f1b, stages 7/9x2/7), cp 1, dp 1, zero 0"
+
+
+def test_under_the_interleaved_schedule_a_given_split_divides_each_stage_over_its_chunks(run_cli):
+    """Megatron-LM's uneven split with virtual stages (get_transformer_layer_offset): the first and last stages'
+    counts and the middle stages' each split evenly over a stage's chunks; rank i holds chunks i and i + pp. Its
+    export gives the first and last stages' counts and the virtual stages by number; torchtitan's, each model part's
+    modules."""
+    layout = Layout(pp=4, schedule="interleaved", virtual_stages=2, stage_layers=(6, 10, 10, 6))
+    assert chunk_layers(layout, 32, "megatron") == (3, 5, 5, 3, 3, 5, 5, 3)
+    assert stage_layers(layout, 32, "megatron") == (6, 10, 10, 6)
+    flags = ("--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "32", "--hardware", "h100-sxm", "--pp",
+             "4", "--dp", "1", "--schedule", "interleaved", "--virtual-stages", "2", "--stage-layers", "6,10,10,6",
+             "--micro-batch", "1", "--recompute", "full")
+    megatron = run_cli("plan", *flags, "--stack", "megatron", "--export", "megatron")
+    assert megatron.returncode == 0, megatron.stderr
+    assert ("--pipeline-model-parallel-size 4 --decoder-first-pipeline-num-layers 6 "
+            "--decoder-last-pipeline-num-layers 6 --virtual-pipeline-model-parallel-size 2") in megatron.stdout
+    titan = run_cli("plan", *flags, "--stack", "torchtitan", "--export", "torchtitan")
+    assert titan.returncode == 0, titan.stderr
+    parts = titan.stdout.split("--parallelism.module_fqns_per_model_part ")[1].split(" \\")[0].split()
+    assert [sum(name.startswith("layers.") for name in part.split(",")) for part in parts] == [3, 5, 5, 3, 3, 5, 5, 3]
 
 
 def test_every_middle_stage_size_is_a_rank_kind_of_its_own():

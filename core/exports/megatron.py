@@ -141,15 +141,17 @@ def _stages(run: Run, notes: list[str]) -> list[str]:
     gives its first and last stages their own counts (``--decoder-first-pipeline-num-layers``,
     ``--decoder-last-pipeline-num-layers``) and splits the rest evenly over the middle ones; any other split it
     cannot take, said in a note."""
-    chunks = run.chunk_layers
+    chunks, pp = run.chunk_layers, run.layout.pp
     if len(set(chunks)) == 1:
         return []
     if accounts_for_ends(sum(chunks), len(chunks)) and chunks == weighted_split(sum(chunks), len(chunks)):
         return ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    middle = chunks[1:-1]
-    if run.layout.schedule not in MULTI_CHUNK and len(set(middle)) <= 1:
-        return ["--decoder-first-pipeline-num-layers", str(chunks[0]),
-                "--decoder-last-pipeline-num-layers", str(chunks[-1])]
+    # Under virtual stages Megatron-LM splits each stage's count evenly over its chunks (get_transformer_layer_offset).
+    stages = tuple(sum(chunks[s::pp]) for s in range(pp))
+    even = run.layout.schedule != "zbv" and all(chunks[c] == chunks[c % pp] for c in range(len(chunks)))
+    if even and len(set(stages[1:-1])) <= 1:
+        return ["--decoder-first-pipeline-num-layers", str(stages[0]),
+                "--decoder-last-pipeline-num-layers", str(stages[-1])]
     notes.append(f"Megatron-LM cannot split the layers {','.join(map(str, chunks))} over the pipeline "
                  f"{'chunks' if run.layout.schedule in MULTI_CHUNK else 'stages'}: it gives the first and last "
                  "stages their own counts (--decoder-first-pipeline-num-layers, --decoder-last-pipeline-num-layers) "
@@ -170,7 +172,7 @@ def megatron(run: Run) -> Export:
     args += ["--pipeline-model-parallel-size", str(layout.pp)]
     stages = _stages(run, notes)
     args += stages
-    if layout.schedule in MULTI_CHUNK and "--account-for-loss-in-pipeline-split" in stages:
+    if layout.schedule in MULTI_CHUNK and stages:
         # Chunks of unequal blocks: the virtual stages by their count (megatron/training/arguments.py)
         args += ["--virtual-pipeline-model-parallel-size", str(layout.virtual_stages)]
     elif layout.schedule in MULTI_CHUNK:

@@ -44,7 +44,6 @@ from headroom.core.divisors import divisors
 from headroom.core.errors import ConfigError
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import (
-    MULTI_CHUNK,
     OVERLAP_STAGES,
     Layout,
     shard_fits,
@@ -160,9 +159,9 @@ def _splits(spec: ModelSpec, train: TrainConfig, layout: Layout) -> bool:
     """The stack can split the model's layers over the layout's pipeline (headroom.core.specs.stages), or the
     pinned stage layers apply to it."""
     given = train.layout.stage_layers
-    if given is not None:
-        return layout.pp == len(given) and layout.schedule not in MULTI_CHUNK
     try:
+        if given is not None:  # a count a stage, each divisible by the chunks under interleaving (Layout's check)
+            return layout.pp == len(given) and replace(layout, stage_layers=given).stage_layers == given
         stage_layers(layout, spec.n_layers, train.stack)
     except ConfigError:
         return False

@@ -203,10 +203,13 @@ class Layout:
         if self.pp == 1 or len(given) != self.pp:
             raise ConfigError(f"stage layers {','.join(map(str, given))} give {len(given)} stage(s) for pp {self.pp}: "
                               f"give one count per stage" + ("" if self.pp > 1 else ", with --pp above 1"))
-        if self.schedule in MULTI_CHUNK:
-            raise ConfigError(f"stage layers apply to the 1f1b and gpipe schedules, one chunk a rank; the "
-                              f"{self.schedule} schedule splits the layers over its chunks itself: leave stage layers "
-                              "out")
+        if self.schedule == "zbv":
+            raise ConfigError("stage layers apply to the 1f1b, gpipe and interleaved schedules; the zbv schedule "
+                              "splits the layers over its chunks itself: leave stage layers out")
+        if self.schedule == "interleaved" and any(n % self.virtual_stages for n in given):
+            raise ConfigError(f"stage layers {','.join(map(str, given))} under the interleaved schedule: each stage's "
+                              f"blocks split evenly over its {self.virtual_stages} chunks (Megatron-LM's uneven "
+                              f"split with virtual stages), so give counts divisible by {self.virtual_stages}")
         if not all(given[1:-1]):
             raise ConfigError(f"stage layers {','.join(map(str, given))}: a middle stage holds at least one block "
                               "(the first and last may hold only the embedding or the head)")

@@ -86,6 +86,8 @@ def chunk_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tup
         if sum(given) != n_layers:
             raise ConfigError(f"stage layers {','.join(map(str, given))} hold {sum(given)} blocks, not the model's "
                               f"{n_layers}; give {layout.pp} counts that add up to {n_layers}")
+        if layout.schedule == "interleaved":  # each stage's blocks evenly over its chunks, as Megatron-LM splits them
+            return tuple(given[c % layout.pp] // layout.virtual_stages for c in range(layout.chunks))
         return given
     chunks = layout.chunks
     if get_stack(stack).weighted_stages or (n_layers % chunks and layout.schedule != "interleaved"):
@@ -98,7 +100,8 @@ def chunk_layers(layout: Layout, n_layers: int, stack: str = "reference") -> tup
     raise ConfigError(f"its {n_layers} layers do not split over pp {layout.pp} x {layout.virtual_stages} virtual "
                       f"stages, evenly or with the embedding and the loss counted as a layer each "
                       f"({n_layers + EMBEDDING_WEIGHT + HEAD_WEIGHT}); use --pp x --virtual-stages among "
-                      f"{divisors_near(n_layers, chunks)} (or {weighted}), or the 1f1b schedule with --stage-layers")
+                      f"{divisors_near(n_layers, chunks)} (or {weighted}), or --stage-layers, a count a stage (divisible by "
+                      f"{layout.virtual_stages} under the interleaved schedule)")
 
 
 def accounts_for_ends(n_layers: int, chunks: int) -> bool:
