@@ -156,8 +156,8 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                    help="model chunks per pipeline rank under --schedule interleaved (default 2 there; zbv: 2; "
                         "else 1)")
     p.add_argument("--stage-layers", type=stage_layers_value, default=None, metavar="N,N,...",
-                   help="blocks on each pipeline stage, first to last, e.g. 7,8,8,7 (1f1b and gpipe; sets --pp to "
-                        "their count) (default: the stack's split: torchtitan counts the embedding and the head "
+                   help="blocks on each pipeline stage, first to last, e.g. 7,8,8,7 (1f1b, gpipe, and interleaved "
+                        "with each count divisible by --virtual-stages; sets --pp to their count) (default: the stack's split: torchtitan counts the embedding and the head "
                         "as a block each, the others split evenly, and where the layers do not divide the planner "
                         "splits them as torchtitan does)")
 
