@@ -44,6 +44,9 @@ SEARCHES = {
     "experts over ep, dense and moe blocks": (_request(MIXED_MOE, 4, 8, 128), H100),
     "te-current, bf16 end blocks": (_request(SMALL, 8, 16, 256, stack="megatron", precision="bf16-master",
                                              fp8="te-current", first_last_bf16=True), H100),
+    "megatron's block-K at a tight budget": (dataclasses.replace(  # the pick: block-5 of 8 blocks
+        _request(dataclasses.replace(SMALL, n_layers=8), 8, 16, 4096, stack="megatron"), budget_bytes=int(1.5e9)),
+        H100),
 }
 
 
