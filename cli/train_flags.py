@@ -82,9 +82,9 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                             "held in fp8 (the distributed optimizer keeps their fp32 master; --zero 1 or more) and "
                             "all-gathered in fp8 (default off)")
         p.add_argument("--first-last-layers-bf16", default="off", choices=["on", "off"],
-                       help="Megatron-LM's --first-last-layers-bf16 under --fp8 te-current: the model's first and last "
-                            "blocks run in bf16, outside the recipe, as Megatron-Bridge's current-scaling recipe sets "
-                            "it (default off)")
+                       help="Megatron-LM's --first-last-layers-bf16 under --fp8 te-current or te-mxfp8: the model's "
+                            "first and last blocks run in bf16, outside the recipe, as Megatron-Bridge's current-scaling "
+                            "recipe sets it (default off)")
     if fp8 != "none":  # the planner's and the estimate's commands
         p.add_argument("--compile", default="off", choices=["on", "off"],
                        help="each block compiled with torch.compile, as torchtitan's --compile.enable (reference and "
@@ -268,8 +268,8 @@ def _fp8_flag(args: argparse.Namespace, name: str, fp8: str, refused: str, why: 
 def _first_last_bf16(args: argparse.Namespace, fp8: str) -> bool:
     """``--first-last-layers-bf16 on``: refused beside ``--fp8 auto``, whose recipes it does not all apply to."""
     return _fp8_flag(args, "first_last_layers_bf16", fp8, AUTO,
-                     "--first-last-layers-bf16 on applies to --fp8 te-current alone, and --fp8 auto searches other "
-                     "recipes too: give --fp8 te-current")
+                     "--first-last-layers-bf16 on applies to --fp8 te-current and te-mxfp8 alone, and --fp8 auto "
+                     "searches other recipes too: give --fp8 te-current or te-mxfp8")
 
 
 def _fp8_param_gather(args: argparse.Namespace, fp8: str) -> bool:

@@ -416,8 +416,8 @@ def plan_ask(inputs: PlanInputs) -> PlanAsk:
     if inputs.intra_node:
         intra_node_link(inputs.intra_node)  # ConfigError names a link that is not one
     if inputs.first_last_bf16 and inputs.fp8 == AUTO:
-        raise ConfigError("first and last layers in bf16 apply to the te-current recipe alone, and fp8 auto searches "
-                          "other recipes too: choose te-current")
+        raise ConfigError("first and last layers in bf16 apply to the te-current and te-mxfp8 recipes alone, and fp8 "
+                          "auto searches other recipes too: choose one of them")
     search = inputs.gpus > 0
     return PlanAsk(
         global_batch=inputs.global_batch,

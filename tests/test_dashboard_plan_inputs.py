@@ -246,7 +246,7 @@ def test_the_page_names_the_recipe_and_a_bad_one_in_the_url(tmp_path, monkeypatc
     assert all(text.endswith("(the plan's fp8 recipe is torchao-rowwise).") for text in refused)
     bad = render_url(tmp_path, monkeypatch, {"fp8": "e5m2"})
     unknown = ("The URL names the fp8 recipe 'e5m2', which is not one: planning without fp8 instead. Recipes: off, "
-               "torchao-tensorwise, torchao-rowwise, torchao-mxfp8, te-delayed, te-current, or auto.")
+               "torchao-tensorwise, torchao-rowwise, torchao-mxfp8, te-delayed, te-current, te-mxfp8, or auto.")
     assert warnings(bad) == [unknown]
     assert bad.selectbox(key="plan_fp8").value == "off"
 

@@ -160,6 +160,6 @@ def test_a_search_of_fp8_recipes_is_refused_beside_it(run_cli):
 
     refused = run_cli("plan", "--model", "llama3-8b", "--stack", "megatron", "--precision", "bf16-master", "--fp8",
                       "auto", "--first-last-layers-bf16", "on", "--global-batch", "8")
-    assert refused.returncode == 2 and "applies to --fp8 te-current alone" in refused.stderr
-    with pytest.raises(ConfigError, match="apply to the te-current recipe alone"):
+    assert refused.returncode == 2 and "applies to --fp8 te-current and te-mxfp8 alone" in refused.stderr
+    with pytest.raises(ConfigError, match="apply to the te-current and te-mxfp8 recipes alone"):
         plan_ask(PlanInputs(stack="megatron", precision="bf16-master", fp8="auto", first_last_bf16=True))

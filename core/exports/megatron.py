@@ -200,7 +200,8 @@ def megatron(run: Run) -> Export:
              "--seq-length", str(run.seq_len)]
     args += _precision(run, notes)
     if run.fp8 != OFF:  # only Transformer Engine's recipes reach here (headroom.core.exports.fp8_refusal)
-        args += ["--fp8-format", "hybrid", "--fp8-recipe", FLOAT8_RECIPES[run.fp8].megatron_recipe]
+        recipe = FLOAT8_RECIPES[run.fp8]
+        args += ["--fp8-format", recipe.megatron_format, "--fp8-recipe", recipe.megatron_recipe]
         if run.fp8_params:
             args.append("--fp8-param-gather")
         if run.first_last_bf16:  # megatron/training/arguments.py; megatron/core/fp8_utils.py

@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, first_rank
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.float8 import scaling_state_bytes
+from headroom.core.specs.float8 import mx_scale_bytes, scaling_state_bytes
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import get_precision, optimizer_state_bytes
@@ -214,8 +214,10 @@ def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> in
     if not config.te_fp8:
         return 0
     copies = 1 if config.fp8_params else 2
-    return copies * te_rank_weights(spec, config, rank) + scaling_state_bytes(config.float8,
-                                                                               4 * fp8_rank_blocks(config, rank))
+    scales = sum(mx_scale_bytes(out, width) for out, width in te_block_shapes(spec, config.layout.tp)) \
+        * fp8_rank_blocks(config, rank) if config.float8.block else 0  # MXFP8: each copy's scales
+    return copies * te_rank_weights(spec, config, rank) + scales + scaling_state_bytes(
+        config.float8, 4 * fp8_rank_blocks(config, rank))
 
 
 def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:
@@ -224,6 +226,14 @@ def te_block_weights(spec: ModelSpec, tp: int) -> tuple[int, int, int, int]:
     h, f = spec.hidden, spec.ffn_hidden
     whole = (h * (spec.q_dim + 2 * spec.kv_dim), spec.q_dim * h, (spec.mlp_projections - 1) * h * f, f * h)
     return tuple(-(-w // tp) for w in whole)
+
+
+def te_block_shapes(spec: ModelSpec, tp: int) -> tuple[tuple[int, int], ...]:
+    """`te_block_weights`' linears as (output rows, input width) on a tensor-parallel rank: the column-parallel
+    ones split their outputs, the row-parallel ones (the attention's output, fc2) their inputs."""
+    h, f = spec.hidden, spec.ffn_hidden
+    return (((spec.q_dim + 2 * spec.kv_dim) // tp, h), (h, spec.q_dim // tp),
+            ((spec.mlp_projections - 1) * f // tp, h), (h, f // tp))
 
 
 def _static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> StaticMemory:

@@ -15,7 +15,7 @@ from typing import Literal
 
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import DeviceRules
-from headroom.core.specs.float8 import Float8Recipe
+from headroom.core.specs.float8 import Float8Recipe, mx_scale_bytes
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.stack import STACKS, Stack, get_stack
@@ -358,10 +358,17 @@ class Trace:
             label = f"{source.name.removeprefix('block.')}_fp8"
             copy = self.fp8_copies[source.storage] = self.new(label, source.shape, "fp8")
             self.unrecord(copy)
+            if self.float8.block:  # MXFP8: the column-wise copy's scales, kept with it
+                scales = self.new(f"{label}.scale", (mx_scale_bytes(_numel(source.shape[:-1]), source.shape[-1],
+                                                                    rowwise=False),), "uint8")
+                self.unrecord(scales)
+                self.save(scales)
             if self.ops is not None:
                 self._te_input_cast(source, x)
         if self.ops is not None:
             moved = _numel(out_shape) * (DTYPE_BYTES[x.dtype] * self.float8.te_cast_reads + 2)
+            if self.float8.block:
+                moved += mx_scale_bytes(_numel(out_shape[:-1]), out_shape[-1])
             self.ops.append(TracedOp(self._named(f"{name}.grad_fp8"), "memory", "fp8", backward_moved=(moved,),
                                      backward_only=True))
         return copy
@@ -372,7 +379,11 @@ class Trace:
             return  # the norm kernel writes the fp8 copy
         elements = _numel(source.shape)
         gathered = x.storage != source.storage  # sequence parallel: only the row-wise copy, gathered
+        if self.float8.block:  # MXFP8 keeps its column-wise copy and gathers it as it is: no transpose
+            gathered = False
         written = elements * (1 if gathered else 2)
+        if self.float8.block:
+            written += mx_scale_bytes(_numel(source.shape[:-1]), source.shape[-1])
         backward = (2 * _numel(x.shape),) if gathered else ()  # the gathered copy transposed for the weight gradient
         self.ops.append(TracedOp(self.fp8_copies[source.storage].name, "memory", "fp8", bytes=written,
                                  read_bytes=self.float8.te_cast_reads * elements * DTYPE_BYTES[source.dtype],

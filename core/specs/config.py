@@ -11,7 +11,13 @@ from headroom.core.specs.data_parallel import (
     DataParallelSchedule,
     data_parallel_schedule,
 )
-from headroom.core.specs.float8 import Float8Recipe, get_float8, mx_misfits, te_misfits
+from headroom.core.specs.float8 import (
+    Float8Recipe,
+    get_float8,
+    mx_misfits,
+    te_misfits,
+    te_units,
+)
 from headroom.core.specs.layout import SINGLE, Layout
 from headroom.core.specs.model import SIZE_LIMITS, ModelSpec
 from headroom.core.specs.precision import (
@@ -129,7 +135,11 @@ class TrainConfig:
         if self.first_last_bf16 and (not self.te_fp8 or self.float8.delayed):
             raise ConfigError(f"--first-last-layers-bf16 keeps the model's first and last blocks out of Transformer "
                               f"Engine's current scaling (megatron-core refuses it under delayed scaling), and --fp8 is "
-                              f"{self.fp8}: use --fp8 te-current, or leave it off")
+                              f"{self.fp8}: use --fp8 te-current or te-mxfp8, or leave it off")
+        if self.fp8_param_gather and self.te_fp8 and self.float8.block:
+            raise ConfigError(f"--fp8-param-gather with --fp8 {self.fp8}: Megatron-LM holds MXFP8 parameters and "
+                              "gathers them in bf16 through the gradient buffer (reuse_grad_buf_for_mxfp8_param_ag), "
+                              "which is not modelled; use --fp8-param-gather off")
 
     @property
     def float8(self) -> Float8Recipe | None:
@@ -193,10 +203,10 @@ class TrainConfig:
             raise ConfigError(f"--fp8 {recipe.name} with --precision {self.precision}: float8 linears take a bf16 "
                               "input; use a bf16 recipe (bf16-pure, bf16-master, bf16-fp32grad, or amp-bf16 with "
                               "--zero 3)")
-        if recipe.block and self.layout.tp > 1:
+        if recipe.block and not recipe.saves_fp8 and self.layout.tp > 1:
             raise ConfigError(f"--fp8 {recipe.name} with tp {self.layout.tp}: MXFP8 under tensor parallelism is not "
                               "measured yet; use tp 1, or --fp8 torchao-rowwise")
-        if recipe.block and self.rank_tokens % recipe.block:
+        if recipe.block and not recipe.saves_fp8 and self.rank_tokens % recipe.block:
             raise ConfigError(f"--fp8 {recipe.name}: a micro-batch's {self.rank_tokens:,} tokens on a rank "
                               f"(micro-batch x seq-len / cp) do not divide by its {recipe.block}-element blocks "
                               "(torchao asserts they do); use a micro-batch or seq-len that makes them")
@@ -367,9 +377,12 @@ class TrainConfig:
                 "hidden": spec.hidden, "query width / tp": spec.q_dim // tp, "ffn_hidden / tp": spec.ffn_hidden // tp},
                 self.rank_tokens // tp if self.layout.sp else self.rank_tokens)):
             verb = "does" if len(misfits) == 1 else "do"
+            width_unit, rows_unit = te_units(self.float8)
+            check = "MXFP8Quantizer.is_quantizable" if self.float8.block else "assert_dim_for_fp8_exec"
             raise ConfigError(f"{spec.name}: --fp8 {self.fp8}: Transformer Engine's fp8 GEMMs need each linear's "
-                              f"input width to divide by 16 and its rows by 8, and its {', '.join(misfits)} {verb} "
-                              "not (assert_dim_for_fp8_exec); use --fp8 off, or another micro-batch or seq-len")
+                              f"input width to divide by {width_unit} and its rows by {rows_unit}, and its "
+                              f"{', '.join(misfits)} {verb} not ({check}); use --fp8 off, or another micro-batch or "
+                              "seq-len")
         if self.float8 is not None and (misfits := mx_misfits(self.float8, {
                 "hidden": spec.hidden, "query width": spec.q_dim, "key/value width": spec.kv_dim,
                 "ffn_hidden": spec.ffn_hidden, "vocabulary": spec.vocab_size})):

@@ -80,6 +80,17 @@ delayed`` is TE's ``DelayedScaling``, ``--fp8-recipe tensorwise`` its ``Float8Cu
   linear, ``set_quantizer_amax_reduction_group``). Backward casts the output's gradient once, row- and
   column-wise together; the saved input and the cached weight are not cast again. The weights are cast once a
   step (their first micro-batch), priced with the optimizer's step.
+- **MXFP8** (``te-mxfp8``: Megatron ``--fp8-format e4m3 --fp8-recipe mxfp8``, TE's ``MXFP8BlockScaling``,
+  Megatron-Bridge's ``bf16_with_mxfp8_mixed``; Blackwell only): e4m3 throughout, one e8m0 scale byte a block of 32
+  along each GEMM's reduction (``MXFP8Quantizer``, transformer_engine/pytorch/tensor/mxfp8_tensor.py). The same
+  linears and the same fp8 copies as current scaling, each with its scales, padded as ``get_scale_shape`` pads
+  them (row-wise [rows to 128, cols / 32 to 4], column-wise [rows / 32 to 4, cols to 128]): the saved input's
+  column-wise copy, and under sequence parallelism the local shard's column-wise copy, all-gathered as it is in
+  backward ("For MXFP8, columnwise only data can be allgathered", layernorm_linear.py); the cached weight's two
+  copies. A cast is one pass (the blocks' amaxes are local), writing the row- and column-wise copies with their
+  scales; no amax is all-reduced. Both dimensions a cast blocks divide by 32 (``MXFP8Quantizer.is_quantizable``):
+  refused otherwise. ``--fp8-param-gather`` under it (MXFP8 parameters, gathered in bf16 through the gradient
+  buffer: ``reuse_grad_buf_for_mxfp8_param_ag``) is not modelled: refused.
 """
 
 from __future__ import annotations
@@ -113,7 +124,9 @@ class Float8Recipe:
     """Whose linears: torchao's (kept inputs in 16 bits, weights cast every micro-batch) or Transformer Engine's
     (kept inputs in fp8, weights cast once a step and cached)."""
     megatron_recipe: str = ""
-    """Megatron-LM's ``--fp8-recipe`` for a Transformer Engine recipe (with ``--fp8-format hybrid``)."""
+    """Megatron-LM's ``--fp8-recipe`` for a Transformer Engine recipe."""
+    megatron_format: str = "hybrid"
+    """Megatron-LM's ``--fp8-format`` for it: ``hybrid`` (e4m3 forward, e5m2 gradients), MXFP8's ``e4m3``."""
 
     @property
     def saves_fp8(self) -> bool:
@@ -128,13 +141,21 @@ class Float8Recipe:
     @property
     def te_cast_reads(self) -> int:
         """Passes a Transformer Engine cast reads its tensor in: its amax, then the cast (current scaling), or the
-        cast alone (delayed scaling takes the amax for the next step in the same kernel)."""
-        return 1 if self.delayed else 2
+        cast alone (delayed scaling takes the amax for the next step in the same kernel; MXFP8's amaxes are its
+        blocks')."""
+        return 1 if self.delayed or self.block else 2
+
+    @property
+    def reduces_amax(self) -> bool:
+        """Each cast of a sharded tensor all-reduces its amax over the tensor-parallel ranks (Transformer Engine's
+        current scaling), where no history (delayed) or local block (MXFP8) gives its scale."""
+        return self.saves_fp8 and not self.delayed and not self.block
 
     @property
     def converts_head(self) -> bool:
-        """The head runs in float8 too (torchtitan's MX converter swaps every linear; its float8 recipes skip it)."""
-        return self.block > 0
+        """The head runs in float8 too (torchtitan's MX converter swaps every linear; its float8 recipes skip it,
+        and Megatron-LM's head is not a Transformer Engine linear)."""
+        return self.block > 0 and not self.saves_fp8
 
     def converts(self, in_features: int, out_features: int) -> bool:
         """Does the recipe convert a linear of these widths? float8: both divide by 16 (torchtitan's filter);
@@ -161,6 +182,10 @@ FLOAT8_RECIPES: dict[str, Float8Recipe] = {
                      "Transformer Engine current scaling, Megatron's --fp8-recipe tensorwise",
                      "Megatron-LM runs it through Transformer Engine",
                      library="transformer-engine", megatron_recipe="tensorwise"),
+        Float8Recipe("te-mxfp8", "", ("megatron",),
+                     "Transformer Engine MXFP8, Megatron's --fp8-recipe mxfp8, one scale per block of 32, Blackwell "
+                     "only", "Megatron-LM runs it through Transformer Engine", block=32,
+                     library="transformer-engine", megatron_recipe="mxfp8", megatron_format="e4m3"),
     )
 }
 OFF = "off"
@@ -188,7 +213,23 @@ def needs_fsdp(precision: str, fp8: str) -> bool:
 
 TE_WIDTH, TE_ROWS = 16, 8
 """Transformer Engine's fp8 GEMMs need each input's last width to divide by 16 and its rows by 8
-(``assert_dim_for_fp8_exec``, transformer_engine/pytorch/utils.py)."""
+(``assert_dim_for_fp8_exec``, transformer_engine/pytorch/utils.py); under MXFP8 both by its block of 32
+(``MXFP8Quantizer.is_quantizable``)."""
+
+
+def te_units(recipe: Float8Recipe) -> tuple[int, int]:
+    """What a Transformer Engine recipe's input widths and rows divide by: (16, 8), or MXFP8's block both ways."""
+    return (recipe.block, recipe.block) if recipe.block else (TE_WIDTH, TE_ROWS)
+
+
+def mx_scale_bytes(rows: int, cols: int, rowwise: bool = True, columnwise: bool = True) -> int:
+    """Bytes of Transformer Engine's MXFP8 scales (e8m0, a byte a block of 32) of a (rows x cols) tensor's row- and
+    column-wise copies, padded as ``MXFP8Quantizer.get_scale_shape`` pads them: row-wise [rows to 128, cols / 32 to
+    4], column-wise [rows / 32 to 4, cols to 128]."""
+    def up(n: int, m: int) -> int:
+        return -(-n // m) * m
+    return (up(rows, 128) * up(cols // 32, 4) if rowwise else 0) + (up(rows // 32, 4) * up(cols, 128)
+                                                                     if columnwise else 0)
 
 AMAX_HISTORY = 1
 """Megatron-LM's default ``--fp8-amax-history-len``: the delayed-scaling history each fp8 tensor keeps."""
@@ -212,13 +253,14 @@ def te_misfits(recipe: Float8Recipe, widths: dict[str, int], rows: int) -> list[
     divide by 8."""
     if not recipe.saves_fp8:
         return []
-    misfits = [f"{name} {width:,}" for name, width in widths.items() if width % TE_WIDTH]
-    return misfits + ([f"row count {rows:,}"] if rows % TE_ROWS else [])
+    width_unit, rows_unit = te_units(recipe)
+    misfits = [f"{name} {width:,}" for name, width in widths.items() if width % width_unit]
+    return misfits + ([f"row count {rows:,}"] if rows % rows_unit else [])
 
 
 def mx_misfits(recipe: Float8Recipe, widths: dict[str, int]) -> list[str]:
     """Those of ``widths`` (a name -> a dimension an MX cast blocks) that do not divide by the recipe's block:
-    torchao asserts they do."""
-    if not recipe.block:
+    torchao asserts they do (Transformer Engine's MXFP8: `te_misfits`)."""
+    if not recipe.block or recipe.saves_fp8:
         return []
     return [f"{name} {width:,}" for name, width in widths.items() if width % recipe.block]

@@ -305,8 +305,11 @@ def _largest_stage_bf16(spec: ModelSpec, config: TrainConfig) -> int:
 
 def _norm_output_bytes(spec: ModelSpec, config: TrainConfig) -> int:
     """Bytes a token of a norm's output moves when sequence parallelism gathers it: the blocks' parameter dtype, or
-    one under Transformer Engine's recipes, which quantize it before the gather (headroom.core.specs.float8)."""
-    return spec.hidden * (1 if config.te_fp8 else DTYPE_BYTES[config.block_param_dtype])
+    one under Transformer Engine's recipes, which quantize it before the gather, with MXFP8's scale byte a block
+    (headroom.core.specs.float8)."""
+    if config.te_fp8:
+        return spec.hidden + (spec.hidden // config.float8.block if config.float8.block else 0)
+    return spec.hidden * DTYPE_BYTES[config.block_param_dtype]
 
 
 AMAX_BYTES = 8
@@ -336,7 +339,7 @@ def _float8_amax_calls(spec: ModelSpec, config: TrainConfig, layers: int, tokens
     reruns = layers if policy.caches_matmuls else config.recomputed_blocks(layers)
     again = f"; {reruns} blocks' forward again in the recompute" if reruns else ""
     if recipe.saves_fp8:
-        if recipe.delayed or not config.layout.sp:
+        if not recipe.reduces_amax or not config.layout.sp:
             return []
         note = ("Transformer Engine current scaling: per block the amax of the 2 sequence-parallel norm outputs "
                 f"(q/k/v's and fc1's input){again}")

@@ -55,10 +55,14 @@ from headroom.core.errors import ConfigError
 from headroom.core.memory.estimate import Estimate
 from headroom.core.memory.flops import StepFlops, checkpointed_block_flops, step_flops
 from headroom.core.memory.pipeline import pipeline_seconds
-from headroom.core.memory.static import fp8_rank_blocks, te_block_weights
+from headroom.core.memory.static import (
+    fp8_rank_blocks,
+    te_block_shapes,
+    te_block_weights,
+)
 from headroom.core.memory.trace import TracedOp
 from headroom.core.specs.config import TrainConfig
-from headroom.core.specs.float8 import Float8Recipe
+from headroom.core.specs.float8 import Float8Recipe, mx_scale_bytes
 from headroom.core.specs.hardware import HardwareSpec
 from headroom.core.specs.interconnect import Cluster, cluster_for
 from headroom.core.specs.model import ModelSpec
@@ -608,6 +612,9 @@ def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
     else:
         reads = passes * DTYPE_BYTES[cfg.block_param_dtype]
         seconds = sum(memory_s(rates, w * (reads + 2)) for w in weights)
+        if cfg.float8.block:  # MXFP8: the two copies' scales written too
+            seconds = sum(memory_s(rates, out * width * (reads + 2) + mx_scale_bytes(out, width))
+                          for out, width in te_block_shapes(estimate.spec, cfg.layout.tp))
     return fp8_rank_blocks(cfg, estimate.rank) * seconds
 
 

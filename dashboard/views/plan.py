@@ -183,8 +183,8 @@ with st.sidebar:
                 help="Megatron-LM's --fp8-param-gather under a Transformer Engine recipe: the block weights held "
                      "and all-gathered in fp8 (with ZeRO 1 or more)")
     st.checkbox("first and last layers in bf16 (Megatron)", key="plan_first_last_bf16",
-                help="Megatron-LM's --first-last-layers-bf16 under te-current: the model's first and last blocks run "
-                     "in bf16, outside the recipe")
+                help="Megatron-LM's --first-last-layers-bf16 under te-current or te-mxfp8: the model's first and last "
+                     "blocks run in bf16, outside the recipe")
     st.selectbox("optimizer", list(OPTIMIZER_STATE_BYTES), key="plan_optimizer")
     st.selectbox("attention", ATTENTIONS, key="plan_attention")
     st.number_input("dropout (gpt blocks)", min_value=0.0, max_value=0.95, step=0.05, key="plan_dropout",
