@@ -173,7 +173,11 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     Beside the H100 rows, the same table's DGX-B200 FP8-CS rows of dense models, on the same recipes
     (``LLAMA3_8B_PRETRAIN_CONFIG_B200_FP8_CS_V1``: 8 GPUs, micro-batch 2, global batch 128, 30,624 tokens/s per GPU;
     ``LLAMA31_405B_PRETRAIN_CONFIG_B200_FP8_CS_V1``: 128 GPUs, TP 4 x PP 8 (virtual 8) x CP 2, global batch 64, 661).
-    The 8B recipe's CUDA graphs are not modelled (its step is predicted device-bound)."""
+    The 8B recipe's CUDA graphs are not modelled (its step is predicted device-bound). And the same two layouts'
+    FP8-MX rows (``LLAMA3_8B_PRETRAIN_CONFIG_B200_FP8_MX_V1`` and ``LLAMA31_405B_PRETRAIN_CONFIG_B200_FP8_MX_V1``, the
+    FP8-CS configurations; 29,521 and 624 tokens/s per GPU) under ``bf16_with_mxfp8_mixed``
+    (src/megatron/bridge/training/mixed_precision.py): ``--fp8-format e4m3 --fp8-recipe mxfp8``, fp8 parameters
+    gathered through the gradient buffer (``reuse_grad_buf_for_mxfp8_param_ag``), no bf16 end blocks."""
     common = {"tp_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True, "sp": True, "zero": 1,
               "schedule": "interleaved"}
     runs = []
@@ -192,10 +196,15 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
          Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, "none", 30624),
         ("Llama 3.1 405B, FP8-CS, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
          Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", 661),
+        ("Llama 3 8B, FP8-MX, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",
+         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, "none", 29521),
+        ("Llama 3.1 405B, FP8-MX, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
+         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", 624),
     ):
+        mx = "FP8-MX" in name  # bf16_with_mxfp8_mixed; the others bf16_with_fp8_current_scaling_mixed
         config = TrainConfig(seq_len=8192, micro_batch=micro, precision="bf16-master", optimizer="adam",
-                             recompute=parse_policy(policy), layout=layout, stack="megatron", fp8="te-current",
-                             fp8_param_gather=True, first_last_bf16=True)
+                             recompute=parse_policy(policy), layout=layout, stack="megatron",
+                             fp8="te-mxfp8" if mx else "te-current", fp8_param_gather=True, first_last_bf16=not mx)
         runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, {system}", hardware=hardware,
                                  spec=get_preset(model), config=config, global_batch=batch, published=published,
                                  unit="tokens_per_s_per_gpu", inter="ib-ndr"))

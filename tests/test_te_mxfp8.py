@@ -82,13 +82,10 @@ def test_a_cast_reads_its_tensor_once_and_no_amax_is_reduced():
 
 def test_it_runs_where_blackwell_runs_it_and_is_refused_elsewhere(run_cli):
     """A B200 plans it (tensor parallelism and bf16 end blocks included, as Megatron-LM runs them); an H100 has
-    no MXFP8 tensor cores; MXFP8 parameters and rows that do not divide by 32 are refused by name; Megatron's
-    export names its format and recipe."""
+    no MXFP8 tensor cores; rows that do not divide by 32 are refused by name; Megatron's export names its format
+    and recipe, and with MXFP8 parameters the gradient buffer their bf16 gather reuses."""
     config = _config(sp=True, first_last_bf16=True)
     assert step_time(estimate(SPEC, config, "cuda", 8), B200, 8, default_cluster("b200")).total_s > 0
-    with pytest.raises(ConfigError, match="--fp8-param-gather with --fp8 te-mxfp8: Megatron-LM holds MXFP8 "
-                                          "parameters and gathers them in bf16"):
-        _config(fp8_param_gather=True)
     with pytest.raises(ConfigError, match=r"need each linear's input width to divide by 32 and its rows by 32, and "
                                           r"its row count 8,200 does not \(MXFP8Quantizer.is_quantizable\)"):
         TrainConfig(seq_len=8200, precision="bf16-master", stack="megatron", fp8="te-mxfp8").check_model(SPEC)
@@ -100,6 +97,30 @@ def test_it_runs_where_blackwell_runs_it_and_is_refused_elsewhere(run_cli):
     exported = run_cli(*flags, "--hardware", "b200", "--export", "megatron")
     assert exported.returncode == 0, exported.stderr
     assert "--fp8-format e4m3 --fp8-recipe mxfp8" in exported.stdout
+    gathered = run_cli(*flags, "--hardware", "b200", "--fp8-param-gather", "on", "--export", "megatron")
+    assert gathered.returncode == 0, gathered.stderr
+    assert "--fp8-recipe mxfp8 --fp8-param-gather --reuse-grad-buf-for-mxfp8-param-ag" in gathered.stdout
+
+
+def test_mxfp8_parameters_are_the_cached_copies_gathered_in_bf16():
+    """Megatron-LM's MXFP8 parameters (--fp8-param-gather --reuse-grad-buf-for-mxfp8-param-ag): each block weight
+    is its two fp8 copies and their scales, with no 16-bit parameter beside them (distributed/param_and_grad_buffer:
+    "param buffer is not mapped to model params for MXFP8"); the updated shard is gathered in bf16 into the
+    gradient buffer and cast after, so the data-parallel gather moves 16-bit weights, as without fp8 parameters."""
+    layout = Layout(dp=2, zero=1)
+    held, cached = (estimate(SPEC, _config(layout=layout, fp8_param_gather=on), "cuda").static for on in (True, False))
+    h, f = SPEC.hidden, SPEC.ffn_hidden
+    weights = SPEC.n_layers * (h * (SPEC.q_dim + 2 * SPEC.kv_dim) + SPEC.q_dim * h + 2 * h * f + f * h)
+    assert cached.parameters - held.parameters == 2 * weights
+    assert held.fp8_weights == cached.fp8_weights
+    cluster = default_cluster("b200")
+
+    def gathers(on: bool) -> list[tuple[int, int]]:
+        return [(t.message_bytes, t.calls) for t in step_communication(SPEC, _config(layout=layout, fp8_param_gather=on),
+                                                                       1, cluster)
+                if t.axis == "dp" and t.op == "all_gather"]
+
+    assert gathers(True) == gathers(False)
 
 
 def test_a_search_of_recipes_tries_it_on_blackwell_alone(plan_json):

@@ -204,6 +204,8 @@ def megatron(run: Run) -> Export:
         args += ["--fp8-format", recipe.megatron_format, "--fp8-recipe", recipe.megatron_recipe]
         if run.fp8_params:
             args.append("--fp8-param-gather")
+            if recipe.block:  # MXFP8's parameters gathered in bf16 through the gradient buffer, as NeMo's recipe
+                args.append("--reuse-grad-buf-for-mxfp8-param-ag")
         if run.first_last_bf16:  # megatron/training/arguments.py; megatron/core/fp8_utils.py
             args += ["--first-last-layers-bf16", "--num-layers-at-start-in-bf16", str(BF16_END_BLOCKS),
                      "--num-layers-at-end-in-bf16", str(BF16_END_BLOCKS)]

@@ -188,7 +188,9 @@ def static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind | None = 
     if not config.te_fp8:
         return static
     if config.fp8_params:  # the block weights held in fp8: a byte an element, not the recipe's parameter bytes
-        held = (config.recipe.param_bytes - 1) * te_rank_weights(spec, config, rank)
+        # MXFP8's parameters are its two cached copies (fp8_weight_bytes): no 16-bit parameter is held at all.
+        fp8_bytes = 0 if config.float8.block else 1
+        held = (config.recipe.param_bytes - fp8_bytes) * te_rank_weights(spec, config, rank)
         static = replace(static, parameters=static.parameters - _shard(held, config.dp * config.layout.cp,
                                                                        config.zero >= 3))
     return replace(static, fp8_weights=fp8_weight_bytes(spec, config, rank))
@@ -209,11 +211,12 @@ def fp8_rank_blocks(config: TrainConfig, rank: RankKind) -> int:
 def fp8_weight_bytes(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> int:
     """Transformer Engine's fp8 weight caches on one rank (headroom.core.specs.float8): a row- and a column-wise
     byte for each weight element of the rank's blocks (its tensor-parallel part), or under ``fp8_param_gather``,
-    where the fp8 weight is the parameter itself, the column-wise byte alone; and each linear's delayed scaling
-    state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
+    where the fp8 weight is the parameter itself, the column-wise byte alone (MXFP8's parameter keeps both copies
+    and their scales, the 16-bit one gathered into the gradient buffer it shares); and each linear's delayed
+    scaling state (four Transformer Engine linears a block: q/k/v, the attention's output, fc1, fc2)."""
     if not config.te_fp8:
         return 0
-    copies = 1 if config.fp8_params else 2
+    copies = 1 if config.fp8_params and not config.float8.block else 2
     scales = sum(mx_scale_bytes(out, width) for out, width in te_block_shapes(spec, config.layout.tp)) \
         * fp8_rank_blocks(config, rank) if config.float8.block else 0  # MXFP8: each copy's scales
     return copies * te_rank_weights(spec, config, rank) + scales + scaling_state_bytes(

@@ -136,10 +136,6 @@ class TrainConfig:
             raise ConfigError(f"--first-last-layers-bf16 keeps the model's first and last blocks out of Transformer "
                               f"Engine's current scaling (megatron-core refuses it under delayed scaling), and --fp8 is "
                               f"{self.fp8}: use --fp8 te-current or te-mxfp8, or leave it off")
-        if self.fp8_param_gather and self.te_fp8 and self.float8.block:
-            raise ConfigError(f"--fp8-param-gather with --fp8 {self.fp8}: Megatron-LM holds MXFP8 parameters and "
-                              "gathers them in bf16 through the gradient buffer (reuse_grad_buf_for_mxfp8_param_ag), "
-                              "which is not modelled; use --fp8-param-gather off")
 
     @property
     def float8(self) -> Float8Recipe | None:

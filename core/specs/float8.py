@@ -89,8 +89,10 @@ delayed`` is TE's ``DelayedScaling``, ``--fp8-recipe tensorwise`` its ``Float8Cu
   backward ("For MXFP8, columnwise only data can be allgathered", layernorm_linear.py); the cached weight's two
   copies. A cast is one pass (the blocks' amaxes are local), writing the row- and column-wise copies with their
   scales; no amax is all-reduced. Both dimensions a cast blocks divide by 32 (``MXFP8Quantizer.is_quantizable``):
-  refused otherwise. ``--fp8-param-gather`` under it (MXFP8 parameters, gathered in bf16 through the gradient
-  buffer: ``reuse_grad_buf_for_mxfp8_param_ag``) is not modelled: refused.
+  refused otherwise. Under ``--fp8-param-gather`` the parameters are MXFP8 tensors, the two copies and their
+  scales with no 16-bit weight beside them, updated in bf16 into the parameter buffer the gradient buffer
+  shares (``reuse_grad_buf_for_mxfp8_param_ag``), gathered in bf16 and cast after
+  (megatron/core/distributed/param_and_grad_buffer.py).
 """
 
 from __future__ import annotations

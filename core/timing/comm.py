@@ -604,7 +604,9 @@ def step_communication(
         if p == 0 or ranks == 1:
             continue
         over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
-        in_fp8 = te_rank_weights(spec, config, largest) if config.fp8_params and group == "dp-cp" else 0
+        # MXFP8's parameters are gathered in bf16 (through the gradient buffer) and cast after: none in fp8.
+        in_fp8 = te_rank_weights(spec, config, largest) \
+            if config.fp8_params and not config.float8.block and group == "dp-cp" else 0
         for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe, in_fp8):
             op, message, calls, size, reshard_group, window, note = call
             add("dp", op, message, calls, size, bool(window),

@@ -599,14 +599,15 @@ def _fp8_weight_cast_s(estimate: Estimate, profile: HardwareProfile) -> float:
     first) and written row- and column-wise, one kernel a linear. Under ``fp8_param_gather`` the optimizer casts
     its fp32 master shard into the fp8 weight instead (read, twice under current scaling, and a byte written, over
     the dp x cp ranks the master is sharded over) and each rank transposes the gathered weight (a byte read, a
-    byte written). Priced with the optimizer's step."""
+    byte written); MXFP8's parameters are gathered in bf16 and cast as the cached copies are. Priced with the
+    optimizer's step."""
     cfg = estimate.config
     if not cfg.te_fp8:
         return 0.0
     passes = cfg.float8.te_cast_reads
     weights = te_block_weights(estimate.spec, cfg.layout.tp)
     rates = profile.rates
-    if cfg.fp8_params:
+    if cfg.fp8_params and not cfg.float8.block:
         ranks = cfg.dp * cfg.layout.cp
         seconds = sum(memory_s(rates, -(-w // ranks) * (4 * passes + 1)) + memory_s(rates, 2 * w) for w in weights)
     else:
