@@ -178,7 +178,8 @@ def recompute_flops(spec: ModelSpec, config: TrainConfig, device: str = "cuda") 
     - full and every-K: every block's forward, less the last block of each
       segment's last matmul, when nothing saves its output (``_unsaved_last_matmul``;
       without dropout: residual dropout saves a mask, which needs that output);
-    - block-K: the first min(K, L) blocks of each pipeline stage of L, each a segment of its own;
+    - block-K: the first min(K, L) blocks of each pipeline chunk of L (a stage, or each of its virtual stages),
+      each a segment of its own;
     - selective: QK^T for the explicit or math-path attention (PV's inputs are
       saved, its output is not); a fused SDPA kernel reruns whole, QK^T and PV;
     - op-selective: no matmul (their outputs are cached); none and offload: 0.

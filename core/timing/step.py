@@ -11,7 +11,7 @@ The model, per micro-batch (``step_time``), from the ops the rank runs (headroom
   their shape reaches, attention at the attention rate, memory-bound ops by their bytes;
 - backward: each GEMM's two gradient products at their shapes, attention ``attention_backward_ratio`` x
   forward, memory-bound ops twice forward's bytes;
-- recompute: what the policy runs again: whole blocks (full, every-K, block-K's first K a stage; less the
+- recompute: what the policy runs again: whole blocks (full, every-K, block-K's first K a chunk; less the
   FLOPs torch's early stop skips), the attention core (selective), the memory-bound ops and every second matmul under torchtitan
   (op-selective);
 - offload: saved bytes to the host and back over ``host_bytes_per_s``;
