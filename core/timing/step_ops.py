@@ -14,7 +14,7 @@ and the model's tail (final norm, head, loss) once; a layer's ops are its kind's
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from headroom.core.memory.forward_trace import (
     new_trace,
@@ -25,6 +25,7 @@ from headroom.core.memory.forward_trace import (
 from headroom.core.memory.trace import Dims, Trace, TracedOp
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.devices import device_rules
+from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
 
@@ -86,13 +87,32 @@ def _without_fp8(config: TrainConfig) -> TrainConfig:
     return replace(config, fp8="off", fp8_param_gather=False, first_last_bf16=False)
 
 
-@functools.lru_cache(maxsize=1024)
 def ops_config(config: TrainConfig) -> TrainConfig:
     """The configuration without checkpointing, and without what no op's shape depends on: configurations with the
-    same one run the same ops."""
-    layout = replace(config.layout.fewest_data_parallel(), zero=3 if config.fsdp_mixed_precision else 0,
-                     schedule="1f1b", virtual_stages=1, pp=1, stage_layers=None)
-    return replace(config, recompute=RecomputePolicy("none"), layout=layout)
+    same one run the same ops. Kept by those fields alone (a layout search asks for it of every candidate, most of
+    them alike but for their policy and data-parallel ranks)."""
+    layout = _ops_layout(config.layout, config.fsdp_mixed_precision)
+    key = (layout, *(getattr(config, name) for name in _OPS_FIELDS))
+    found = _OPS_CONFIGS.get(key)
+    if found is None:
+        if len(_OPS_CONFIGS) >= OPS_CONFIGS_KEPT:
+            _OPS_CONFIGS.clear()
+        found = _OPS_CONFIGS[key] = replace(config, recompute=RecomputePolicy("none"), layout=layout)
+    return found
+
+
+_OPS_FIELDS = tuple(f.name for f in fields(TrainConfig) if f.name not in ("recompute", "layout"))
+_OPS_CONFIGS: dict[tuple, TrainConfig] = {}
+OPS_CONFIGS_KEPT = 4096
+"""`ops_config`'s results kept at once (a search's candidates share a few hundred)."""
+
+
+@functools.lru_cache(maxsize=4096)
+def _ops_layout(layout: Layout, fsdp_mixed_precision: bool) -> Layout:
+    """A layout's part that decides a rank's shapes (`ops_config`): one pipeline stage of one chunk, the fewest
+    data-parallel ranks, and the sharding stage only where FSDP gathers 16-bit units."""
+    return replace(layout.fewest_data_parallel(), zero=3 if fsdp_mixed_precision else 0, schedule="1f1b",
+                   virtual_stages=1, pp=1, stage_layers=None)
 
 
 @functools.lru_cache(maxsize=1024)
