@@ -180,31 +180,33 @@ def _megatron_bridge_runs() -> list[PublishedRun]:
     gathered through the gradient buffer (``reuse_grad_buf_for_mxfp8_param_ag``), no bf16 end blocks."""
     common = {"tp_overlap": True, "overlap_grad_reduce": True, "overlap_param_gather": True, "sp": True, "zero": 1,
               "schedule": "interleaved"}
+    dp_8 = Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True)
     runs = []
-    for name, system, hardware, model, layout, micro, batch, policy, published in (
+    for name, system, hardware, model, layout, micro, batch, policy, fp8, published in (
         ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2", "DGX-H100", "h100-sxm", "llama3-70b",
-         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, "none", 1602),
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 128, "none", "te-current", 1602),
         ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8", "DGX-H100", "h100-sxm", "llama3.1-405b",
-         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, "none", 292),
+         Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 512, "none", "te-current", 292),
         ("Llama 3 70B, FP8-CS, TP 4 x PP 8 (v5) x DP 2, batch 256 (26.02)", "DGX-H100", "h100-sxm", "llama3-70b",
-         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 256, "none", 1621),
+         Layout(tp=4, pp=8, dp=2, virtual_stages=5, **common), 1, 256, "none", "te-current", 1621),
         ("Llama 3.1 405B, FP8-CS, TP 8 x PP 8 (v8) x CP 2 x DP 8, batch 1536 (26.02)", "DGX-H100", "h100-sxm",
-         "llama3.1-405b", Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 1536, "none", 311),
+         "llama3.1-405b", Layout(tp=8, pp=8, cp=2, dp=8, virtual_stages=8, **common), 1, 1536, "none", "te-current",
+         311),
         ("Llama 3 8B, FP8-CS, DP 8, block-5 recompute", "DGX-H100", "h100-sxm", "llama3-8b",
-         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 1, 128, "block-5", 14451),
+         dp_8, 1, 128, "block-5", "te-current", 14451),
         ("Llama 3 8B, FP8-CS, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",
-         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, "none", 30624),
+         dp_8, 2, 128, "none", "te-current", 30624),
         ("Llama 3.1 405B, FP8-CS, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
-         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", 661),
+         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", "te-current", 661),
         ("Llama 3 8B, FP8-MX, DP 8 (B200)", "DGX-B200", "b200", "llama3-8b",
-         Layout(dp=8, zero=1, overlap_grad_reduce=True, overlap_param_gather=True), 2, 128, "none", 29521),
+         dp_8, 2, 128, "none", "te-mxfp8", 29521),
         ("Llama 3.1 405B, FP8-MX, TP 4 x PP 8 (v8) x CP 2 x DP 2 (B200)", "DGX-B200", "b200", "llama3.1-405b",
-         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", 624),
+         Layout(tp=4, pp=8, cp=2, dp=2, virtual_stages=8, **common), 1, 64, "none", "te-mxfp8", 624),
     ):
-        mx = "FP8-MX" in name  # bf16_with_mxfp8_mixed; the others bf16_with_fp8_current_scaling_mixed
+        # bf16_with_fp8_current_scaling_mixed keeps the end blocks in bf16; bf16_with_mxfp8_mixed does not
         config = TrainConfig(seq_len=8192, micro_batch=micro, precision="bf16-master", optimizer="adam",
-                             recompute=parse_policy(policy), layout=layout, stack="megatron",
-                             fp8="te-mxfp8" if mx else "te-current", fp8_param_gather=True, first_last_bf16=not mx)
+                             recompute=parse_policy(policy), layout=layout, stack="megatron", fp8=fp8,
+                             fp8_param_gather=True, first_last_bf16=fp8 == "te-current")
         runs.append(PublishedRun(name=name, source=f"{MEGATRON_BRIDGE}, {system}", hardware=hardware,
                                  spec=get_preset(model), config=config, global_batch=batch, published=published,
                                  unit="tokens_per_s_per_gpu", inter="ib-ndr"))

@@ -75,15 +75,18 @@ def _configuration(run: PublishedRun) -> str:
             + (", FA1-class attention" if run.attention_efficiency is not None else ""))
 
 
-def published_rows() -> list[Row]:
+def _rows(runs: tuple[PublishedRun, ...]) -> list[Row]:
     return [Row(run.name, run.source, _configuration(run), run.published, predict(run),
-                "TFLOP/s per GPU" if run.unit == "tflop_per_s_per_gpu" else "tokens/s per GPU") for run in RUNS]
+                "TFLOP/s per GPU" if run.unit == "tflop_per_s_per_gpu" else "tokens/s per GPU") for run in runs]
+
+
+def published_rows() -> list[Row]:
+    return _rows(RUNS)
 
 
 def independent_rows() -> list[Row]:
     """Published runs outside the validation sets (published_runs.INDEPENDENT), predicted the same way."""
-    return [Row(run.name, run.source, _configuration(run), run.published, predict(run), "TFLOP/s per GPU")
-            for run in INDEPENDENT]
+    return _rows(INDEPENDENT)
 
 
 def h200_rows() -> list[Row]:
