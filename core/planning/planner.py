@@ -772,24 +772,28 @@ def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: 
     blocks each pipeline chunk checkpoints for the step to fit, the fastest block-K (each further block reruns one
     more forward). A rank's memory falls by the same bytes with each further block (headroom.core.memory.ledger:
     one block's kept activations less its input, for each micro-batch in flight), so block-1 and block-2 give the K
-    to check;
-    past that estimate (the most loaded rank may change with K) the fewest K that fits is bisected. The
+    to check; past that estimate (the most loaded rank may change with K) the fewest K that fits is bisected. The
     candidates evaluated, fitting or not."""
     layers = max(request.train.chunk_layers(request.spec))  # block-K of a chunk's blocks or more is full recompute
     found: list[Candidate] = []
+    if layers < 2:
+        return found
+    fastest = max((c.tokens_per_s for c in tried if c.rejection is None), default=0.0)  # the layout's, so far
 
     def tried_at(micro: int, kind: str) -> Candidate | None:
         return next((c for c in tried if c.estimate.config.micro_batch == micro
                      and c.estimate.config.recompute.kind == kind), None)
 
     def at(micro: int, k: int) -> Candidate:
+        nonlocal fastest
         candidate = evaluate(request, profile, calibration, micro, RecomputePolicy("block", k))
         found.append(candidate)
         if bar is not None:
             bar.saw(candidate)
+        if candidate.rejection is None:
+            fastest = max(fastest, candidate.tokens_per_s)
         return candidate
 
-    fastest = max((c.tokens_per_s for c in tried if c.rejection is None), default=0.0)
     for micro in micro_batches(request):
         none, full = tried_at(micro, "none"), tried_at(micro, "full")
         if none is not None and none.rejection is None:
@@ -801,18 +805,15 @@ def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: 
         # search's, may already beat.
         bound = none.step_time_s if none is not None else candidate_floor_s(request, profile, calibration, micro,
                                                                              NO_RECOMPUTE)
-        if layers < 2 or (none is not None and none.tokens_per_s <= fastest) \
-                or (bar is not None and bar.beyond(bound)):
+        if (none is not None and none.tokens_per_s <= fastest) or (bar is not None and bar.beyond(bound)):
             continue
         # Each further block reruns one more forward: block-K is no faster than block-1 nor, past 2, block-2.
         one = at(micro, 1)
         if one.rejection is None or layers < 3 or not _could_win(one, fastest, bar):
-            fastest = max(fastest, one.tokens_per_s if one.rejection is None else 0.0)
             continue
         two = at(micro, 2)
         step = one.required_bytes - two.required_bytes
         if two.rejection is None or step <= 0 or not _could_win(two, fastest, bar):
-            fastest = max(fastest, two.tokens_per_s if two.rejection is None else 0.0)
             continue
         low, high = 2, layers  # block-2 does not fit; block-L is full recompute
         k = min(high - 1, max(low + 1, 2 + math.ceil((two.required_bytes - request.budget_bytes) / step)))
@@ -824,7 +825,6 @@ def _fewest_blocks(request: PlanRequest, profile: HardwareProfile, calibration: 
                 low = k
             probes += 1  # the estimate's neighbour first (where it is exact, that settles it), then halves
             k = (high - 1 if k == high else low + 1) if probes == 1 else (low + high) // 2
-        fastest = max([fastest, *(c.tokens_per_s for c in found if c.rejection is None)])
     return found
 
 
