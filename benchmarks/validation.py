@@ -20,7 +20,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from h200_reference import h200_profile, label, predicted_s, regrets, train_steps
-from published_runs import INDEPENDENT, RUNS, PublishedRun, megatron_eq3_flops
+from published_runs import (
+    INDEPENDENT,
+    NARAYANAN_TABLE_2,
+    RUNS,
+    TORCHTITAN_A100,
+    PublishedRun,
+    megatron_eq3_flops,
+)
 
 from headroom.core.memory.estimate import estimate
 from headroom.core.specs.hardware import get_hardware
@@ -170,10 +177,14 @@ def main() -> None:
     print()
     print("Independent check, nothing fitted to it (docs/time-model.md):")
     print(markdown(independent))
+    table_2 = [r for r in independent if r.source == NARAYANAN_TABLE_2]
     for scheme in ("ZeRO-3", "PTD-P"):
-        rows = [r for r in independent if f", {scheme}," in r.name]
-        print(f"{independent[0].source}, {scheme}: {_errors(rows)}; predicted / published "
+        rows = [r for r in table_2 if f", {scheme}," in r.name]
+        print(f"{NARAYANAN_TABLE_2}, {scheme}: {_errors(rows)}; predicted / published "
               f"{min(r.ratio for r in rows):.2f}-{max(r.ratio for r in rows):.2f}")
+    titan = [r for r in independent if r.source == TORCHTITAN_A100]
+    print(f"{TORCHTITAN_A100}: {_errors(titan)}; predicted / published "
+          f"{min(r.ratio for r in titan):.2f}-{max(r.ratio for r in titan):.2f}")
 
 
 def _pinned_plan_timing() -> str:

@@ -248,7 +248,7 @@ def test_narayanans_table_2_an_independent_check_as_the_docs_show_it():
     """Not a validation set, nothing fitted: PTD-P at three GPU counts of the 175B and the 530B within 1.6%, each
     model's throughput per GPU falling with the GPU count as measured. ZeRO-3, predicted 1.45x to 4.4x faster than
     it ran, is the model's gap that docs/time-model.md shows, row for row."""
-    rows = validation.independent_rows()
+    rows = [r for r in validation.independent_rows() if r.source == validation.NARAYANAN_TABLE_2]
     ptdp = [r for r in rows if ", PTD-P," in r.name]
     zero3 = [r for r in rows if ", ZeRO-3," in r.name]
     assert len(ptdp) == len(zero3) == 6
@@ -256,6 +256,20 @@ def test_narayanans_table_2_an_independent_check_as_the_docs_show_it():
     for model in ("174.6B", "529.6B"):
         predicted = [r.predicted for r in ptdp if model in r.name]
         assert predicted == sorted(predicted, reverse=True)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "time-model.md").read_text()
+    assert validation.markdown(rows) in docs
+
+
+def test_torchtitans_a100_table_an_independent_check_as_the_docs_show_it():
+    """Not a validation set, nothing fitted: torchtitan's six expressible rows of April 2024 on 64 A100s, every one
+    predicted fast (12-26%), the run without recompute among them; the cost of per-op checkpointing on the same
+    Llama 2 13B run followed within 0.03 of its published share (0.881 measured, 0.901 predicted)."""
+    rows = [r for r in validation.independent_rows() if r.source == validation.TORCHTITAN_A100]
+    assert len(rows) == 6
+    assert all(0.10 < r.error < 0.30 for r in rows)
+    by_name = {r.name: r for r in rows}
+    none, op = by_name["Llama 2 13B, FSDP 64, none"], by_name["Llama 2 13B, FSDP 64, op-selective"]
+    assert abs(op.predicted / none.predicted - op.published / none.published) < 0.03
     docs = (Path(__file__).resolve().parent.parent / "docs" / "time-model.md").read_text()
     assert validation.markdown(rows) in docs
 
