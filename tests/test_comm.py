@@ -177,6 +177,25 @@ def test_a_crossing_group_drives_one_nic_for_each_of_its_members_on_a_node():
     assert group_link("dp", Layout(dp=16), Cluster(gpus_per_node=8, intra=IDEAL, inter=IDEAL)) is IDEAL
 
 
+def test_point_to_point_traffic_across_nodes_leaves_through_each_members_own_nic():
+    """A ring drives a NIC per member a node; a send/recv does not: the pipeline's or ring attention's hop across
+    nodes moves at one NIC (50 GB/s on NDR), whatever the node holds of the group. An all-to-all over n = 16 ranks,
+    8 a node, sends 8 of each rank's 16 slices off the node through its NIC while its bus bytes count 15:
+    50 x 15 / 8 = 93.75 GB/s of bus bandwidth; over 64 ranks 50 x 63 / 56 = 56.25, towards one NIC's 50 as the
+    nodes grow (DeepSeek-V3's cross-node all-to-all at IB's 50 GB/s a GPU)."""
+    ib = Cluster(gpus_per_node=8, intra=get_link("nvlink4"), inter=get_link("ib-ndr"))
+    assert members_per_node("cp", Layout(cp=16), ib) == 8
+    assert group_link("cp", Layout(cp=16), ib, "all_gather").bytes_per_s == 400e9  # a ring: 8 NICs
+    assert group_link("cp", Layout(cp=16), ib, "send_recv") is ib.inter
+    assert group_link("pp", Layout(pp=16), ib, "send_recv") is ib.inter
+    assert group_link("ep", Layout(dp=16, ep=16), ib, "all_to_all").bytes_per_s == 50e9 * 15 / 8
+    assert group_link("ep", Layout(dp=64, ep=64), ib, "all_to_all").bytes_per_s == 50e9 * 63 / 56
+    assert group_link("ep", Layout(tp=8, dp=2, ep=2), ib, "all_to_all").bytes_per_s == 50e9 * 1 / 1  # one a node
+    shared = default_cluster("h100-sxm", inter="4x200g")  # half a 200 Gb/s NIC a GPU
+    assert group_link("pp", Layout(pp=16), shared, "send_recv").bytes_per_s == 12.5e9
+    assert group_link("ep", Layout(dp=16, ep=16), shared, "all_to_all").bytes_per_s == 12.5e9 * 15 / 8
+
+
 # ---- parameters per rank ------------------------------------------------------------------
 
 

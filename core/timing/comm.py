@@ -144,15 +144,29 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
     member at its one NIC's. A network given as NICs x Gb/s a node (Cluster.nics_per_node) is shared by the
     node's GPUs: every group along an axis runs its collective at once, so a group with k of a node's g GPUs
     has k / g of the node's NICs (four NICs for eight GPUs: half a NIC a member). On a mesh (MI300X's Infinity
-    Fabric) the node's link is the share the group's size reaches (Link.for_group)."""
-    intra = cluster.intra.for_group(op, _group(axis, layout)[1])
+    Fabric) the node's link is the share the group's size reaches (Link.for_group).
+
+    Point-to-point traffic is not a ring's: each rank's bytes for another node leave through its own NIC (its
+    share of one). A send/recv (a pipeline's hop, ring attention's pass) across nodes runs at one member's NIC
+    share however many members a node holds. An all-to-all over n ranks with k a node sends (n - k) / n of each
+    rank's buffer off the node through that rank's NIC while the bus bytes count (n - 1) / n of it, so its bus
+    bandwidth is the NIC share x (n - 1) / (n - k): NCCL runs all-to-all as a send and a receive per peer, and
+    DeepSeek-V3's report (arXiv 2412.19437, Sec. 3.2.2) bounds cross-node all-to-all by the 50 GB/s of InfiniBand
+    a GPU has, not by NVLink's 160."""
+    size = _group(axis, layout)[1]
+    intra = cluster.intra.for_group(op, size)
     if not crosses_nodes(axis, layout, cluster):
         return intra
     members = members_per_node(axis, layout, cluster)
-    nics = members * cluster.nics_per_node / cluster.gpus_per_node if cluster.nics_per_node else members
-    inter = cluster.inter if nics == 1 else replace(
-        cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth for {members} members a node",
-        bytes_per_s=cluster.inter.bytes_per_s * nics)
+    share = cluster.nics_per_node / cluster.gpus_per_node if cluster.nics_per_node else 1
+    if op == "send_recv":
+        nics, why = share, "one member's NIC share"
+    elif op == "all_to_all":
+        nics, why = share * (size - 1) / (size - members), f"(n - 1) / (n - k) of a member's NIC share, k = {members}"
+    else:
+        nics, why = members * share, f"for {members} members a node"
+    inter = cluster.inter if nics == 1 else replace(cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth {why}",
+                                                    bytes_per_s=cluster.inter.bytes_per_s * nics)
     return min((inter, intra), key=lambda link: link.bytes_per_s)
 
 
