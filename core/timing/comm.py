@@ -160,13 +160,14 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
     members = members_per_node(axis, layout, cluster)
     share = cluster.nics_per_node / cluster.gpus_per_node if cluster.nics_per_node else 1
     if op == "send_recv":
-        nics, why = share, "one member's NIC share"
+        nics, why = share, "one member's"
     elif op == "all_to_all":
-        nics, why = share * (size - 1) / (size - members), f"(n - 1) / (n - k) of a member's NIC share, k = {members}"
+        nics, why = share * (size - 1) / (size - members), f"a member's x (n - 1) / (n - k), k = {members}"
     else:
         nics, why = members * share, f"for {members} members a node"
-    inter = cluster.inter if nics == 1 else replace(cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth {why}",
-                                                    bytes_per_s=cluster.inter.bytes_per_s * nics)
+    inter = cluster.inter if nics == 1 else replace(
+        cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth: {why}",
+        bytes_per_s=cluster.inter.bytes_per_s * nics)
     return min((inter, intra), key=lambda link: link.bytes_per_s)
 
 
