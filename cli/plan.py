@@ -109,11 +109,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help=f"link between the GPUs of a node: one of {', '.join(LINKS_BY_KEY)} (default: the "
                              "card's own, e.g. nvlink4 for an H100 SXM, pcie5-x16 for an H100 PCIe)")
     layout.add_argument("--nccl-tests", action="append", default=[], metavar="[OP=]FILE",
-                        help="nccl-tests' output of one node (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
-                             "alltoall_perf or sendrecv_perf over its GPUs): the collective's measured times replace "
-                             "the node's link for groups inside a node, and the store's curve for that collective "
-                             "and group size; OP= names the collective where the output does not (all_reduce, "
-                             "all_gather, reduce_scatter, all_to_all, send_recv); repeatable")
+                        help="nccl-tests' output (all_reduce_perf, all_gather_perf, reduce_scatter_perf, "
+                             "alltoall_perf or sendrecv_perf): over one node's GPUs, the collective's measured times "
+                             "replace the node's link for groups inside a node, and the store's curve for that "
+                             "collective and group size; over several hosts, as many ranks on each, they replace the "
+                             "network for groups across nodes, any size and ranks a node; OP= names the collective "
+                             "where the output does not (all_reduce, all_gather, reduce_scatter, all_to_all, "
+                             "send_recv); repeatable")
     layout.add_argument("--network", default=None, metavar="FILE",
                         help="a TOML file of the cluster's network: gpus_per_node, intra_node and interconnect, "
                              "each as the flag of that name takes it (e.g. interconnect = \"8x200g\"); a flag given "
@@ -285,15 +287,19 @@ def render(result: Plan, top: int | None) -> str:
     if req.cluster is not None:
         c = req.cluster
         inside = (f"collectives measured {c.measured.source} (groups of {', '.join(map(str, c.measured.group_sizes()))}), "
-                  f"else {c.intra.name}" if c.measured else c.intra.name)
+                  f"else {c.intra.name}" if c.measured and c.measured.curves else c.intra.name)
+        across = c.measured.across_nodes if c.measured else None
+        between = (f"collectives measured across nodes ({across.text()}), else {c.inter.name}"
+                   if across else c.inter.name)
         if profile.device == "cuda":
             links = "datasheet link inside a node, the network as given" if c.nics_per_node else "datasheet links"
-            lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {c.inter.name} ({links}"
+            lines.append(f"cluster: {c.gpus_per_node} GPUs a node on {inside}, nodes on {between} ({links}"
                          + (f"; {c.assumed})" if c.assumed else ")"))
         else:  # a CPU's ranks: no GPU, and no link of its own unless its collectives were measured
             lines.append(f"cluster: {c.gpus_per_node} ranks a node on the CPU {profile.name}, no GPU: "
-                         + (inside if c.measured else f"{c.intra.name} assumed between them, a stand-in")
-                         + f"; nodes on {c.inter.name}")
+                         + (inside if c.measured and c.measured.curves
+                            else f"{c.intra.name} assumed between them, a stand-in")
+                         + f"; nodes on {between}")
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"
         + (f"; {share}" if (share := budget_share(req.budget_bytes, profile)) else "")

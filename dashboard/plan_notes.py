@@ -135,9 +135,16 @@ def cluster_text(cluster: Cluster, profile: HardwareProfile) -> str:
                       "store holds no collectives measured on it)")
         return (f"Cluster: {cluster.gpus_per_node} ranks a node on the CPU {plain(profile.name)}, no GPU: {inside}; "
                 f"nodes on {inter}.")
-    inside = f"collectives measured {cluster.measured.source}" if cluster.measured else cluster.intra.name
+    measured = cluster.measured
+    measured_inside = measured is not None and bool(measured.curves)
+    inside = f"collectives measured {measured.source}" if measured_inside else cluster.intra.name
+    if measured is not None and measured.across_nodes is not None:
+        where = (". Communication across nodes from the collectives measured across them"
+                 + ("" if measured_inside else f" ({plain(measured.source)})")
+                 + ", inside a node from " + ("those measured there." if measured_inside else "the datasheet link."))
+    elif measured_inside:
+        where = ". Communication inside a node from the measured collectives, across nodes from the datasheet link."
+    else:
+        where = ". Communication from datasheet links: the store holds no collectives measured on this device."
     return (f"Cluster: {cluster.gpus_per_node} GPUs a node on {plain(inside)}, nodes on {inter}"
-            + (f" ({plain(cluster.assumed)})" if cluster.assumed else "")
-            + (". Communication inside a node from the measured collectives, across nodes from the datasheet "
-               "link." if cluster.measured else ". Communication from datasheet links: the store holds no "
-               "collectives measured on this device."))
+            + (f" ({plain(cluster.assumed)})" if cluster.assumed else "") + where)

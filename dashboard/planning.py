@@ -245,8 +245,8 @@ def network_inputs(data: bytes, name: str) -> dict[str, object]:
 
 
 def nccl_tests_profile(profile: HardwareProfile, files: list[tuple[str, bytes]], gpus_per_node: int) -> HardwareProfile:
-    """The profile with uploaded nccl-tests output (a name and its bytes each, one node's run of a collective that
-    its output names) as its measured collectives, over the store's where it has others, as `headroom plan
+    """The profile with uploaded nccl-tests output (a name and its bytes each, a run of a collective that its output
+    names, inside one node or across nodes) as its measured collectives, over the store's where it has others, as `headroom plan
     --nccl-tests FILE` reads it (headroom.core.timing.nccl_tests); none uploaded: the profile as it is. ConfigError
     names the file and what is wrong with it."""
     if not files:

@@ -287,6 +287,34 @@ def test_uploaded_nccl_tests_output_prices_the_nodes_collectives():
         planning.nccl_tests_profile(profile, [("notes.txt", b"hello\n")], 8)
 
 
+def test_an_uploaded_run_across_hosts_prices_the_groups_that_span_nodes():
+    """A run over two hosts, as `headroom plan --nccl-tests FILE` takes it: tp 8 x dp 2's gradient all-reduce across
+    the nodes at its (slow) times, and the cluster's words say where each group's times come from."""
+    from headroom.dashboard.plan_notes import cluster_text
+    from tests.test_nccl_tests import log
+
+    inputs = PlanInputs(model="llama3-8b", seq_len=4096, global_batch=64, tp="8", dp="2", zero="0")
+    profile, _ = planning.datasheet_hardware(inputs.hardware)
+    spanning = log(ranks=16, hosts=("node1", "node2"), gb_per_s=5.0)
+    measured = planning.nccl_tests_profile(profile, [("ar2.log", spanning)], inputs.gpus_per_node)
+    assert measured.collectives.group_sizes() == () and measured.collectives.across_nodes.runs() == (
+        ("all_reduce", 16, 8),)
+    spec = planning.resolve_preset(inputs.model)
+
+    def data_parallel(p) -> tuple[set[str], float]:
+        terms = [t for t in planning.make_plan(inputs, spec, p, None).recommendation.time.communication
+                 if t.axis == "dp"]
+        return {t.link_key for t in terms}, sum(t.seconds for t in terms)
+
+    (links, seconds), (sheet_links, sheet_seconds) = data_parallel(measured), data_parallel(profile)
+    assert links == {"measured"} and sheet_links == {"ib-ndr"} and seconds > 2 * sheet_seconds
+    words = cluster_text(measured.cluster(8), measured)  # Markdown: its underscores escaped
+    assert words.startswith("Cluster: 8 GPUs a node on NVLink 4 via NVSwitch (H100/H200 SXM), nodes on InfiniBand")
+    assert words.endswith(r"Communication across nodes from the collectives measured across them (by nccl-tests on "
+                          r"NVIDIA H100 80GB HBM3 (ar2.log\: all\_reduce over 16 on 2 hosts)), inside a node from "
+                          r"the datasheet link.")
+
+
 def test_the_page_searches_the_precision_when_asked(tmp_path, monkeypatch):
     """precision auto on the Plan page: as `headroom plan --precision auto`, each recipe a candidate of its own
     (no one configuration to pin), the header says so and the recommendation names the recipe it picked."""

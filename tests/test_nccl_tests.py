@@ -28,7 +28,8 @@ def log(binary: str = "all_reduce_perf", ranks: int = 8, hosts: tuple[str, ...] 
     """nccl-tests' output of ``binary`` over ``ranks`` GPUs spread over ``hosts``: each size takes latency + size /
     bandwidth; ``bus`` the collective whose bus factor the busbw column uses (default the binary's);
     ``time_scale`` scales the printed times alone (as a table in other units would)."""
-    op = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "sendrecv_perf": "send_recv"}[binary]
+    op = {"all_reduce_perf": "all_reduce", "all_gather_perf": "all_gather", "sendrecv_perf": "send_recv",
+          "alltoall_perf": "all_to_all"}[binary]
     lines = [f"# Collective test starting: {binary}"] if named else []
     lines += [(f"# nThread 1 nGpus {ranks} minBytes 1024 maxBytes 1073741824 step: 4(factor) warmup iters: 5 iters: 20 "
                "agg iters: 1 validation: 1 graph: 0"), "#", "# Using devices"]
@@ -70,8 +71,8 @@ def test_an_older_table_without_its_name_or_a_root_column_takes_the_collective_g
 
 @pytest.mark.parametrize(("data", "op", "said"), [
     (b"all good\n", None, "no '#  Rank N Group G Pid P on HOST device D [BUS] GPU' lines"),
-    (log(hosts=("node1", "node2"), ranks=16), None,
-     "its 16 ranks ran on 2 hosts (node1, node2); measured collectives are taken inside one node"),
+    (log(hosts=("node1", "node2", "node3"), ranks=16), None,
+     "its 16 ranks ran unevenly on 3 hosts (node1 6, node2 5, node3 5); a run across nodes is taken with as many"),
     (log(ranks=1), None, "one rank moves nothing"),
     (log(), "all_gather", "given as all_gather, but its output says all_reduce_perf"),
     (log(named=False), "allreduce", "unknown collective 'allreduce'; valid: all_reduce, all_gather"),
@@ -84,7 +85,7 @@ def test_an_older_table_without_its_name_or_a_root_column_takes_the_collective_g
      None, "no rows of message size and time"),
     (b"#" * (MAX_BYTES + 1), None, "over 1024 KiB"),
     (b"\xff\xfe", None, "not UTF-8 text"),
-], ids=["not nccl-tests", "two hosts", "one rank", "another op given", "unknown op", "busbw of another op",
+], ids=["not nccl-tests", "uneven hosts", "one rank", "another op given", "unknown op", "busbw of another op",
         "milliseconds", "a column short", "no header", "no rows", "too large", "not text"])
 def test_what_is_not_one_nodes_nccl_tests_table_is_refused_by_name(data, op, said):
     with pytest.raises(ConfigError, match="^x.log") as refused:
@@ -100,6 +101,55 @@ def test_a_file_replaces_the_stores_curve_of_its_collective_and_keeps_the_others
     assert curves.source.endswith(", else NVIDIA H100 (nccl)")
     with pytest.raises(ConfigError, match=r"^a.log: 8 ranks on one host, more than the 4 GPUs a node"):
         nccl_tests_curves([(parse_nccl_tests(log(), "a.log"), "a.log")], 4)
+    across = parse_nccl_tests(log(ranks=16, hosts=("node1", "node2")), "b.log")
+    with pytest.raises(ConfigError, match=r"^b.log: 8 ranks on one host, more than the 4 GPUs a node"):
+        nccl_tests_curves([(across, "b.log")], 4)
+
+
+TWO_NODES = ("node1", "node2")
+LATENCY = 14e-6  # a network hop's, as NCCL's tuning model has it (headroom.core.specs.interconnect)
+
+
+def _spanning(binary: str = "all_reduce_perf", ranks: int = 16, gb_per_s: float = 40.0):
+    run = parse_nccl_tests(log(binary, ranks=ranks, hosts=TWO_NODES, gb_per_s=gb_per_s), "x.log")
+    curves = nccl_tests_curves([(run, "x.log")], 8)
+    return run, curves.across_nodes, {r.message_bytes: r.median_s for r in run.records}
+
+
+def test_a_run_across_hosts_is_the_networks_curve_for_groups_that_span_nodes():
+    """16 ranks on two hosts, 8 on each: no curve inside a node (the planner keeps its link there), one across
+    nodes; a group like the run's reads the printed time at a measured size."""
+    run, across, printed = _spanning()
+    assert (run.nodes, run.ranks_a_node, run.host) == (2, 8, "node1")
+    curves = nccl_tests_curves([(run, "x.log")], 8)
+    assert curves.curves == {} and curves.seconds("all_reduce", 2**20, 8) is None
+    assert across.runs() == (("all_reduce", 16, 8),) and across.text() == "all_reduce over 16, 8 a node"
+    assert curves.source == f"by nccl-tests on {GPU} (x.log: all_reduce over 16 on 2 hosts)"
+    assert across.seconds("all_reduce", 2**20, 16, 8, LATENCY) == printed[2**20]
+    assert across.seconds("all_gather", 2**20, 16, 8, LATENCY) is None
+
+
+def test_other_groups_across_nodes_load_the_network_as_the_run_did():
+    """A ring's node-crossing hops share its members' NICs: a group of 32 with 8 a node is read at the run's curve
+    at S x bus_factor(32) / bus_factor(16), plus 32 more ring steps' latency; one member a node (under tp 8) at 8
+    times the bytes; a smaller group (4, 2 a node) at its bus bytes x 8 / 2, no latency taken off. An all-to-all
+    sends (n - k) / n of a rank's buffer off the node; a send/recv its bytes through one NIC."""
+    _, across, _ = _spanning()
+    size = 2**22
+    same = across.seconds("all_reduce", size * bus_factor("all_reduce", 32) / bus_factor("all_reduce", 16), 16, 8,
+                          LATENCY)
+    assert across.seconds("all_reduce", size, 32, 8, LATENCY) == pytest.approx(same + 32 * LATENCY, rel=1e-12)
+    assert across.seconds("all_reduce", size, 16, 1, LATENCY) == pytest.approx(
+        across.seconds("all_reduce", 8 * size, 16, 8, LATENCY), rel=1e-12)
+    assert across.seconds("all_reduce", size, 4, 2, LATENCY) == pytest.approx(
+        across.seconds("all_reduce", size * bus_factor("all_reduce", 4) / bus_factor("all_reduce", 16) * 4, 16, 8,
+                       LATENCY), rel=1e-12)
+    _, alltoall, _ = _spanning("alltoall_perf")
+    # 64 ranks, 8 a node: 56/64 of a rank's buffer leaves its node, against the run's 8/16
+    assert alltoall.seconds("all_to_all", size, 64, 8, LATENCY) == pytest.approx(
+        alltoall.seconds("all_to_all", size * 56 / 64 * 16 / 8, 16, 8, LATENCY) + 48 * LATENCY, rel=1e-12)
+    _, sendrecv, printed = _spanning("sendrecv_perf")
+    assert sendrecv.seconds("send_recv", 2**20, 2, 1, LATENCY) == printed[2**20]
 
 
 PLAN = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
@@ -111,7 +161,7 @@ def test_plan_prices_tensor_parallel_all_reduces_at_the_files_times(run_cli, tmp
     path.write_bytes(log(gb_per_s=30.0))  # a slow node: its all-reduces cost more than NVLink 4's datasheet
     datasheet, measured = (json.loads(run_cli(*PLAN, *extra).stdout) for extra in ((), ("--nccl-tests", str(path))))
     assert measured["hardware"]["cluster"]["measured"] == {
-        "source": f"by nccl-tests on {GPU} ({path}: all_reduce over 8)", "group_sizes": [8]}
+        "source": f"by nccl-tests on {GPU} ({path}: all_reduce over 8)", "group_sizes": [8], "across_nodes": None}
 
     def all_reduce(plan):
         terms = [t for t in plan["recommendation"]["communication"] if t["op"] == "all_reduce"]
@@ -121,3 +171,26 @@ def test_plan_prices_tensor_parallel_all_reduces_at_the_files_times(run_cli, tmp
     assert links == {"measured"} and datasheet_links == {"nvlink4"} and seconds > 2 * datasheet_seconds
     refused = run_cli(*PLAN, "--nccl-tests", str(tmp_path / "missing.log"))
     assert refused.returncode == 2 and f"--nccl-tests {tmp_path / 'missing.log'}: no such file" in refused.stderr
+
+
+def test_plan_prices_data_parallel_traffic_across_nodes_at_a_spanning_runs_times(run_cli, tmp_path):
+    """tp 8 x dp 2 over two nodes: the gradients' all-reduce crosses nodes, one member a node, and takes the
+    spanning run's times (slow here); tp's collectives stay on the node's datasheet NVLink, which no file measured."""
+    path = tmp_path / "all_reduce_2nodes.log"
+    path.write_bytes(log(ranks=16, hosts=TWO_NODES, gb_per_s=5.0))
+    args = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
+            "--tp", "8", "--dp", "2", "--zero", "0", "--json")
+    datasheet, measured = (json.loads(run_cli(*args, *extra).stdout) for extra in ((), ("--nccl-tests", str(path))))
+    assert measured["hardware"]["cluster"]["measured"] == {
+        "source": f"by nccl-tests on {GPU} ({path}: all_reduce over 16 on 2 hosts)", "group_sizes": [],
+        "across_nodes": [{"op": "all_reduce", "ranks": 16, "ranks_per_node": 8}]}
+
+    def links(plan, axis):
+        terms = [t for t in plan["recommendation"]["communication"] if t["axis"] == axis]
+        return {t["link"] for t in terms}, sum(t["seconds"] for t in terms)
+
+    (dp_links, dp_s), (dp_sheet_links, dp_sheet_s) = links(measured, "dp"), links(datasheet, "dp")
+    assert dp_links == {"measured"} and dp_sheet_links == {"ib-ndr"} and dp_s > 2 * dp_sheet_s
+    assert links(measured, "tp")[0] == {"nvlink4"}
+    text = " ".join(run_cli(*args[:-1], "--nccl-tests", str(path)).stdout.split())  # as words: the text wraps
+    assert "nodes on collectives measured across nodes (all_reduce over 16, 8 a node), else InfiniBand NDR" in text

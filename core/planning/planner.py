@@ -846,7 +846,10 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
             "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
             "source": "measured" if cluster.measured else "datasheet", "assumed": cluster.assumed,
             "measured": None if cluster.measured is None else {
-                "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes())}}
+                "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes()),
+                "across_nodes": None if cluster.measured.across_nodes is None else [
+                    {"op": op, "ranks": ranks, "ranks_per_node": a_node}
+                    for op, ranks, a_node in cluster.measured.across_nodes.runs()]}}
 
 
 @collector_paused

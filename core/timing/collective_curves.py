@@ -11,7 +11,9 @@ A group size the box did not measure is read from the closest measured group
 size n' of the same op at the same *bus* bytes: nccl-tests' bus bandwidth is
 defined so that it does not depend on n for ring algorithms
 (doc/PERFORMANCE.md), so t(S, n) = t'(S x bus_factor(n) / bus_factor(n')).
-Groups that span nodes are not covered: the box measured no network.
+Groups that span nodes take curves measured across nodes where there are
+any (nccl-tests over several hosts: `SpanningCurves`); the agent's box
+measured no network.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
-from headroom.core.timing.collective_ops import bus_factor
+from headroom.core.timing.collective_ops import bus_factor, ring_steps
 
 Curve = tuple[tuple[int, float], ...]
 """(message bytes, seconds per call), sorted by size, sizes distinct."""
@@ -54,11 +56,55 @@ def _interpolate(curve: Curve, size: float) -> float:
 
 
 @dataclass(frozen=True, slots=True)
+class SpanningCurves:
+    """Collective times measured over ranks on several nodes (nccl-tests across hosts): what the network runs,
+    for groups that span nodes (headroom.core.timing.comm)."""
+
+    curves: Mapping[tuple[str, int, int], Curve]
+    """(op, ranks, ranks a node) -> its curve."""
+
+    def seconds(self, op: str, message_bytes: int, group_size: int, members: int, step_latency_s: float) -> float | None:
+        """One call of ``op`` over ``group_size`` ranks across nodes, ``members`` of them a node; None when the op
+        was not measured across nodes. Read from the run of the closest group size (n', k' a node) at the message
+        that loads the network as this one does:
+
+        - all-reduce, all-gather, reduce-scatter: the same bus bytes a NIC, a ring's node-crossing hops sharing the
+          k members' NICs (headroom.core.timing.comm.group_link): S' = S x bus_factor(n) / bus_factor(n') x k' / k;
+        - all-to-all: the same bytes off the node a rank, (n - k) / n of its buffer through its own NIC;
+        - send/recv: the same bytes, one NIC a hop.
+
+        A larger group adds ``step_latency_s`` for each ring step beyond the run's (NCCL's per-hop latency); a
+        smaller one is priced as the run (no latency taken off)."""
+        runs = [(n, k) for o, n, k in self.curves if o == op]
+        if not runs:
+            return None
+        n, k = min(runs, key=lambda run: (abs(run[0] - group_size), abs(run[1] - members), -run[0]))
+        if op == "all_to_all":
+            size = message_bytes * (group_size - members) / group_size * n / (n - k)
+        elif op == "send_recv":
+            size = message_bytes
+        else:
+            size = message_bytes * bus_factor(op, group_size) / bus_factor(op, n) * k / members
+        extra = max(0, ring_steps(op, group_size) - ring_steps(op, n))
+        return _interpolate(self.curves[(op, n, k)], size) + extra * step_latency_s
+
+    def runs(self) -> tuple[tuple[str, int, int], ...]:
+        """(op, ranks, ranks a node) of each measured run."""
+        return tuple(sorted(self.curves))
+
+    def text(self) -> str:
+        """"all_reduce over 16, 8 a node; ...": the runs, in words."""
+        return "; ".join(f"{op} over {ranks}, {a_node} a node" for op, ranks, a_node in self.runs())
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveCurves:
     curves: Mapping[tuple[str, int], Curve]
-    """(op, group size) -> its curve."""
+    """(op, group size) -> its curve, measured inside one node."""
     source: str
     """Where they were measured, e.g. 'NVIDIA H200 (nccl)'."""
+    across_nodes: SpanningCurves | None = None
+    """Curves measured across nodes, where there are any."""
 
     @classmethod
     def from_records(cls, records: Iterable[CollectiveRecord], source: str) -> CollectiveCurves | None:

@@ -562,9 +562,7 @@ def step_communication(
             group: str | None = None, window: str = "") -> None:
         group = group or ("dp-cp" if axis == "dp" else axis)
         link = group_link(group, layout, cluster, op)
-        measured = None
-        if cluster.measured is not None and not crosses_nodes(group, layout, cluster):
-            measured = cluster.measured.seconds(op, message, size)
+        measured = _measured_seconds(op, message, size, group, layout, cluster, efficiency)
         per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency)
         terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
                               link_key=MEASURED if measured is not None else link.key, seconds=calls * per_call,
@@ -628,6 +626,24 @@ def step_communication(
                 f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                 f"{group}-reshard" if reshard_group else group, window)
     return tuple(terms)
+
+
+def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layout, cluster: Cluster,
+                      efficiency: float) -> float | None:
+    """One call's time from the cluster's measured collectives, None where they hold none for it: a group inside a
+    node from the node's curves, one across nodes from the curves measured across nodes, no faster than the
+    node's own link moves it."""
+    if cluster.measured is None:
+        return None
+    if not crosses_nodes(group, layout, cluster):
+        return cluster.measured.seconds(op, message, size)
+    across = cluster.measured.across_nodes
+    if across is None:
+        return None
+    seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster), cluster.inter.latency_s)
+    if seconds is None:
+        return None
+    return max(seconds, collective_seconds(op, message, size, cluster.intra.for_group(op, size), efficiency))
 
 
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,

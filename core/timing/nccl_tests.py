@@ -11,20 +11,27 @@ Each row's bandwidths are checked against its size and time (``algbw = size / ti
 bus factor (``busbw = algbw x bus_factor``), so that a table whose columns are not nccl-tests', or the output of
 another collective, is refused rather than misread.
 
-Only a run inside one node is taken (every rank on one host): a group across nodes is priced by the network
-(headroom.core.timing.comm), and a curve measured over two nodes' worth of ranks says nothing of groups placed
-otherwise.
+A run inside one node (every rank on one host) stands for groups inside a node. A run across hosts, the same
+number of ranks on each, stands for groups that span nodes (headroom.core.timing.collective_curves.SpanningCurves):
+the network's own times in place of its datasheet rate, for any group size and ranks a node, by the rules the
+datasheet network follows (a ring's crossing hops share the members' NICs; all-to-all and send/recv go through each
+rank's own).
 """
 
 from __future__ import annotations
 
 import math
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
-from headroom.core.timing.collective_curves import CollectiveCurves, CollectiveRecord
+from headroom.core.timing.collective_curves import (
+    CollectiveCurves,
+    CollectiveRecord,
+    SpanningCurves,
+)
 from headroom.core.timing.collective_ops import OPS, bus_factor
 
 MAX_BYTES = 1024 * 1024
@@ -49,13 +56,20 @@ class NcclTestsRun:
     op: str
     """headroom.core.timing.collective_ops's name of the collective."""
     host: str
+    """The first host the ranks ran on."""
     devices: tuple[str, ...]
     """Each rank's GPU, as the header names it."""
     records: tuple[CollectiveRecord, ...]
+    nodes: int = 1
+    """Hosts the ranks ran on, as many on each."""
 
     @property
     def ranks(self) -> int:
         return len(self.devices)
+
+    @property
+    def ranks_a_node(self) -> int:
+        return self.ranks // self.nodes
 
 
 def parse_nccl_tests(data: bytes, where: str, op: str | None = None) -> NcclTestsRun:
@@ -72,16 +86,18 @@ def parse_nccl_tests(data: bytes, where: str, op: str | None = None) -> NcclTest
     if not ranks:
         raise ConfigError(f"{where}: no '#  Rank N Group G Pid P on HOST device D [BUS] GPU' lines: not the output "
                           "of an nccl-tests binary (e.g. all_reduce_perf -b 1K -e 1G -f 4 -g 8)")
-    hosts = sorted({host for _, host, _ in ranks})
-    if len(hosts) > 1:
-        raise ConfigError(f"{where}: its {len(ranks)} ranks ran on {len(hosts)} hosts ({', '.join(hosts)}); "
-                          "measured collectives are taken inside one node, where the ranks share its link; describe "
-                          "the network between nodes with --interconnect or --network")
+    on_host = Counter(host for _, host, _ in ranks)
+    hosts = sorted(on_host)
+    if len(set(on_host.values())) > 1:
+        counts = ", ".join(f"{host} {on_host[host]}" for host in hosts)
+        raise ConfigError(f"{where}: its {len(ranks)} ranks ran unevenly on {len(hosts)} hosts ({counts}); a run "
+                          "across nodes is taken with as many ranks on each host (e.g. mpirun -np 16 -N 8 "
+                          "all_reduce_perf -g 1)")
     if len(ranks) < 2:
         raise ConfigError(f"{where}: one rank moves nothing; run nccl-tests over the node's GPUs (-g 8)")
     collective = _op(lines, where, op)
     return NcclTestsRun(op=collective, host=hosts[0], devices=tuple(gpu for _, _, gpu in ranks),
-                        records=tuple(_records(lines, where, collective, len(ranks))))
+                        records=tuple(_records(lines, where, collective, len(ranks))), nodes=len(hosts))
 
 
 def _op(lines: list[str], where: str, given: str | None) -> str:
@@ -146,17 +162,31 @@ def _records(lines: list[str], where: str, op: str, ranks: int) -> list[Collecti
 def nccl_tests_curves(runs: Iterable[tuple[NcclTestsRun, str]], gpus_per_node: int,
                       measured: CollectiveCurves | None = None) -> CollectiveCurves:
     """The curves of ``runs`` (each with the file it came from), over ``measured`` (the store's, where it has
-    them): a curve a file gives for an op and group size replaces the store's."""
+    them): a curve a file gives for an op and group size inside a node replaces the store's; a run across hosts
+    gives the curves across nodes (`CollectiveCurves.across_nodes`), one per op, group size and ranks a node."""
     runs = list(runs)
     for run, where in runs:
-        if run.ranks > gpus_per_node:
-            raise ConfigError(f"{where}: {run.ranks} ranks on one host, more than the {gpus_per_node} GPUs a node "
-                              "(--gpus-per-node)")
-    given = CollectiveCurves.from_records((r for run, _ in runs for r in run.records), "")
-    assert given is not None  # every run holds a record
+        if run.ranks_a_node > gpus_per_node:
+            raise ConfigError(f"{where}: {run.ranks_a_node} ranks on one host, more than the {gpus_per_node} GPUs a "
+                              "node (--gpus-per-node)")
+    inside = CollectiveCurves.from_records((r for run, _ in runs if run.nodes == 1 for r in run.records), "")
+    spanning = [run for run, _ in runs if run.nodes > 1]
+    across = measured.across_nodes if measured is not None else None
+    if spanning:
+        by_run: dict[tuple[str, int, int], list[CollectiveRecord]] = {}
+        for run in spanning:
+            by_run.setdefault((run.op, run.ranks, run.ranks_a_node), []).extend(run.records)
+        given = {}
+        for (op, ranks, a_node), records in by_run.items():
+            curve = CollectiveCurves.from_records(records, "")
+            assert curve is not None  # every run holds a record
+            given[(op, ranks, a_node)] = curve.curves[(op, ranks)]
+        across = SpanningCurves({**(across.curves if across else {}), **given})
     devices = sorted({device for run, _ in runs for device in run.devices})
-    files = "; ".join(f"{where}: {run.op} over {run.ranks}" for run, where in runs)
+    files = "; ".join(f"{where}: {run.op} over {run.ranks}"
+                      + (f" on {run.nodes} hosts" if run.nodes > 1 else "") for run, where in runs)
     source = f"by nccl-tests on {', '.join(devices)} ({files})"
     if measured is not None:
         source += f", else {measured.source}"
-    return CollectiveCurves({**(measured.curves if measured else {}), **given.curves}, source)
+    curves = {**(measured.curves if measured else {}), **(inside.curves if inside else {})}
+    return CollectiveCurves(curves, source, across)

@@ -130,11 +130,11 @@ with st.sidebar:
             st.session_state.plan_network_error = None
     if network_file is not None and st.session_state.get("plan_network_error"):
         st.error(st.session_state.plan_network_error)
-    nccl_files = st.file_uploader("nccl-tests output (one node)", accept_multiple_files=True, key="plan_nccl_tests",
+    nccl_files = st.file_uploader("nccl-tests output", accept_multiple_files=True, key="plan_nccl_tests",
                                   help="what all_reduce_perf, all_gather_perf, reduce_scatter_perf, alltoall_perf or "
-                                  "sendrecv_perf printed over one node's GPUs, each file the collective its output "
-                                  "names: groups inside a node are priced at its times, as `headroom plan "
-                                  "--nccl-tests FILE` prices them")
+                                  "sendrecv_perf printed, each file the collective its output names: a run over one "
+                                  "node's GPUs prices groups inside a node, a run over several hosts (as many ranks "
+                                  "on each) groups across nodes, as `headroom plan --nccl-tests FILE` prices them")
     st.number_input("GPUs per node", min_value=1, step=1, key="plan_gpus_per_node",
                     help="GPUs joined by the hardware's own link (NVLink, PCIe); tp stays inside a node")
     given = st.session_state.plan_interconnect  # a network typed as NICs x Gb/s stays among the choices
