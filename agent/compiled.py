@@ -11,6 +11,8 @@ saved-tensor hooks alone (headroom.agent.probe: a dispatch mode would make dynam
 
 from __future__ import annotations
 
+import logging
+
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
@@ -46,3 +48,50 @@ def compile_blocks(model: nn.Module, policy: RecomputePolicy, stack: str) -> Non
     for i, block in enumerate(model.blocks):
         model.blocks[i] = torch.compile(CheckpointedBlock(block, stack) if policy.recomputes_blocks else block)
     model.recompute = RecomputePolicy("none")
+
+
+def inductor_kernels(block: nn.Module, x: torch.Tensor) -> list[dict[str, int]]:
+    """What inductor makes of one block compiled alone, graph by graph (its forward, then its backward): the
+    kernels it generates (each a fusion of memory-bound ops), the extern kernels it calls (GEMMs, attention) and
+    the no-op views, each with the bytes it reads and writes as inductor counts them
+    (``GraphLowering.count_bytes``, logged by its ``inductor_metrics`` artifact). Compiled afresh with inductor's
+    graph caches off, so that every graph is lowered and counted; [] where this torch logs no graph metrics."""
+    from torch._inductor import compile_fx
+
+    logger = getattr(compile_fx, "inductor_metrics_log", None)
+    if logger is None:
+        return []
+    graphs: list[dict[str, int]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            found = record.args if isinstance(record.args, dict) else None
+            if found is not None and "nodes_num_elem" in found:
+                graphs.append(_graph_kernels(found["nodes_num_elem"]))
+
+    handler, level = Collect(), logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    torch._dynamo.reset()
+    try:
+        with torch._inductor.config.patch(fx_graph_cache=False, fx_graph_remote_cache=False):
+            out = torch.compile(block)(x)
+            out.float().sum().backward()
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
+        torch._dynamo.reset()
+    return graphs
+
+
+def _graph_kernels(nodes: list[tuple[object, int]]) -> dict[str, int]:
+    """One graph's scheduler nodes by kind, with their bytes (count_bytes logs each node's as bytes // 4)."""
+    counts = {"kernels": 0, "kernel_bytes": 0, "externs": 0, "extern_bytes": 0}
+    for node, words in nodes:
+        kind = type(node).__name__
+        if kind == "NopKernelSchedulerNode":
+            continue
+        key = "externs" if kind == "ExternKernelSchedulerNode" else "kernels"
+        counts[key] += 1
+        counts[f"{key[:-1]}_bytes"] += 4 * words
+    return counts

@@ -57,6 +57,14 @@ def test_every_part_runs_and_writes_bundle_report_checks_and_log(check_run):
     assert [s["label"] for s in compiled] == ["compiled none", "compiled full"]
     assert all(s["status"] == "ok" and s["activation_bytes"] == s["predicted_activation_bytes"]
                and s["first_step_s"] > 0 for s in compiled), compiled
+    # then one block compiled alone: inductor fuses the block's memory-bound ops into fewer kernels moving fewer bytes
+    kernels = parts["compile"]["result"]["kernels"]
+    assert kernels["status"] == "ok" and len(kernels["graphs"]) == 2, kernels
+    forward = kernels["graphs"][0]
+    assert 0 < forward["kernels"] < kernels["eager_memory_ops"], kernels
+    assert 0 < forward["kernel_bytes"] < kernels["eager_memory_bytes"], kernels
+    assert forward["externs"] >= 5  # the fused q/k/v, output, gate, up and down projections, and attention
+    assert "## What inductor fuses in one compiled block" in report
     # and under block recompute, beside none and full: what its hooks see is what the ledger says
     blocks = parts["block"]["result"]["steps"]
     assert [s["label"] for s in blocks] == ["none", "block-1", "full"]

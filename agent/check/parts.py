@@ -22,8 +22,9 @@ from sqlalchemy import select
 from headroom.agent import bench_matmul, bench_train
 from headroom.agent.check import masked_sdpa
 from headroom.agent.clocks import read_clocks
+from headroom.agent.compiled import inductor_kernels
 from headroom.agent.fingerprint import datasheet_spec, device_name, fingerprint
-from headroom.agent.ledger_check import LedgerCase, check
+from headroom.agent.ledger_check import LedgerCase, build, check
 from headroom.agent.runner import profile_from_store, run_suite
 from headroom.agent.sdpa import kernel_label, kernels_run
 from headroom.agent.suites import GPU_TRAIN, SMOKE_TRAIN, TrainSweep
@@ -32,8 +33,10 @@ from headroom.core.planning.planner import PlanRequest, plan
 from headroom.core.planning.regret import MeasuredConfig, regret, tight_budget
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
+from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
+from headroom.core.timing.step_ops import forward_ops, ops_config
 from headroom.core.units import GB
 from headroom.db.models import TrainStepResult
 from headroom.db.profiles import build_profile, calibration_for
@@ -207,9 +210,34 @@ def compiled(ctx: Context) -> dict[str, Any]:
     """The same model and shape as the fp8 part (whose ``off`` rows are its eager steps), its blocks compiled as
     torchtitan compiles them (headroom.agent.compiled), without checkpointing and under full: peak, saved bytes
     (autograd's hooks alone), step time against the prediction, and the first step's time, which includes the
-    compile. Not stored (the store has no column for it)."""
-    return _variant_steps(ctx, {f"compiled {policy}": {"compile": True, "recompute": parse_policy(policy)}
-                                for policy in FP8_POLICIES})
+    compile. Then one block compiled alone (`block_kernels`): what inductor fuses, beside the memory-bound ops the
+    time model enumerates for the eager block. Not stored (the store has no column for it)."""
+    result = _variant_steps(ctx, {f"compiled {policy}": {"compile": True, "recompute": parse_policy(policy)}
+                                  for policy in FP8_POLICIES})
+    # Whatever time the steps left: one block's compile (seconds), the only measure of inductor's fusion here.
+    result["kernels"] = block_kernels(ctx, get_preset(result["model"]), result["seq_len"], result["micro_batch"])
+    return result
+
+
+def block_kernels(ctx: Context, spec: ModelSpec, seq_len: int, micro: int) -> dict[str, Any]:
+    """One torchtitan block of ``spec`` (bf16-pure, uncheckpointed) compiled alone on the device: inductor's
+    generated kernels and extern kernels with their bytes, forward and backward graphs
+    (headroom.agent.compiled.inductor_kernels), and the memory-bound ops and bytes (written and read) the time model
+    enumerates for the same block run eagerly (headroom.core.timing.step_ops): the fusion a compiled plan's time
+    does not model yet, measured."""
+    config = TrainConfig(seq_len=seq_len, micro_batch=micro, precision="bf16-pure", stack="torchtitan")
+    decoder, _, _ = build(spec, config, ctx.device)
+    block = decoder.blocks[0]
+    x = torch.randn(micro, seq_len, spec.hidden, device=ctx.device, dtype=next(block.parameters()).dtype,
+                    requires_grad=True)
+    try:
+        graphs = inductor_kernels(block, x)
+    except (RuntimeError, ConfigError) as err:  # a compile that fails on this box
+        return {"status": "error", "message": str(err).splitlines()[0][:300]}
+    memory = [op for op in forward_ops(spec, ops_config(config), "cuda" if ctx.gpu else "cpu", 1).dense_block
+              if op.kind == "memory"]
+    return {"status": "ok", "model": spec.name, "graphs": graphs, "eager_memory_ops": len(memory),
+            "eager_memory_bytes": sum(op.bytes + op.read_bytes for op in memory)}
 
 
 def block(ctx: Context) -> dict[str, Any]:
@@ -359,11 +387,11 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     # whose lost training steps would leave the regret part nothing to judge.
     "environment": (environment, 20, 10),
     "ledger": (ledger, 60, 20),
-    "suite": (suite, 180, 120),
+    "suite": (suite, 160, 120),
     "offload": (offload, 45, 10),
     "repeat": (repeat, 20, 5),
     "fp8": (fp8, 30, 15),
-    "compile": (compiled, 40, 20),
+    "compile": (compiled, 60, 20),
     "block": (block, 25, 10),
     "regret": (regret_part, 50, 10),
     "multi-rank": (multi_rank, 90, 30),

@@ -232,6 +232,22 @@ def _variant_table(parts: dict[str, dict[str, Any]], part: str, first: str) -> l
                                  "step s predicted / measured", "first step s", "note"], body)
 
 
+def _kernels_table(parts: dict[str, dict[str, Any]]) -> list[str]:
+    """The compile part's one block compiled alone: inductor's kernels and their bytes, forward and backward, beside
+    the memory-bound ops the time model enumerates for the block run eagerly."""
+    kernels = (parts.get("compile", {}).get("result") or {}).get("kernels")
+    if not kernels:
+        return ["(not run)"]
+    if kernels["status"] != "ok":
+        return [f"error: {kernels['message']}"]
+    body = [[name, str(g["kernels"]), f"{g['kernel_bytes']:,}", str(g["externs"]), f"{g['extern_bytes']:,}"]
+            for name, g in zip(("forward", "backward"), kernels["graphs"], strict=False)]
+    title = (f"{kernels['model']}, one block (torchtitan, bf16-pure): eagerly, {kernels['eager_memory_ops']} "
+             f"memory-bound ops moving {kernels['eager_memory_bytes']:,} bytes forward, as the time model enumerates "
+             "them")
+    return [title, ""] + _table(["graph", "generated kernels", "their bytes", "extern kernels", "their bytes"], body)
+
+
 def _ledger_section(checks: list[dict[str, Any]]) -> list[str]:
     if not checks:
         return ["(not run)"]
@@ -284,6 +300,7 @@ def markdown(parts: dict[str, dict[str, Any]], rows: Rows, gpu: bool, title: str
         + _variant_table(parts, "fp8", "recipe and policy")
     lines += ["", "## Compiled training steps: predicted vs measured (not stored)", ""] \
         + _variant_table(parts, "compile", "blocks and policy")
+    lines += ["", "## What inductor fuses in one compiled block", ""] + _kernels_table(parts)
     lines += ["", "## Block recompute steps: predicted vs measured (not stored)", ""] \
         + _variant_table(parts, "block", "policy")
     lines += ["", "## Ledger vs probe (bytes kept for backward)", ""]
