@@ -18,6 +18,7 @@ from headroom.core.specs.config import ATTENTIONS, TrainConfig
 from headroom.core.specs.float8 import AUTO, FLOAT8_RECIPES, FP8_CHOICES, OFF
 from headroom.core.specs.layout import (
     CP_COMMS,
+    EP_COMMS,
     MULTI_CHUNK,
     SCHEDULES,
     SWITCHES,
@@ -132,6 +133,11 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                    help="ep > 1: run one micro-batch's expert all-to-alls beside another's compute (megatron's "
                         "--overlap-moe-expert-parallel-comm, its combined 1F1B: no full or every-K recompute, a "
                         "16-bit model) (default off, as in every stack)")
+    p.add_argument("--ep-comm", default=None, choices=EP_COMMS,
+                   help="ep > 1: how expert-parallel ranks send tokens to their experts across nodes: all-to-all "
+                        "(each token's k copies to their ranks), deepep or hybridep (each token once to each other "
+                        "node its experts are on, then over NVLink; megatron's flex dispatcher, torchtitan's "
+                        "moe_comm_backend) (default all-to-all, as in every stack)")
     p.add_argument("--reshard-after-forward", type=reshard_value, default=None, metavar="true|false|K",
                    help="FSDP (zero 3): free each unit's gathered parameters after its forward (true), keep them to "
                         "its backward (false), or keep a shard over K ranks, gathered again over those K in backward "

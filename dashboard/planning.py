@@ -47,6 +47,7 @@ from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import intra_node_link, network
 from headroom.core.specs.layout import (
     CP_COMMS,
+    EP_COMMS,
     MULTI_CHUNK,
     SCHEDULES,
     SWITCHES,
@@ -79,7 +80,8 @@ can keep busy for minutes is a denial of service once it is exposed."""
 AXIS_CHOICES: dict[str, tuple[str, ...]] = {"sp": (AUTO, "on", "off"), "schedule": (AUTO, *SCHEDULES),
                                             "defer_gradient_sync": (AUTO, "on", "off"), "tp_overlap": (AUTO, "on", "off"),
                                             "cp_comm": (AUTO, *CP_COMMS), "overlap_grad_reduce": (AUTO, "on", "off"),
-                                            "overlap_param_gather": (AUTO, "on", "off"), "ep_overlap": (AUTO, "on", "off")}
+                                            "overlap_param_gather": (AUTO, "on", "off"), "ep_overlap": (AUTO, "on", "off"),
+                                            "ep_comm": (AUTO, *EP_COMMS)}
 """Axes picked from a list; the others are typed (auto or a whole number; reshard after forward also on or
 off)."""
 ON_OFF = (*SWITCHES, "reshard_after_forward")
@@ -147,6 +149,8 @@ class PlanInputs:
     """Expert all-to-alls beside another micro-batch's compute: on, off, or the stack's default (off)."""
     cp_comm: str = AUTO
     """How context-parallel ranks exchange keys and values: ring, all-gather, or the stack's default."""
+    ep_comm: str = AUTO
+    """How expert-parallel ranks send tokens across nodes: all-to-all, deepep, hybridep, or the stack's default."""
     stage_layers: str = AUTO
     """Blocks on each pipeline stage, comma-separated (headroom.core.specs.stages); pins pp to their count."""
     precision: str = "amp-bf16"
@@ -375,7 +379,7 @@ def build_layout(inputs: PlanInputs) -> Layout:
             values[axis] = tuple(int(part) for part in text.split(","))
         elif text != AUTO:
             values[axis] = (text == "on" if axis in ON_OFF and text in ("on", "off")
-                            else text if axis in ("schedule", "cp_comm") else int(text))
+                            else text if axis in ("schedule", "cp_comm", "ep_comm") else int(text))
     if "stage_layers" in values:  # pp is their count (headroom plan --stage-layers)
         values.setdefault("pp", len(values["stage_layers"]))
     if search and values.get("sp") and "tp" not in values:

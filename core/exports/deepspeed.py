@@ -31,6 +31,7 @@ from headroom.core.exports.run import (
     Export,
     Run,
     compile_note,
+    ep_comm_note,
     ep_overlap_note,
     offload_note,
     tp_overlap_note,
@@ -80,6 +81,8 @@ def _layout(run: Run, config: dict[str, Any], notes: list[str]) -> None:
                      "as data-parallel")
     if run.spec.is_moe:  # DeepSpeed's MoE drops tokens at capacity factor 1.0 unless told not to
         moe = [f"ep_size={layout.ep}"] if layout.ep > 1 else []
+        if (note := ep_comm_note(run, "DeepSpeed's MoE")) is not None:
+            notes.append(note)
         if (note := ep_overlap_note(run, "DeepSpeed's MoE")) is not None:
             notes.append(note)
         factor = run.spec.capacity_factor

@@ -186,8 +186,13 @@ def megatron(run: Run) -> Export:
         notes.append("Megatron-LM has no GPipe schedule; it runs 1F1B, which keeps at most pp micro-batches in "
                      "flight: less activation memory than planned, the same bubble")
     if layout.ep > 1:  # expert-parallel ranks come out of the data-parallel ones (megatron/core/parallel_state.py)
-        # The all-to-all dispatcher is the one headroom.core.timing.comm times; Megatron's default gathers every token instead.
-        args += ["--expert-model-parallel-size", str(layout.ep), "--moe-token-dispatcher-type", "alltoall"]
+        # The all-to-all dispatcher, or the flex one's DeepEP or HybridEP backend, is what headroom.core.timing.comm
+        # times; Megatron's default gathers every token instead.
+        args += ["--expert-model-parallel-size", str(layout.ep)]
+        if layout.ep_comm in ("deepep", "hybridep"):
+            args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", layout.ep_comm]
+        else:
+            args += ["--moe-token-dispatcher-type", "alltoall"]
         if layout.ep_overlap:  # combined 1F1B (megatron/core/pipeline_parallel/combined_1f1b.py)
             args.append("--overlap-moe-expert-parallel-comm")
     if run.spec.capacity_factor:

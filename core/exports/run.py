@@ -241,6 +241,17 @@ def ep_overlap_note(run: Run, framework: str) -> str | None:
         if run.layout.ep_overlap else None
 
 
+def ep_comm_note(run: Run, framework: str) -> str | None:
+    """When the plan sends the experts' tokens across nodes by DeepEP or HybridEP (Layout.ep_comm) and the framework
+    exchanges them by all-to-all."""
+    comm = run.layout.ep_comm
+    if comm not in ("deepep", "hybridep"):
+        return None
+    return (f"{framework} exchanges the experts' tokens by all-to-all, not {comm}: every copy of a token crosses "
+            "nodes on its own, slower than planned where experts span nodes; re-plan with --ep-comm all-to-all for "
+            "its step time")
+
+
 def _unrun_overlap(framework: str, what: str, flag: str) -> str:
     return (f"{framework} has no overlap of {what}: they run exposed, slower than planned; re-plan with {flag} off "
             "for its step time")

@@ -258,6 +258,11 @@ def torchtitan(run: Run) -> Export:
     ]
     if layout.ep > 1:  # borrowed from data_parallel_shard_degree x cp (its efsdp x ep sparse mesh)
         parallelism.append(f"--parallelism.expert_parallel_degree {layout.ep}")
+        if layout.ep_comm in ("deepep", "hybridep"):
+            notes.append(f"torchtitan 0.3 takes its token dispatcher from the recipe's config function: call it with "
+                         f"moe_comm_backend=\"{layout.ep_comm}\" (torchtitan/models/common/config_utils.py, "
+                         "make_token_dispatcher_config; the default, \"standard\", is an all-to-all); DeepEP must "
+                         "be installed")
         if (note := ep_overlap_note(run, "torchtitan 0.3")) is not None:
             notes.append(note)
     if layout.tp > 1 and not layout.sp:

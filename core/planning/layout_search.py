@@ -31,7 +31,7 @@ An axis the user pinned (``--tp 2``) takes only that value. A pinned data-parall
 only at zero 3 and where its k divides the sharding ranks, the second at zero 0 and 3,
 ``--overlap-grad-reduce`` at zero 0-2 and ``--overlap-param-gather`` at zero 1-2; ``--tp-overlap on``
 into the layouts with sequence parallelism (the others run without it), ``--cp-comm`` into those with cp > 1,
-``--ep-overlap on`` into those with ep > 1.
+``--ep-overlap on`` and ``--ep-comm`` into those with ep > 1.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def pinned_layout(values: Mapping[str, object], fsdp: bool = False, sharded: boo
     if held.get("tp_overlap"):
         held.setdefault("sp", True)
         held.setdefault("tp", 2)
-    if held.get("ep_overlap"):
+    if held.get("ep_overlap") or held.get("ep_comm"):
         held.setdefault("ep", 2)
     if "ep" in held and "dp" not in held:
         held["dp"] = held["ep"]
@@ -191,6 +191,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         settings["cp_comm"] = fixed.cp_comm
     if "ep_overlap" in pinned:  # on: only where experts are split (`_variants`' ep loop drops it at ep 1)
         settings["ep_overlap"] = fixed.ep_overlap
+    if "ep_comm" in pinned:  # only where experts are split, as ep_overlap
+        settings["ep_comm"] = fixed.ep_comm
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]
@@ -214,7 +216,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
             for ep in eps:
                 if not isinstance(kept, bool) and not shard_fits(kept, sharding_groups(dp, cp, ep)):
                     continue  # no shard can be kept over k of these ranks
-                here = settings if ep > 1 or not settings.get("ep_overlap") else \
-                    {name: value for name, value in settings.items() if name != "ep_overlap"}
+                here = settings if ep > 1 or not (settings.get("ep_overlap") or settings.get("ep_comm")) else \
+                    {name: value for name, value in settings.items() if name not in ("ep_overlap", "ep_comm")}
                 yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep,
                              **here)

@@ -366,6 +366,7 @@ class Candidate:
             "layout": layout_dict(self.layout),
             "stage_layers": list(self.config.stage_layers(self.estimate.spec)),
             "cp_comm": self.config.cp_comm if self.layout.cp > 1 else None,
+            "ep_comm": self.config.ep_comm if self.layout.ep > 1 else None,
             "tokens_per_s_per_gpu": self.tokens_per_s / self.layout.world,
             "memory_bytes": self.estimate.memory_dict(),
             "ranks": self.estimate.ranks_list(),

@@ -26,7 +26,7 @@ from headroom.core.specs.precision import (
     optimizer_state_bytes,
 )
 from headroom.core.specs.recompute import RecomputePolicy
-from headroom.core.specs.stack import Stack, get_stack, stack_name
+from headroom.core.specs.stack import STACKS, Stack, get_stack, stack_name
 from headroom.core.specs.stages import chunk_layers, stage_layers
 
 COMPILED_STACKS = ("reference", "torchtitan")
@@ -345,6 +345,27 @@ class TrainConfig:
         """Blocks in each pipeline chunk (virtual stage), first to last (headroom.core.specs.stages)."""
         return chunk_layers(self.layout, spec.n_layers, self.stack)
 
+    @property
+    def ep_comm(self) -> str:
+        """How expert-parallel ranks exchange tokens: the layout's setting, else an all-to-all (every stack's
+        default)."""
+        return self.layout.ep_comm or "all-to-all"
+
+    def _check_ep_comm(self, stack: Stack, spec: ModelSpec) -> None:
+        """DeepEP and HybridEP run under the stacks that offer them (Stack.hierarchical_dispatch), dropless."""
+        comm = self.layout.ep_comm
+        if comm not in ("deepep", "hybridep"):
+            return
+        offering = [s.name for s in STACKS.values() if s.hierarchical_dispatch]
+        if not stack.hierarchical_dispatch:
+            raise ConfigError(f"--stack {stack.name} --ep-comm {comm}: only {' and '.join(offering)} dispatch tokens "
+                              "by DeepEP or HybridEP; use --ep-comm all-to-all, or --stack " + " or ".join(offering))
+        if spec.capacity_factor:
+            raise ConfigError(f"{spec.name}: --ep-comm {comm} with capacity factor {spec.capacity_factor:g}: its "
+                              "dispatch is dropless (Megatron-LM refuses --moe-pad-expert-input-to-capacity with the "
+                              "flex dispatcher's DeepEP backend); leave the capacity factor out, or use --ep-comm "
+                              "all-to-all")
+
     def _check_ep_overlap(self, stack: Stack) -> None:
         """What Megatron-LM asserts of --overlap-moe-expert-parallel-comm (TransformerConfig.__post_init__)."""
         if not stack.overlaps_expert_parallel:
@@ -420,6 +441,7 @@ class TrainConfig:
                               "--stack torchtitan")
         if self.layout.ep_overlap:
             self._check_ep_overlap(stack)
+        self._check_ep_comm(stack, spec)
         if self.layout.tp_overlap and not stack.overlaps_tensor_parallel:
             raise ConfigError(f"--stack {stack.name} --tp-overlap on: only megatron (--tp-comm-overlap) and torchtitan "
                               "(async tensor parallelism) run tensor-parallel collectives beside the GEMMs; use "

@@ -32,6 +32,10 @@ them rank to rank, cp - 1 hops a layer, each beside one chunk's attention; ``all
 once a layer (headroom.core.specs.stack: torch's context parallelism gathers by default, Megatron-LM passes
 them); None: the stack's default.
 
+``ep_comm`` (ep > 1): how expert-parallel ranks send tokens to their experts across nodes: ``all-to-all``,
+``deepep`` or ``hybridep`` (each token once to each other node its experts are on, then over NVLink:
+headroom.core.timing.expert_dispatch); None: the stack's default, an all-to-all.
+
 ``tp_overlap`` (tp with sp): the tensor-parallel all-gathers and reduce-scatters of each block's linears
 run in pieces beside the matrix multiplications they feed or drain, rather than before and after them
 (Megatron-LM's ``--tp-comm-overlap``, torchtitan's async tensor parallelism); None: the stack's default, off.
@@ -88,6 +92,8 @@ SWITCHES: tuple[str, ...] = ("sp", "defer_gradient_sync", "overlap_grad_reduce",
 """The Layout fields that are on or off (True or False; None where left to the stack)."""
 CP_COMMS: tuple[str, ...] = ("ring", "all-gather")
 """How context-parallel ranks exchange keys and values (headroom.core.timing.comm)."""
+EP_COMMS: tuple[str, ...] = ("all-to-all", "deepep", "hybridep")
+"""How expert-parallel ranks exchange tokens (headroom.core.timing.expert_dispatch)."""
 
 
 def _positive(name: str, value: object) -> None:
@@ -145,6 +151,9 @@ class Layout:
     ep_overlap: bool | None = None
     """Expert parallelism: run one micro-batch's all-to-alls beside another's compute; None: the stack's default
     (off in every stack)."""
+    ep_comm: Literal["all-to-all", "deepep", "hybridep"] | None = None
+    """Expert parallelism: ``all-to-all``, ``deepep`` or ``hybridep`` token dispatch; None: the stack's default
+    (an all-to-all in every stack)."""
     stage_layers: tuple[int, ...] | None = None
     """Blocks on each pipeline stage, first to last (1f1b and gpipe); None: the stack's split
     (headroom.core.specs.stages)."""
@@ -176,6 +185,10 @@ class Layout:
         if self.tp_overlap and not self.sp:
             raise ConfigError("tp-overlap overlaps the all-gathers and reduce-scatters of sequence parallelism with "
                               "the GEMMs they feed: it needs tp > 1 with --sp on")
+        if self.ep_comm is not None and self.ep_comm not in EP_COMMS:
+            raise ConfigError(f"ep-comm must be one of {', '.join(EP_COMMS)}, got {self.ep_comm!r}")
+        if self.ep_comm is not None and self.ep == 1:
+            raise ConfigError(f"ep-comm {self.ep_comm} says how expert-parallel ranks exchange tokens: it needs ep > 1")
         if self.ep_overlap is not None and not isinstance(self.ep_overlap, bool):
             raise ConfigError(f"ep-overlap must be on or off, got {self.ep_overlap!r}")
         if self.ep_overlap and self.ep == 1:
@@ -264,7 +277,7 @@ class Layout:
         however its ranks sync and overlap. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
                        defer_gradient_sync=None, tp_overlap=None, overlap_grad_reduce=None,
-                       overlap_param_gather=None, ep_overlap=None)
+                       overlap_param_gather=None, ep_overlap=None, ep_comm=None)
 
     @property
     def model_parallel(self) -> int:
@@ -296,6 +309,8 @@ class Layout:
             parts.append("tp overlapped" if self.tp_overlap else "tp not overlapped")
         if self.ep_overlap is not None:
             parts.append("ep overlapped" if self.ep_overlap else "ep not overlapped")
+        if self.ep_comm is not None:
+            parts.append(f"ep by {self.ep_comm}")
         if self.defer_gradient_sync is not None:
             parts.append("gradients synced " + ("once" if self.defer_gradient_sync else "every micro-batch"))
         if self.overlap_grad_reduce is not None:

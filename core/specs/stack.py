@@ -184,8 +184,13 @@ class Stack:
     Megatron-LM's ``--overlap-moe-expert-parallel-comm`` (megatron/core/pipeline_parallel/combined_1f1b.py: the
     first micro-batch's forward runs alone, then each forward beside the previous micro-batch's backward, "EP
     A2A in forward step is hidden by the attention/mlp computation in the backward step, and vice versa", the
-    last backward alone; off by default; it needs the all-to-all dispatcher, no full or every-K recompute and a
+    last backward alone; off by default; it needs the all-to-all or flex dispatcher, no full or every-K recompute and a
     16-bit model: megatron/core/transformer/transformer_config.py)."""
+    hierarchical_dispatch: bool = False
+    """Its experts' tokens can cross nodes by DeepEP or HybridEP rather than an all-to-all (``Layout.ep_comm``,
+    headroom.core.timing.expert_dispatch): Megatron-LM's ``--moe-token-dispatcher-type flex
+    --moe-flex-dispatcher-backend deepep|hybridep``, torchtitan's ``moe_comm_backend`` (``make_token_dispatcher_config``
+    in torchtitan/models/common/config_utils.py: ``standard``, ``deepep``, ``hybridep``)."""
     sequence_parallel: bool = True
     """Under tensor parallelism it can split the norms' and dropouts' sequence over the ranks (Korthikanti et
     al. 2022)."""
@@ -260,12 +265,12 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           caches_reduce_scatters=True, torch_pipelining=True, zero_bubble="searched", fsdp_reshards_under_pipeline=False, weighted_stages=True,
-          overlaps_tensor_parallel=True,
+          overlaps_tensor_parallel=True, hierarchical_dispatch=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,
           summary="its fused q/k/v projection and activation checkpointing: none, full, op-selective"),
     Stack("megatron", False, policies=("none", "full", "every", "block", "selective", "offload"), early_stop=False,
           rms_norm="fused", fused_softmax=True, defers_gradient_sync=True, overlaps_tensor_parallel=True,
-          overlaps_data_parallel=False, overlaps_expert_parallel=True,
+          overlaps_data_parallel=False, overlaps_expert_parallel=True, hierarchical_dispatch=True,
           context_parallel="transformer-engine",
           rope="shared-fp32", swiglu="fc1", loss="vocab-parallel",
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "

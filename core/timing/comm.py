@@ -51,6 +51,7 @@ from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import chunk_layers
 from headroom.core.timing.collective_ops import bus_factor, ring_steps
+from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
@@ -599,14 +600,25 @@ def step_communication(
         again = f" (+2 in the recomputed forward of {reruns})" if reruns else ""
         calls = 2 * (2 * spec.moe_layers + reruns)
         what = f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}"
+        dispatch = _hierarchical_dispatch(spec, config, cluster, b * s, routed, efficiency) \
+            if config.ep_comm in HIERARCHICAL and crosses_nodes("ep", layout, cluster) else None
+
+        def exchange(n: int, overlappable: bool, note: str, window: str = "") -> None:
+            if dispatch is None:
+                add("ep", "all_to_all", routed, n, layout.ep, overlappable, f"{what}{note}", window=window)
+                return
+            message, link_key, per_call, how = dispatch
+            terms.append(CommTerm(axis="ep", op="all_to_all", message_bytes=message, calls=n, group_size=layout.ep,
+                                  link_key=link_key, seconds=n * per_call, overlappable=overlappable,
+                                  window=window if overlappable else "", note=f"{what}{note}; {how}"))
+
         if not layout.ep_overlap:
-            add("ep", "all_to_all", routed, m * calls, layout.ep, False, what)
+            exchange(m * calls, False, "")
         else:  # combined 1F1B: the first forward and the last backward run alone
-            add("ep", "all_to_all", routed, calls, layout.ep, False,
-                f"{what}; the first micro-batch's forward and the last's backward, alone")
+            exchange(calls, False, "; the first micro-batch's forward and the last's backward, alone")
             if m > 1:
-                add("ep", "all_to_all", routed, (m - 1) * calls, layout.ep, True,
-                    f"{what}; each beside another micro-batch's backward or forward", window="other micro-batch")
+                exchange((m - 1) * calls, True, "; each beside another micro-batch's backward or forward",
+                         window="other micro-batch")
     experts = rank_expert_parameters(spec, layout) if layout.ep > 1 else 0
     largest = largest_rank(spec, layout, config.stack)
     kept = kept_unit_parameters(spec, layout, largest)
@@ -626,6 +638,28 @@ def step_communication(
                 f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                 f"{group}-reshard" if reshard_group else group, window)
     return tuple(terms)
+
+
+def _hierarchical_dispatch(spec: ModelSpec, config: TrainConfig, cluster: Cluster, tokens: int, routed: int,
+                           efficiency: float) -> tuple[int, str, float, str]:
+    """One dispatch (or combine) by DeepEP or HybridEP over an expert-parallel group across nodes
+    (headroom.core.timing.expert_dispatch): each of the rank's ``tokens`` sent once to each other node its experts
+    are on, through the rank's NIC, while its ``routed`` bytes (the k copies) reach their GPUs over the nodes'
+    NVLink, in one kernel: the slower of the two. (RDMA bytes, link, seconds a call, what.)"""
+    layout = config.layout
+    members = members_per_node("ep", layout, cluster)
+    nodes = layout.ep // members
+    reached = remote_nodes(spec.n_experts, spec.experts_per_token, nodes)
+    token_bytes = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
+    rdma = round(tokens * reached * token_bytes)
+    nic = group_link("ep", layout, cluster, "send_recv")
+    across = collective_seconds("send_recv", rdma, 2, nic, efficiency)
+    inside = collective_seconds("all_to_all", routed, members, cluster.intra.for_group("all_to_all", members),
+                                efficiency) if members > 1 else 0.0
+    how = (f"{config.ep_comm}: each token once to each other node of its experts ({reached:.2f} of {nodes - 1} on "
+           f"average), then over NVLink to the {members} GPUs a node; "
+           + ("the RDMA part the slower" if across >= inside else "the NVLink part the slower"))
+    return rdma, nic.key if across >= inside else cluster.intra.key, max(across, inside), how
 
 
 def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layout, cluster: Cluster,

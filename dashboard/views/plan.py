@@ -155,11 +155,13 @@ with st.sidebar:
                    "reshard_after_forward": "FSDP reshard (on, off, k)", "defer_gradient_sync": "defer grad sync",
                    "stage_layers": "stage layers (e.g. 7,8,8,7)", "tp_overlap": "tp overlap",
                    "cp_comm": "cp exchange", "overlap_grad_reduce": "grad reduce overlap",
-                   "overlap_param_gather": "param gather overlap", "ep_overlap": "ep overlap"}
+                   "overlap_param_gather": "param gather overlap", "ep_overlap": "ep overlap",
+                   "ep_comm": "ep dispatch"}
     # Lists get a wider column than typed values: a third of the sidebar cuts "interleaved" short.
     for row in (("tp", "pp", "cp"), ("dp", "zero", "ep"), ("sp", "tp_overlap", "ep_overlap"),
                 ("virtual_stages", "cp_comm"),
                 ("schedule",),
+                ("ep_comm",),
                 ("stage_layers",),
                 ("reshard_after_forward", "defer_gradient_sync"), ("overlap_grad_reduce", "overlap_param_gather")):
         for column, axis in zip(st.columns(len(row)), row, strict=True):
