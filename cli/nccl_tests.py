@@ -1,5 +1,6 @@
 """``--nccl-tests [OP=]FILE``: nccl-tests' output read for ``headroom plan`` (headroom.core.timing.nccl_tests says
-what is taken from it), each file the collective's curve inside a node."""
+what is taken from it), each file the collective's curve inside a node, or across nodes where its ranks ran on
+several hosts."""
 
 from __future__ import annotations
 

@@ -287,7 +287,7 @@ def render(result: Plan, top: int | None) -> str:
     if req.cluster is not None:
         c = req.cluster
         inside = (f"collectives measured {c.measured.source} (groups of {', '.join(map(str, c.measured.group_sizes()))}), "
-                  f"else {c.intra.name}" if c.measured and c.measured.curves else c.intra.name)
+                  f"else {c.intra.name}" if c.measured_inside else c.intra.name)
         across = c.measured.across_nodes if c.measured else None
         between = (f"collectives measured across nodes ({across.text()}), else {c.inter.name}"
                    if across else c.inter.name)
@@ -297,8 +297,7 @@ def render(result: Plan, top: int | None) -> str:
                          + (f"; {c.assumed})" if c.assumed else ")"))
         else:  # a CPU's ranks: no GPU, and no link of its own unless its collectives were measured
             lines.append(f"cluster: {c.gpus_per_node} ranks a node on the CPU {profile.name}, no GPU: "
-                         + (inside if c.measured and c.measured.curves
-                            else f"{c.intra.name} assumed between them, a stand-in")
+                         + (inside if c.measured_inside else f"{c.intra.name} assumed between them, a stand-in")
                          + f"; nodes on {between}")
     lines += [
         f"budget: {req.budget_bytes / GB:.1f} GB per {unit} (GB = 1e9 bytes"

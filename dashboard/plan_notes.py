@@ -128,15 +128,14 @@ def cluster_text(cluster: Cluster, profile: HardwareProfile) -> str:
     ranks, whose link between them is a stand-in unless the store measured their collectives."""
     inter = cluster.inter.name
     if profile.device != "cuda":
-        if cluster.measured:
+        if cluster.measured_inside:
             inside = f"communication inside a node from the collectives measured {plain(cluster.measured.source)}"
         else:
             inside = (f"{cluster.intra.name} assumed between them, a stand-in (a CPU has no datasheet link, and the "
                       "store holds no collectives measured on it)")
         return (f"Cluster: {cluster.gpus_per_node} ranks a node on the CPU {plain(profile.name)}, no GPU: {inside}; "
                 f"nodes on {inter}.")
-    measured = cluster.measured
-    measured_inside = measured is not None and bool(measured.curves)
+    measured, measured_inside = cluster.measured, cluster.measured_inside
     inside = f"collectives measured {measured.source}" if measured_inside else cluster.intra.name
     if measured is not None and measured.across_nodes is not None:
         where = (". Communication across nodes from the collectives measured across them"

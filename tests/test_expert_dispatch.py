@@ -21,7 +21,12 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.precision import DTYPE_BYTES
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import parse_policy
-from headroom.core.timing.comm import collective_seconds, group_link, step_communication
+from headroom.core.timing.comm import (
+    collective_seconds,
+    group_link,
+    members_per_node,
+    step_communication,
+)
 from headroom.core.timing.expert_dispatch import remote_nodes
 from headroom.dashboard.planning import PlanInputs, build_layout
 
@@ -139,6 +144,44 @@ def test_plans_and_exports_carry_it(run_cli):
     assert "DeepSpeed's MoE exchanges the experts' tokens by all-to-all, not deepep" in " ".join(speed.stderr.split())
 
 
-def test_the_plan_page_pins_it():
-    layout = build_layout(PlanInputs(gpus=16, ep="16", ep_comm="deepep"))
+def test_the_plan_page_pins_it_and_its_links_keep_it():
+    inputs = PlanInputs(gpus=16, ep="16", ep_comm="deepep")
+    layout = build_layout(inputs)
     assert (layout.ep, layout.ep_comm) == (16, "deepep")
+    assert PlanInputs.from_query(inputs.to_query()).ep_comm == "deepep"
+
+
+def test_nics_shared_by_a_nodes_gpus_and_one_member_a_node():
+    """Four 200 Gb/s NICs for eight GPUs: the RDMA part goes through half a NIC, 12.5 GB/s. On nodes of one GPU the
+    ep group holds one a node: 16 nodes, a token reaching 15 (1 - C(120, 8) / C(128, 8)) of them, no NVLink part."""
+    shared = cluster_for("h100-sxm", inter="4x200g")
+    config = _config("deepep")
+    (term,) = [t for t in step_communication(QWEN, config, 4, shared) if t.axis == "ep"]
+    nic = group_link("ep", config.layout, shared, "send_recv")
+    assert nic.bytes_per_s == 12.5e9 and term.link_key == nic.key
+    rdma = round(4096 * remote_nodes(128, 8, 2) * QWEN.hidden * 2)
+    assert term.seconds == pytest.approx(term.calls * collective_seconds("send_recv", rdma, 2, nic), rel=1e-12)
+    single = cluster_for("h100-sxm", gpus_per_node=1)  # a GPU a node: 16 nodes, nothing over NVLink
+    (alone,) = [t for t in step_communication(QWEN, config, 4, single) if t.axis == "ep"]
+    assert alone.message_bytes == round(4096 * remote_nodes(128, 8, 16) * QWEN.hidden * 2)
+    assert alone.link_key == "ib-ndr" and "(6.18 of 15 on average)" in alone.note and "(1 a node)" in alone.note
+
+
+def test_a_group_that_straddles_nodes_unevenly_is_priced_as_an_all_to_all_at_its_fewest_members():
+    """ep 12 over nodes of 8: one group holds 8 and 4 of a node, another 4 and 8; the crossing runs at the 4's
+    NICs' worth, 50 x 11 / 8 GB/s, no division by zero where a group's members once counted as all of it; DeepEP,
+    whose peers are whole nodes, is priced as the all-to-all and says so."""
+    layout = Layout(dp=24, zero=1, ep=12)
+    assert members_per_node("ep", layout, CLUSTER) == 4
+    assert group_link("ep", layout, CLUSTER, "all_to_all").bytes_per_s == 50e9 * 11 / 8
+    assert members_per_node("ep", Layout(dp=24, ep=6), CLUSTER) == 2  # ranks 6-11: 2 on one node, 4 on the next
+    ninety_six = dataclasses.replace(QWEN, n_experts=96)  # experts that split over 12 ranks
+
+    def terms(comm: str | None):
+        config = TrainConfig(seq_len=4096, stack="megatron", layout=Layout(dp=24, zero=1, ep=12, ep_comm=comm))
+        config.check_model(ninety_six)
+        return [t for t in step_communication(ninety_six, config, 4, CLUSTER) if t.axis == "ep"]
+
+    (plain,), (deep,) = terms(None), terms("deepep")
+    assert (deep.message_bytes, deep.seconds) == (plain.message_bytes, plain.seconds)
+    assert "deepep over a group that straddles nodes unevenly priced as an all-to-all" in deep.note

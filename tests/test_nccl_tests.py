@@ -194,3 +194,27 @@ def test_plan_prices_data_parallel_traffic_across_nodes_at_a_spanning_runs_times
     assert links(measured, "tp")[0] == {"nvlink4"}
     text = " ".join(run_cli(*args[:-1], "--nccl-tests", str(path)).stdout.split())  # as words: the text wraps
     assert "nodes on collectives measured across nodes (all_reduce over 16, 8 a node), else InfiniBand NDR" in text
+
+
+def test_a_spanning_run_faster_than_the_nodes_own_link_is_held_to_that_link():
+    """A run across nodes that claims more than the node's NVLink moves (here 100 TB/s) prices a crossing group
+    no faster than the node's own link would: the group's bytes still pass through it."""
+    from dataclasses import replace
+
+    from headroom.core.specs.config import TrainConfig
+    from headroom.core.specs.interconnect import cluster_for
+    from headroom.core.specs.layout import Layout
+    from headroom.core.specs.presets import get_preset
+    from headroom.core.timing.comm import (
+        DEFAULT_COLLECTIVE_EFFICIENCY,
+        collective_seconds,
+        step_communication,
+    )
+
+    run = parse_nccl_tests(log(ranks=16, hosts=TWO_NODES, gb_per_s=1e5), "fast.log")
+    cluster = replace(cluster_for("h100-sxm"), measured=nccl_tests_curves([(run, "fast.log")], 8))
+    config = TrainConfig(seq_len=4096, layout=Layout(dp=16))  # gradients all-reduced over two nodes, 8 a node
+    (term,) = [t for t in step_communication(get_preset("llama3-8b"), config, 1, cluster) if t.axis == "dp"]
+    floor = collective_seconds("all_reduce", term.message_bytes, 16, cluster.intra.for_group("all_reduce", 16),
+                               DEFAULT_COLLECTIVE_EFFICIENCY)
+    assert term.link_key == "measured" and term.seconds == pytest.approx(term.calls * floor, rel=1e-12)

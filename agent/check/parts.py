@@ -210,13 +210,14 @@ def compiled(ctx: Context) -> dict[str, Any]:
     """The same model and shape as the fp8 part (whose ``off`` rows are its eager steps), its blocks compiled as
     torchtitan compiles them (headroom.agent.compiled), without checkpointing and under full: peak, saved bytes
     (autograd's hooks alone), step time against the prediction, and the first step's time, which includes the
-    compile. Then one block compiled alone (`block_kernels`): what inductor fuses, beside the memory-bound ops the
-    time model enumerates for the eager block. Not stored (the store has no column for it)."""
+    compile. First one block compiled alone (`block_kernels`, seconds: the only measure of inductor's fusion
+    here, so it runs before the steps can spend the part's time): what inductor fuses, beside the memory-bound ops
+    the time model enumerates for the eager block. Not stored (the store has no column for it)."""
+    spec, seq_len, micro = _variant_shape(ctx)
+    kernels = block_kernels(ctx, spec, seq_len, micro)
     result = _variant_steps(ctx, {f"compiled {policy}": {"compile": True, "recompute": parse_policy(policy)}
                                   for policy in FP8_POLICIES})
-    # Whatever time the steps left: one block's compile (seconds), the only measure of inductor's fusion here.
-    result["kernels"] = block_kernels(ctx, get_preset(result["model"]), result["seq_len"], result["micro_batch"])
-    return result
+    return result | {"kernels": kernels}
 
 
 def block_kernels(ctx: Context, spec: ModelSpec, seq_len: int, micro: int) -> dict[str, Any]:
@@ -226,13 +227,12 @@ def block_kernels(ctx: Context, spec: ModelSpec, seq_len: int, micro: int) -> di
     enumerates for the same block run eagerly (headroom.core.timing.step_ops): the fusion a compiled plan's time
     does not model yet, measured."""
     config = TrainConfig(seq_len=seq_len, micro_batch=micro, precision="bf16-pure", stack="torchtitan")
-    decoder, _, _ = build(spec, config, ctx.device)
-    block = decoder.blocks[0]
-    x = torch.randn(micro, seq_len, spec.hidden, device=ctx.device, dtype=next(block.parameters()).dtype,
-                    requires_grad=True)
     try:
+        block = build(spec, config, ctx.device)[0].blocks[0]
+        x = torch.randn(micro, seq_len, spec.hidden, device=ctx.device, dtype=next(block.parameters()).dtype,
+                        requires_grad=True)
         graphs = inductor_kernels(block, x)
-    except (RuntimeError, ConfigError) as err:  # a compile that fails on this box
+    except (RuntimeError, ConfigError) as err:  # out of memory, a compile that fails on this box
         return {"status": "error", "message": str(err).splitlines()[0][:300]}
     memory = [op for op in forward_ops(spec, ops_config(config), "cuda" if ctx.gpu else "cpu", 1).dense_block
               if op.kind == "memory"]
@@ -249,14 +249,20 @@ def block(ctx: Context) -> dict[str, Any]:
     return _variant_steps(ctx, {policy: {"recompute": parse_policy(policy)} for policy in policies})
 
 
+def _variant_shape(ctx: Context) -> tuple[ModelSpec, int, int]:
+    """The fp8, compile and block parts' model, sequence and micro-batch: the sweep's model at its sequence,
+    micro-batch 2; on a CPU the toy llama, 32 tokens, one sequence."""
+    sweep = train_sweep(ctx)
+    return (get_preset(sweep.model), sweep.seq_len, 2) if ctx.gpu else (get_preset("bench-llama-tiny"), 32, 1)
+
+
 def _variant_steps(ctx: Context, variants: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The sweep's model (on a CPU the toy llama) at the sweep's sequence, micro-batch 2 (1 on a CPU), bf16-pure on
     the reference stack, once for each of ``variants`` (a label -> the TrainConfig fields it sets), until the part's
     time is spent."""
     sweep = train_sweep(ctx)
-    spec = get_preset(sweep.model if ctx.gpu else "bench-llama-tiny")
-    seq_len, micro, runs = (sweep.seq_len, 2, {"steps": sweep.steps}) if ctx.gpu else \
-        (32, 1, {"steps": 2, "warmup_steps": 1})
+    spec, seq_len, micro = _variant_shape(ctx)
+    runs = {"steps": sweep.steps} if ctx.gpu else {"steps": 2, "warmup_steps": 1}
     steps = []
     with ctx.store() as store:
         provider = profile_from_store(store, device_name(ctx.device))
@@ -391,7 +397,7 @@ PARTS: dict[str, tuple[Callable[[Context], dict[str, Any]], float, float]] = {
     "offload": (offload, 45, 10),
     "repeat": (repeat, 20, 5),
     "fp8": (fp8, 30, 15),
-    "compile": (compiled, 60, 20),
+    "compile": (compiled, 60, 30),
     "block": (block, 25, 10),
     "regret": (regret_part, 50, 10),
     "multi-rank": (multi_rank, 90, 30),

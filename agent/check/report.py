@@ -240,11 +240,13 @@ def _kernels_table(parts: dict[str, dict[str, Any]]) -> list[str]:
         return ["(not run)"]
     if kernels["status"] != "ok":
         return [f"error: {kernels['message']}"]
-    body = [[name, str(g["kernels"]), f"{g['kernel_bytes']:,}", str(g["externs"]), f"{g['extern_bytes']:,}"]
-            for name, g in zip(("forward", "backward"), kernels["graphs"], strict=False)]
+    if not kernels["graphs"]:
+        return ["(inductor logged no graph metrics in this torch)"]
+    body = [[str(i), str(g["kernels"]), f"{g['kernel_bytes']:,}", str(g["externs"]), f"{g['extern_bytes']:,}"]
+            for i, g in enumerate(kernels["graphs"], 1)]
     title = (f"{kernels['model']}, one block (torchtitan, bf16-pure): eagerly, {kernels['eager_memory_ops']} "
              f"memory-bound ops moving {kernels['eager_memory_bytes']:,} bytes forward, as the time model enumerates "
-             "them")
+             "them; inductor's graphs in the order it compiled them, forward first, then backward")
     return [title, ""] + _table(["graph", "generated kernels", "their bytes", "extern kernels", "their bytes"], body)
 
 

@@ -56,6 +56,7 @@ from headroom.core.specs.config import BF16_END_BLOCKS
 from headroom.core.specs.float8 import FLOAT8_RECIPES, OFF
 from headroom.core.specs.layout import MULTI_CHUNK
 from headroom.core.specs.stages import accounts_for_ends, weighted_split
+from headroom.core.timing.expert_dispatch import HIERARCHICAL
 
 SHARDING = {2: "optim_grads", 3: "optim_grads_params"}
 """ZeRO stage -> Megatron-FSDP's --data-parallel-sharding-strategy."""
@@ -189,7 +190,7 @@ def megatron(run: Run) -> Export:
         # The all-to-all dispatcher, or the flex one's DeepEP or HybridEP backend, is what headroom.core.timing.comm
         # times; Megatron's default gathers every token instead.
         args += ["--expert-model-parallel-size", str(layout.ep)]
-        if layout.ep_comm in ("deepep", "hybridep"):
+        if layout.ep_comm in HIERARCHICAL:
             args += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", layout.ep_comm]
         else:
             args += ["--moe-token-dispatcher-type", "alltoall"]

@@ -27,6 +27,7 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import chunk_layers
+from headroom.core.timing.expert_dispatch import HIERARCHICAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,7 +246,7 @@ def ep_comm_note(run: Run, framework: str) -> str | None:
     """When the plan sends the experts' tokens across nodes by DeepEP or HybridEP (Layout.ep_comm) and the framework
     exchanges them by all-to-all."""
     comm = run.layout.ep_comm
-    if comm not in ("deepep", "hybridep"):
+    if comm not in HIERARCHICAL:
         return None
     return (f"{framework} exchanges the experts' tokens by all-to-all, not {comm}: every copy of a token crosses "
             "nodes on its own, slower than planned where experts span nodes; re-plan with --ep-comm all-to-all for "

@@ -52,6 +52,7 @@ from headroom.core.exports.run import (
 from headroom.core.specs.float8 import FLOAT8_RECIPES
 from headroom.core.specs.layout import MULTI_CHUNK
 from headroom.core.specs.stages import weighted_split
+from headroom.core.timing.expert_dispatch import HIERARCHICAL
 
 SCHEDULES = {"1f1b": "1F1B", "interleaved": "Interleaved1F1B", "gpipe": "GPipe", "zbv": "ZBVZeroBubble"}
 """headroom's pipeline schedule -> torch.distributed.pipelining's schedule name."""
@@ -258,7 +259,7 @@ def torchtitan(run: Run) -> Export:
     ]
     if layout.ep > 1:  # borrowed from data_parallel_shard_degree x cp (its efsdp x ep sparse mesh)
         parallelism.append(f"--parallelism.expert_parallel_degree {layout.ep}")
-        if layout.ep_comm in ("deepep", "hybridep"):
+        if layout.ep_comm in HIERARCHICAL:
             notes.append(f"torchtitan 0.3 takes its token dispatcher from the recipe's config function: call it with "
                          f"moe_comm_backend=\"{layout.ep_comm}\" (torchtitan/models/common/config_utils.py, "
                          "make_token_dispatcher_config; the default, \"standard\", is an all-to-all); DeepEP must "

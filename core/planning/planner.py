@@ -845,7 +845,7 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
     return {"gpus_per_node": cluster.gpus_per_node, "intra": cluster.intra.key, "inter": cluster.inter.key,
             "nics_per_node": cluster.nics_per_node or cluster.gpus_per_node,
             "intra_bytes_per_s": cluster.intra.bytes_per_s, "inter_bytes_per_s": cluster.inter.bytes_per_s,
-            "source": "measured" if cluster.measured else "datasheet", "assumed": cluster.assumed,
+            "source": "measured" if cluster.measured_inside else "datasheet", "assumed": cluster.assumed,
             "measured": None if cluster.measured is None else {
                 "source": cluster.measured.source, "group_sizes": list(cluster.measured.group_sizes()),
                 "across_nodes": None if cluster.measured.across_nodes is None else [

@@ -28,6 +28,7 @@ from headroom.core.specs.precision import (
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stack import STACKS, Stack, get_stack, stack_name
 from headroom.core.specs.stages import chunk_layers, stage_layers
+from headroom.core.timing.expert_dispatch import HIERARCHICAL
 
 COMPILED_STACKS = ("reference", "torchtitan")
 COMPILED_POLICIES = ("none", "full")
@@ -354,7 +355,7 @@ class TrainConfig:
     def _check_ep_comm(self, stack: Stack, spec: ModelSpec) -> None:
         """DeepEP and HybridEP run under the stacks that offer them (Stack.hierarchical_dispatch), dropless."""
         comm = self.layout.ep_comm
-        if comm not in ("deepep", "hybridep"):
+        if comm not in HIERARCHICAL:
             return
         offering = [s.name for s in STACKS.values() if s.hierarchical_dispatch]
         if not stack.hierarchical_dispatch:

@@ -269,8 +269,14 @@ class Cluster:
     assumed: str = ""
     """Why a link is a stand-in rather than the device's own (empty when both are its datasheet's)."""
     measured: CollectiveCurves | None = None
-    """Collective times measured on one node of this cluster; they replace ``intra`` for groups inside a
-    node (headroom.core.timing.comm)."""
+    """Collective times measured on this cluster: on one node, they replace ``intra`` for groups inside a node;
+    across nodes (CollectiveCurves.across_nodes), ``inter`` for groups that span nodes
+    (headroom.core.timing.comm)."""
+
+    @property
+    def measured_inside(self) -> bool:
+        """Some collective was measured inside one node."""
+        return self.measured is not None and bool(self.measured.curves)
 
     def __post_init__(self) -> None:
         value = self.gpus_per_node
@@ -312,7 +318,8 @@ def cluster_for(device: str, gpus_per_node: int = 8, inter: str | None = None,
         return default_cluster(device, gpus_per_node, inter, measured, intra)
     except ConfigError:
         link = get_link(intra or FALLBACK_INTRA_NODE_LINK)
-        assumed = "" if measured or intra else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
+        inside = measured is not None and bool(measured.curves)
+        assumed = "" if inside or intra else f"{device!r} has no datasheet link: {link.name} assumed inside a node"
         between, nics = network(inter or DEFAULT_INTER_NODE_LINK)
         return Cluster(gpus_per_node=gpus_per_node, intra=link, inter=between, nics_per_node=nics, assumed=assumed,
                        measured=measured)

@@ -272,9 +272,9 @@ class Layout:
 
     def fewest_data_parallel(self) -> Layout:
         """This layout with the fewest data-parallel ranks its expert parallelism allows (ep must divide
-        dp x cp), without its settings of when ranks communicate (not how context parallelism exchanges keys and
-        values: that changes what a rank holds): what one rank's shapes are the same under, whatever dp is and
-        however its ranks sync and overlap. Never spans more GPUs than this."""
+        dp x cp), without its settings of when ranks communicate and how experts' tokens cross nodes (not how
+        context parallelism exchanges keys and values: that changes what a rank holds): what one rank's shapes are
+        the same under, whatever dp is and however its ranks sync, overlap and dispatch. Never spans more GPUs than this."""
         return replace(self, dp=self.ep // math.gcd(self.ep, self.cp), reshard_after_forward=None,
                        defer_gradient_sync=None, tp_overlap=None, overlap_grad_reduce=None,
                        overlap_param_gather=None, ep_overlap=None, ep_comm=None)

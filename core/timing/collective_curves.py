@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
-from headroom.core.timing.collective_ops import bus_factor, ring_steps
+from headroom.core.timing.collective_ops import bus_factor, nics_worth, ring_steps
 
 Curve = tuple[tuple[int, float], ...]
 """(message bytes, seconds per call), sorted by size, sizes distinct."""
@@ -79,12 +79,9 @@ class SpanningCurves:
         if not runs:
             return None
         n, k = min(runs, key=lambda run: (abs(run[0] - group_size), abs(run[1] - members), -run[0]))
-        if op == "all_to_all":
-            size = message_bytes * (group_size - members) / group_size * n / (n - k)
-        elif op == "send_recv":
-            size = message_bytes
-        else:
-            size = message_bytes * bus_factor(op, group_size) / bus_factor(op, n) * k / members
+        # the same bytes a NIC carries: bus bytes over the NICs' worth a member has (collective_ops.nics_worth)
+        size = (message_bytes * bus_factor(op, group_size) / bus_factor(op, n)
+                * nics_worth(op, n, k) / nics_worth(op, group_size, members))
         extra = max(0, ring_steps(op, group_size) - ring_steps(op, n))
         return _interpolate(self.curves[(op, n, k)], size) + extra * step_latency_s
 

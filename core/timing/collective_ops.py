@@ -40,3 +40,20 @@ def ring_steps(op: str, n: int) -> int:
     return {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
 
 
+
+
+def nics_worth(op: str, n: int, k: int) -> float:
+    """The NICs a member of a group of ``n`` ranks, ``k`` of them on each node, moves its bus bytes through across
+    nodes, in NICs a GPU (headroom.core.timing.comm.group_link): a ring collective's k (NCCL runs a ring per NIC and
+    only its node-crossing hop uses one, so the k members' NICs carry it together); a send/recv's 1 (each rank's
+    bytes through its own); an all-to-all's (n - 1) / (n - k) (a rank sends (n - k) / n of its buffer off the node
+    through its own NIC, its bus bytes count (n - 1) / n)."""
+    _check_op(op)
+    _group(n)
+    if not 1 <= k < n:
+        raise ConfigError(f"a group across nodes has 1 to n - 1 = {n - 1} members a node, got {k!r}")
+    if op == "send_recv":
+        return 1.0
+    if op == "all_to_all":
+        return (n - 1) / (n - k)
+    return float(k)

@@ -31,6 +31,7 @@ Step traffic: see `step_communication`.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -50,7 +51,7 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import chunk_layers
-from headroom.core.timing.collective_ops import bus_factor, ring_steps
+from headroom.core.timing.collective_ops import bus_factor, nics_worth, ring_steps
 from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -131,9 +132,30 @@ def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
 
 
 def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
-    """Ranks of one group along ``axis`` on one node: a group of stride s holds every s-th GPU of a node."""
+    """Ranks of one group along ``axis`` on one node: a group of stride s holds every s-th GPU of a node. A group
+    that straddles nodes unevenly (stride x size neither divides a node nor is divided by it: ep 12 on nodes of 8
+    holds 8 and 4, or 4 and 8) counts the fewest it holds on any node it touches, over the groups: the most
+    loaded crossing sets the step's pace."""
     stride, size = _group(axis, layout)
-    return max(1, min(size, cluster.gpus_per_node // stride))
+    g = cluster.gpus_per_node
+    even = max(1, min(size, g // stride))
+    span = stride * size
+    if span % g == 0 or g % span == 0:
+        return even
+    fewest = even
+    for start in range(0, min(math.lcm(span, g), UNEVEN_RANKS_WALKED), span):  # the placement repeats after lcm
+        for first in range(start, start + stride):
+            held: dict[int, int] = {}
+            for rank in range(first, first + span, stride):
+                held[rank // g] = held.get(rank // g, 0) + 1
+            if len(held) > 1:
+                fewest = min(fewest, *held.values())
+    return fewest
+
+
+UNEVEN_RANKS_WALKED = 1 << 16
+"""Ranks `members_per_node` walks to find the fewest members an unevenly straddling group holds on a node (its
+placement repeats every lcm(stride x size, GPUs a node) ranks; past this many the fewest is already found)."""
 
 
 def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduce") -> Link:
@@ -160,12 +182,9 @@ def group_link(axis: str, layout: Layout, cluster: Cluster, op: str = "all_reduc
         return intra
     members = members_per_node(axis, layout, cluster)
     share = cluster.nics_per_node / cluster.gpus_per_node if cluster.nics_per_node else 1
-    if op == "send_recv":
-        nics, why = share, "one member's"
-    elif op == "all_to_all":
-        nics, why = share * (size - 1) / (size - members), f"a member's x (n - 1) / (n - k), k = {members}"
-    else:
-        nics, why = members * share, f"for {members} members a node"
+    nics = share * nics_worth(op, size, members)
+    why = {"send_recv": "one member's", "all_to_all": f"a member's x (n - 1) / (n - k), k = {members}"}.get(
+        op, f"for {members} members a node")
     inter = cluster.inter if nics == 1 else replace(
         cluster.inter, name=f"{cluster.inter.name}, {nics:g} NICs' worth: {why}",
         bytes_per_s=cluster.inter.bytes_per_s * nics)
@@ -600,8 +619,12 @@ def step_communication(
         again = f" (+2 in the recomputed forward of {reruns})" if reruns else ""
         calls = 2 * (2 * spec.moe_layers + reruns)
         what = f"token dispatch and combine: 2 per expert layer forward, 2 backward{again}"
-        dispatch = _hierarchical_dispatch(spec, config, cluster, b * s, routed, efficiency) \
-            if config.ep_comm in HIERARCHICAL and crosses_nodes("ep", layout, cluster) else None
+        dispatch = None
+        if config.ep_comm in HIERARCHICAL and crosses_nodes("ep", layout, cluster):
+            dispatch = _hierarchical_dispatch(spec, config, cluster, b * s, routed, efficiency)
+            if dispatch is None:
+                what += (f"; {config.ep_comm} over a group that straddles nodes unevenly priced as an all-to-all "
+                         "(DeepEP's peers are whole nodes)")
 
         def exchange(n: int, overlappable: bool, note: str, window: str = "") -> None:
             if dispatch is None:
@@ -641,25 +664,36 @@ def step_communication(
 
 
 def _hierarchical_dispatch(spec: ModelSpec, config: TrainConfig, cluster: Cluster, tokens: int, routed: int,
-                           efficiency: float) -> tuple[int, str, float, str]:
+                           efficiency: float) -> tuple[int, str, float, str] | None:
     """One dispatch (or combine) by DeepEP or HybridEP over an expert-parallel group across nodes
     (headroom.core.timing.expert_dispatch): each of the rank's ``tokens`` sent once to each other node its experts
-    are on, through the rank's NIC, while its ``routed`` bytes (the k copies) reach their GPUs over the nodes'
-    NVLink, in one kernel: the slower of the two. (RDMA bytes, link, seconds a call, what.)"""
+    are on, through the rank's NIC, while its ``routed`` bytes (the k copies) reach their GPUs over the node's
+    NVLink, in one kernel: the slower of the two, each from the cluster's measured collectives where it has them.
+    (The slower part's bytes, its link, seconds a call, what.) None where the group straddles nodes unevenly: DeepEP
+    addresses a peer as a node and a GPU in it, over groups of whole nodes."""
     layout = config.layout
+    stride, size = _group("ep", layout)
+    if (stride * size) % cluster.gpus_per_node:
+        return None
     members = members_per_node("ep", layout, cluster)
-    nodes = layout.ep // members
+    nodes = size // members
     reached = remote_nodes(spec.n_experts, spec.experts_per_token, nodes)
-    token_bytes = spec.hidden * DTYPE_BYTES[config.block_param_dtype]
-    rdma = round(tokens * reached * token_bytes)
+    rdma = round(tokens * reached * spec.hidden * DTYPE_BYTES[config.block_param_dtype])
     nic = group_link("ep", layout, cluster, "send_recv")
-    across = collective_seconds("send_recv", rdma, 2, nic, efficiency)
-    inside = collective_seconds("all_to_all", routed, members, cluster.intra.for_group("all_to_all", members),
-                                efficiency) if members > 1 else 0.0
+    measured_across = _measured_seconds("send_recv", rdma, size, "ep", layout, cluster, efficiency)
+    across = measured_across if measured_across is not None else \
+        collective_seconds("send_recv", rdma, 2, nic, efficiency)
+    measured_inside = cluster.measured.seconds("all_to_all", routed, members) \
+        if cluster.measured is not None and members > 1 else None
+    inside = measured_inside if measured_inside is not None else collective_seconds(
+        "all_to_all", routed, members, cluster.intra.for_group("all_to_all", members), efficiency) if members > 1 \
+        else 0.0
     how = (f"{config.ep_comm}: each token once to each other node of its experts ({reached:.2f} of {nodes - 1} on "
-           f"average), then over NVLink to the {members} GPUs a node; "
-           + ("the RDMA part the slower" if across >= inside else "the NVLink part the slower"))
-    return rdma, nic.key if across >= inside else cluster.intra.key, max(across, inside), how
+           f"average), then over NVLink to its experts' GPUs of that node ({members} a node); ")
+    if across >= inside:
+        return rdma, MEASURED if measured_across is not None else nic.key, across, how + "the RDMA part the slower"
+    link = MEASURED if measured_inside is not None else cluster.intra.key
+    return routed, link, inside, how + "the NVLink part the slower (its all-to-all's bytes)"
 
 
 def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layout, cluster: Cluster,
