@@ -12,7 +12,8 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
   examples/sc21/run_table_1.sh). Its figure is TFLOP/s per GPU counting 96 B s l h^2 (1 + s / 6h + V / 16lh)
   FLOPs a step (its Eq. 3: GEMMs, recompute included): the predicted figure is that count over the predicted
   step time.
-- torchtitan, docs/performance.md, Table 1 (Llama 3.1 8B on 8 H100) and the 405B run (128 H100): tokens/s per
+- torchtitan, docs/performance.md, Table 1 (Llama 3.1 8B on 8 H100), Table 3 (the same on 128) and the 405B run
+  (128 H100), each without torch.compile or Float8 (the rows that have them are not expressible yet): tokens/s per
   GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e, on Meta's 400 Gb/s RoCE fabric.
 - mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 495218376), every row of its four BF16 tables
   (benchmarks/data/llm_foundry_bf16.csv): MPT models of 125M-70B on 8-512 H100s and A100s (80 and 40 GB) under
@@ -124,6 +125,12 @@ def _torchtitan_runs() -> list[PublishedRun]:
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=8, zero=3), stack="torchtitan"),
                      global_batch=16, published=5762, unit="tokens_per_s_per_gpu", inter="roce-400g"),
+        # Table 3: the same, FSDP over 128 GPUs (16 hosts), local batch 2, global 256, eager: 5,605 tokens/s per GPU.
+        PublishedRun(name="Llama 3.1 8B, FSDP 128", source=f"{TORCHTITAN}, Table 3", hardware="h100-sxm",
+                     spec=get_preset("llama3-8b"),
+                     config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
+                                        layout=Layout(dp=128, zero=3), stack="torchtitan"),
+                     global_batch=256, published=5605, unit="tokens_per_s_per_gpu", inter="roce-400g"),
         # Llama 3.1 405B on 128 H100: TP 8 x FSDP 16, local batch 2, full AC, no Float8: 109 tokens/s per GPU.
         PublishedRun(name="Llama 3.1 405B, TP 8 x FSDP 16", source=f"{TORCHTITAN}, 405B", hardware="h100-sxm",
                      spec=LLAMA31_405B,
