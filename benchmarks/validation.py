@@ -22,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from h200_reference import h200_profile, label, predicted_s, regrets, train_steps
 from published_runs import (
     INDEPENDENT,
+    LLM_FOUNDRY,
     NARAYANAN_TABLE_2,
     RUNS,
     TORCHTITAN_A100,
@@ -130,6 +131,42 @@ def group_rank_correlations(rows: list[Row]) -> dict[tuple[str, str], float]:
             for key, group in model_groups(rows).items()}
 
 
+@dataclass(frozen=True)
+class DevicePairs:
+    """llm-foundry's runs of one configuration (model, sequence, micro-batch, GPUs, checkpointing, precision,
+    sharding) on both the H100 and the A100 80GB: how much faster the H100 ran, and how much faster the model
+    says it runs, pair by pair."""
+
+    measured: tuple[float, ...]
+    predicted: tuple[float, ...]
+
+    @property
+    def ratios(self) -> list[float]:
+        """Measured over predicted speed-up, pair by pair."""
+        return [m / p for m, p in zip(self.measured, self.predicted, strict=True)]
+
+    def text(self) -> str:
+        ratios = self.ratios
+        return (f"llm-foundry, the same configuration on the H100 and the A100 80GB ({len(ratios)} pairs): the H100 "
+                f"measured a median {statistics.median(self.measured):.2f}x the A100, the model says "
+                f"{statistics.median(self.predicted):.2f}x; measured / predicted speed-up median "
+                f"{statistics.median(ratios):.3f} ({min(ratios):.2f}-{max(ratios):.2f})")
+
+
+def device_pairs(rows: list[Row]) -> DevicePairs:
+    """The H100 / A100 80GB pairs of llm-foundry's tables (`DevicePairs`)."""
+    by_config: dict[tuple, dict[str, Row]] = {}
+    for run, row in zip(RUNS, rows, strict=True):
+        if run.hardware not in ("h100-sxm", "a100-sxm-80gb") or not run.source.startswith(LLM_FOUNDRY):
+            continue
+        c = run.config
+        key = (run.spec.name, c.seq_len, c.micro_batch, run.gpus, str(c.recompute), c.precision, c.layout.zero)
+        by_config.setdefault(key, {})[run.hardware] = row
+    pairs = [(found["h100-sxm"], found["a100-sxm-80gb"]) for found in by_config.values() if len(found) == 2]
+    return DevicePairs(tuple(h.published / a.published for h, a in pairs),
+                       tuple(h.predicted / a.predicted for h, a in pairs))
+
+
 def markdown(rows: list[Row]) -> str:
     lines = ["| run | source | configuration | published | predicted | error |", "|---|---|---|---|---|---|"]
     for r in rows:
@@ -157,6 +194,7 @@ def main() -> None:
     for source in sorted({r.source for r in published}):
         print(f"{source}: {_errors([r for r in published if r.source == source])}")
     print(f"all published runs: {_errors(published)}")
+    print(device_pairs(published).text())
     mpt = [run for run in RUNS if run.attention_efficiency is not None]
     without = [Row(run.name, run.source, "", run.published, predict(run, kernel_term=False), "") for run in mpt]
     print(f"llm-foundry runs with their attention at the device curves' rate (FlashAttention-2's on the A100, "

@@ -402,3 +402,15 @@ def test_fsdp_copies_its_units_in_and_out_of_the_collectives_buffers():
     reduce = 2 * spec.parameters * 2 * 1.5 / H200.hbm_bytes_per_s  # bf16-pure reduces in bf16
     assert three.forward_s - two.forward_s == pytest.approx(gather, rel=1e-9)
     assert three.backward_s - two.backward_s == pytest.approx(gather + reduce, rel=1e-9)
+
+
+def test_the_h100_runs_fall_short_of_the_a100_ones_alike_at_every_sequence_as_the_docs_show():
+    """llm-foundry's configurations run on both the H100 and the A100 80GB: the model's speed-up of the one over the
+    other is a flat ~15% too high, where attention dominates (16,384 tokens or more) as much as where it does not:
+    the H100's gap is the device's, not one kind of work's. Nothing fitted; the docs print the line."""
+    rows = validation.published_rows()
+    pairs = validation.device_pairs(rows)
+    assert len(pairs.ratios) == 37
+    assert 0.80 <= statistics.median(pairs.ratios) <= 0.90
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "time-model.md").read_text()
+    assert pairs.text() in docs
