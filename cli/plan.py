@@ -26,6 +26,7 @@ from headroom.core.exports import EXPORTERS, export
 from headroom.core.planning import search_work
 from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk
+from headroom.core.planning.dispatch_hint import dispatch_hint
 from headroom.core.planning.layout_search import pinned_layout
 from headroom.core.planning.planner import (
     NEAR,
@@ -353,6 +354,8 @@ def render(result: Plan, top: int | None) -> str:
         given = "as given" if best.layout.cp_comm else f"the {best.config.stack} stack's"
         how = ("gathered once a layer" if best.config.cp_comm == "all-gather" else "passed rank to rank")
         lines.append(f"  context parallel: keys and values {how} ({given})")
+    if (hint := dispatch_hint(result)) is not None:
+        lines.append(f"  expert parallel: {hint}")
     if best.layout.pp > 1:
         lines.append(f"  pipeline stages: {split_text_for(best.layout, req.spec.n_layers, best.config.stack)}")
     if len(best.estimate.ranks) > 1:

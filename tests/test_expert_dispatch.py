@@ -185,3 +185,22 @@ def test_a_group_that_straddles_nodes_unevenly_is_priced_as_an_all_to_all_at_its
     (plain,), (deep,) = terms(None), terms("deepep")
     assert (deep.message_bytes, deep.seconds) == (plain.message_bytes, plain.seconds)
     assert "deepep over a group that straddles nodes unevenly priced as an all-to-all" in deep.note
+
+
+def test_a_plan_across_nodes_by_all_to_all_says_what_deepep_would_give(run_cli):
+    """ep 16 over two nodes under megatron, its all-to-all left as is: the plan evaluates its recommendation again by
+    DeepEP and says so, the figures those of the same configuration planned with --ep-comm deepep; nothing to say
+    where the dispatcher is chosen, the experts stay in a node, or the stack has no DeepEP."""
+    pins = ["--micro-batch", "1", "--recompute", "block-6"]
+    plain = json.loads(run_cli(*PLAN, "--stack", "megatron", *pins, "--json").stdout)
+    deep = json.loads(run_cli(*PLAN, "--stack", "megatron", *pins, "--ep-comm", "deepep", "--json").stdout)
+    hint = plain["dispatch_hint"]
+    faster = deep["recommendation"]["tokens_per_s"] / plain["recommendation"]["tokens_per_s"] - 1
+    assert hint.startswith("the experts' tokens cross nodes by all-to-all, ")
+    assert f"{deep['recommendation']['tokens_per_s']:,.0f} tokens/s ({faster:+.0%})" in hint
+    assert deep["dispatch_hint"] is None
+    inside = json.loads(run_cli(*PLAN[:PLAN.index("--ep")], *PLAN[PLAN.index("--ep") + 2:], "--ep", "8",
+                                "--stack", "megatron", *pins, "--json").stdout)
+    assert inside["dispatch_hint"] is None
+    text = " ".join(run_cli(*PLAN, "--stack", "megatron", *pins).stdout.split())
+    assert f"expert parallel: {hint}" in text

@@ -856,6 +856,8 @@ def _cluster_dict(cluster: Cluster) -> dict[str, Any]:
 @collector_paused
 def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
     """The JSON contract of ``headroom plan --json`` (README.md)."""
+    from headroom.core.planning.dispatch_hint import dispatch_hint  # it evaluates candidates: imports this module
+
     budget = result.request.budget_bytes
     best = result.recommendation
     profile = result.profile
@@ -901,6 +903,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
         "notes": [note for note in (budget_note(budget, profile), *result.request.notes())
                   if note],
         "recommendation": best.to_dict(budget) if best else None,
+        "dispatch_hint": dispatch_hint(result),
         "pinned": _pinned_dict(result),
         "run": run.to_dict() if best and (run := result.request.run_cost(best)) else None,
         "candidates": [c.to_dict(budget) | {"tied_with_fastest": i < band} for i, c in enumerate(result.candidates[:top])],

@@ -12,6 +12,7 @@ import streamlit as st
 from headroom.core.errors import ConfigError
 from headroom.core.measured.calibration import Calibration
 from headroom.core.planning import search_work
+from headroom.core.planning.dispatch_hint import dispatch_hint
 from headroom.core.planning.planner import (
     NEAR,
     Plan,
@@ -323,6 +324,8 @@ if best is not None:
     collectives = plan_tables.communication_frame(best)
     for overlap in best.time.overlaps:  # how close the hidden collectives come to being exposed
         st.caption(f"Overlap: {overlap.text()}.")
+    if (hint := dispatch_hint(result)) is not None:  # what DeepEP would be worth where experts cross nodes
+        st.info(said(hint[0].upper() + hint[1:]) + ".")
     if len(collectives):
         with st.expander(f"Collectives of one step ({len(collectives)}), before overlap"):
             st.dataframe(collectives, hide_index=True, column_config=columns.COLLECTIVES,

@@ -1,0 +1,42 @@
+"""What DeepEP would change in a plan whose experts' tokens cross nodes by all-to-all.
+
+A recommendation with expert parallelism across nodes, on a stack that can dispatch by DeepEP or HybridEP
+(headroom.core.specs.stack.Stack.hierarchical_dispatch) and left to its default all-to-all, is evaluated again with
+``--ep-comm deepep`` (headroom.core.timing.expert_dispatch): where that is faster, the plan says by how much, so that
+a planner sees what the dispatcher is worth before choosing to install it. The layout search does not try it on its
+own: DeepEP is a library to install, not a setting every cluster has.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from headroom.core.planning.planner import NEAR, Plan, evaluate
+from headroom.core.specs.stack import get_stack
+from headroom.core.timing.comm import crosses_nodes
+
+
+def dispatch_hint(result: Plan) -> str | None:
+    """One sentence: the recommendation's expert traffic across nodes by all-to-all, and its step by DeepEP; None
+    where there is nothing to say (no recommendation, no experts across nodes, a dispatcher already chosen, a stack
+    without DeepEP, or no gain beyond the search's near tie)."""
+    best = result.recommendation
+    if best is None:
+        return None
+    layout, train = best.layout, best.config
+    if layout.ep == 1 or layout.ep_comm is not None or not get_stack(train.stack).hierarchical_dispatch:
+        return None
+    request = result.request
+    cluster = request.cluster_for(result.profile)
+    if not crosses_nodes("ep", layout, cluster):
+        return None
+    changed = request.on_layout(replace(layout, ep_comm="deepep"))
+    deep = evaluate(changed, result.profile, result.calibration, train.micro_batch, train.recompute)
+    if deep.tokens_per_s <= best.tokens_per_s * (1 + NEAR):
+        return None
+    exposed = sum(t.seconds for t in best.time.communication if t.axis == "ep")
+    by_deepep = sum(t.seconds for t in deep.time.communication if t.axis == "ep")
+    return (f"the experts' tokens cross nodes by all-to-all, {exposed:.3f} s of collectives a step; by DeepEP or "
+            f"HybridEP (--ep-comm deepep or hybridep) each token crosses once to each node of its experts: "
+            f"{by_deepep:.3f} s, {deep.tokens_per_s:,.0f} tokens/s ({deep.tokens_per_s / best.tokens_per_s - 1:+.0%})"
+            + ("" if deep.rejection is None else f", but {deep.rejection}"))
