@@ -85,6 +85,7 @@ def test_all_reduce_of_one_gib_over_eight_ranks_at_450_gb_per_s():
 def test_latency_is_one_link_latency_per_ring_step_and_efficiency_divides_bandwidth():
     link = dataclasses.replace(IDEAL, latency_s=1e-5)
     assert ring_steps("all_reduce", 8) == 14 and ring_steps("all_gather", 8) == 7 and ring_steps("send_recv", 8) == 1
+    assert ring_steps("all_to_all", 8) == 1  # its sends to every peer go at once, as nccl-tests' alltoall issues them
     assert collective_seconds("all_reduce", 0, 8, link) == pytest.approx(14e-5)
     assert collective_seconds("all_gather", GB, 4, IDEAL, 0.5) == pytest.approx(3 / 4 * 1e9 / 225e9)
     assert collective_seconds("all_reduce", GiB, 1, link) == 0.0

@@ -32,12 +32,15 @@ def bus_factor(op: str, n: int) -> float:
 
 
 def ring_steps(op: str, n: int) -> int:
-    """Latency-bound steps of the ring algorithm: bus_factor x n (2(n-1), n-1 or 1)."""
+    """Latency-bound steps one call waits for: a ring's, 2(n-1) for all-reduce and n-1 for all-gather and
+    reduce-scatter, one after the other; 1 for send/recv, and 1 for all-to-all, whose sends to every peer are
+    issued at once (NCCL's all-to-all is a send and a receive per peer in one ncclGroupStart/End: nccl-tests'
+    src/alltoall.cu, torch's ``all_to_all_single`` alike)."""
     _check_op(op)
     _group(n)
     if n == 1:
         return 0
-    return {"all_reduce": 2 * (n - 1), "send_recv": 1}.get(op, n - 1)
+    return {"all_reduce": 2 * (n - 1), "send_recv": 1, "all_to_all": 1}.get(op, n - 1)
 
 
 

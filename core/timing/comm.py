@@ -10,8 +10,9 @@ with bus_factor all-reduce 2(n-1)/n, all-gather and reduce-scatter (n-1)/n
 (S the full gathered buffer / the full input, i.e. n x the per-rank shard),
 all-to-all (n-1)/n, send/recv 1. We add a ring latency term, one
 ``link.latency_s`` per ring step: 2(n-1) steps for all-reduce (a
-reduce-scatter pass then an all-gather pass), n-1 for all-gather,
-reduce-scatter and all-to-all, 1 for send/recv (= bus_factor x n), and divide B
+reduce-scatter pass then an all-gather pass), n-1 for all-gather and
+reduce-scatter, 1 for send/recv and 1 for all-to-all (a send and a receive
+per peer, all issued at once: collective_ops.ring_steps), and divide B
 by an efficiency for protocol overhead. NVLink SHARP (NVLS) all-reduce, which
 reduces inside the switch and beats the ring bound, is not modelled.
 
