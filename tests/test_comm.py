@@ -26,12 +26,13 @@ from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
 from headroom.core.specs.recompute import RecomputePolicy
 from headroom.core.specs.stages import chunk_layers
-from headroom.core.timing.collective_ops import OPS
+from headroom.core.timing.collective_ops import OPS, ring_latency_s
 from headroom.core.timing.comm import (
     DEFAULT_COLLECTIVE_EFFICIENCY,
     bus_factor,
     collective_seconds,
     crosses_nodes,
+    crossing_latency_s,
     exposed_seconds,
     group_link,
     largest_rank_parameters,
@@ -195,6 +196,26 @@ def test_point_to_point_traffic_across_nodes_leaves_through_each_members_own_nic
     shared = default_cluster("h100-sxm", inter="4x200g")  # half a 200 Gb/s NIC a GPU
     assert group_link("pp", Layout(pp=16), shared, "send_recv").bytes_per_s == 12.5e9
     assert group_link("ep", Layout(dp=16, ep=16), shared, "all_to_all").bytes_per_s == 12.5e9 * 15 / 8
+
+
+def test_across_nodes_only_the_hops_between_nodes_wait_for_the_network():
+    """NCCL's tuning model (src/graph/tuning.cc): a ring's nInterSteps hops between its N nodes at the network's
+    latency (14 us), the others at the node link's (NVLink 3's 3.4 us): an all-gather over 1,536 A100s, 8 a node,
+    waits 191 network hops and 1,344 NVLink ones, not 1,535 network ones; an all-reduce over 4 nodes, one member
+    each, 6 network hops; a send/recv and an all-to-all one."""
+    a100 = default_cluster("a100-sxm-80gb")
+    assert crossing_latency_s("all_gather", "dp-cp", Layout(dp=1536, zero=3), a100) == pytest.approx(
+        191 * 14e-6 + 1344 * 3.4e-6, rel=1e-12)
+    assert crossing_latency_s("all_reduce", "dp-cp", Layout(tp=8, dp=4), a100) == pytest.approx(6 * 14e-6, rel=1e-12)
+    assert crossing_latency_s("send_recv", "pp", Layout(tp=8, pp=4), a100) == 14e-6
+    assert crossing_latency_s("all_to_all", "ep", Layout(dp=16, ep=16), a100) == 14e-6
+    assert ring_latency_s("all_gather", 8, 1, 3.4e-6, 14e-6) == pytest.approx(7 * 3.4e-6, rel=1e-12)
+    terms = step_communication(get_preset("llama3-8b"), TrainConfig(seq_len=2048, layout=Layout(tp=8, dp=4)), 1,
+                               a100)
+    (dp,) = [t for t in terms if t.axis == "dp"]
+    link = group_link("dp-cp", Layout(tp=8, dp=4), a100, "all_reduce")
+    assert dp.seconds == pytest.approx(
+        collective_seconds("all_reduce", dp.message_bytes, 4, link) - 6 * link.latency_s + 6 * 14e-6, rel=1e-12)
 
 
 # ---- parameters per rank ------------------------------------------------------------------

@@ -107,7 +107,8 @@ def test_a_file_replaces_the_stores_curve_of_its_collective_and_keeps_the_others
 
 
 TWO_NODES = ("node1", "node2")
-LATENCY = 14e-6  # a network hop's, as NCCL's tuning model has it (headroom.core.specs.interconnect)
+INTRA, INTER = 3.4e-6, 14e-6  # an NVLink hop's and a network hop's, as NCCL's tuning model has them
+HOPS = (INTRA, INTER)
 
 
 def _spanning(binary: str = "all_reduce_perf", ranks: int = 16, gb_per_s: float = 40.0):
@@ -125,37 +126,42 @@ def test_a_run_across_hosts_is_the_networks_curve_for_groups_that_span_nodes():
     assert curves.curves == {} and curves.seconds("all_reduce", 2**20, 8) is None
     assert across.runs() == (("all_reduce", 16, 8),) and across.text() == "all_reduce over 16, 8 a node"
     assert curves.source == f"by nccl-tests on {GPU} (x.log: all_reduce over 16 on 2 hosts)"
-    assert across.seconds("all_reduce", 2**20, 16, 8, LATENCY) == printed[2**20]
-    assert across.seconds("all_gather", 2**20, 16, 8, LATENCY) is None
+    assert across.seconds("all_reduce", 2**20, 16, 8, *HOPS) == printed[2**20]
+    assert across.seconds("all_gather", 2**20, 16, 8, *HOPS) is None
 
 
 def test_other_groups_across_nodes_load_the_network_as_the_run_did():
     """A ring's node-crossing hops share its members' NICs: a group of 32 with 8 a node is read at the run's curve
-    at S x bus_factor(32) / bus_factor(16), plus 32 more ring steps' latency; one member a node (under tp 8) at 8
-    times the bytes; a smaller group (4, 2 a node) at its bus bytes x 8 / 2, no latency taken off. An all-to-all
-    sends (n - k) / n of a rank's buffer off the node; a send/recv its bytes through one NIC."""
+    at S x bus_factor(32) / bus_factor(16), plus the latency its ring waits for beyond the run's, as NCCL's tuning
+    model counts it (62 steps, 6 between its 4 nodes, against the run's 30 and 2: 28 NVLink hops and 4 network hops
+    more); one member a node (16 nodes) at 8 times the bytes, every one of its 30 hops between nodes; a smaller
+    group (4, 2 a node), whose ring waits less, at its bus bytes x 8 / 2, no latency taken off. An all-to-all sends
+    (n - k) / n of a rank's buffer off the node, its sends to every peer at once; a send/recv its bytes through
+    one NIC."""
     _, across, _ = _spanning()
     size = 2**22
-    same = across.seconds("all_reduce", size * bus_factor("all_reduce", 32) / bus_factor("all_reduce", 16), 16, 8,
-                          LATENCY)
-    assert across.seconds("all_reduce", size, 32, 8, LATENCY) == pytest.approx(same + 32 * LATENCY, rel=1e-12)
-    assert across.seconds("all_reduce", size, 16, 1, LATENCY) == pytest.approx(
-        across.seconds("all_reduce", 8 * size, 16, 8, LATENCY), rel=1e-12)
-    assert across.seconds("all_reduce", size, 4, 2, LATENCY) == pytest.approx(
-        across.seconds("all_reduce", size * bus_factor("all_reduce", 4) / bus_factor("all_reduce", 16) * 4, 16, 8,
-                       LATENCY), rel=1e-12)
+
+    def run(message: float, n: int = 16, k: int = 8) -> float:  # the run's own curve at a message
+        return across.seconds("all_reduce", message, n, k, *HOPS)
+
+    assert run(size) == across.seconds("all_reduce", size, 16, 8, *HOPS)
+    bigger = size * bus_factor("all_reduce", 32) / bus_factor("all_reduce", 16)
+    assert across.seconds("all_reduce", size, 32, 8, *HOPS) == pytest.approx(
+        run(bigger) + 28 * INTRA + 4 * INTER, rel=1e-12)
+    assert across.seconds("all_reduce", size, 16, 1, *HOPS) == pytest.approx(
+        run(8 * size) + 30 * INTER - (28 * INTRA + 2 * INTER), rel=1e-12)
+    assert across.seconds("all_reduce", size, 4, 2, *HOPS) == pytest.approx(
+        run(size * bus_factor("all_reduce", 4) / bus_factor("all_reduce", 16) * 4), rel=1e-12)
     _, alltoall, _ = _spanning("alltoall_perf")
-    # 64 ranks, 8 a node: 56/64 of a rank's buffer leaves its node, against the run's 8/16; its sends to every peer
-    # go at once, so the larger group waits for no more steps
-    assert alltoall.seconds("all_to_all", size, 64, 8, LATENCY) == pytest.approx(
-        alltoall.seconds("all_to_all", size * 56 / 64 * 16 / 8, 16, 8, LATENCY), rel=1e-12)
+    # 64 ranks, 8 a node: 56/64 of a rank's buffer leaves its node, against the run's 8/16; one hop either way
+    assert alltoall.seconds("all_to_all", size, 64, 8, *HOPS) == pytest.approx(
+        alltoall.seconds("all_to_all", size * 56 / 64 * 16 / 8, 16, 8, *HOPS), rel=1e-12)
     _, sendrecv, printed = _spanning("sendrecv_perf")
-    assert sendrecv.seconds("send_recv", 2**20, 2, 1, LATENCY) == printed[2**20]
+    assert sendrecv.seconds("send_recv", 2**20, 2, 1, *HOPS) == printed[2**20]
 
 
 PLAN = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",
         "--tp", "8", "--dp", "1", "--json")
-
 
 def test_plan_prices_tensor_parallel_all_reduces_at_the_files_times(run_cli, tmp_path):
     path = tmp_path / "all_reduce.log"

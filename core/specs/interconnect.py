@@ -15,7 +15,9 @@ Latency convention: ``Link.latency_s`` is the cost of one step of a ring
 (one hop, one chunk). Values are NCCL's own tuning model (src/graph/tuning.cc,
 ``hwLat``, Ring algorithm, Simple protocol: NVLink 3.4 us, PCI 5.7 us,
 network 14.0 us per hop); NCCL adds a per-call base latency (``baseLat``,
-8.4 us for Ring/Simple) that headroom.core.timing.comm does not count. Rows NCCL does not
+8.4 us for Ring/Simple) that headroom.core.timing.comm does not count. Across nodes a ring's hops between nodes
+take the network's latency and the others the node link's, as the tuning model counts them
+(headroom.core.timing.collective_ops.ring_latency_s). Rows NCCL does not
 describe say "assumed".
 """
 

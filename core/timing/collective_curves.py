@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from headroom.core.errors import ConfigError
-from headroom.core.timing.collective_ops import bus_factor, nics_worth, ring_steps
+from headroom.core.timing.collective_ops import bus_factor, nics_worth, ring_latency_s
 
 Curve = tuple[tuple[int, float], ...]
 """(message bytes, seconds per call), sorted by size, sizes distinct."""
@@ -63,7 +63,8 @@ class SpanningCurves:
     curves: Mapping[tuple[str, int, int], Curve]
     """(op, ranks, ranks a node) -> its curve."""
 
-    def seconds(self, op: str, message_bytes: int, group_size: int, members: int, step_latency_s: float) -> float | None:
+    def seconds(self, op: str, message_bytes: int, group_size: int, members: int, intra_s: float,
+                inter_s: float) -> float | None:
         """One call of ``op`` over ``group_size`` ranks across nodes, ``members`` of them a node; None when the op
         was not measured across nodes. Read from the run of the closest group size (n', k' a node) at the message
         that loads the network as this one does:
@@ -73,8 +74,9 @@ class SpanningCurves:
         - all-to-all: the same bytes off the node a rank, (n - k) / n of its buffer through its own NIC;
         - send/recv: the same bytes, one NIC a hop.
 
-        A larger group adds ``step_latency_s`` for each ring step beyond the run's (NCCL's per-hop latency); a
-        smaller one is priced as the run (no latency taken off)."""
+        A group whose ring waits longer than the run's adds the difference, each hop at NCCL's per-hop latency, those
+        between nodes at ``inter_s``, the rest at ``intra_s`` (collective_ops.ring_latency_s); one that waits less is
+        priced as the run (no latency taken off)."""
         runs = [(n, k) for o, n, k in self.curves if o == op]
         if not runs:
             return None
@@ -82,8 +84,9 @@ class SpanningCurves:
         # the same bytes a NIC carries: bus bytes over the NICs' worth a member has (collective_ops.nics_worth)
         size = (message_bytes * bus_factor(op, group_size) / bus_factor(op, n)
                 * nics_worth(op, n, k) / nics_worth(op, group_size, members))
-        extra = max(0, ring_steps(op, group_size) - ring_steps(op, n))
-        return _interpolate(self.curves[(op, n, k)], size) + extra * step_latency_s
+        extra = max(0.0, ring_latency_s(op, group_size, group_size // members, intra_s, inter_s)
+                    - ring_latency_s(op, n, n // k, intra_s, inter_s))
+        return _interpolate(self.curves[(op, n, k)], size) + extra
 
     def runs(self) -> tuple[tuple[str, int, int], ...]:
         """(op, ranks, ranks a node) of each measured run."""

@@ -52,7 +52,12 @@ from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
 from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import chunk_layers
-from headroom.core.timing.collective_ops import bus_factor, nics_worth, ring_steps
+from headroom.core.timing.collective_ops import (
+    bus_factor,
+    nics_worth,
+    ring_latency_s,
+    ring_steps,
+)
 from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
@@ -87,12 +92,13 @@ def _ceil(a: int, b: int) -> int:
 
 def collective_seconds(
     op: str, message_bytes: int, group_size: int, link: Link,
-    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY,
+    efficiency: float = DEFAULT_COLLECTIVE_EFFICIENCY, latency_s: float | None = None,
 ) -> float:
     """One collective: ring_steps x latency + S x bus_factor / (B x efficiency).
 
     ``message_bytes`` is nccl-tests' S (for all-gather the gathered buffer, for
-    reduce-scatter the full input); ``link.bytes_per_s`` is B, per GPU per direction.
+    reduce-scatter the full input); ``link.bytes_per_s`` is B, per GPU per direction. ``latency_s``: the call's
+    latency where it is not ring_steps x the link's (a group across nodes: `crossing_latency_s`).
     """
     _count("message bytes", message_bytes, minimum=0)
     if isinstance(efficiency, bool) or not isinstance(efficiency, (int, float)) or not 0 < efficiency <= 1:
@@ -100,6 +106,8 @@ def collective_seconds(
     steps = ring_steps(op, group_size)
     if steps == 0:
         return 0.0
+    if latency_s is not None:
+        return latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
     return steps * link.latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
 
 
@@ -152,6 +160,14 @@ def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
             if len(held) > 1:
                 fewest = min(fewest, *held.values())
     return fewest
+
+
+def crossing_latency_s(op: str, axis: str, layout: Layout, cluster: Cluster) -> float:
+    """One call's latency over a group along ``axis`` across nodes (collective_ops.ring_latency_s): the hops
+    between its nodes at the network's latency, the rest at the node link's."""
+    stride, size = _group(axis, layout)
+    nodes = max(2, -(-size // max(1, min(size, cluster.gpus_per_node // stride))))
+    return ring_latency_s(op, size, nodes, cluster.intra.latency_s, cluster.inter.latency_s)
 
 
 UNEVEN_RANKS_WALKED = 1 << 16
@@ -584,7 +600,9 @@ def step_communication(
         group = group or ("dp-cp" if axis == "dp" else axis)
         link = group_link(group, layout, cluster, op)
         measured = _measured_seconds(op, message, size, group, layout, cluster, efficiency)
-        per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency)
+        latency = crossing_latency_s(op, group, layout, cluster) if crosses_nodes(group, layout, cluster) else None
+        per_call = measured if measured is not None else collective_seconds(op, message, size, link, efficiency,
+                                                                             latency)
         terms.append(CommTerm(axis=axis, op=op, message_bytes=message, calls=calls, group_size=size,
                               link_key=MEASURED if measured is not None else link.key, seconds=calls * per_call,
                               overlappable=overlappable, window=window if overlappable else "", note=note))
@@ -709,7 +727,8 @@ def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layo
     across = cluster.measured.across_nodes
     if across is None:
         return None
-    seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster), cluster.inter.latency_s)
+    seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster), cluster.intra.latency_s,
+                             cluster.inter.latency_s)
     if seconds is None:
         return None
     return max(seconds, collective_seconds(op, message, size, cluster.intra.for_group(op, size), efficiency))
