@@ -65,8 +65,9 @@ def nics_worth(op: str, n: int, k: int) -> float:
 def ring_latency_s(op: str, n: int, nodes: int, intra_s: float, inter_s: float) -> float:
     """One call's latency over ``n`` ranks on ``nodes`` nodes, as NCCL's tuning model counts a ring's
     (src/graph/tuning.cc: ``(nsteps - nInterSteps) * intraLat + nInterSteps * interLat``, nInterSteps 2(N - 1) for
-    all-reduce and N - 1 otherwise): the hops between nodes at ``inter_s``, the rest at ``intra_s``; a send/recv and
-    an all-to-all (one step) wait for one hop, across nodes where there are two or more."""
+    all-reduce and N - 1 otherwise): the hops between nodes at ``inter_s``, the rest at ``intra_s`` (the model's
+    floor of a multi-node ring's intra hops at its network post overhead, a microsecond or so, left out); a
+    send/recv and an all-to-all (one step) wait for one hop, across nodes where there are two or more."""
     steps = ring_steps(op, n)
     if nodes <= 1:
         return steps * intra_s
