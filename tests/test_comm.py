@@ -37,6 +37,7 @@ from headroom.core.timing.comm import (
     group_link,
     largest_rank_parameters,
     members_per_node,
+    nodes_spanned,
     overlaps,
     ring_steps,
     step_communication,
@@ -210,12 +211,15 @@ def test_across_nodes_only_the_hops_between_nodes_wait_for_the_network():
     assert crossing_latency_s("send_recv", "pp", Layout(tp=8, pp=4), a100) == 14e-6
     assert crossing_latency_s("all_to_all", "ep", Layout(dp=16, ep=16), a100) == 14e-6
     assert ring_latency_s("all_gather", 8, 1, 3.4e-6, 14e-6) == pytest.approx(7 * 3.4e-6, rel=1e-12)
-    terms = step_communication(get_preset("llama3-8b"), TrainConfig(seq_len=2048, layout=Layout(tp=8, dp=4)), 1,
-                               a100)
+    # a plan's gradient all-reduce over 16 A100s, 8 a node: 2 of its 30 hops on the network, 28 on NVLink
+    terms = step_communication(get_preset("llama3-8b"), TrainConfig(seq_len=2048, layout=Layout(dp=16)), 1, a100)
     (dp,) = [t for t in terms if t.axis == "dp"]
-    link = group_link("dp-cp", Layout(tp=8, dp=4), a100, "all_reduce")
-    assert dp.seconds == pytest.approx(
-        collective_seconds("all_reduce", dp.message_bytes, 4, link) - 6 * link.latency_s + 6 * 14e-6, rel=1e-12)
+    link = group_link("dp-cp", Layout(dp=16), a100, "all_reduce")
+    bandwidth = collective_seconds("all_reduce", dp.message_bytes, 16, link, latency_s=0.0)
+    assert dp.seconds == pytest.approx(bandwidth + 2 * 14e-6 + 28 * 3.4e-6, rel=1e-12)
+    assert dp.seconds < collective_seconds("all_reduce", dp.message_bytes, 16, link)  # 30 network hops'
+    assert (nodes_spanned("dp-cp", Layout(dp=11, pp=8), a100), members_per_node("dp-cp", Layout(dp=11, pp=8), a100)) \
+        == (3, 1)  # groups of 11 consecutive ranks on nodes of 8: ranks 22-32 touch three nodes, 1 of them on the last
 
 
 # ---- parameters per rank ------------------------------------------------------------------

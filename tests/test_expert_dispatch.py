@@ -204,3 +204,12 @@ def test_a_plan_across_nodes_by_all_to_all_says_what_deepep_would_give(run_cli):
     assert inside["dispatch_hint"] is None
     text = " ".join(run_cli(*PLAN, "--stack", "megatron", *pins).stdout.split())
     assert f"expert parallel: {hint}" in text
+
+
+def test_a_capacity_factor_leaves_the_plan_without_a_hint_rather_than_failing(run_cli):
+    """DeepEP's dispatch is dropless: a plan of experts with a capacity factor across nodes says nothing of it, and
+    plans as before."""
+    planned = run_cli(*PLAN, "--stack", "megatron", "--micro-batch", "1", "--capacity-factor", "1.25", "--json")
+    assert planned.returncode == 0, planned.stderr
+    result = json.loads(planned.stdout)
+    assert result["recommendation"] is not None and result["dispatch_hint"] is None

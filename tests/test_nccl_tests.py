@@ -126,8 +126,8 @@ def test_a_run_across_hosts_is_the_networks_curve_for_groups_that_span_nodes():
     assert curves.curves == {} and curves.seconds("all_reduce", 2**20, 8) is None
     assert across.runs() == (("all_reduce", 16, 8),) and across.text() == "all_reduce over 16, 8 a node"
     assert curves.source == f"by nccl-tests on {GPU} (x.log: all_reduce over 16 on 2 hosts)"
-    assert across.seconds("all_reduce", 2**20, 16, 8, *HOPS) == printed[2**20]
-    assert across.seconds("all_gather", 2**20, 16, 8, *HOPS) is None
+    assert across.seconds("all_reduce", 2**20, 16, 8, 2, *HOPS) == printed[2**20]
+    assert across.seconds("all_gather", 2**20, 16, 8, 2, *HOPS) is None
 
 
 def test_other_groups_across_nodes_load_the_network_as_the_run_did():
@@ -141,23 +141,22 @@ def test_other_groups_across_nodes_load_the_network_as_the_run_did():
     _, across, _ = _spanning()
     size = 2**22
 
-    def run(message: float, n: int = 16, k: int = 8) -> float:  # the run's own curve at a message
-        return across.seconds("all_reduce", message, n, k, *HOPS)
+    def run(message: float) -> float:  # the run's own curve at a message: 16 ranks, 8 a node, 2 nodes
+        return across.seconds("all_reduce", message, 16, 8, 2, *HOPS)
 
-    assert run(size) == across.seconds("all_reduce", size, 16, 8, *HOPS)
     bigger = size * bus_factor("all_reduce", 32) / bus_factor("all_reduce", 16)
-    assert across.seconds("all_reduce", size, 32, 8, *HOPS) == pytest.approx(
+    assert across.seconds("all_reduce", size, 32, 8, 4, *HOPS) == pytest.approx(
         run(bigger) + 28 * INTRA + 4 * INTER, rel=1e-12)
-    assert across.seconds("all_reduce", size, 16, 1, *HOPS) == pytest.approx(
+    assert across.seconds("all_reduce", size, 16, 1, 16, *HOPS) == pytest.approx(
         run(8 * size) + 30 * INTER - (28 * INTRA + 2 * INTER), rel=1e-12)
-    assert across.seconds("all_reduce", size, 4, 2, *HOPS) == pytest.approx(
+    assert across.seconds("all_reduce", size, 4, 2, 2, *HOPS) == pytest.approx(
         run(size * bus_factor("all_reduce", 4) / bus_factor("all_reduce", 16) * 4), rel=1e-12)
     _, alltoall, _ = _spanning("alltoall_perf")
     # 64 ranks, 8 a node: 56/64 of a rank's buffer leaves its node, against the run's 8/16; one hop either way
-    assert alltoall.seconds("all_to_all", size, 64, 8, *HOPS) == pytest.approx(
-        alltoall.seconds("all_to_all", size * 56 / 64 * 16 / 8, 16, 8, *HOPS), rel=1e-12)
+    assert alltoall.seconds("all_to_all", size, 64, 8, 8, *HOPS) == pytest.approx(
+        alltoall.seconds("all_to_all", size * 56 / 64 * 16 / 8, 16, 8, 2, *HOPS), rel=1e-12)
     _, sendrecv, printed = _spanning("sendrecv_perf")
-    assert sendrecv.seconds("send_recv", 2**20, 2, 1, *HOPS) == printed[2**20]
+    assert sendrecv.seconds("send_recv", 2**20, 2, 1, 2, *HOPS) == printed[2**20]
 
 
 PLAN = ("plan", "--model", "llama3-8b", "--seq-len", "4096", "--global-batch", "64", "--hardware", "h100-sxm",

@@ -11,27 +11,32 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from headroom.core.errors import ConfigError
 from headroom.core.planning.planner import NEAR, Plan, evaluate
 from headroom.core.specs.stack import get_stack
 from headroom.core.timing.comm import crosses_nodes
 
 
 def dispatch_hint(result: Plan) -> str | None:
-    """One sentence: the recommendation's expert traffic across nodes by all-to-all, and its step by DeepEP; None
-    where there is nothing to say (no recommendation, no experts across nodes, a dispatcher already chosen, a stack
-    without DeepEP, or no gain beyond the search's near tie)."""
+    """One sentence: the recommendation's expert traffic across nodes by all-to-all, and its step by DeepEP, the
+    recommendation's own configuration but for the dispatcher; None where there is nothing to say (no
+    recommendation, no experts across nodes, a dispatcher already chosen, a stack without DeepEP, a capacity factor,
+    which DeepEP's dropless dispatch cannot keep, or no gain beyond the search's near tie)."""
     best = result.recommendation
     if best is None:
         return None
-    layout, train = best.layout, best.config
-    if layout.ep == 1 or layout.ep_comm is not None or not get_stack(train.stack).hierarchical_dispatch:
+    layout, train, request = best.layout, best.config, result.request
+    if layout.ep == 1 or layout.ep_comm is not None or not get_stack(train.stack).hierarchical_dispatch \
+            or request.spec.capacity_factor:
         return None
-    request = result.request
-    cluster = request.cluster_for(result.profile)
-    if not crosses_nodes("ep", layout, cluster):
+    if not crosses_nodes("ep", layout, request.cluster_for(result.profile)):
         return None
-    changed = request.on_layout(replace(layout, ep_comm="deepep"))
-    deep = evaluate(changed, result.profile, result.calibration, train.micro_batch, train.recompute)
+    dispatched = replace(layout, ep_comm="deepep")
+    try:  # the recommendation's recipe (a searched precision or FP8 recipe), not the request's
+        changed = replace(request.on_layout(dispatched), train=replace(train, layout=dispatched))
+        deep = evaluate(changed, result.profile, result.calibration, train.micro_batch, train.recompute)
+    except ConfigError:  # whatever else DeepEP cannot run with: nothing to say
+        return None
     if deep.tokens_per_s <= best.tokens_per_s * (1 + NEAR):
         return None
     exposed = sum(t.seconds for t in best.time.communication if t.axis == "ep")

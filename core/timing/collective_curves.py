@@ -63,9 +63,10 @@ class SpanningCurves:
     curves: Mapping[tuple[str, int, int], Curve]
     """(op, ranks, ranks a node) -> its curve."""
 
-    def seconds(self, op: str, message_bytes: int, group_size: int, members: int, intra_s: float,
+    def seconds(self, op: str, message_bytes: int, group_size: int, members: int, nodes: int, intra_s: float,
                 inter_s: float) -> float | None:
-        """One call of ``op`` over ``group_size`` ranks across nodes, ``members`` of them a node; None when the op
+        """One call of ``op`` over ``group_size`` ranks across ``nodes`` nodes, ``members`` of them a node (the fewest
+        on any node); None when the op
         was not measured across nodes. Read from the run of the closest group size (n', k' a node) at the message
         that loads the network as this one does:
 
@@ -84,7 +85,7 @@ class SpanningCurves:
         # the same bytes a NIC carries: bus bytes over the NICs' worth a member has (collective_ops.nics_worth)
         size = (message_bytes * bus_factor(op, group_size) / bus_factor(op, n)
                 * nics_worth(op, n, k) / nics_worth(op, group_size, members))
-        extra = max(0.0, ring_latency_s(op, group_size, group_size // members, intra_s, inter_s)
+        extra = max(0.0, ring_latency_s(op, group_size, nodes, intra_s, inter_s)
                     - ring_latency_s(op, n, n // k, intra_s, inter_s))
         return _interpolate(self.curves[(op, n, k)], size) + extra
 

@@ -32,6 +32,7 @@ Step traffic: see `step_communication`.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
@@ -146,28 +147,42 @@ def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
     holds 8 and 4, or 4 and 8) counts the fewest it holds on any node it touches, over the groups: the most
     loaded crossing sets the step's pace."""
     stride, size = _group(axis, layout)
-    g = cluster.gpus_per_node
+    return _placement(stride, size, cluster.gpus_per_node)[0]
+
+
+def nodes_spanned(axis: str, layout: Layout, cluster: Cluster) -> int:
+    """The most nodes one group along ``axis`` touches (1 inside a node): its ring's hops between nodes."""
+    stride, size = _group(axis, layout)
+    return _placement(stride, size, cluster.gpus_per_node)[1]
+
+
+@functools.lru_cache(maxsize=4096)
+def _placement(stride: int, size: int, gpus_per_node: int) -> tuple[int, int]:
+    """(the fewest members a group holds on a node it touches, the most nodes it touches), over the groups of
+    ``size`` ranks ``stride`` apart on nodes of ``gpus_per_node``, ranks numbered node by node."""
+    g, span = gpus_per_node, stride * size
     even = max(1, min(size, g // stride))
-    span = stride * size
-    if span % g == 0 or g % span == 0:
-        return even
-    fewest = even
+    if g % span == 0:
+        return even, 1
+    if span % g == 0:
+        return even, size // even
+    fewest, most = even, 1
     for start in range(0, min(math.lcm(span, g), UNEVEN_RANKS_WALKED), span):  # the placement repeats after lcm
         for first in range(start, start + stride):
             held: dict[int, int] = {}
             for rank in range(first, first + span, stride):
                 held[rank // g] = held.get(rank // g, 0) + 1
             if len(held) > 1:
-                fewest = min(fewest, *held.values())
-    return fewest
+                fewest, most = min(fewest, *held.values()), max(most, len(held))
+    return fewest, most
 
 
 def crossing_latency_s(op: str, axis: str, layout: Layout, cluster: Cluster) -> float:
     """One call's latency over a group along ``axis`` across nodes (collective_ops.ring_latency_s): the hops
     between its nodes at the network's latency, the rest at the node link's."""
-    stride, size = _group(axis, layout)
-    nodes = max(2, -(-size // max(1, min(size, cluster.gpus_per_node // stride))))
-    return ring_latency_s(op, size, nodes, cluster.intra.latency_s, cluster.inter.latency_s)
+    size = _group(axis, layout)[1]
+    return ring_latency_s(op, size, nodes_spanned(axis, layout, cluster), cluster.intra.latency_s,
+                          cluster.inter.latency_s)
 
 
 UNEVEN_RANKS_WALKED = 1 << 16
@@ -695,7 +710,7 @@ def _hierarchical_dispatch(spec: ModelSpec, config: TrainConfig, cluster: Cluste
     if (stride * size) % cluster.gpus_per_node:
         return None
     members = members_per_node("ep", layout, cluster)
-    nodes = size // members
+    nodes = nodes_spanned("ep", layout, cluster)
     reached = remote_nodes(spec.n_experts, spec.experts_per_token, nodes)
     rdma = round(tokens * reached * spec.hidden * DTYPE_BYTES[config.block_param_dtype])
     nic = group_link("ep", layout, cluster, "send_recv")
@@ -727,8 +742,8 @@ def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layo
     across = cluster.measured.across_nodes
     if across is None:
         return None
-    seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster), cluster.intra.latency_s,
-                             cluster.inter.latency_s)
+    seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster),
+                             nodes_spanned(group, layout, cluster), cluster.intra.latency_s, cluster.inter.latency_s)
     if seconds is None:
         return None
     return max(seconds, collective_seconds(op, message, size, cluster.intra.for_group(op, size), efficiency))
