@@ -408,30 +408,47 @@ HEAD_UNIT = SPEC.norm_parameters() + SPEC.vocab_size * SPEC.hidden
 
 
 def _fsdp_terms(m: int = 4, stack: str = "reference", **layout) -> list:
+    """The step's FSDP collectives by kind: (op, window, bytes a pass, calls a pass, passes, group size), each
+    kind's one call a unit summed over its units (SPEC's six: the embedding's, four blocks', the head's)."""
     cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", stack=stack,
                       layout=Layout(dp=8, zero=3, **layout))
-    return [(t.op, t.window, t.message_bytes, t.calls, t.group_size)
-            for t in step_communication(SPEC, cfg, m, FLAT, efficiency=1.0) if t.axis == "dp"]
+    kinds: dict[tuple[str, str, int], list] = {}
+    for t in step_communication(SPEC, cfg, m, FLAT, efficiency=1.0):
+        if t.axis == "dp":
+            kinds.setdefault((t.op, t.window, t.group_size), []).append(t)
+    out = []
+    for (op, window, size), terms in kinds.items():
+        units = [int(t.note.split("a call a unit (")[1].split(" of ")[0]) for t in terms]
+        passes = {t.calls // n for t, n in zip(terms, units, strict=True)}
+        assert len(passes) == 1, terms  # every unit gathered or reduced in every pass
+        (each,) = passes
+        out.append((op, window, sum(t.message_bytes * n for t, n in zip(terms, units, strict=True)), sum(units), each,
+                    size))
+    return out
 
 
 def test_zero_3_gathers_in_forward_and_again_in_backward_and_reduce_scatters_every_micro_batch():
+    """FSDP2 issues one all-gather and one reduce-scatter a unit (``foreach_all_gather``, ``foreach_reduce``): six
+    units of SPEC gathered in each of the four micro-batches' forwards, the five resharded after forward again in
+    their backwards, all six reduced."""
     p = SPEC.parameters
-    assert _fsdp_terms() == [("all_gather", "forward", p * 2, 4, 8),  # bf16 gathers
-                             ("all_gather", "backward", (p - HEAD_UNIT) * 2, 4, 8),  # not the head's unit
-                             ("reduce_scatter", "backward", p * 4, 4, 8)]  # fp32 gradients
+    assert _fsdp_terms() == [("all_gather", "forward", p * 2, 6, 4, 8),  # bf16 gathers
+                             ("all_gather", "backward", (p - HEAD_UNIT) * 2, 5, 4, 8),  # not the head's unit
+                             ("reduce_scatter", "backward", p * 4, 6, 4, 8)]  # fp32 gradients
     cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", layout=Layout(dp=8, zero=3))
-    gather = step_communication(SPEC, cfg, 4, FLAT, efficiency=1.0)[0]
-    assert gather.seconds == pytest.approx(4 * 7 / 8 * p * 2 / 450e9)
+    gathers = [t for t in step_communication(SPEC, cfg, 4, FLAT, efficiency=1.0)
+               if t.op == "all_gather" and t.window == "forward"]
+    assert sum(t.seconds for t in gathers) == pytest.approx(4 * 7 / 8 * p * 2 / 450e9)  # no latency on FLAT
 
 
 def test_fsdp_resharding_and_gradient_sync_settings_change_the_calls():
     p = SPEC.parameters
     kept = _fsdp_terms(reshard_after_forward=False)
-    assert kept == [("all_gather", "forward", p * 2, 4, 8), ("reduce_scatter", "backward", p * 4, 4, 8)]
+    assert kept == [("all_gather", "forward", p * 2, 6, 4, 8), ("reduce_scatter", "backward", p * 4, 6, 4, 8)]
     shard = _fsdp_terms(reshard_after_forward=4)  # backward gathers over the 4 ranks a shard was kept over
-    assert shard[1] == ("all_gather", "backward", (p - HEAD_UNIT) * 2, 4, 4)
-    assert _fsdp_terms(defer_gradient_sync=True)[-1] == ("reduce_scatter", "backward", p * 4, 1, 8)
-    assert _fsdp_terms(stack="hf")[-1] == ("reduce_scatter", "backward", p * 4, 1, 8)  # the Trainer's no_sync
+    assert shard[1] == ("all_gather", "backward", (p - HEAD_UNIT) * 2, 5, 4, 4)
+    assert _fsdp_terms(defer_gradient_sync=True)[-1] == ("reduce_scatter", "backward", p * 4, 6, 1, 8)
+    assert _fsdp_terms(stack="hf")[-1] == ("reduce_scatter", "backward", p * 4, 6, 1, 8)  # the Trainer's no_sync
 
 
 def test_torchtitan_under_a_pipeline_gathers_each_unit_once_per_step():
@@ -439,11 +456,18 @@ def test_torchtitan_under_a_pipeline_gathers_each_unit_once_per_step():
     pipelining keeps them from one micro-batch to the next and reduces once, in the last backward."""
     cfg = TrainConfig(seq_len=128, micro_batch=2, precision="amp-bf16", stack="torchtitan",
                       layout=Layout(pp=2, dp=4, zero=3))
-    terms = [(t.op, t.window, t.calls) for t in step_communication(SPEC, cfg, 8, FLAT) if t.axis == "dp"]
-    assert terms == [("all_gather", "forward", 1), ("reduce_scatter", "backward", 1)]
+    def calls(train: TrainConfig) -> list[tuple[str, str, int]]:  # a stage's calls by kind, its 3 units summed
+        kinds: dict[tuple[str, str], int] = {}
+        for t in step_communication(SPEC, train, 8, FLAT):
+            if t.axis == "dp":
+                kinds[t.op, t.window] = kinds.get((t.op, t.window), 0) + t.calls
+        return [(op, window, n) for (op, window), n in kinds.items()]
+
+    assert calls(cfg) == [("all_gather", "forward", 3), ("reduce_scatter", "backward", 3)]
     reference = dataclasses.replace(cfg, stack="reference")  # resharded after forward, kept between micro-batches
-    terms = [(t.op, t.window, t.calls) for t in step_communication(SPEC, reference, 8, FLAT) if t.axis == "dp"]
-    assert terms == [("all_gather", "forward", 8), ("all_gather", "backward", 8), ("reduce_scatter", "backward", 1)]
+    # the last stage, the largest (two blocks and the head): its head's unit, never resharded, not gathered again
+    assert calls(reference) == [("all_gather", "forward", 8 * 3), ("all_gather", "backward", 8 * 2),
+                                ("reduce_scatter", "backward", 3)]
 
 
 def test_context_parallel_ranks_join_the_gradient_reduction():

@@ -1,8 +1,8 @@
 """FSDP2's resharding and gradient-sync settings: the core's collectives and gathered memory against FSDP2 on
 gloo ranks (tests/distributed/fsdp_schedule.py: torchtitan's units, a step of two micro-batches).
 
-For each setting the core's data-parallel terms (headroom.core.timing.comm) must move, pass by pass, the bytes
-FSDP2's all-gathers and reduce-scatters moved, and its memory (headroom.core.memory.estimate) must hold what
+For each setting the core's data-parallel terms (headroom.core.timing.comm) must make, pass by pass, the calls
+FSDP2's all-gathers and reduce-scatters made (one a unit) and move the bytes they moved, and its memory (headroom.core.memory.estimate) must hold what
 FSDP2 held gathered in forward and kept unreduced between micro-batches, to the byte.
 """
 
@@ -48,6 +48,19 @@ def _predicted_bytes(world: int, settings: dict) -> Counter:
     return moved
 
 
+def _measured_calls(case: dict) -> Counter:
+    """Calls of each kind of collective in the step, by (pass, op)."""
+    return Counter((phase.split()[0], op) for phase, op, _ in case["calls"])
+
+
+def _predicted_calls(world: int, settings: dict) -> Counter:
+    """The core's data-parallel calls of the step, by (window, op): one a unit, as FSDP2 issues them."""
+    called: Counter = Counter()
+    for term in step_communication(SCHEDULE_SPEC, _config(world, settings), MICRO_BATCHES, cluster_for("cpu", world)):
+        called[term.window, term.op] += term.calls
+    return called
+
+
 def _passes(case: dict, op: str) -> list[str]:
     """The passes (``forward 0``, ``backward 1``, ...) that ran ``op``, in order."""
     return sorted({phase for phase, name, _ in case["calls"] if name == op})
@@ -61,6 +74,7 @@ def _check(records: list[dict]) -> None:
         for name, case in measured["cases"].items():
             settings = case["settings"]
             assert _measured_bytes(case) == _predicted_bytes(world, settings), name
+            assert _measured_calls(case) == _predicted_calls(world, settings), name
             predicted = estimate(SCHEDULE_SPEC, _config(world, settings), "cpu", MICRO_BATCHES)
             forward, _ = predicted.gathered_parameter_bytes
             assert forward == max(case["gathered"][f"forward {m}"] for m in range(MICRO_BATCHES)), name

@@ -130,14 +130,35 @@ def fsdp_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[tuple[i
     """The units FSDP gathers on one rank, in forward order, as (parameters of a unit, units of that size in a
     row): the embedding (first stage), the blocks, the final norm and head (last stage), as torchtitan wraps a
     Llama. Runs, not units: a 10,000-block rank is three or four runs, whatever a plan asks of them."""
+    return tuple((params, n) for params, n, _ in _fsdp_runs(spec, layout, rank))
+
+
+def fsdp_sharding_units(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[tuple[tuple[int, int], ...],
+                                                                                tuple[tuple[int, int], ...]]:
+    """`fsdp_units`' runs as FSDP gathers them over their two groups: (the units over dp x cp, each
+    mixture-of-experts block without its routed experts; the experts' units over dp x cp / ep, a block's routed
+    experts on this rank each, as torchtitan shards them apart). The second is empty without expert
+    parallelism."""
+    experts = _experts_on_rank(spec, layout)
+    dense = tuple((params - (experts if moe else 0), n) for params, n, moe in _fsdp_runs(spec, layout, rank))
+    return dense, tuple((experts, n) for _, n, moe in _fsdp_runs(spec, layout, rank) if moe and experts)
+
+
+def _experts_on_rank(spec: ModelSpec, layout: Layout) -> int:
+    """Routed-expert parameters of one block on one expert-parallel rank (0 without expert parallelism)."""
+    return spec.routed_expert_parameters() // layout.ep if spec.is_moe and layout.ep > 1 else 0
+
+
+def _fsdp_runs(spec: ModelSpec, layout: Layout, rank: RankKind) -> list[tuple[int, int, bool]]:
+    """`fsdp_units`' runs, each with whether its units are mixture-of-experts blocks."""
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    runs = [(_rank_block(spec, layout, moe), n) for moe, n in _rank_blocks(spec, rank).items() if n]
+    runs = [(_rank_block(spec, layout, moe), n, moe) for moe, n in _rank_blocks(spec, rank).items() if n]
     if rank.first:
-        runs.insert(0, (words + spec.embedding_parameters() - spec.vocab_size * spec.hidden, 1))
+        runs.insert(0, (words + spec.embedding_parameters() - spec.vocab_size * spec.hidden, 1, False))
     if rank.last:
         head = words if not spec.tied_embeddings or not rank.first else 0
-        runs.append((spec.norm_parameters() + head, 1))
-    return tuple(runs)
+        runs.append((spec.norm_parameters() + head, 1, False))
+    return runs
 
 
 def gathered_in_forward(runs: tuple[tuple[int, int], ...], reshard: bool | int) -> int:

@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, rank_kinds
 from headroom.core.memory.static import (
+    fsdp_sharding_units,
     fsdp_units,
     rank_expert_parameters,
     rank_parameters,
@@ -579,7 +580,9 @@ def step_communication(
       resharded after forward (over k ranks for a shard kept over k) (FSDP MixedPrecisionPolicy.param_dtype = compute dtype) and a
       reduce-scatter of P x grad_bytes (the sharded gradient's dtype: fp32 under
       amp-bf16, torchtitan's default reduce dtype; FSDP2 with reduce_dtype=None
-      would reduce in bf16). Overlapped. Not counted: the tied-embedding gradient
+      would reduce in bf16), each one call a unit (`_unit_calls`: FSDP2's foreach_all_gather and foreach_reduce,
+      checked call for call on gloo ranks, tests/test_fsdp_schedule.py). Overlapped. Not counted: the
+      tied-embedding gradient
       all-reduce between first and last pipeline stage. Under expert parallelism the
       rank's routed experts (headroom.core.memory.static.rank_expert_parameters) take the same
       collectives over the dp x cp / ep ranks holding the same experts, the rest
@@ -680,6 +683,8 @@ def step_communication(
     largest = largest_rank(spec, layout, config.stack)
     kept = kept_unit_parameters(spec, layout, largest)
     schedule = config.data_parallel
+    units = dict(zip(("dp-cp", "edp"), fsdp_sharding_units(spec, layout, largest), strict=True)) \
+        if layout.zero == 3 else {}
     for p, whole, ranks, group, what in (
             (rank_parameters(spec, layout, largest) - experts, kept, layout.dp * layout.cp, "dp-cp", "dp x cp"),
             (experts, 0, layout.expert_data_parallel, "edp", "dp x cp / ep")):
@@ -691,9 +696,12 @@ def step_communication(
             if config.fp8_params and not config.float8.block and group == "dp-cp" else 0
         for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe, in_fp8):
             op, message, calls, size, reshard_group, window, note = call
-            add("dp", op, message, calls, size, bool(window),
-                f"{note} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
-                f"{group}-reshard" if reshard_group else group, window)
+            regathered = op == "all_gather" and window == "backward"
+            for part, n, which in _unit_calls(message, calls, units.get(group) if not in_fp8 else None,
+                                              whole > 0 and regathered):
+                add("dp", op, part, n, size, bool(window),
+                    f"{note}{which} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
+                    f"{group}-reshard" if reshard_group else group, window)
     return tuple(terms)
 
 
@@ -747,6 +755,20 @@ def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layo
     if seconds is None:
         return None
     return max(seconds, collective_seconds(op, message, size, cluster.intra.for_group(op, size), efficiency))
+
+
+def _unit_calls(message: int, calls: int, runs: tuple[tuple[int, int], ...] | None,
+                without_last: bool) -> list[tuple[int, int, str]]:
+    """One FSDP collective of ``message`` bytes ``calls`` times a step, as FSDP2 issues it: one call a unit (its
+    ``foreach_all_gather`` and ``foreach_reduce`` gather and reduce a unit's parameters together), each of its
+    share of the bytes, run by run of ``runs`` (headroom.core.memory.static.fsdp_sharding_units; the last, the head's
+    never-resharded unit, left out ``without_last``). (bytes a call, calls, what); as given where ``runs`` is None."""
+    if runs is None:
+        return [(message, calls, "")]
+    runs = runs[:-1] if without_last else runs
+    total = sum(params * n for params, n in runs)
+    return [(message * params // total, calls * n, f", a call a unit ({n} of {params:,} parameters)")
+            for params, n in runs if params]
 
 
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,
