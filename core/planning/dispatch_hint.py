@@ -39,9 +39,9 @@ def dispatch_hint(result: Plan) -> str | None:
         return None
     if deep.tokens_per_s <= best.tokens_per_s * (1 + NEAR):
         return None
-    exposed = sum(t.seconds for t in best.time.communication if t.axis == "ep")
+    by_all_to_all = sum(t.seconds for t in best.time.communication if t.axis == "ep")
     by_deepep = sum(t.seconds for t in deep.time.communication if t.axis == "ep")
-    return (f"the experts' tokens cross nodes by all-to-all, {exposed:.3f} s of collectives a step; by DeepEP or "
+    return (f"the experts' tokens cross nodes by all-to-all, {by_all_to_all:.3f} s of collectives a step; by DeepEP or "
             f"HybridEP (--ep-comm deepep or hybridep) each token crosses once to each node of its experts: "
             f"{by_deepep:.3f} s, {deep.tokens_per_s:,.0f} tokens/s ({deep.tokens_per_s / best.tokens_per_s - 1:+.0%})"
             + ("" if deep.rejection is None else f", but {deep.rejection}"))

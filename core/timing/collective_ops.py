@@ -43,8 +43,6 @@ def ring_steps(op: str, n: int) -> int:
     return {"all_reduce": 2 * (n - 1), "send_recv": 1, "all_to_all": 1}.get(op, n - 1)
 
 
-
-
 def nics_worth(op: str, n: int, k: int) -> float:
     """The NICs a member of a group of ``n`` ranks, ``k`` of them on each node, moves its bus bytes through across
     nodes, in NICs a GPU (headroom.core.timing.comm.group_link): a ring collective's k (NCCL runs a ring per NIC and
