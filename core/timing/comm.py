@@ -108,9 +108,8 @@ def collective_seconds(
     steps = ring_steps(op, group_size)
     if steps == 0:
         return 0.0
-    if latency_s is not None:
-        return latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
-    return steps * link.latency_s + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
+    latency = steps * link.latency_s if latency_s is None else latency_s
+    return latency + message_bytes * bus_factor(op, group_size) / (link.bytes_per_s * efficiency)
 
 
 # ---- placement ------------------------------------------------------------------
