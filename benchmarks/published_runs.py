@@ -14,7 +14,8 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
   step time.
 - torchtitan, docs/performance.md, Table 1 (Llama 3.1 8B on 8 H100), Table 3 (the same on 128) and the 405B run
   (128 H100), each without torch.compile or Float8 (the rows that have them are not expressible yet): tokens/s per
-  GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e, on Meta's 400 Gb/s RoCE fabric.
+  GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e (``h100-hbm2e``), on Meta's 400 Gb/s
+  RDMA fabric.
 - mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 495218376), every row of its four BF16 tables
   (benchmarks/data/llm_foundry_bf16.csv): MPT models of 125M-70B on 8-512 H100s and A100s (80 and 40 GB) under
   Composer's FSDP (FULL_SHARD, or SHARD_GRAD_OP as ZeRO-2), sequences of 512-65,536 tokens, with the published
@@ -115,24 +116,26 @@ def _narayanan_runs() -> list[PublishedRun]:
 
 
 LLAMA31_405B = get_preset("llama3.1-405b")
+GRAND_TETON = "h100-hbm2e"
+"""The H100 torchtitan's performance runs were on (headroom.core.specs.hardware)."""
 
 
 def _torchtitan_runs() -> list[PublishedRun]:
     return [
         # Table 1: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2, selective (op) AC, eager: 5,762 tokens/s per GPU.
-        PublishedRun(name="Llama 3.1 8B, FSDP 8", source=f"{TORCHTITAN}, Table 1", hardware="h100-sxm",
+        PublishedRun(name="Llama 3.1 8B, FSDP 8", source=f"{TORCHTITAN}, Table 1", hardware=GRAND_TETON,
                      spec=get_preset("llama3-8b"),
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=8, zero=3), stack="torchtitan"),
                      global_batch=16, published=5762, unit="tokens_per_s_per_gpu", inter="roce-400g"),
         # Table 3: the same, FSDP over 128 GPUs (16 hosts), local batch 2, global 256, eager: 5,605 tokens/s per GPU.
-        PublishedRun(name="Llama 3.1 8B, FSDP 128", source=f"{TORCHTITAN}, Table 3", hardware="h100-sxm",
+        PublishedRun(name="Llama 3.1 8B, FSDP 128", source=f"{TORCHTITAN}, Table 3", hardware=GRAND_TETON,
                      spec=get_preset("llama3-8b"),
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=128, zero=3), stack="torchtitan"),
                      global_batch=256, published=5605, unit="tokens_per_s_per_gpu", inter="roce-400g"),
         # Llama 3.1 405B on 128 H100: TP 8 x FSDP 16, local batch 2, full AC, no Float8: 109 tokens/s per GPU.
-        PublishedRun(name="Llama 3.1 405B, TP 8 x FSDP 16", source=f"{TORCHTITAN}, 405B", hardware="h100-sxm",
+        PublishedRun(name="Llama 3.1 405B, TP 8 x FSDP 16", source=f"{TORCHTITAN}, 405B", hardware=GRAND_TETON,
                      spec=LLAMA31_405B,
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("full"),
                                         layout=Layout(tp=8, sp=True, dp=16, zero=3), stack="torchtitan"),

@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from h200_reference import h200_profile, label, predicted_s, regrets, train_steps
 from published_runs import (
+    GRAND_TETON,
     INDEPENDENT,
     LLM_FOUNDRY,
     NARAYANAN_TABLE_2,
@@ -54,10 +55,15 @@ class Row:
         return self.ratio - 1
 
 
-def predict(run: PublishedRun, kernel_term: bool = True) -> float:
+def predict(run: PublishedRun, kernel_term: bool = True, compute_scale: float = 1.0) -> float:
     """The run's published figure as the time model predicts it, uncalibrated; ``kernel_term=False`` prices its
-    attention at the device curves' rate whatever kernel it ran."""
+    attention at the device curves' rate whatever kernel it ran; ``compute_scale`` scales the device's GEMM and
+    attention rates (its peaks)."""
     profile = datasheet_profile(get_hardware(run.hardware))
+    if compute_scale != 1.0:
+        profile = dataclasses.replace(
+            profile, peak_flop_per_s={d: p * compute_scale for d, p in profile.peak_flop_per_s.items()},
+            attention_flop_per_s=profile.attention_flop_per_s * compute_scale)
     if kernel_term and run.attention_efficiency is not None:
         # Counted in full, a causal kernel's rate is twice what it executes (headroom.core.timing.step.datasheet_profile).
         executed = profile.peak_flop_per_s["bf16"] * run.attention_efficiency
@@ -181,6 +187,11 @@ def _errors(rows: list[Row]) -> str:
     return f"median {statistics.median(errors):.1%}, worst {max(errors):.1%} over {len(rows)}"
 
 
+H100_NVL_OVER_SXM = 835.5 / 989.4
+"""The H100 NVL's dense bf16 peak over the SXM's (NVIDIA's H100 datasheet, sparse figures halved): torchtitan puts
+its 500 W Grand Teton part's "between SXM and NVL" (docs/performance.md)."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--markdown", action="store_true", help="print only the markdown table of every row")
@@ -199,6 +210,11 @@ def main() -> None:
     without = [Row(run.name, run.source, "", run.published, predict(run, kernel_term=False), "") for run in mpt]
     print(f"llm-foundry runs with their attention at the device curves' rate (FlashAttention-2's on the A100, "
           f"cuDNN's on Hopper): {_errors(without)}")
+    titan = [run for run in RUNS if run.hardware == GRAND_TETON]
+    low = [Row(run.name, run.source, "", run.published, predict(run, compute_scale=H100_NVL_OVER_SXM), "")
+           for run in titan]
+    print(f"torchtitan's runs with the 500 W part's GEMMs and attention at the H100 NVL's peak over the SXM's "
+          f"({H100_NVL_OVER_SXM:.3f}, the low end torchtitan gives): {_errors(low)}")
     print(f"H200 reference steps (step time, uncalibrated): {_errors(h200)}")
     print(f"rank correlation of predicted and measured step time over the H200 run's 22 configurations: "
           f"{spearman([r.predicted for r in h200], [r.published for r in h200]):.3f}")

@@ -58,6 +58,6 @@ def test_an_accumulation_no_plan_reaches_is_refused(run_cli):
 def test_a_device_name_several_rows_share_is_listed(run_cli):
     result = run_cli("hardware", "--match", "H100")
     assert result.returncode == 2 and result.stdout == ""
-    assert result.stderr == ("headroom: error: 'H100' could be any of h100-pcie, h100-sxm; give the device name as "
+    assert result.stderr == ("headroom: error: 'H100' could be any of h100-pcie, h100-sxm, h100-hbm2e; give the device name as "
                              "torch reports it, e.g. 'NVIDIA H100 80GB HBM3'\n")
     assert run_cli("hardware", "--match", "NVIDIA H100 80GB HBM3").stdout.startswith("'NVIDIA H100 80GB HBM3' -> h100-sxm")

@@ -120,11 +120,12 @@ def test_every_gpu_has_a_default_cluster():
     assert set(INTRA_NODE_LINK) == {hw.key for hw in HARDWARE}
     assert set(INTER_NODE_LINK) == {hw.key for hw in HARDWARE}
     generation = {"a100": "ib-hdr", "h100": "ib-ndr", "h200": "ib-ndr", "b200": "ib-ndr", "mi300x": "roce-400g",
-                  "l40s": "roce-200g", "rtx-4090": "roce-200g"}
+                  "l40s": "roce-200g", "rtx-4090": "roce-200g",
+                  "h100-hbm2e": "roce-400g"}  # Grand Teton's: torchtitan's performance runs
     for hw in HARDWARE:
         cluster = default_cluster(hw.key)
-        assert cluster.gpus_per_node == 8 and cluster.inter.key == generation[hw.key.split("-sxm")[0]
-                                                                                .split("-pcie")[0]], hw.key
+        family = hw.key if hw.key in generation else hw.key.split("-sxm")[0].split("-pcie")[0]
+        assert cluster.gpus_per_node == 8 and cluster.inter.key == generation[family], hw.key
     assert default_cluster("NVIDIA A100-SXM4-80GB").inter.key == "ib-hdr"  # a name torch reports
     assert cluster_for("AMD EPYC 9454").inter.key == DEFAULT_INTER_NODE_LINK  # no datasheet row
     assert default_cluster("a100-sxm-80gb", inter="ib-ndr").inter.key == "ib-ndr"  # --interconnect wins

@@ -53,3 +53,12 @@ def test_get_hardware_by_key_or_name_and_suggestions():
         get_hardware("h100-smx")
     with pytest.raises(ConfigError, match="A100 SXM4 80GB has no fp8"):
         get_hardware("a100-sxm-80gb").peak("fp8")
+
+
+def test_grand_tetons_h100_is_the_part_torchtitan_describes():
+    """torchtitan docs/performance.md: 96GB HBM2e at 2.4 TB/s, a 500 W limit, a peak between the NVL's and the
+    SXM's (the row takes the SXM's, the upper end); only its key names it, no device name claims it."""
+    part, sxm = get_hardware("h100-hbm2e"), get_hardware("h100-sxm")
+    assert (part.hbm_bytes_per_s, part.memory_bytes) == (2.4e12, 96 * 10**9)
+    assert part.peak_flop_per_s == sxm.peak_flop_per_s and part.patterns == ()
+    assert match_device("NVIDIA H100 80GB HBM3").key == "h100-sxm"

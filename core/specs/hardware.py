@@ -86,6 +86,15 @@ HARDWARE: tuple[HardwareSpec, ...] = (
         patterns=(r"\bH100\b.*\bSXM", r"\bH100 80GB HBM3$"), excludes=(r"\bNVL\b", r"\bPCIe\b", r"\bGH"),
     ),
     HardwareSpec(
+        # Meta's Grand Teton H100: the SXM5 part with 96 GB of HBM2e, run at a 500 W power limit. torchtitan's
+        # performance runs were on it; it puts the part's peak "between SXM and NVL" (835.5 dense bf16) without
+        # knowing it, and so does this row: the SXM's peaks, the upper end.
+        key="h100-hbm2e", name="H100 SXM5 96GB HBM2e, 500 W (Grand Teton)",
+        peak_flop_per_s=_peaks(67, 494.7, 989.4, fp8=1978.9), hbm_bytes_per_s=2.4e12, memory_bytes=96 * 10**9,
+        source="torchtitan docs/performance.md (Grand Teton: 96GB HBM2e at 2.4 TB/s, 500 W power limit, peak "
+               "between the SXM's and the NVL's); the SXM's peaks, from the " + _H100_DATASHEET,
+    ),
+    HardwareSpec(
         key="h200", name="H200 SXM 141GB",
         peak_flop_per_s=_peaks(67, 494.7, 989.4, fp8=1978.9), hbm_bytes_per_s=4.8e12, memory_bytes=141 * 10**9,
         source="NVIDIA H200 Tensor Core GPU datasheet (2024), SXM column, sparse figures halved",

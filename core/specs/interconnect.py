@@ -123,6 +123,7 @@ LINKS_BY_KEY: dict[str, Link] = {link.key: link for link in LINKS}
 
 INTRA_NODE_LINK: dict[str, str] = {
     "h100-sxm": "nvlink4",
+    "h100-hbm2e": "nvlink4",
     "h200": "nvlink4",
     "b200": "nvlink5",
     "a100-sxm-80gb": "nvlink3",
@@ -150,6 +151,9 @@ INTER_NODE_LINK: dict[str, str] = {
     "h100-sxm": "ib-ndr",
     "h100-pcie": "ib-ndr",
     "h200": "ib-ndr",
+    # Grand Teton: "backend RDMA network with 400 Gb/s per GPU" (torchtitan docs/performance.md), taken as RoCE
+    # (NDR's rate and latency here too).
+    "h100-hbm2e": "roce-400g",
     "b200": "ib-ndr",
     # Assumed: MI300X platforms ship 400 Gb/s Ethernet NICs; L40S and RTX 4090 servers 200 Gb/s Ethernet.
     "mi300x": "roce-400g",

@@ -79,6 +79,10 @@ CURVES: dict[str, DeviceCurves] = {
         sms=132, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * SUSTAINED_OVER_BURST,
         matmul_source=f"{_MAMF}: H100 SXM 792.1 of 989 TFLOP/s",
         attention_efficiency=_HOPPER_ATTENTION[0], attention_source=_HOPPER_ATTENTION[1]),
+    "h100-hbm2e": DeviceCurves(
+        sms=132, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * SUSTAINED_OVER_BURST,
+        matmul_source="assumed: the 700 W H100 SXM's MAMF (what the 500 W limit costs is not published)",
+        attention_efficiency=_HOPPER_ATTENTION[0], attention_source="assumed: the H200's cuDNN fraction"),
     "h100-pcie": DeviceCurves(
         sms=114, matmul_shape=(6144, 17920, 2816), matmul_tflop_per_s=792.1 * 756 / 989.4 * SUSTAINED_OVER_BURST,
         matmul_source="assumed: the H100 SXM's MAMF, scaled to its peak",
