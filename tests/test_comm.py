@@ -35,6 +35,7 @@ from headroom.core.timing.comm import (
     crossing_latency_s,
     exposed_seconds,
     group_link,
+    largest_rank,
     largest_rank_parameters,
     members_per_node,
     nodes_spanned,
@@ -42,6 +43,13 @@ from headroom.core.timing.comm import (
     ring_steps,
     step_communication,
     total_seconds,
+)
+from headroom.core.timing.gradient_buckets import (
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    DDP_STACKS,
+    greedy_buckets,
+    rank_tensors,
 )
 from headroom.core.units import GB, GiB
 
@@ -212,13 +220,14 @@ def test_across_nodes_only_the_hops_between_nodes_wait_for_the_network():
     assert crossing_latency_s("send_recv", "pp", Layout(tp=8, pp=4), a100) == 14e-6
     assert crossing_latency_s("all_to_all", "ep", Layout(dp=16, ep=16), a100) == 14e-6
     assert ring_latency_s("all_gather", 8, 1, 3.4e-6, 14e-6) == pytest.approx(7 * 3.4e-6, rel=1e-12)
-    # a plan's gradient all-reduce over 16 A100s, 8 a node: 2 of its 30 hops on the network, 28 on NVLink
+    # a plan's gradient all-reduce over 16 A100s, 8 a node, each of DDP's buckets: 2 of its 30 hops on the
+    # network, 28 on NVLink
     terms = step_communication(get_preset("llama3-8b"), TrainConfig(seq_len=2048, layout=Layout(dp=16)), 1, a100)
     (dp,) = [t for t in terms if t.axis == "dp"]
     link = group_link("dp-cp", Layout(dp=16), a100, "all_reduce")
     bandwidth = collective_seconds("all_reduce", dp.message_bytes, 16, link, latency_s=0.0)
-    assert dp.seconds == pytest.approx(bandwidth + 2 * 14e-6 + 28 * 3.4e-6, rel=1e-12)
-    assert dp.seconds < collective_seconds("all_reduce", dp.message_bytes, 16, link)  # 30 network hops'
+    assert dp.calls > 1 and dp.seconds == pytest.approx(dp.calls * (bandwidth + 2 * 14e-6 + 28 * 3.4e-6), rel=1e-12)
+    assert dp.seconds < dp.calls * collective_seconds("all_reduce", dp.message_bytes, 16, link)  # 30 network hops'
     assert (nodes_spanned("dp-cp", Layout(dp=11, pp=8), a100), members_per_node("dp-cp", Layout(dp=11, pp=8), a100)) \
         == (3, 1)  # groups of 11 consecutive ranks on nodes of 8: ranks 22-32 touch three nodes, 1 of them on the last
 
@@ -365,14 +374,20 @@ def test_pipeline_sends_activation_and_gradient_per_micro_batch_and_virtual_stag
 
 def test_ddp_all_reduces_gradients_when_the_stack_syncs_them():
     """The agent's and torchtitan's loops reduce every micro-batch; Megatron-LM and the HF Trainer run all but the
-    last under no_sync; a pipeline on torch's pipelining defers too; the layout's setting overrides."""
+    last under no_sync; a pipeline on torch's pipelining defers too; the layout's setting overrides. Each
+    reduction one call a bucket where torch's DDP makes them (headroom.core.timing.gradient_buckets), else one."""
     for stack, layout, calls in (("reference", {}, 8), ("torchtitan", {}, 8), ("megatron", {}, 1), ("hf", {}, 1),
                                  ("reference", {"pp": 2}, 1), ("megatron", {"defer_gradient_sync": False}, 8),
                                  ("reference", {"defer_gradient_sync": True}, 1)):
         (term,) = terms_of({"dp": 4} | layout, m=8, stack=stack)[("dp", "all_reduce")]
-        message = largest_rank_parameters(SPEC, Layout(dp=4, **layout)) * 2
+        lay = Layout(dp=4, **layout)
+        message = largest_rank_parameters(SPEC, lay) * 2
+        buckets = len(greedy_buckets([2 * n for n in reversed(rank_tensors(SPEC, lay, largest_rank(SPEC, lay)))],
+                                     (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES))) if stack in DDP_STACKS else 1
+        assert buckets > 1 or stack not in DDP_STACKS
         after = stack == "megatron"  # DistributedDataParallelConfig.overlap_grad_reduce: off by default
-        assert (term.message_bytes, term.calls, term.window) == (message, calls, "" if after else "backward"), stack
+        assert (term.message_bytes, term.calls, term.window) == (-(-message // buckets), calls * buckets,
+                                                                 "" if after else "backward"), stack
         assert term.overlappable is not after
         assert term.note.startswith("gradients " + ("once per step" if calls == 1 else "every micro-batch")
                                     + (", after backward" if after else ""))

@@ -37,9 +37,16 @@ from headroom.core.specs.layout import Layout  # noqa: E402
 from headroom.core.specs.precision import get_precision  # noqa: E402
 from headroom.core.specs.presets import get_preset  # noqa: E402
 from headroom.core.specs.recompute import parse_policy  # noqa: E402
+from headroom.core.memory.pipeline import first_rank  # noqa: E402
 from headroom.core.timing.comm import _vocabulary_calls, step_communication  # noqa: E402
+from headroom.core.timing.gradient_buckets import (  # noqa: E402
+    DDP_BUCKET_BYTES,
+    DDP_FIRST_BUCKET_BYTES,
+    greedy_buckets,
+    rank_tensors,
+)
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
-from tests.distributed.data_parallel import MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
+from tests.distributed.data_parallel import BUCKETED_SPEC, MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
 from tests.distributed.tensor_parallel import POLICIES, cases  # noqa: E402
 
 TP = 2
@@ -460,6 +467,23 @@ def test_core_predicts_ddp_buckets(two_ranks):
                          layout=Layout(dp=2))
     buckets = estimate(SPEC, config, "cpu").static.gradient_buckets
     assert all(buckets == sum(b["bytes"] for b in record["ddp"]["buckets"][-1]) for record in two_ranks)
+
+
+def test_core_cuts_ddps_gradients_into_its_buckets(two_ranks):
+    """DDP's rebuilt buckets (its second step on) of a model larger than a bucket, bucket for bucket: their
+    bytes in the order the reducer numbers them, and one all-reduce a bucket in the step's communication."""
+    layout = Layout(dp=2)
+    predicted = greedy_buckets([4 * n for n in reversed(rank_tensors(BUCKETED_SPEC, layout, first_rank(layout, 8)))],
+                               (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES))
+    for record in two_ranks:
+        first, rebuilt = record["ddp_buckets"]["buckets"]
+        assert len(first) == 1  # the first step reduces everything at once
+        assert [b["bytes"] for b in sorted(rebuilt, key=lambda b: b["index"])] == predicted
+    assert len(predicted) == 5
+    config = TrainConfig(seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, attention="flash", precision="fp32", layout=layout)
+    (term,) = step_communication(BUCKETED_SPEC, config, 1, cluster_for("cpu"))
+    assert (term.op, term.calls) == ("all_reduce", 5)
+    assert term.calls * term.message_bytes - sum(predicted) in range(5)  # each call the average, rounded up
 
 
 def _check_core_static(records: list[dict]) -> None:

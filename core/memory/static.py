@@ -52,7 +52,7 @@ def static_bytes_per_parameter(precision: str, optimizer: str) -> int:
     return recipe.param_bytes + recipe.grad_bytes + recipe.master_bytes + optimizer_state_bytes(optimizer)
 
 
-def _rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
+def rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
     """The rank's blocks by kind: {False: dense blocks, True: mixture-of-experts blocks}. A mixture of
     experts is planned without a pipeline (headroom.core.specs.config.TrainConfig.check_model): its rank holds every block."""
     if not spec.is_moe:
@@ -95,7 +95,7 @@ def rank_expert_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | Non
     """The routed-expert parameters one rank holds (its 1/ep of each expert block's), which are sharded and
     reduced over the dp x cp / ep ranks that hold the same experts rather than over all dp x cp."""
     rank = rank or first_rank(layout, spec.n_layers)
-    return _rank_blocks(spec, rank).get(True, 0) * (spec.routed_expert_parameters() // layout.ep)
+    return rank_blocks(spec, rank).get(True, 0) * (spec.routed_expert_parameters() // layout.ep)
 
 
 def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = None) -> int:
@@ -107,7 +107,7 @@ def rank_parameters(spec: ModelSpec, layout: Layout, rank: RankKind | None = Non
     """
     rank = rank or first_rank(layout, spec.n_layers)
     t = layout.tp
-    total = sum(n * _rank_block(spec, layout, moe) for moe, n in _rank_blocks(spec, rank).items())
+    total = sum(n * _rank_block(spec, layout, moe) for moe, n in rank_blocks(spec, rank).items())
     words = -(-spec.vocab_size * spec.hidden // t)
     if rank.first:
         total += words + (spec.embedding_parameters() - spec.vocab_size * spec.hidden)
@@ -122,7 +122,7 @@ def rank_matmul_weights(spec: ModelSpec, layout: Layout, rank: RankKind) -> int:
     routed experts its 1/ep) and the head on the last stage."""
     head = spec.vocab_size * spec.hidden if rank.last else 0
     blocks = sum(n * (spec.layer_matmul_weights(moe) - (_experts_elsewhere(spec, layout) if moe else 0))
-                 for moe, n in _rank_blocks(spec, rank).items())
+                 for moe, n in rank_blocks(spec, rank).items())
     return (blocks + head) // layout.tp
 
 
@@ -152,7 +152,7 @@ def _experts_on_rank(spec: ModelSpec, layout: Layout) -> int:
 def _fsdp_runs(spec: ModelSpec, layout: Layout, rank: RankKind) -> list[tuple[int, int, bool]]:
     """`fsdp_units`' runs, each with whether its units are mixture-of-experts blocks."""
     words = -(-spec.vocab_size * spec.hidden // layout.tp)
-    runs = [(_rank_block(spec, layout, moe), n, moe) for moe, n in _rank_blocks(spec, rank).items() if n]
+    runs = [(_rank_block(spec, layout, moe), n, moe) for moe, n in rank_blocks(spec, rank).items() if n]
     if rank.first:
         runs.insert(0, (words + spec.embedding_parameters() - spec.vocab_size * spec.hidden, 1, False))
     if rank.last:

@@ -469,7 +469,17 @@ class ModelSpec:
         shared expert's, and the shared expert's gate (1, h).
         Linear weights are (out, in) as ``nn.Linear`` stores them: FSDP shards them along dim 0.
         """
-        h, q, kv, f, v = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden, self.vocab_size
+        h, v = self.hidden, self.vocab_size
+        norm = ((h,), (h,)) if self.block == "gpt" else ((h,),)
+        blocks = (*self.block_parameter_shapes(moe=False) * (self.n_layers - self.moe_layers),
+                  *self.block_parameter_shapes(moe=True) * self.moe_layers)
+        positions = () if self.rotary else ((self.max_seq_len, h),)
+        head = () if self.tied_embeddings else ((v, h),)
+        return ((v, h), *positions, *blocks, *norm, *head)
+
+    def block_parameter_shapes(self, moe: bool = False) -> tuple[tuple[int, ...], ...]:
+        """One block's parameter tensors, in `parameter_shapes`' order (``moe``: a mixture-of-experts block's)."""
+        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
         norm = ((h,), (h,)) if self.block == "gpt" else ((h,),)
 
         def linear(out: int, into: int, bias: bool) -> tuple[tuple[int, ...], ...]:
@@ -490,12 +500,7 @@ class ModelSpec:
         experts = ((self.n_experts, h), *gated(self.expert_ffn) * self.n_experts, *shared,
                    *(((1, h),) if self.shared_expert_gate else ()))
         post = norm if self.post_norms else ()
-        dense_block = (*norm, *attention, *post, *norm, *mlp, *post)
-        moe_block = (*norm, *attention, *post, *norm, *experts, *post)
-        blocks = (*dense_block * (self.n_layers - self.moe_layers), *moe_block * self.moe_layers)
-        positions = () if self.rotary else ((self.max_seq_len, h),)
-        head = () if self.tied_embeddings else ((v, h),)
-        return ((v, h), *positions, *blocks, *norm, *head)
+        return (*norm, *attention, *post, *norm, *(experts if moe else mlp), *post)
 
     @property
     def parameters(self) -> int:

@@ -61,6 +61,7 @@ from headroom.core.timing.collective_ops import (
     ring_steps,
 )
 from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
+from headroom.core.timing.gradient_buckets import gradient_buckets
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
@@ -693,11 +694,14 @@ def step_communication(
         # MXFP8's parameters are gathered in bf16 (through the gradient buffer) and cast after: none in fp8.
         in_fp8 = te_rank_weights(spec, config, largest) \
             if config.fp8_params and not config.float8.block and group == "dp-cp" else 0
+        buckets = gradient_buckets(spec, layout, largest, config.stack, schedule.overlap_grad_reduce,
+                                   recipe.grad_bytes, experts=group == "edp")
         for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe, in_fp8):
             op, message, calls, size, reshard_group, window, note = call
             regathered = op == "all_gather" and window == "backward"
-            for part, n, which in _unit_calls(message, calls, units.get(group) if not in_fp8 else None,
-                                              whole > 0 and regathered):
+            split = _bucket_calls(message, calls, *buckets) if buckets is not None else \
+                _unit_calls(message, calls, units.get(group) if not in_fp8 else None, whole > 0 and regathered)
+            for part, n, which in split:
                 add("dp", op, part, n, size, bool(window),
                     f"{note}{which} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                     f"{group}-reshard" if reshard_group else group, window)
@@ -768,6 +772,15 @@ def _unit_calls(message: int, calls: int, runs: tuple[tuple[int, int], ...] | No
     total = sum(params * n for params, n in runs)
     return [(message * params // total, calls * n, f", a call a unit ({n} of {params:,} parameters)")
             for params, n in runs if params]
+
+
+def _bucket_calls(message: int, calls: int, buckets: int, rule: str) -> list[tuple[int, int, str]]:
+    """A gradient reduction (or the distributed optimizer's gather) of ``message`` bytes ``calls`` times a step,
+    one call a bucket (headroom.core.timing.gradient_buckets): ``buckets`` calls of the average bucket each,
+    which costs what the buckets do as long as a call's time grows linearly with its bytes."""
+    if buckets == 1:
+        return [(message, calls, f", in {rule}")]
+    return [(-(-message // buckets), calls * buckets, f", a call a bucket ({buckets} of them: {rule})")]
 
 
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,

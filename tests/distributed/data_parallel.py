@@ -56,9 +56,16 @@ def _batch(rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens, torch.randint(0, SPEC.vocab_size, (MICRO_BATCH, SEQ_LEN), generator=generator)
 
 
-def _decoder(dtype: torch.dtype = torch.float32) -> Decoder:
+BUCKETED_SPEC = ModelSpec(
+    name="ddp-buckets", block="llama", n_layers=8, hidden=512, n_heads=8, n_kv_heads=4, ffn_hidden=1536,
+    vocab_size=8192, max_seq_len=64, tied_embeddings=False, bias="none",
+)
+"""A Llama whose 134 MB of fp32 gradients fill five of DDP's buckets."""
+
+
+def _decoder(dtype: torch.dtype = torch.float32, spec: ModelSpec = SPEC) -> Decoder:
     torch.manual_seed(0)
-    return Decoder(SPEC, attention="flash").to(dtype).train()
+    return Decoder(spec, attention="flash").to(dtype).train()
 
 
 def _shard_rows(named: list[tuple[str, torch.Tensor]]) -> dict:
@@ -241,10 +248,10 @@ def _memtracker_step(model: nn.Module, optimizer: torch.optim.Optimizer, tokens:
         return {"error": f"{type(err).__name__}: {err}"}, float("nan")
 
 
-def measure_ddp() -> dict:
+def measure_ddp(spec: ModelSpec = SPEC) -> dict:
     """DDP with its defaults (25 MiB buckets, a 1 MiB first bucket, gradients apart from the buckets)."""
     rank = dist.get_rank()
-    model = DistributedDataParallel(_decoder())
+    model = DistributedDataParallel(_decoder(spec=spec))
     buckets: list[list[dict]] = [[] for _ in range(STEPS)]
     step = 0
 
