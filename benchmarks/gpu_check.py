@@ -76,7 +76,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="directory for the bundle, report and logs (default $OUT, else ./gpu-check)")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda:0 if present, else cpu)")
     parser.add_argument("--parts", help="comma-separated parts to run (default all, in order)")
+    parser.add_argument("--budget-scale", type=_positive, default=1.0, metavar="X",
+                        help="multiply every part's time budget by X (default 1; more on a busy machine, where a "
+                             "part that runs out of time leaves its last cases not run)")
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    return value
 
 
 PRELOAD = ["headroom.agent.check.parts", "headroom.agent.suites", "headroom.agent.train_ranks", "headroom.agent.bench_collectives", "headroom.db.bundle"]
@@ -169,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
         with (out / "gpu-check.log").open("w") as log:
             for name in wanted:
                 _, gpu_s, cpu_s = PARTS[name]
-                parts[name] = run_part(processes, name, gpu_s if gpu else cpu_s, device, store, work, log)
+                budget_s = (gpu_s if gpu else cpu_s) * args.budget_scale
+                parts[name] = run_part(processes, name, budget_s, device, store, work, log)
                 progress.write_text(json.dumps(parts, indent=1, default=str))
         fingerprint = parts.get("environment", {}).get("result", {}).get("fingerprint", {})
         stem = f"{slug(fingerprint.get('device_name', ''))}-{date.today().isoformat()}"

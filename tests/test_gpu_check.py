@@ -19,7 +19,10 @@ ROOT = Path(__file__).resolve().parents[1]
 def check_run(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
     """The kit run once on the CPU: its process and the folder it wrote."""
     def build(out: Path) -> dict:
-        proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out)],
+        # Budgets tripled: beside a busy test worker a part can run out of time and leave a case not run (the
+        # budgets guard a GPU's 15 minutes; here the check is that every part works).
+        proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--device", "cpu", "--out", str(out),
+                               "--budget-scale", "3"],
                               capture_output=True, text=True, timeout=600, cwd=ROOT)
         return {"args": proc.args, "returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
                 "out": str(out)}
@@ -144,3 +147,11 @@ def test_the_masked_sdpa_probe_says_where_a_kernel_parts_from_the_rule(monkeypat
     monkeypatch.setattr(masked_sdpa, "expected", lambda device, dtype, s: rule(torch.device("cuda"), dtype, s))
     judged = masked_sdpa.probe_masked(cpu, torch.bfloat16, 120)
     assert (judged["status"], judged["only_measured"], judged["only_rule"]) == ("differs", [], ["int64 8 bytes (x2)"])
+
+
+@pytest.mark.parametrize("scale", ["0", "-1", "inf", "nan", "three"])
+def test_a_budget_scale_that_is_not_a_positive_number_is_refused(scale):
+    proc = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--budget-scale", scale, "--parts", "none"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert proc.returncode == 2
+    assert f"argument --budget-scale: must be a positive number, got {scale!r}" in proc.stderr
