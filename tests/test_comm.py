@@ -7,7 +7,7 @@ import pytest
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import rank_kinds
-from headroom.core.memory.static import rank_parameters
+from headroom.core.memory.static import fsdp_sharding_units, rank_parameters
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import (
@@ -373,10 +373,10 @@ def test_pipeline_sends_activation_and_gradient_per_micro_batch_and_virtual_stag
 
 
 def test_ddp_all_reduces_gradients_when_the_stack_syncs_them():
-    """The agent's and torchtitan's loops reduce every micro-batch; Megatron-LM and the HF Trainer run all but the
-    last under no_sync; a pipeline on torch's pipelining defers too; the layout's setting overrides. Each
-    reduction one call a bucket where torch's DDP makes them (headroom.core.timing.gradient_buckets), else one."""
-    for stack, layout, calls in (("reference", {}, 8), ("torchtitan", {}, 8), ("megatron", {}, 1), ("hf", {}, 1),
+    """The agent's loop reduces every micro-batch; Megatron-LM and the HF Trainer run all but the last under
+    no_sync; a pipeline on torch's pipelining defers too; the layout's setting overrides. Each reduction one call a
+    bucket where torch's DDP makes them (headroom.core.timing.gradient_buckets), else one."""
+    for stack, layout, calls in (("reference", {}, 8), ("megatron", {}, 1), ("hf", {}, 1),
                                  ("reference", {"pp": 2}, 1), ("megatron", {"defer_gradient_sync": False}, 8),
                                  ("reference", {"defer_gradient_sync": True}, 1)):
         (term,) = terms_of({"dp": 4} | layout, m=8, stack=stack)[("dp", "all_reduce")]
@@ -391,6 +391,17 @@ def test_ddp_all_reduces_gradients_when_the_stack_syncs_them():
         assert term.overlappable is not after
         assert term.note.startswith("gradients " + ("once per step" if calls == 1 else "every micro-batch")
                                     + (", after backward" if after else ""))
+
+
+def test_torchtitan_replicates_through_fsdp_one_all_reduce_a_unit():
+    """torchtitan's data parallelism without sharding is FSDP2 over a replicating mesh dimension: every
+    micro-batch each unit's gradients are all-reduced in a call of their own, all of them the rank's gradients."""
+    lay = Layout(dp=4)
+    terms = terms_of({"dp": 4}, m=8, stack="torchtitan")[("dp", "all_reduce")]
+    (runs, _) = fsdp_sharding_units(SPEC, lay, largest_rank(SPEC, lay))
+    assert [(t.calls, t.window) for t in terms] == [(8 * n, "backward") for _, n in runs]
+    assert sum(t.message_bytes * t.calls for t in terms) == 8 * largest_rank_parameters(SPEC, lay) * 2
+    assert all(", a call a unit (" in t.note for t in terms)
 
 
 def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():

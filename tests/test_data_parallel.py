@@ -15,6 +15,7 @@ from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.data_parallel import data_parallel_schedule
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.presets import get_preset
+from headroom.core.specs.recompute import parse_policy
 from headroom.core.specs.run_config import RunConfig
 from headroom.dashboard.planning import PlanInputs, build_layout
 
@@ -169,3 +170,33 @@ def test_the_plan_page_pins_the_overlaps():
                                     "overlap_param_gather": "on"})
     layout = build_layout(inputs)
     assert (layout.overlap_grad_reduce, layout.overlap_param_gather) == (False, True)
+
+
+def test_a_stack_plans_only_the_sharding_stages_it_runs(run_cli):
+    """torchtitan replicates or shards (FSDP2 either way): no ZeRO-1 or 2, refused by name when asked for and never
+    searched; the other stacks run every stage."""
+    with pytest.raises(ConfigError, match=r"the torchtitan stack has no ZeRO-1; it shards at --zero 0, 3 "):
+        TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(dp=8, zero=1))
+    TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(zero=1))  # one data-parallel rank: nothing sharded
+    for stack in ("reference", "megatron", "hf"):
+        TrainConfig(seq_len=2048, stack=stack, layout=Layout(dp=8, zero=2))
+    pinned = run_cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--stack", "torchtitan",
+                     "--zero", "2")
+    assert pinned.returncode == 2
+    assert pinned.stderr == ("headroom: error: the torchtitan stack has no ZeRO-2; it shards at --zero 0, 3 "
+                             "(0 replicates, 3 shards parameters, gradients and optimizer state)\n")
+    searched = run_cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64",
+                       "--stack", "torchtitan", "--json")
+    assert searched.returncode == 0, searched.stderr
+    found = json.loads(searched.stdout)
+    zeros = {row["layout"]["zero"] for row in found["layouts"]} | {c["layout"]["zero"] for c in found["candidates"]}
+    assert zeros == {0, 3} or zeros == {3}
+    assert found["recommendation"]["layout"]["zero"] in (0, 3)
+
+
+def test_a_zero_bubble_pipeline_plans_every_k_recompute():
+    """Under zbv the first rank's embedding is traced apart, with no block: every-K has no segment to cut (it
+    divided by zero)."""
+    config = TrainConfig(seq_len=2048, recompute=parse_policy("every-2"),
+                         layout=Layout(pp=4, schedule="zbv", virtual_stages=2))
+    assert estimate(LLAMA, config, "cuda", 8).peak_bytes > 0

@@ -80,6 +80,8 @@ def _policy_ranges(cfg: TrainConfig, chunks: tuple[int, ...]) -> list[tuple[Trai
 def _blocks(tr: Trace, spec: ModelSpec, d: Dims, cfg: TrainConfig, x: Sym, param_dtype: str, first: int, last: int,
             n: int, bf16: frozenset[int]) -> Sym:
     """Blocks ``first``..``last - 1`` of the rank's ``n``, segment by segment under ``cfg``'s policy."""
+    if first >= last:  # none (a rank's embedding alone, under zbv)
+        return x
     policy = cfg.recompute
     size = policy.segment_layers(n) if policy.recomputes_blocks else 1
     # A segment saves what an earlier one of the same length and kinds of layer saved (headroom.core.memory.trace.Repeat):

@@ -182,7 +182,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     # for the depths whose layers split that far
     schedules = [(schedule, v) for schedule, v in schedules
                  if pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v))]
-    zeros = [fixed.zero] if "zero" in pinned else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+    sharding = get_stack(train.stack).sharding_stages
+    zeros = [fixed.zero] if "zero" in pinned else (list(sharding) if dp * cp > 1 else [0])
     settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync", "stage_layers")
                 if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}
     if "tp_overlap" in pinned and (sp or not fixed.tp_overlap):  # on: only where sequence parallelism runs

@@ -117,6 +117,8 @@ class TrainConfig:
         get_precision(self.precision)
         object.__setattr__(self, "stack", stack_name(self.stack))
         get_stack(self.stack).check_policy(self.recompute)
+        if self.layout.dp * self.layout.cp > 1:
+            get_stack(self.stack).check_sharding(self.layout.zero)
         if self.layout.cp > 1 and self.attention != "flash":
             raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
         optimizer_state_bytes(self.optimizer)

@@ -223,6 +223,19 @@ class Stack:
     ``overlap_grad_reduce`` and ``overlap_param_gather`` off by default (megatron/core/distributed/
     distributed_data_parallel_config.py; ``--overlap-grad-reduce``, ``--overlap-param-gather``): the gradients
     are reduced after the last backward and the parameters gathered after the optimizer step, exposed."""
+    sharding_stages: tuple[int, ...] = (0, 1, 2, 3)
+    """The data-parallel sharding stages (``Layout.zero``) it runs. torchtitan: 0 and 3 only, its data
+    parallelism replicating (``dp_replicate``) or sharding (``dp_shard``) parameters, gradients and optimizer
+    state together through FSDP2 (torchtitan/distributed/fsdp.py), no ZeRO-1 or 2; FSDP2 kept gathered from
+    forward to backward (``--reshard-after-forward false``) is its nearest. The others run every stage: plain
+    PyTorch ZeRO-1 as DDP with ``ZeroRedundancyOptimizer`` and ZeRO-2 as FSDP's ``SHARD_GRAD_OP``, Megatron-LM
+    its distributed optimizer and Megatron-FSDP (``--data-parallel-sharding-strategy``), the HF Trainer
+    DeepSpeed's stages and FSDP."""
+    replicates_through_fsdp: bool = False
+    """Its data parallelism without sharding (zero 0) is FSDP2 over a replicating mesh dimension, which
+    all-reduces each unit's gradients in a call of its own rather than in DDP's buckets: torchtitan's
+    ``dp_replicate`` (torchtitan/distributed/fsdp.py, ``resolve_fsdp_mesh``; its ``ReplicateModule`` "inherits
+    from FSDPModule")."""
     torch_pipelining: bool = False
     """Its pipeline runs on ``torch.distributed.pipelining``, whose stages defer the gradient reduction and keep
     FSDP's units gathered from one micro-batch to the next (``PipelineStage.backward_maybe_with_nosync``)."""
@@ -254,6 +267,12 @@ class Stack:
         """What the stack's kernels keep that another's may not: its RMSNorm, RoPE, SwiGLU and cross-entropy."""
         return self.rms_norm, self.rope, self.swiglu, self.loss_at(tp)
 
+    def check_sharding(self, zero: int) -> None:
+        if zero not in self.sharding_stages:
+            stages = ", ".join(map(str, self.sharding_stages))
+            raise ConfigError(f"the {self.name} stack has no ZeRO-{zero}; it shards at --zero {stages} "
+                              f"(0 replicates, 3 shards parameters, gradients and optimizer state)")
+
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
             offered = ", ".join(f"{kind}-K" if kind in ("every", "block") else kind for kind in self.policies)
@@ -264,6 +283,7 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True, zero_bubble="run",
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
+          sharding_stages=(0, 3), replicates_through_fsdp=True,
           caches_reduce_scatters=True, torch_pipelining=True, zero_bubble="searched", fsdp_reshards_under_pipeline=False, weighted_stages=True,
           overlaps_tensor_parallel=True, hierarchical_dispatch=True,
           fused_qkv=True, caches_cpu_attention=False, loss="loss-parallel", measured=True,

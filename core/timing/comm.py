@@ -683,8 +683,8 @@ def step_communication(
     largest = largest_rank(spec, layout, config.stack)
     kept = kept_unit_parameters(spec, layout, largest)
     schedule = config.data_parallel
-    units = dict(zip(("dp-cp", "edp"), fsdp_sharding_units(spec, layout, largest), strict=True)) \
-        if layout.zero == 3 else {}
+    by_unit = layout.zero == 3 or (layout.zero == 0 and get_stack(config.stack).replicates_through_fsdp)
+    units = dict(zip(("dp-cp", "edp"), fsdp_sharding_units(spec, layout, largest), strict=True)) if by_unit else {}
     for p, whole, ranks, group, what in (
             (rank_parameters(spec, layout, largest) - experts, kept, layout.dp * layout.cp, "dp-cp", "dp x cp"),
             (experts, 0, layout.expert_data_parallel, "edp", "dp x cp / ep")):
