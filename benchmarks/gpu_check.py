@@ -87,9 +87,13 @@ def _positive(text: str) -> float:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number, got {text!r}")
+    if not 0 < value <= MAX_BUDGET_SCALE:
+        raise argparse.ArgumentTypeError(f"must be a positive number up to {MAX_BUDGET_SCALE}, got {text!r}")
     return value
+
+
+MAX_BUDGET_SCALE = 100
+"""The most a budget may be stretched: the whole check then takes at most a few hours."""
 
 
 PRELOAD = ["headroom.agent.check.parts", "headroom.agent.suites", "headroom.agent.train_ranks", "headroom.agent.bench_collectives", "headroom.db.bundle"]

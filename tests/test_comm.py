@@ -7,7 +7,11 @@ import pytest
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import rank_kinds
-from headroom.core.memory.static import fsdp_sharding_units, rank_parameters
+from headroom.core.memory.static import (
+    fsdp_sharding_units,
+    rank_parameters,
+    rank_tensors,
+)
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.hardware import HARDWARE
 from headroom.core.specs.interconnect import (
@@ -49,7 +53,6 @@ from headroom.core.timing.gradient_buckets import (
     DDP_FIRST_BUCKET_BYTES,
     DDP_STACKS,
     greedy_buckets,
-    rank_tensors,
 )
 from headroom.core.units import GB, GiB
 
@@ -415,7 +418,7 @@ def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
                      stack="megatron")
     assert [(t.window, t.overlappable) for t in asked[("dp", "reduce_scatter")] + asked[("dp", "all_gather")]] \
         == [("backward", True), ("forward", True)]
-    assert terms_of({"dp": 4, "zero": 1}, m=8)[("dp", "all_gather")][0].window == "forward"
+    assert terms_of({"dp": 4, "zero": 1}, m=8, stack="hf")[("dp", "all_gather")][0].window == "forward"
     with pytest.raises(ConfigError, match="overlap-grad-reduce applies to zero 0, 1, 2, not zero 3: FSDP"):
         Layout(dp=4, zero=3, overlap_grad_reduce=True)
     with pytest.raises(ConfigError, match="overlap-param-gather applies to zero 1, 2, not zero 0"):
@@ -423,11 +426,30 @@ def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
 
 
 def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():
-    z1 = terms_of({"dp": 4, "zero": 1}, m=8)
+    z1 = terms_of({"dp": 4, "zero": 1}, m=8, stack="megatron")
     assert z1[("dp", "reduce_scatter")][0].calls == 1 and z1[("dp", "all_gather")][0].calls == 1
     z2 = terms_of({"dp": 4, "zero": 2}, m=8)
     assert z2[("dp", "reduce_scatter")][0].calls == 8 and z2[("dp", "all_gather")][0].calls == 1
     assert z2[("dp", "all_gather")][0].message_bytes == SPEC.parameters * 2
+
+
+def test_the_reference_stacks_zero_1_all_reduces_in_ddps_buckets_and_broadcasts_each_parameter():
+    """Plain PyTorch's ZeRO-1, DDP under ZeroRedundancyOptimizer (held call for call against two gloo ranks in
+    tests/test_distributed_memory.py): the gradients all-reduced whole every micro-batch, beside backward, in
+    DDP's buckets; each updated parameter broadcast from its owner inside the step, exposed, whatever the stack's
+    overlap default; --overlap-param-gather refused."""
+    terms = terms_of({"dp": 4, "zero": 1}, m=8)
+    (reduce,), (broadcast,) = terms[("dp", "all_reduce")], terms[("dp", "broadcast")]
+    lay = Layout(dp=4, zero=1)
+    buckets = len(greedy_buckets([2 * n for n in reversed(rank_tensors(SPEC, lay, largest_rank(SPEC, lay)))],
+                                 (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES)))
+    assert (reduce.calls, reduce.window) == (8 * buckets, "backward")
+    assert (broadcast.calls, broadcast.window, broadcast.overlappable) == (len(SPEC.parameter_shapes()), "", False)
+    assert broadcast.calls * broadcast.message_bytes - SPEC.parameters * 2 in range(broadcast.calls)
+    assert set(terms) == {("dp", "all_reduce"), ("dp", "broadcast")}
+    with pytest.raises(ConfigError, match="--overlap-param-gather under --stack reference --zero 1: its ZeRO-1 is "):
+        config(dp=4, zero=1, overlap_param_gather=True).check_sharding()
+    config(dp=4, zero=2, overlap_param_gather=True).check_sharding()  # ZeRO-2 (FSDP's SHARD_GRAD_OP) gathers apart
 
 
 HEAD_UNIT = SPEC.norm_parameters() + SPEC.vocab_size * SPEC.hidden

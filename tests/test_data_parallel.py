@@ -173,13 +173,15 @@ def test_the_plan_page_pins_the_overlaps():
 
 
 def test_a_stack_plans_only_the_sharding_stages_it_runs(run_cli):
-    """torchtitan replicates or shards (FSDP2 either way): no ZeRO-1 or 2, refused by name when asked for and never
-    searched; the other stacks run every stage."""
+    """torchtitan replicates or shards (FSDP2 either way): no ZeRO-1 or 2, refused by name when planned or
+    estimated and never searched (a step the agent measured under torchtitan's kernels with its own ZeRO-1 still
+    reads back); the other stacks run every stage."""
+    measured = TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(dp=8, zero=1))
     with pytest.raises(ConfigError, match=r"the torchtitan stack has no ZeRO-1; it shards at --zero 0, 3 "):
-        TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(dp=8, zero=1))
-    TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(zero=1))  # one data-parallel rank: nothing sharded
+        measured.check_sharding()
+    TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(zero=1)).check_sharding()  # one rank: nothing shards
     for stack in ("reference", "megatron", "hf"):
-        TrainConfig(seq_len=2048, stack=stack, layout=Layout(dp=8, zero=2))
+        TrainConfig(seq_len=2048, stack=stack, layout=Layout(dp=8, zero=2)).check_sharding()
     pinned = run_cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--stack", "torchtitan",
                      "--zero", "2")
     assert pinned.returncode == 2

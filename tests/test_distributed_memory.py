@@ -31,19 +31,19 @@ import dataclasses  # noqa: E402
 
 from headroom.core.memory.estimate import estimate  # noqa: E402
 from headroom.core.memory.ledger import activation_ledger  # noqa: E402
+from headroom.core.memory.pipeline import first_rank  # noqa: E402
+from headroom.core.memory.static import rank_tensors  # noqa: E402
 from headroom.core.specs.config import TrainConfig  # noqa: E402
 from headroom.core.specs.interconnect import cluster_for  # noqa: E402
 from headroom.core.specs.layout import Layout  # noqa: E402
 from headroom.core.specs.precision import get_precision  # noqa: E402
 from headroom.core.specs.presets import get_preset  # noqa: E402
 from headroom.core.specs.recompute import parse_policy  # noqa: E402
-from headroom.core.memory.pipeline import first_rank  # noqa: E402
 from headroom.core.timing.comm import _vocabulary_calls, step_communication  # noqa: E402
 from headroom.core.timing.gradient_buckets import (  # noqa: E402
     DDP_BUCKET_BYTES,
     DDP_FIRST_BUCKET_BYTES,
     greedy_buckets,
-    rank_tensors,
 )
 from tests.distributed.collectives import messages, other_all_reduces  # noqa: E402
 from tests.distributed.data_parallel import BUCKETED_SPEC, MICRO_BATCH, SEQ_LEN, SPEC  # noqa: E402
@@ -484,6 +484,26 @@ def test_core_cuts_ddps_gradients_into_its_buckets(two_ranks):
     (term,) = step_communication(BUCKETED_SPEC, config, 1, cluster_for("cpu"))
     assert (term.op, term.calls) == ("all_reduce", 5)
     assert term.calls * term.message_bytes - sum(predicted) in range(5)  # each call the average, rounded up
+
+
+def test_core_runs_zero_1_as_ddp_under_the_zero_redundancy_optimizer(two_ranks):
+    """The reference stack's ZeRO-1 is the agent's: DDP (its buckets hold a copy of the gradients, all-reduced
+    whole) under torch's ZeroRedundancyOptimizer, whose shards are whole tensors (the most loaded rank's AdamW
+    moments, to the byte) and whose step broadcasts each updated parameter from its owner, a call a tensor."""
+    layout = Layout(dp=2, zero=1)
+    config = TrainConfig(seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, attention="flash", precision="fp32", layout=layout)
+    static = estimate(SPEC, config, "cpu").static
+    assert static.optimizer_states == max(record["zero1"]["state_bytes"] for record in two_ranks)
+    assert static.optimizer_states > estimate(SPEC, dataclasses.replace(config, stack="megatron"), "cpu") \
+        .static.optimizer_states  # whole tensors: more than an even split
+    terms = {t.op: t for t in step_communication(SPEC, config, 1, cluster_for("cpu"))}
+    for record in two_ranks:
+        _, rebuilt, last = record["zero1"]["steps"]
+        assert rebuilt["broadcasts"] == last["broadcasts"] + 2  # DDP's rebuilt bucket indices and sizes
+        assert sum(last["bucket_bytes"]) == static.gradient_buckets
+        assert (last["all_reduces"], last["broadcasts"]) == (terms["all_reduce"].calls, terms["broadcast"].calls)
+        assert terms["broadcast"].calls == record["zero1"]["parameters"] == len(SPEC.parameter_shapes())
+    assert not terms["broadcast"].overlappable  # inside the optimizer's step
 
 
 def _check_core_static(records: list[dict]) -> None:

@@ -38,8 +38,9 @@ LINK = Link(key="ideal", name="450 GB/s, no latency", bytes_per_s=450e9, latency
 NODE = Cluster(gpus_per_node=8, intra=LINK, inter=LINK)
 
 
-def mixtral(micro_batch: int = 1, recompute: str = "none", precision: str = "amp-bf16", **layout) -> TrainConfig:
-    return TrainConfig(seq_len=4096, micro_batch=micro_batch, precision=precision,
+def mixtral(micro_batch: int = 1, recompute: str = "none", precision: str = "amp-bf16", stack: str = "reference",
+            **layout) -> TrainConfig:
+    return TrainConfig(seq_len=4096, micro_batch=micro_batch, precision=precision, stack=stack,
                        recompute=RecomputePolicy(recompute), layout=Layout(**layout))
 
 
@@ -77,12 +78,13 @@ def test_ep_is_refused_for_a_dense_model_and_for_experts_it_does_not_divide():
 
 def test_each_rank_holds_its_share_of_the_experts_and_all_of_the_rest():
     amp = get_precision("amp-bf16")
-    replicated = estimate(MIXTRAL, mixtral(dp=8, zero=1)).static
-    split = estimate(MIXTRAL, mixtral(dp=8, zero=1, ep=8)).static
+    replicated = estimate(MIXTRAL, mixtral(dp=8, zero=1, stack="megatron")).static
+    split = estimate(MIXTRAL, mixtral(dp=8, zero=1, ep=8, stack="megatron")).static
     assert replicated.parameters == (REST + EXPERTS) * amp.param_bytes
     assert split.parameters == (REST + EXPERTS // 8) * amp.param_bytes
     assert split.gradients == (REST + EXPERTS // 8) * amp.grad_bytes
-    # ZeRO-1 shards the rest's optimizer state over all 8 ranks; each expert is on one rank only (ep = dp).
+    # Megatron-LM's distributed optimizer shards the rest's optimizer state evenly over all 8 ranks; each expert is
+    # on one rank only (ep = dp). (Plain PyTorch's keeps tensors whole: tests/test_parallel_memory.py.)
     assert split.optimizer_states == (REST // 8 + EXPERTS // 8) * 8
 
 
@@ -182,15 +184,16 @@ def test_core_counts_each_all_to_all_of_an_expert_parallel_step(two_ranks, preci
 
 
 def test_expert_weights_are_reduced_over_the_ranks_that_hold_them():
-    """dp 8, ep 2, ZeRO-1: the rest's gradients reduce-scatter over 8 ranks, the rank's half of the experts'
-    over the 4 ranks that hold the same half; each then all-gathers its updated parameters."""
-    found = terms(mixtral(dp=8, zero=1, ep=2))
+    """dp 8, ep 2, ZeRO-1 as DeepSpeed runs it (the HF Trainer's): the rest's gradients reduce-scatter over 8
+    ranks, the rank's half of the experts' over the 4 ranks that hold the same half; each then all-gathers its
+    updated parameters."""
+    found = terms(mixtral(dp=8, zero=1, ep=2, stack="hf"))
     rest, experts = found[("dp", "reduce_scatter")]
     assert (rest.message_bytes, rest.group_size) == (REST * 4, 8)
     assert (experts.message_bytes, experts.group_size) == (EXPERTS // 2 * 4, 4)
     assert "(the experts' weights)" in experts.note and "dp x cp / ep = 4" in experts.note
     # ep = dp: no two ranks hold the same experts, so their gradients need no reduction at all.
-    (only,) = terms(mixtral(dp=8, zero=1, ep=8))[("dp", "reduce_scatter")]
+    (only,) = terms(mixtral(dp=8, zero=1, ep=8, stack="hf"))[("dp", "reduce_scatter")]
     assert (only.message_bytes, only.group_size) == (REST * 4, 8)
 
 

@@ -18,6 +18,7 @@ from headroom.core.memory.static import (
     rank_parameters,
     static_memory,
     static_memory_of,
+    zero_optimizer_share,
 )
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.layout import Layout
@@ -174,10 +175,26 @@ def test_megatron_distributed_optimizer_is_6_plus_12_over_d(d):
 
 
 def test_ddp_keeps_gradient_buckets_and_zero_does_not():
+    """DDP's buckets copy the gradients, also under torch's ZeroRedundancyOptimizer (the reference stack's ZeRO-1),
+    whose shards are whole tensors; Megatron-LM's distributed optimizer keeps none and splits evenly."""
     ddp = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8)), "cuda")
     assert ddp.static.gradient_buckets == ddp.static.gradients == LLAMA.parameters * 4
-    zero1 = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8, zero=1)), "cuda")
+    zero1 = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8, zero=1), stack="megatron"), "cuda")
     assert zero1.static.gradient_buckets == 0
+    assert zero1.static.optimizer_states == -(-LLAMA.parameters * 8 // 8)
+    torch_zero1 = estimate(LLAMA, TrainConfig(seq_len=1024, layout=Layout(dp=8, zero=1)), "cuda")
+    assert torch_zero1.static.gradient_buckets == torch_zero1.static.gradients
+    share = zero_optimizer_share(tuple(math.prod(shape) for shape in LLAMA.parameter_shapes()), 8)
+    assert torch_zero1.static.optimizer_states == share * 8 > zero1.static.optimizer_states
+
+
+def test_zero_redundancy_optimizer_keeps_tensors_whole():
+    """torch's greedy partition, largest first, each to the emptiest rank (the lowest-numbered of those alike): a
+    tensor larger than an even share is one rank's alone."""
+    assert zero_optimizer_share((3, 10, 2, 3, 2), 2) == 10  # 10 | 3 + 3 + 2 + 2
+    assert zero_optimizer_share((4, 3, 4, 3, 2), 2) == 9  # 4 + 3 + 2 | 4 + 3: the tie's 2 to the first rank
+    assert zero_optimizer_share((5, 1), 4) == 5  # more ranks than tensors: some hold none
+
 
 
 def test_stages_add_up_to_the_model():

@@ -203,7 +203,7 @@ def test_candidates_within_one_percent_of_the_fastest_are_one_band(run_cli):
 
 
 def test_the_plan_says_what_forced_its_split():
-    """llama3-70b over 32 H100s at ZeRO-1: nothing over fewer than 16 model-parallel ranks fits, and the plan says so
+    """llama3-70b over 32 H100s at Megatron-LM's ZeRO-1: nothing over fewer than 16 model-parallel ranks fits, and the plan says so
     with the closest such layout and what breaks it; over 8 H100s with pp 4 pinned, the layouts over fewer ranks fit
     but lose time (the text names the term: under pp 4 zbv, cp 2 spares the recompute a dp 2 needs); llama3-8b over 16
     H100s splits the model over no ranks: nothing to say."""
@@ -212,7 +212,7 @@ def test_the_plan_says_what_forced_its_split():
                               global_batch=batch, gpus=gpus, pinned=pinned)
         return plan(request, H100)
 
-    memory = searched("llama3-70b", 32, 64, 4096, Layout(zero=1), frozenset({"zero"}))
+    memory = searched("llama3-70b", 32, 64, 4096, Layout(zero=1), frozenset({"zero"}), stack="megatron")
     forced = memory.forced_by()
     assert forced.startswith("memory: no layout over fewer than 16 model-parallel ranks fits; the closest, tp 8 +sp, "
                              "pp 1, cp 1, dp 4, zero 1 (micro 1 x accum 16, full), needs ")
@@ -232,7 +232,7 @@ def test_the_plan_says_what_forced_its_split():
 
 def test_forced_by_is_in_the_text_and_the_json(run_cli):
     flags = ("plan", "--model", "llama3-70b", "--hardware", "h100-sxm", "--gpus", "32", "--seq-len", "4096",
-             "--global-batch", "64", "--zero", "1")
+             "--global-batch", "64", "--zero", "1", "--stack", "megatron")
     text = run_cli(*flags)
     assert text.returncode == 0, text.stderr
     assert "forced by memory: no layout over fewer than 16 model-parallel ranks fits" in " ".join(text.stdout.split())

@@ -249,9 +249,12 @@ def test_fp8_parameters_hold_each_block_weight_in_a_byte_and_gather_it_so():
 
     def gathered(on):
         terms = step_communication(spec, _config(layout=layout, fp8_param_gather=on), 4, cluster)
-        return next(t.message_bytes for t in terms if t.axis == "dp" and t.op == "all_gather")
+        return next((t.calls, t.message_bytes) for t in terms if t.axis == "dp" and t.op == "all_gather")
 
-    assert gathered(False) - gathered(True) == weights
+    # Megatron-LM without overlap: a bucket a buffer, the fp8 weights' buffer apart from the 16-bit rest's
+    (calls, whole), (fp8_calls, fp8_each) = gathered(False), gathered(True)
+    assert (calls, fp8_calls) == (1, 2)
+    assert fp8_each == -(-(whole - weights) // 2)
 
 
 def test_fp8_parameters_need_the_distributed_optimizer_and_megatron(run_cli):

@@ -9,7 +9,9 @@ ledger is compared with.
 from __future__ import annotations
 
 import functools
+import heapq
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 
 from headroom.core.errors import ConfigError
@@ -19,6 +21,7 @@ from headroom.core.specs.float8 import mx_scale_bytes, scaling_state_bytes
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import get_precision, optimizer_state_bytes
+from headroom.core.specs.stack import get_stack
 
 
 def _shard(total: int, ranks: int, sharded: bool) -> int:
@@ -161,6 +164,62 @@ def _fsdp_runs(spec: ModelSpec, layout: Layout, rank: RankKind) -> list[tuple[in
     return runs
 
 
+def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[int]:
+    """Elements of each parameter tensor one rank holds, in parameter order: a matrix's 1/tp, a vector whole (where
+    `rank_parameters` splits a column-parallel bias over the tp ranks too: the two differ by those few elements).
+    ``experts``: the routed experts' tensors alone (1/ep of each block's); else everything but them under
+    expert parallelism."""
+    return list(_rank_tensors(spec, layout, rank, experts))
+
+
+@functools.lru_cache(maxsize=256)
+def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[int, ...]:
+    tp, apart = layout.tp, spec.is_moe and layout.ep > 1
+
+    def on_rank(shapes: Iterable[tuple[int, ...]]) -> list[int]:
+        return [-(-math.prod(shape) // tp) if len(shape) == 2 else math.prod(shape) for shape in shapes]
+
+    tensors: list[int] = []
+    for moe, n in rank_blocks(spec, rank).items():
+        block = spec.block_parameter_shapes(moe)
+        routed = _routed(spec, block) if moe and apart else set()
+        if experts:
+            kept = [shape for i, shape in enumerate(block) if i in routed]
+            tensors += on_rank(kept[: len(kept) // layout.ep]) * n
+        else:
+            tensors += on_rank(shape for i, shape in enumerate(block) if i not in routed) * n
+    if experts:
+        return tuple(tensors)
+    h, words = spec.hidden, spec.vocab_size * spec.hidden
+    first = ([-(-words // tp)] + ([] if spec.rotary else [spec.max_seq_len * h])) if rank.first else []
+    norm = [h, h] if spec.block == "gpt" else [h]  # LayerNorm's weight and bias, or RMSNorm's weight
+    head = [-(-words // tp)] if not spec.tied_embeddings or not rank.first else []
+    return (*first, *tensors, *((*norm, *head) if rank.last else ()))
+
+
+def _routed(spec: ModelSpec, block: tuple[tuple[int, ...], ...]) -> set[int]:
+    """Positions of a mixture-of-experts block's routed experts' tensors (each expert's gate, up and down)."""
+    start = next(i for i, shape in enumerate(block) if shape == (spec.n_experts, spec.hidden)) + 1
+    return set(range(start, start + 3 * spec.n_experts))
+
+
+def zero_optimizer_share(tensors: tuple[int, ...], ranks: int) -> int:
+    """The most parameters one rank updates under torch's ``ZeroRedundancyOptimizer``, whose partition keeps
+    tensors whole: largest first, each to the rank holding the fewest so far, the lowest-numbered of those alike
+    (``_partition_parameters``, torch/distributed/optim/zero_redundancy_optimizer.py). A tensor larger than the
+    even share (a 128k-token embedding over 64 ranks) is one rank's alone."""
+    return _zero_share(tuple(sorted(tensors, reverse=True)), ranks)
+
+
+@functools.lru_cache(maxsize=256)
+def _zero_share(largest_first: tuple[int, ...], ranks: int) -> int:
+    held = [(0, rank) for rank in range(min(ranks, len(largest_first)) or 1)]
+    for n in largest_first:
+        size, rank = heapq.heappop(held)
+        heapq.heappush(held, (size + n, rank))
+    return max(size for size, _ in held)
+
+
 def gathered_in_forward(runs: tuple[tuple[int, int], ...], reshard: bool | int) -> int:
     """The most parameters FSDP2 holds gathered at once in a forward, of `fsdp_units`' runs: at each unit, its
     flat all-gather buffer and its unsharded parameters copied out of it (both the unit's size, for a moment),
@@ -268,8 +327,19 @@ def _static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> Stat
     static = static_memory_of(rank_parameters(spec, layout, rank) - experts, config)
     if experts:
         static = _sum(static, static_memory_of(experts, config, ranks=layout.expert_data_parallel))
-    if config.dp * layout.cp > 1 and config.zero == 0:
-        return replace(static, gradient_buckets=static.gradients)
+    stack = get_stack(config.stack)
+    if config.dp * layout.cp > 1 and config.zero == 0 and not stack.replicates_through_fsdp:
+        return replace(static, gradient_buckets=static.gradients)  # DDP's buckets copy the gradients
+    if config.dp * layout.cp > 1 and config.zero == 1 and stack.zero_optimizer:
+        # DDP, whose buckets copy the gradients, under ZeroRedundancyOptimizer, whose shards are whole tensors
+        # (the routed experts' over the ranks that hold the same ones)
+        share = zero_optimizer_share(tuple(rank_tensors(spec, layout, rank)), config.dp * layout.cp)
+        if experts:
+            share += zero_optimizer_share(tuple(rank_tensors(spec, layout, rank, experts=True)),
+                                          layout.expert_data_parallel)
+        held = _unsharded(share, config)
+        return replace(static, master_weights=held.master_weights, optimizer_states=held.optimizer_states,
+                       gradient_buckets=static.gradients)
     return static
 
 

@@ -203,6 +203,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
         if name in pinned:  # only at the sharding stages it applies to
             settings[name] = getattr(fixed, name)
             zeros = [z for z in zeros if z in stages]
+    if "overlap_param_gather" in pinned and get_stack(train.stack).zero_optimizer:  # broadcast in the step
+        zeros = [z for z in zeros if z != 1]
     if "ep" in pinned:
         eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
     else:

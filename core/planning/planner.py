@@ -159,6 +159,10 @@ class PlanRequest:
             )
         self.train.check_model(self.spec)
         self.train.check_sharding()
+        stack = get_stack(self.train.stack)
+        if "zero" in self.pinned:
+            stack.check_sharding(self.train.zero)
+        stack.check_param_gather(self.train.zero, self.train.layout.overlap_param_gather, "zero" in self.pinned)
         self._check_pins()
         check_run(self.train_tokens, self.gpu_hour_price)
 

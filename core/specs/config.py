@@ -117,8 +117,6 @@ class TrainConfig:
         get_precision(self.precision)
         object.__setattr__(self, "stack", stack_name(self.stack))
         get_stack(self.stack).check_policy(self.recompute)
-        if self.layout.dp * self.layout.cp > 1:
-            get_stack(self.stack).check_sharding(self.layout.zero)
         if self.layout.cp > 1 and self.attention != "flash":
             raise ConfigError("context parallelism runs ring attention on fused kernels: use --attention flash")
         optimizer_state_bytes(self.optimizer)
@@ -183,9 +181,14 @@ class TrainConfig:
                               "--compile off or --fp8 off")
 
     def check_sharding(self) -> None:
-        """What the configuration needs of its layout's sharding beyond what a Layout checks: Megatron's fp8
-        parameters its distributed optimizer. Checked where a configuration is planned or estimated, not in
-        every TrainConfig: the core's own keys (a layout with the data parallelism taken out) need not hold it."""
+        """What the configuration needs of its layout's sharding beyond what a Layout checks: a stage its stack
+        runs, and Megatron's fp8 parameters its distributed optimizer. Checked where a configuration is planned or
+        estimated, not in every TrainConfig: the core's own keys (a layout with the data parallelism taken out)
+        need not hold it, nor a step the agent measured (its own data parallelism under a stack's kernels)."""
+        if self.dp * self.layout.cp > 1:
+            stack = get_stack(self.stack)
+            stack.check_sharding(self.zero)
+            stack.check_param_gather(self.zero, self.layout.overlap_param_gather)
         if self.fp8_params and self.zero == 0 and self.dp * self.layout.cp > 1:
             raise ConfigError("--fp8-param-gather needs Megatron-LM's distributed optimizer, whose fp32 master "
                               "copy it casts into the fp8 weights: use --zero 1 or more")

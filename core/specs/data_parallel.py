@@ -54,6 +54,9 @@ class DataParallelSchedule:
     """DDP's and ZeRO-1/2's gradient reductions run while backward does; False: after it, exposed."""
     overlap_param_gather: bool = True
     """ZeRO-1/2's updated parameters are gathered during the next forward; False: after the step, exposed."""
+    zero_optimizer: bool = False
+    """ZeRO-1 is DDP under torch's ``ZeroRedundancyOptimizer`` (headroom.core.specs.stack.Stack.zero_optimizer): the
+    gradients all-reduced as without sharding, the updated parameters broadcast in the step, exposed."""
 
     def forward_gathers(self, micro_batches: int) -> int:
         """FSDP all-gathers of each unit in forward per step: every micro-batch's, or the first's alone when
@@ -82,11 +85,14 @@ class DataParallelSchedule:
             reshard, f"kept as a shard over {reshard} ranks from forward to backward")
         if self.keeps_gathered_between_micro_batches:
             units += ", and from one micro-batch to the next"
-        sync = {1: "once per step", 2: "every micro-batch"}.get(
-            zero, "once per step (the last micro-batch)" if self.defer_gradient_sync else "every micro-batch")
+        as_set = zero in (0, 3) or (zero == 1 and self.zero_optimizer)  # DDP's, FSDP's: deferred or not
+        sync = ("once per step (the last micro-batch)" if self.defer_gradient_sync else "every micro-batch") \
+            if as_set else {1: "once per step", 2: "every micro-batch"}[zero]
         if zero < 3:
             sync += ", beside backward" if self.overlap_grad_reduce else ", after backward (exposed)"
-        if zero in (1, 2):
+        if zero == 1 and self.zero_optimizer:
+            sync += "; updated parameters broadcast in the optimizer step (exposed)"
+        elif zero in (1, 2):
             sync += ("; updated parameters gathered during the next forward" if self.overlap_param_gather
                      else "; updated parameters gathered after the optimizer step (exposed)")
         return (f"FSDP units {units}; " if zero == 3 else "") + f"gradients reduced {sync}"
@@ -94,7 +100,9 @@ class DataParallelSchedule:
     def to_dict(self, zero: int) -> dict[str, object]:
         return {"reshard_after_forward": self.reshard_after_forward, "defer_gradient_sync": self.defer_gradient_sync,
                 "keeps_gathered_between_micro_batches": self.keeps_gathered_between_micro_batches,
-                "overlap_grad_reduce": self.overlap_grad_reduce, "overlap_param_gather": self.overlap_param_gather,
+                "overlap_grad_reduce": self.overlap_grad_reduce,
+                # ZeroRedundancyOptimizer's broadcasts run inside the step, whatever the stack's default
+                "overlap_param_gather": self.overlap_param_gather and not (zero == 1 and self.zero_optimizer),
                 "text": self.text(zero)}
 
 
@@ -112,4 +120,5 @@ def data_parallel_schedule(layout: Layout, stack: str) -> DataParallelSchedule:
     return DataParallelSchedule(reshard_after_forward=reshard, defer_gradient_sync=defer,
                                 keeps_gathered_between_micro_batches=pipelined and s.torch_pipelining,
                                 overlap_grad_reduce=s.overlaps_data_parallel if reduce is None else reduce,
-                                overlap_param_gather=s.overlaps_data_parallel if gather is None else gather)
+                                overlap_param_gather=s.overlaps_data_parallel if gather is None else gather,
+                                zero_optimizer=s.zero_optimizer)

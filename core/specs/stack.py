@@ -231,6 +231,13 @@ class Stack:
     PyTorch ZeRO-1 as DDP with ``ZeroRedundancyOptimizer`` and ZeRO-2 as FSDP's ``SHARD_GRAD_OP``, Megatron-LM
     its distributed optimizer and Megatron-FSDP (``--data-parallel-sharding-strategy``), the HF Trainer
     DeepSpeed's stages and FSDP."""
+    zero_optimizer: bool = False
+    """Its ZeRO-1 is torch's DDP with ``ZeroRedundancyOptimizer`` (the agent's, headroom.agent.train_ranks): the
+    gradients all-reduced whole in DDP's buckets, and after the step each updated parameter broadcast from the
+    rank that owns it, a call a tensor, before anything else runs (``_sync_params``, torch/distributed/optim/
+    zero_redundancy_optimizer.py, ``parameters_as_bucket_view`` off by default); its partition keeps tensors
+    whole (headroom.core.memory.static.zero_optimizer_share). Otherwise ZeRO-1 reduce-scatters the gradients
+    and all-gathers the parameters (Megatron-LM's distributed optimizer, DeepSpeed's stage 1)."""
     replicates_through_fsdp: bool = False
     """Its data parallelism without sharding (zero 0) is FSDP2 over a replicating mesh dimension, which
     all-reduces each unit's gradients in a call of its own rather than in DDP's buckets: torchtitan's
@@ -273,6 +280,21 @@ class Stack:
             raise ConfigError(f"the {self.name} stack has no ZeRO-{zero}; it shards at --zero {stages} "
                               f"(0 replicates, 3 shards parameters, gradients and optimizer state)")
 
+    def check_param_gather(self, zero: int, overlap_param_gather: bool | None, zero_given: bool = True) -> None:
+        """``--overlap-param-gather``, given, needs a ZeRO-1 or 2 that gathers the updated parameters apart from the
+        step: none under a stack without those stages, and not the ZeRO-1 of ``zero_optimizer`` (``zero_given``:
+        the stage was asked for, not filled in for the setting)."""
+        if overlap_param_gather is None:
+            return
+        if not {1, 2} & set(self.sharding_stages):
+            raise ConfigError(f"--overlap-param-gather under --stack {self.name}: it applies to ZeRO-1 and 2, which "
+                              f"the {self.name} stack has none of (it shards at --zero "
+                              f"{', '.join(map(str, self.sharding_stages))}); leave it out")
+        if zero == 1 and zero_given and self.zero_optimizer:
+            raise ConfigError(f"--overlap-param-gather under --stack {self.name} --zero 1: its ZeRO-1 is torch's "
+                              "ZeroRedundancyOptimizer, which broadcasts the updated parameters inside the optimizer's "
+                              "step, before anything else runs; leave it out, or use --zero 2")
+
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
             offered = ", ".join(f"{kind}-K" if kind in ("every", "block") else kind for kind in self.policies)
@@ -281,6 +303,7 @@ class Stack:
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True, zero_bubble="run",
+          zero_optimizer=True,
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           sharding_stages=(0, 3), replicates_through_fsdp=True,

@@ -5,6 +5,10 @@ from __future__ import annotations
 from headroom.core.errors import ConfigError
 
 OPS: tuple[str, ...] = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+"""The collectives nccl-tests and the agent measure."""
+PRICED_OPS: tuple[str, ...] = (*OPS, "broadcast")
+"""What a plan prices: the measured ones, and a broadcast (torch's ZeroRedundancyOptimizer sends each updated
+parameter from the rank that owns it), priced from the link alone."""
 
 
 def _group(n: object) -> int:
@@ -14,8 +18,8 @@ def _group(n: object) -> int:
 
 
 def _check_op(op: str) -> None:
-    if op not in OPS:
-        raise ConfigError(f"unknown collective {op!r}; valid: {', '.join(OPS)}")
+    if op not in PRICED_OPS:
+        raise ConfigError(f"unknown collective {op!r}; valid: {', '.join(PRICED_OPS)}")
 
 
 def bus_factor(op: str, n: int) -> float:
@@ -26,14 +30,14 @@ def bus_factor(op: str, n: int) -> float:
         return 0.0
     if op == "all_reduce":
         return 2 * (n - 1) / n
-    if op == "send_recv":
+    if op in ("send_recv", "broadcast"):  # a broadcast's every rank receives the whole message
         return 1.0
     return (n - 1) / n
 
 
 def ring_steps(op: str, n: int) -> int:
-    """Latency-bound steps one call waits for: a ring's, 2(n-1) for all-reduce and n-1 for all-gather and
-    reduce-scatter, one after the other; 1 for send/recv, and 1 for all-to-all, whose sends to every peer are
+    """Latency-bound steps one call waits for: a ring's, 2(n-1) for all-reduce and n-1 for all-gather,
+    reduce-scatter and broadcast (a chain from its root), one after the other; 1 for send/recv, and 1 for all-to-all, whose sends to every peer are
     issued at once (NCCL's all-to-all is a send and a receive per peer in one ncclGroupStart/End: nccl-tests'
     src/alltoall.cu, torch's ``all_to_all_single`` alike)."""
     _check_op(op)

@@ -44,6 +44,7 @@ from headroom.core.memory.static import (
     fsdp_units,
     rank_expert_parameters,
     rank_parameters,
+    rank_tensors,
     te_rank_weights,
 )
 from headroom.core.specs.config import TrainConfig
@@ -256,7 +257,7 @@ class CommTerm:
     """Parallel axis: ``tp``, ``cp``, ``pp``, ``ep`` or ``dp`` (the gradient groups: dp x cp, and for the
     experts' weights under expert parallelism dp x cp / ep)."""
     op: str
-    """Collective: one of OPS."""
+    """Collective: one of collective_ops.PRICED_OPS."""
     message_bytes: int
     """nccl-tests S of one call, bytes."""
     calls: int
@@ -695,12 +696,18 @@ def step_communication(
         in_fp8 = te_rank_weights(spec, config, largest) \
             if config.fp8_params and not config.float8.block and group == "dp-cp" else 0
         buckets = gradient_buckets(spec, layout, largest, config.stack, schedule.overlap_grad_reduce,
-                                   recipe.grad_bytes, experts=group == "edp")
+                                   recipe.grad_bytes, experts=group == "edp", fp8_params=in_fp8 > 0)
         for call in _sharding_collectives(layout.zero, m, schedule, ranks, p, whole, recipe, in_fp8):
             op, message, calls, size, reshard_group, window, note = call
             regathered = op == "all_gather" and window == "backward"
-            split = _bucket_calls(message, calls, *buckets) if buckets is not None else \
-                _unit_calls(message, calls, units.get(group) if not in_fp8 else None, whole > 0 and regathered)
+            if op == "broadcast":  # ZeroRedundancyOptimizer's: a call a parameter tensor
+                tensors = len(rank_tensors(spec, layout, largest, experts=group == "edp"))
+                split = _bucket_calls(message, calls, tensors, "one a parameter tensor", "a call a tensor")
+            elif buckets is not None:
+                split = _bucket_calls(message, calls, *buckets)
+            else:
+                split = _unit_calls(message, calls, units.get(group) if not in_fp8 else None,
+                                    whole > 0 and regathered)
             for part, n, which in split:
                 add("dp", op, part, n, size, bool(window),
                     f"{note}{which} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
@@ -774,13 +781,14 @@ def _unit_calls(message: int, calls: int, runs: tuple[tuple[int, int], ...] | No
             for params, n in runs if params]
 
 
-def _bucket_calls(message: int, calls: int, buckets: int, rule: str) -> list[tuple[int, int, str]]:
+def _bucket_calls(message: int, calls: int, buckets: int, rule: str,
+                  each: str = "a call a bucket") -> list[tuple[int, int, str]]:
     """A gradient reduction (or the distributed optimizer's gather) of ``message`` bytes ``calls`` times a step,
     one call a bucket (headroom.core.timing.gradient_buckets): ``buckets`` calls of the average bucket each,
     which costs what the buckets do as long as a call's time grows linearly with its bytes."""
     if buckets == 1:
         return [(message, calls, f", in {rule}")]
-    return [(-(-message // buckets), calls * buckets, f", a call a bucket ({buckets} of them: {rule})")]
+    return [(-(-message // buckets), calls * buckets, f", {each} ({buckets} of them: {rule})")]
 
 
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,
@@ -809,6 +817,10 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     after = "" if reduced else ", after backward"
     if zero == 0:
         return [("all_reduce", grads, reductions, ranks, False, reduced, f"gradients {every}{after}")]
+    if zero == 1 and schedule.zero_optimizer:
+        return [("all_reduce", grads, reductions, ranks, False, reduced, f"gradients {every}{after}"),
+                ("broadcast", params, 1, ranks, False, "",
+                 "updated parameters once per step, each from the rank that updated it, in the optimizer step")]
     if zero in (1, 2):
         calls = 1 if zero == 1 else m
         gathered_in = "forward" if schedule.overlap_param_gather else ""

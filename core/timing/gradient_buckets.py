@@ -11,13 +11,13 @@ its own:
   first step reduces every gradient in one bucket (``compute_bucket_size_limits``: ``sys.maxsize`` without
   ``find_unused_parameters``); a plan prices the steady state. Checked bucket for bucket on two gloo ranks
   (tests/test_distributed_memory.py).
-- **Megatron-LM** (megatron/training/training.py, the bucket size it resolves for its
+- **Megatron-LM** (megatron/training/training.py, the bucket sizes it resolves for each model chunk's
   ``DistributedDataParallel``): ``max(40,000,000, 1,000,000 x dp x cp)`` parameters unless
-  ``--ddp-bucket-size`` says otherwise, and a single bucket when ``overlap_grad_reduce`` is off; the
-  distributed optimizer reduce-scatters and all-gathers bucket by bucket (megatron/core/distributed/
-  param_and_grad_buffer.py, ``_compute_default_per_buffer_param_layout``).
-  Megatron fuses q, k and v into one tensor and the gate with the up projection; the walk here takes the
-  agent's separate tensors, which can move a boundary by a tensor.
+  ``--ddp-bucket-size`` says otherwise, on the first pipeline stage's first chunk only; every other chunk, and
+  every chunk without ``overlap_grad_reduce``, one bucket a buffer (a chunk's parameters by dtype, its fp8 weights
+  apart). Its distributed optimizer reduce-scatters and all-gathers bucket by bucket (megatron/core/distributed/
+  param_and_grad_buffer.py, ``_compute_default_per_buffer_param_layout``). Its tensors are Transformer Engine's
+  (`megatron_tensors`).
 
 A rank's tensors are its stage's (headroom.core.memory.pipeline.RankKind): the embedding on the first, its
 blocks, the final norm and head on the last; a weight matrix split over the tp ranks, a vector whole; under
@@ -26,14 +26,14 @@ expert parallelism the routed experts apart (``experts``), as their own group re
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Iterable
+from dataclasses import replace
 
 from headroom.core.memory.pipeline import RankKind
-from headroom.core.memory.static import rank_blocks
+from headroom.core.memory.static import rank_tensors, te_block_weights
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.stack import get_stack
 
 DDP_FIRST_BUCKET_BYTES = 2**20
 """torch's ``dist._DEFAULT_FIRST_BUCKET_BYTES``: the first bucket DDP's reducer fills, 1 MiB."""
@@ -50,23 +50,75 @@ def megatron_bucket_parameters(data_parallel_ranks: int) -> int:
 
 
 def gradient_buckets(spec: ModelSpec, layout: Layout, rank: RankKind, stack: str, overlap_grad_reduce: bool,
-                     grad_bytes: int, experts: bool = False) -> tuple[int, str] | None:
+                     grad_bytes: int, experts: bool = False, fp8_params: bool = False) -> tuple[int, str] | None:
     """(buckets, whose rule) one reduction of the rank's gradients runs in, one collective call each: DDP's
-    without sharding, Megatron-LM's without sharding and under its distributed optimizer (zero 1); None where
-    the stack's calls are counted otherwise (FSDP's a unit) or as one. ``grad_bytes``: a gradient's element
-    size; ``experts``: the routed experts' group."""
-    ready = list(reversed(rank_tensors(spec, layout, rank, experts)))
-    if not ready:
-        return None
-    if stack in DDP_STACKS and layout.zero == 0:
+    without sharding and under torch's ZeroRedundancyOptimizer (the reference stack's zero 1), Megatron-LM's
+    without sharding and under its distributed optimizer (zero 1); None where the stack's calls are counted
+    otherwise (FSDP's a unit) or as one. ``grad_bytes``: a gradient's element size; ``experts``: the routed
+    experts' group; ``fp8_params``: Megatron-LM's fp8 weights, a buffer apart from the 16-bit parameters (not
+    MXFP8's, whose parameters share the 16-bit buffer)."""
+    if (stack in DDP_STACKS and layout.zero == 0) or (layout.zero == 1 and get_stack(stack).zero_optimizer):
+        ready = list(reversed(rank_tensors(spec, layout, rank, experts)))
+        if not ready:
+            return None
         buckets = greedy_buckets((n * grad_bytes for n in ready), (DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES))
         return len(buckets), "DDP's buckets of 25 MiB, the first 1 MiB"
     if stack == "megatron" and layout.zero in (0, 1):
-        if not overlap_grad_reduce:
-            return 1, "one bucket (Megatron-LM's without overlap)"
-        limit = megatron_bucket_parameters(layout.dp * layout.cp)
-        return len(greedy_buckets(ready, (limit,))), f"Megatron-LM's buckets of {limit:,} parameters"
+        return _megatron_buckets(spec, layout, rank, overlap_grad_reduce, experts, fp8_params)
     return None
+
+
+def _megatron_buckets(spec: ModelSpec, layout: Layout, rank: RankKind, overlap_grad_reduce: bool, experts: bool,
+                      fp8_params: bool) -> tuple[int, str]:
+    """Megatron-LM's buckets on ``rank``: one DDP a model chunk, each a buffer of its parameters by dtype (the
+    routed experts' apart), bucketed by size on the first pipeline stage's first chunk only; every other chunk's
+    buffer one bucket ("Bucketing is disabled for non-first chunks ... or for non-zero pipeline-parallel ranks",
+    megatron/training/training.py), and every chunk's without ``overlap_grad_reduce``."""
+    chunks = len(rank.chunk_layers)
+    buffers = 2 if fp8_params and not experts else 1  # the fp8 weights, and the 16-bit rest
+    if not overlap_grad_reduce:
+        return chunks * buffers, "one bucket a buffer and model chunk: Megatron-LM without overlap"
+    if rank.stage > 0:
+        return chunks * buffers, "one bucket a buffer and model chunk: Megatron-LM buckets the first stage only"
+    limit = megatron_bucket_parameters(layout.dp * layout.cp)
+    first_chunk = replace(rank, layers=rank.chunk_layers[0], last=rank.last and chunks == 1, chunks=())
+    if experts:
+        parts = [rank_tensors(spec, layout, first_chunk, experts=True)]
+    else:
+        weights, rest = megatron_tensors(spec, layout, first_chunk)
+        parts = [weights, rest] if fp8_params else [weights + rest]
+    first = sum(len(greedy_buckets(reversed(part), (limit,))) for part in parts if part)
+    rule = f"Megatron-LM's buckets of {limit:,} parameters"
+    return first + (chunks - 1) * buffers, rule if chunks == 1 else f"{rule} on its first chunk, one a buffer on each other"
+
+
+def megatron_tensors(spec: ModelSpec, layout: Layout, rank: RankKind) -> tuple[list[int], list[int]]:
+    """Elements of each parameter tensor a Megatron-LM rank holds, in its order, as (the Transformer Engine linears'
+    weights, the rest: norms, biases, the embedding, the output layer): a block's q, k and v one tensor and
+    its gate and up another, each norm folded into the linear after it (``linear_qkv.layer_norm_weight``,
+    ``linear_fc1.layer_norm_weight``: headroom.core.memory.static.te_block_weights). A mixture of experts or a
+    latent attention keeps the separate tensors of `rank_tensors`."""
+    if spec.is_moe or spec.is_mla:
+        everything = rank_tensors(spec, layout, rank)
+        return [], everything
+    tp, h = layout.tp, spec.hidden
+    qkv, proj, fc1, fc2 = te_block_weights(spec, tp)
+    norm = [h, h] if spec.block == "gpt" else [h]
+    biased, all_biases = spec.bias in ("qkv", "all"), spec.bias == "all"
+    weights, rest = [], []
+    for _ in range(rank.layers):
+        rest += norm + ([-(-(spec.q_dim + 2 * spec.kv_dim) // tp)] if biased else [])
+        weights += [qkv, proj]
+        rest += ([h] if all_biases else []) + norm + ([-(-(spec.mlp_projections - 1) * spec.ffn_hidden // tp)]
+                                                        if all_biases else [])
+        weights += [fc1, fc2]
+        rest += [h] if all_biases else []
+    words = -(-spec.vocab_size * h // tp)
+    if rank.first:
+        rest = [words] + ([] if spec.rotary else [spec.max_seq_len * h]) + rest
+    if rank.last:
+        rest += norm + ([words] if not spec.tied_embeddings or not rank.first else [])
+    return weights, rest
 
 
 def greedy_buckets(sizes: Iterable[int], limits: tuple[int, ...]) -> list[int]:
@@ -82,41 +134,3 @@ def greedy_buckets(sizes: Iterable[int], limits: tuple[int, ...]) -> list[int]:
     if open_bucket:
         buckets.append(open_bucket)
     return buckets
-
-
-def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[int]:
-    """Elements of each parameter tensor one rank holds, in parameter order: a matrix's 1/tp, a vector whole.
-    ``experts``: the routed experts' tensors alone (1/ep of each block's); else everything but them under
-    expert parallelism."""
-    return list(_rank_tensors(spec, layout, rank, experts))
-
-
-@functools.lru_cache(maxsize=256)
-def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[int, ...]:
-    tp, apart = layout.tp, spec.is_moe and layout.ep > 1
-
-    def on_rank(shapes: Iterable[tuple[int, ...]]) -> list[int]:
-        return [-(-math.prod(shape) // tp) if len(shape) == 2 else math.prod(shape) for shape in shapes]
-
-    tensors: list[int] = []
-    for moe, n in rank_blocks(spec, rank).items():
-        block = spec.block_parameter_shapes(moe)
-        routed = _routed(spec, block) if moe and apart else set()
-        if experts:
-            kept = [shape for i, shape in enumerate(block) if i in routed]
-            tensors += on_rank(kept[: len(kept) // layout.ep]) * n
-        else:
-            tensors += on_rank(shape for i, shape in enumerate(block) if i not in routed) * n
-    if experts:
-        return tuple(tensors)
-    h, words = spec.hidden, spec.vocab_size * spec.hidden
-    first = ([-(-words // tp)] + ([] if spec.rotary else [spec.max_seq_len * h])) if rank.first else []
-    norm = [h, h] if spec.block == "gpt" else [h]  # LayerNorm's weight and bias, or RMSNorm's weight
-    head = [-(-words // tp)] if not spec.tied_embeddings or not rank.first else []
-    return (*first, *tensors, *((*norm, *head) if rank.last else ()))
-
-
-def _routed(spec: ModelSpec, block: tuple[tuple[int, ...], ...]) -> set[int]:
-    """Positions of a mixture-of-experts block's routed experts' tensors (each expert's gate, up and down)."""
-    start = next(i for i, shape in enumerate(block) if shape == (spec.n_experts, spec.hidden)) + 1
-    return set(range(start, start + 3 * spec.n_experts))

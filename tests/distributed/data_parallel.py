@@ -275,3 +275,42 @@ def measure_ddp(spec: ModelSpec = SPEC) -> dict:
         "gradient_as_bucket_view": model.gradient_as_bucket_view,
         "buckets": buckets,
     }
+
+
+def measure_zero1() -> dict:
+    """DDP under torch's ZeroRedundancyOptimizer (AdamW), as the agent runs ZeRO-1: each rank's optimizer state
+    (its shard: whole tensors) and, for three steps, the c10d collectives the profiler sees and the bytes of DDP's
+    buckets: the second step's forward also broadcasts DDP's rebuilt bucket assignment (two calls), so the third
+    is the steady one."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.profiler import ProfilerActivity, profile
+
+    rank = dist.get_rank()
+    model = DistributedDataParallel(_decoder())
+    buckets: list[int] = []
+
+    def record(state, bucket):
+        buffer = bucket.buffer()
+        buckets.append(buffer.numel() * buffer.element_size())
+        return allreduce_hook(state, bucket)
+
+    model.register_comm_hook(None, record)
+    optimizer = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.AdamW, lr=1e-4)
+    tokens, targets = _batch(rank)
+    steps = []
+    for _ in range(3):
+        buckets.clear()
+        with profile(activities=[ProfilerActivity.CPU]) as profiled:
+            optimizer.zero_grad(set_to_none=True)
+            model(tokens, targets).backward()
+            optimizer.step()
+        calls = [event.name for event in profiled.events() if event.name.startswith("c10d::")]
+        steps.append({"all_reduces": calls.count("c10d::allreduce_"), "broadcasts": calls.count("c10d::broadcast_"),
+                      "bucket_bytes": list(buckets)})
+    state = [v for s in optimizer.optim.state.values() for v in s.values() if torch.is_tensor(v)]
+    return {
+        "parameters": len(list(model.parameters())),
+        "state_bytes": sum(v.numel() * v.element_size() for v in state if v.dim() > 0),
+        "state_scalars": sum(v.dim() == 0 for v in state),
+        "steps": steps,
+    }

@@ -40,7 +40,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def run(suites: list[str], world: int, out: Path) -> dict:
     # Imported here: each pulls in the agent's model and the core.
     from headroom.agent.parallel import UNITS
-    from tests.distributed.data_parallel import BUCKETED_SPEC, measure_ddp, measure_fsdp
+    from tests.distributed.data_parallel import BUCKETED_SPEC, measure_ddp, measure_fsdp, measure_zero1
     from tests.distributed.tensor_parallel import cases, measure
 
     mesh = init_device_mesh("cpu", (world,))
@@ -63,6 +63,7 @@ def run(suites: list[str], world: int, out: Path) -> dict:
         started = time.perf_counter()
         result["ddp"] = measure_ddp()
         result["ddp_buckets"] = measure_ddp(BUCKETED_SPEC)
+        result["zero1"] = measure_zero1()
         result.setdefault("seconds", {})["ddp"] = time.perf_counter() - started
     if "ep" in suites:
         from tests.distributed import expert_parallel
