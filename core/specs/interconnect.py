@@ -262,6 +262,18 @@ def network_settings(values: object, source: str) -> NetworkSettings:
     return settings
 
 
+NET_OVERHEAD_S: dict[str, float] = {"intel": 1e-6, "amd": 2e-6, "other": 1e-6}
+"""NCCL's per-post network overhead by the host's CPU (``getNetOverhead`` in src/graph/tuning.cc: 1 us on x86
+Intel, 2 us on x86 AMD, 1 us otherwise)."""
+HOST_CPU: dict[str, str] = {
+    # DGX A100: dual AMD EPYC 7742 (NVIDIA DGX A100 datasheet); DGX H100, H200 and B200: Intel Xeon Platinum 8480C
+    # and 8570 (their datasheets); the rest as NCCL's default.
+    "a100-sxm-80gb": "amd",
+    "a100-sxm-40gb": "amd",
+}
+"""Hardware key (headroom.core.specs.hardware) -> the CPU of the reference node its default cluster stands for."""
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Cluster:
     gpus_per_node: int
@@ -278,6 +290,15 @@ class Cluster:
     """Collective times measured on this cluster: on one node, they replace ``intra`` for groups inside a node;
     across nodes (CollectiveCurves.across_nodes), ``inter`` for groups that span nodes
     (headroom.core.timing.comm)."""
+    net_overhead_s: float = NET_OVERHEAD_S["intel"]
+    """What the host adds to each network post (NCCL's ``getNetOverhead``, by the host's CPU: `NET_OVERHEAD_S`)."""
+
+    @property
+    def spanning_hop_s(self) -> float:
+        """The latency of a ring's hop inside a node when the ring spans nodes: the node link's, but no less than
+        the network's post overhead, three times ``getNetOverhead`` under NCCL's Simple protocol, the one large
+        messages run (src/graph/tuning.cc: ``intraLat = std::max(intraLat, netOverhead)``)."""
+        return max(self.intra.latency_s, 3 * self.net_overhead_s)
 
     @property
     def measured_inside(self) -> bool:
@@ -304,7 +325,7 @@ def default_cluster(hardware_key: str, gpus_per_node: int = 8, inter: str | None
     spec = get_hardware(hardware_key)
     link, nics = network(inter or default_inter_node_link(spec.key))
     return Cluster(gpus_per_node=gpus_per_node, intra=get_link(intra or INTRA_NODE_LINK[spec.key]), inter=link,
-                   nics_per_node=nics, measured=measured)
+                   nics_per_node=nics, measured=measured, net_overhead_s=NET_OVERHEAD_S[HOST_CPU.get(spec.key, "other")])
 
 
 FALLBACK_INTRA_NODE_LINK = "pcie4-x16"

@@ -68,11 +68,11 @@ def ring_latency_s(op: str, n: int, nodes: int, intra_s: float, inter_s: float) 
     """One call's latency over ``n`` ranks on ``nodes`` nodes, as NCCL's tuning model counts a ring's
     (src/graph/tuning.cc: ``(nsteps - nInterSteps) * intraLat + nInterSteps * interLat``, nInterSteps 2(N - 1) for
     all-reduce and N - 1 otherwise): the hops between nodes at ``inter_s``, the rest at ``intra_s``; a send/recv and
-    an all-to-all (one step) wait for one hop, across nodes where there are two or more. Left out of the tuning
-    model: its floor of a multi-node ring's intra hops at the network's post overhead (three times
-    ``getNetOverhead`` for the Simple protocol: 3 us on Intel hosts, 6 us on AMD ones, above NVLink's 3.4) and the
-    network plugin's ``latencyInter`` it adds; on AMD hosts (DGX A100) a ring over many nodes waits up to about
-    1.5 times what this says."""
+    an all-to-all (one step) wait for one hop, across nodes where there are two or more. A caller across nodes
+    passes as ``intra_s`` the tuning model's floor of those hops at the network's post overhead
+    (headroom.core.specs.interconnect.Cluster.spanning_hop_s: 6 us on AMD hosts, above NVLink's 3.4). Left out:
+    the network plugin's ``latencyInter`` the model adds to each hop between nodes (0 unless the plugin reports
+    one)."""
     steps = ring_steps(op, n)
     if nodes <= 1:
         return steps * intra_s

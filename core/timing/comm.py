@@ -181,9 +181,10 @@ def _placement(stride: int, size: int, gpus_per_node: int) -> tuple[int, int]:
 
 def crossing_latency_s(op: str, axis: str, layout: Layout, cluster: Cluster) -> float:
     """One call's latency over a group along ``axis`` across nodes (collective_ops.ring_latency_s): the hops
-    between its nodes at the network's latency, the rest at the node link's."""
+    between its nodes at the network's latency, the rest at the node link's, no less than the host's network
+    post overhead (Cluster.spanning_hop_s)."""
     size = _group(axis, layout)[1]
-    return ring_latency_s(op, size, nodes_spanned(axis, layout, cluster), cluster.intra.latency_s,
+    return ring_latency_s(op, size, nodes_spanned(axis, layout, cluster), cluster.spanning_hop_s,
                           cluster.inter.latency_s)
 
 
@@ -761,7 +762,7 @@ def _measured_seconds(op: str, message: int, size: int, group: str, layout: Layo
     if across is None:
         return None
     seconds = across.seconds(op, message, size, members_per_node(group, layout, cluster),
-                             nodes_spanned(group, layout, cluster), cluster.intra.latency_s, cluster.inter.latency_s)
+                             nodes_spanned(group, layout, cluster), cluster.spanning_hop_s, cluster.inter.latency_s)
     if seconds is None:
         return None
     return max(seconds, collective_seconds(op, message, size, cluster.intra.for_group(op, size), efficiency))
