@@ -144,9 +144,9 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                         "(default: the stack's; torchtitan keeps them under a pipeline, every stack frees them "
                         "otherwise)")
     p.add_argument("--defer-gradient-sync", default=None, choices=("on", "off"),
-                   help="zero 0 and 3: reduce the gradients once per step, in the last micro-batch's backward (on), "
-                        "or every micro-batch (off) (default: the stack's; megatron and hf defer, reference and "
-                        "torchtitan only under a pipeline)")
+                   help="zero 0 and 3 (and the reference stack's zero 1, DDP): reduce the gradients once per step, "
+                        "in the last micro-batch's backward (on), or every micro-batch (off) (default: the stack's; "
+                        "megatron and hf defer, reference and torchtitan only under a pipeline)")
     p.add_argument("--overlap-grad-reduce", default=None, choices=("on", "off"),
                    help="zero 0-2: reduce the gradients while backward runs (on) or after it (off) (default: the "
                         "stack's; megatron after, as Megatron-LM without --overlap-grad-reduce; the others beside)")

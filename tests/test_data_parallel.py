@@ -54,12 +54,23 @@ def test_a_setting_given_wins_over_the_stack():
     ({"dp": 8, "zero": 3, "reshard_after_forward": 8}, "below the ranks that shard the parameters"),
     ({"dp": 8, "zero": 3, "ep": 4, "reshard_after_forward": 4}, r"dp x cp / ep = 2\); use true, false$"),
     ({"dp": 8, "zero": 3, "reshard_after_forward": "yes"}, "true, false or a number of ranks, got 'yes'"),
-    ({"dp": 8, "zero": 1, "defer_gradient_sync": True}, "zero 1 reduces gradients once per step: leave it out"),
     ({"dp": 8, "zero": 2, "defer_gradient_sync": False}, "every micro-batch \\(it keeps only its shard\\)"),
 ])
 def test_a_setting_that_cannot_apply_is_refused_by_name(layout, message):
     with pytest.raises(ConfigError, match=message):
         Layout(**layout)
+
+
+def test_zero_1_defers_its_gradient_sync_where_it_is_ddp():
+    """Plain PyTorch's ZeRO-1 is DDP under ZeroRedundancyOptimizer: no_sync defers its all-reduce to the last
+    micro-batch; Megatron-LM's distributed optimizer reduces once per step already, and says so."""
+    layout = Layout(dp=8, zero=1, defer_gradient_sync=True)
+    deferred = TrainConfig(seq_len=2048, layout=layout)
+    deferred.check_sharding()
+    assert deferred.data_parallel.text(1).startswith("gradients reduced once per step (the last micro-batch)")
+    with pytest.raises(ConfigError, match="defer-gradient-sync under --stack megatron --zero 1: its distributed "
+                                          "optimizer reduces the gradients once per step already; leave it out"):
+        TrainConfig(seq_len=2048, layout=layout, stack="megatron").check_sharding()
 
 
 def test_a_rank_whose_fsdp_units_stay_gathered_holds_all_of_them():

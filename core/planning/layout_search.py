@@ -197,8 +197,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     kept = settings.get("reshard_after_forward", True)
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]
-    if "defer_gradient_sync" in settings:
-        zeros = [z for z in zeros if z in (0, 3)]
+    if "defer_gradient_sync" in settings:  # DDP's or FSDP's setting, ZeroRedundancyOptimizer's DDP too
+        zeros = [z for z in zeros if z in (0, 3) or (z == 1 and get_stack(train.stack).zero_optimizer)]
     for name, stages in OVERLAP_STAGES.items():
         if name in pinned:  # only at the sharding stages it applies to
             settings[name] = getattr(fixed, name)

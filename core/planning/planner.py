@@ -163,6 +163,7 @@ class PlanRequest:
         if "zero" in self.pinned:
             stack.check_sharding(self.train.zero)
         stack.check_param_gather(self.train.zero, self.train.layout.overlap_param_gather, "zero" in self.pinned)
+        stack.check_deferred_sync(self.train.zero, self.train.layout.defer_gradient_sync)
         self._check_pins()
         check_run(self.train_tokens, self.gpu_hour_price)
 

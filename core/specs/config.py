@@ -189,6 +189,7 @@ class TrainConfig:
             stack = get_stack(self.stack)
             stack.check_sharding(self.zero)
             stack.check_param_gather(self.zero, self.layout.overlap_param_gather)
+            stack.check_deferred_sync(self.zero, self.layout.defer_gradient_sync)
         if self.fp8_params and self.zero == 0 and self.dp * self.layout.cp > 1:
             raise ConfigError("--fp8-param-gather needs Megatron-LM's distributed optimizer, whose fp32 master "
                               "copy it casts into the fp8 weights: use --zero 1 or more")

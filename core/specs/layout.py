@@ -51,10 +51,11 @@ stack's default when left None):
   unit's gathered parameters after its forward and gathers them again for its
   backward; False keeps them from forward to backward; an integer k keeps a
   1/k shard of them, gathered again in backward over k ranks (a node's GPUs).
-- ``defer_gradient_sync`` (zero 0 and 3): the gradients are reduced once per
-  optimizer step, in the last micro-batch's backward, and kept unreduced
-  between (DDP's ``no_sync``, FSDP2's ``set_requires_gradient_sync(False)``),
-  rather than every micro-batch.
+- ``defer_gradient_sync`` (zero 0 and 3, and zero 1 where it is DDP under
+  torch's ZeroRedundancyOptimizer: headroom.core.specs.stack.Stack.zero_optimizer):
+  the gradients are reduced once per optimizer step, in the last micro-batch's
+  backward, and kept unreduced between (DDP's ``no_sync``, FSDP2's
+  ``set_requires_gradient_sync(False)``), rather than every micro-batch.
 - ``overlap_grad_reduce`` (zero 0, 1 and 2): the gradients are reduced bucket
   by bucket while backward still runs, rather than after it (Megatron-LM's
   ``--overlap-grad-reduce``).
@@ -255,10 +256,9 @@ class Layout:
         if defer is not None:
             if not isinstance(defer, bool):
                 raise ConfigError(f"defer-gradient-sync must be true or false, got {defer!r}")
-            if self.zero not in (0, 3):
-                what = "once per step" if self.zero == 1 else "every micro-batch (it keeps only its shard)"
-                raise ConfigError(f"defer-gradient-sync applies to zero 0 (DDP) and zero 3 (FSDP); zero {self.zero} "
-                                  f"reduces gradients {what}: leave it out")
+            if self.zero == 2:  # zero 1 hangs on the stack (TrainConfig.check_sharding)
+                raise ConfigError("defer-gradient-sync applies to zero 0 (DDP) and zero 3 (FSDP); zero 2 reduces "
+                                  "gradients every micro-batch (it keeps only its shard): leave it out")
 
     @property
     def world(self) -> int:

@@ -295,6 +295,12 @@ class Stack:
                               "ZeroRedundancyOptimizer, which broadcasts the updated parameters inside the optimizer's "
                               "step, before anything else runs; leave it out, or use --zero 2")
 
+    def check_deferred_sync(self, zero: int, defer_gradient_sync: bool | None) -> None:
+        """``--defer-gradient-sync``, given, at zero 1: only where ZeRO-1 is DDP (``zero_optimizer``)."""
+        if zero == 1 and defer_gradient_sync is not None and not self.zero_optimizer:
+            raise ConfigError(f"defer-gradient-sync under --stack {self.name} --zero 1: its distributed optimizer "
+                              "reduces the gradients once per step already; leave it out")
+
     def check_policy(self, policy: RecomputePolicy) -> None:
         if policy.kind not in self.policies:
             offered = ", ".join(f"{kind}-K" if kind in ("every", "block") else kind for kind in self.policies)
