@@ -63,6 +63,7 @@ from headroom.core.memory.estimate import estimate, for_rank
 from headroom.core.specs.layout import Layout, split_text
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.run_config import RunConfig
+from headroom.core.specs.stack import get_stack
 from headroom.core.timing.step import step_time
 from headroom.db.models import TrainStepResult
 
@@ -71,9 +72,17 @@ STEP_MARK = "headroom.step"
 """The profiler span of one training step: its thread is the training thread."""
 
 
-def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: int | None = None) -> None:
-    """The layouts this trainer runs (for ``spec`` and ``micro_batches`` per step when given); any other
-    is refused by name."""
+def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: int | None = None,
+                 stack: str = "reference") -> None:
+    """The layouts this trainer runs (for ``spec`` and ``micro_batches`` per step when given, under ``stack``'s
+    kernels); any other is refused by name. Its data parallelism is its own (DDP, ZeroRedundancyOptimizer, FSDP2),
+    so a stack that replicates or shards otherwise is measured where the two agree: torchtitan at zero 3 only."""
+    if layout.dp > 1:
+        chosen = get_stack(stack)
+        chosen.check_sharding(layout.zero)
+        if layout.zero == 0 and chosen.replicates_through_fsdp:
+            raise ConfigError(f"--stack {stack} --zero 0: {stack} replicates through FSDP2 (an all-reduce a unit, no "
+                              "DDP buckets), which the agent does not run: measure --zero 3, or --stack reference")
     if layout.cp > 1:
         raise ConfigError(f"the agent trains tensor, pipeline and data parallelism; cp {layout.cp} is planned by "
                           "the core but not measured: use cp 1")
@@ -393,7 +402,7 @@ def cases(setups: Sequence[bench_train.TrainSetup], device_type: str, profile=No
     device = torch.device("cuda", 0) if device_type == "cuda" else torch.device("cpu")
     planned = []
     for setup in setups:
-        check_layout(setup.config.layout, setup.spec, setup.accumulation_steps)
+        check_layout(setup.config.layout, setup.spec, setup.accumulation_steps, setup.config.stack)
         prediction = estimate(setup.spec, setup.config, device_type, setup.accumulation_steps)
         planned.append((setup, prediction, refusal(prediction, device, setup.config.layout.world)))
     launches = Launches({i: setup for i, (setup, _, reason) in enumerate(planned) if not reason}, device_type,

@@ -313,7 +313,7 @@ def run_train(args: argparse.Namespace) -> int:
     if layout.world > 1:  # what the agent cannot run is refused first, by name
         from headroom.agent import train_ranks
 
-        train_ranks.check_layout(layout, spec, args.accumulation)
+        train_ranks.check_layout(layout, spec, args.accumulation, args.stack)
     setups = [
         bench_train.TrainSetup(
             spec=spec,

@@ -213,3 +213,18 @@ def test_a_zero_bubble_pipeline_plans_every_k_recompute():
     config = TrainConfig(seq_len=2048, recompute=parse_policy("every-2"),
                          layout=Layout(pp=4, schedule="zbv", virtual_stages=2))
     assert estimate(LLAMA, config, "cuda", 8).peak_bytes > 0
+
+
+def test_the_agent_measures_torchtitan_only_where_its_own_data_parallelism_is_torchtitans(run_cli, tmp_path):
+    """The agent replicates by DDP and ZeroRedundancyOptimizer whatever the stack's kernels: under torchtitan, whose
+    zero 0 is FSDP2 over a replicating dimension and which has no ZeRO-1, it measures zero 3 only (refused before
+    anything launches)."""
+    base = ("agent", "train", "--model", "bench-llama-tiny", "--nproc", "2", "--seq-len", "32", "--micro-batch", "1",
+            "--stack", "torchtitan", "--db", f"sqlite:///{tmp_path / 'r.db'}")
+    replicated = run_cli(*base, "--zero", "0")
+    assert replicated.returncode == 2
+    assert "torchtitan replicates through FSDP2 (an all-reduce a unit, no DDP buckets), which the agent does not " \
+           "run: measure --zero 3, or --stack reference" in replicated.stderr
+    zero1 = run_cli(*base, "--zero", "1")
+    assert zero1.returncode == 2 and "the torchtitan stack has no ZeRO-1" in zero1.stderr
+    assert not (tmp_path / "r.db").exists()
