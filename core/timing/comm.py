@@ -574,8 +574,13 @@ def step_communication(
     - dp: over the dp x cp ranks that share weights, P = largest_rank_parameters:
       zero 0 an all-reduce of P x grad_bytes once per step or every micro-batch
       (headroom.core.specs.data_parallel: the stack's loop, or the layout's
-      setting); zero 1 one reduce-scatter of the
-      gradients and one all-gather of P x param_bytes per step; zero 2 the same but
+      setting), in DDP's or Megatron-LM's buckets, a call each
+      (headroom.core.timing.gradient_buckets), or under torchtitan a call a FSDP
+      unit; zero 1 one reduce-scatter of the
+      gradients and one all-gather of P x param_bytes per step (Megatron-LM's
+      bucket by bucket), or where ZeRO-1 is DDP under torch's
+      ZeroRedundancyOptimizer (the reference stack) zero 0's all-reduce and a
+      broadcast of each updated parameter tensor in the step, exposed; zero 2 the same but
       the gradient reduce-scatter runs every micro-batch (only a shard of the
       gradient is kept); zero 3 (FSDP) an all-gather of P x e forward per micro-batch
       (once per step where units stay gathered) and again backward for the units
@@ -799,7 +804,9 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     unit FSDP does not reshard after forward.
 
     Zero 0: the gradients all-reduced once or every micro-batch (`DataParallelSchedule.reductions`), behind
-    backward, or after it, exposed (``overlap_grad_reduce`` off: Megatron-LM's default). Zero 1:
+    backward, or after it, exposed (``overlap_grad_reduce`` off: Megatron-LM's default). Zero 1 under
+    ``zero_optimizer`` (DDP under torch's ZeroRedundancyOptimizer): the same all-reduce, and the updated parameters
+    broadcast in the optimizer's step, exposed. Zero 1 otherwise:
     reduce-scattered once, zero 2 every micro-batch, the same way; the updated parameters all-gathered once,
     behind the next step's first forward, or after the optimizer step, exposed (``overlap_param_gather``
     off). Zero 3 (FSDP): parameters gathered in the compute dtype in
