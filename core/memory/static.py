@@ -203,7 +203,7 @@ def _routed(spec: ModelSpec, block: tuple[tuple[int, ...], ...]) -> set[int]:
     return set(range(start, start + 3 * spec.n_experts))
 
 
-def zero_optimizer_share(tensors: tuple[int, ...], ranks: int) -> int:
+def zero_optimizer_share(tensors: Iterable[int], ranks: int) -> int:
     """The most parameters one rank updates under torch's ``ZeroRedundancyOptimizer``, whose partition keeps
     tensors whole: largest first, each to the rank holding the fewest so far, the lowest-numbered of those alike
     (``_partition_parameters``, torch/distributed/optim/zero_redundancy_optimizer.py). A tensor larger than the
@@ -333,10 +333,9 @@ def _static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> Stat
     if config.dp * layout.cp > 1 and config.zero == 1 and stack.zero_optimizer:
         # DDP, whose buckets copy the gradients, under ZeroRedundancyOptimizer, whose shards are whole tensors
         # (the routed experts' over the ranks that hold the same ones)
-        share = zero_optimizer_share(tuple(rank_tensors(spec, layout, rank)), config.dp * layout.cp)
+        share = zero_optimizer_share(rank_tensors(spec, layout, rank), config.dp * layout.cp)
         if experts:
-            share += zero_optimizer_share(tuple(rank_tensors(spec, layout, rank, experts=True)),
-                                          layout.expert_data_parallel)
+            share += zero_optimizer_share(rank_tensors(spec, layout, rank, experts=True), layout.expert_data_parallel)
         held = _unsharded(share, config)
         return replace(static, master_weights=held.master_weights, optimizer_states=held.optimizer_states,
                        gradient_buckets=static.gradients)

@@ -170,20 +170,19 @@ def _splits(spec: ModelSpec, train: TrainConfig, layout: Layout) -> bool:
 
 def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp: int,
               pinned: frozenset[str]) -> Iterator[Layout]:
-    fixed = train.layout
-    sp = fixed.sp if "sp" in pinned else tp > 1 and get_stack(train.stack).sequence_parallel
+    fixed, stack = train.layout, get_stack(train.stack)
+    sp = fixed.sp if "sp" in pinned else tp > 1 and stack.sequence_parallel
     if sp and tp == 1:
         return
     if "schedule" in pinned or "virtual_stages" in pinned or "stage_layers" in pinned:
         schedules = [(fixed.schedule, fixed.virtual_stages)] if pp > 1 else [("1f1b", 1)]
     else:
-        zbv = [("zbv", 2)] if get_stack(train.stack).zero_bubble == "searched" else []
+        zbv = [("zbv", 2)] if stack.zero_bubble == "searched" else []
         schedules = [("1f1b", 1), ("interleaved", 2), *zbv] if pp > 1 else [("1f1b", 1)]
     # for the depths whose layers split that far
     schedules = [(schedule, v) for schedule, v in schedules
                  if pp == 1 or _splits(spec, train, Layout(pp=pp, schedule=schedule, virtual_stages=v))]
-    sharding = get_stack(train.stack).sharding_stages
-    zeros = [fixed.zero] if "zero" in pinned else (list(sharding) if dp * cp > 1 else [0])
+    zeros = [fixed.zero] if "zero" in pinned else (list(stack.sharding_stages) if dp * cp > 1 else [0])
     settings = {name: getattr(fixed, name) for name in ("reshard_after_forward", "defer_gradient_sync", "stage_layers")
                 if name in pinned and (name != "stage_layers" or pp == len(fixed.stage_layers))}
     if "tp_overlap" in pinned and (sp or not fixed.tp_overlap):  # on: only where sequence parallelism runs
@@ -198,12 +197,12 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     if "reshard_after_forward" in settings:  # FSDP's setting: only its stage
         zeros = [z for z in zeros if z == 3]
     if "defer_gradient_sync" in settings:  # DDP's or FSDP's setting, ZeroRedundancyOptimizer's DDP too
-        zeros = [z for z in zeros if z in (0, 3) or (z == 1 and get_stack(train.stack).zero_optimizer)]
+        zeros = [z for z in zeros if z in (0, 3) or (z == 1 and stack.zero_optimizer)]
     for name, stages in OVERLAP_STAGES.items():
         if name in pinned:  # only at the sharding stages it applies to
             settings[name] = getattr(fixed, name)
             zeros = [z for z in zeros if z in stages]
-    if "overlap_param_gather" in pinned and get_stack(train.stack).zero_optimizer:  # broadcast in the step
+    if "overlap_param_gather" in pinned and stack.zero_optimizer:  # broadcast in the step
         zeros = [z for z in zeros if z != 1]
     if "ep" in pinned:
         eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []

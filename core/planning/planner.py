@@ -159,11 +159,9 @@ class PlanRequest:
             )
         self.train.check_model(self.spec)
         self.train.check_sharding()
-        stack = get_stack(self.train.stack)
-        if "zero" in self.pinned:
-            stack.check_sharding(self.train.zero)
-        stack.check_param_gather(self.train.zero, self.train.layout.overlap_param_gather, "zero" in self.pinned)
-        stack.check_deferred_sync(self.train.zero, self.train.layout.defer_gradient_sync)
+        layout = self.train.layout  # with one data-parallel rank, check_sharding leaves the stage to the pins
+        get_stack(self.train.stack).check_data_parallel(layout.zero, layout.overlap_param_gather,
+                                                        layout.defer_gradient_sync, "zero" in self.pinned)
         self._check_pins()
         check_run(self.train_tokens, self.gpu_hour_price)
 

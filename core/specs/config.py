@@ -186,10 +186,8 @@ class TrainConfig:
         estimated, not in every TrainConfig: the core's own keys (a layout with the data parallelism taken out)
         need not hold it, nor a step the agent measured (its own data parallelism under a stack's kernels)."""
         if self.dp * self.layout.cp > 1:
-            stack = get_stack(self.stack)
-            stack.check_sharding(self.zero)
-            stack.check_param_gather(self.zero, self.layout.overlap_param_gather)
-            stack.check_deferred_sync(self.zero, self.layout.defer_gradient_sync)
+            get_stack(self.stack).check_data_parallel(self.zero, self.layout.overlap_param_gather,
+                                                      self.layout.defer_gradient_sync)
         if self.fp8_params and self.zero == 0 and self.dp * self.layout.cp > 1:
             raise ConfigError("--fp8-param-gather needs Megatron-LM's distributed optimizer, whose fp32 master "
                               "copy it casts into the fp8 weights: use --zero 1 or more")

@@ -274,6 +274,15 @@ class Stack:
         """What the stack's kernels keep that another's may not: its RMSNorm, RoPE, SwiGLU and cross-entropy."""
         return self.rms_norm, self.rope, self.swiglu, self.loss_at(tp)
 
+    def check_data_parallel(self, zero: int, overlap_param_gather: bool | None, defer_gradient_sync: bool | None,
+                            zero_given: bool = True) -> None:
+        """What the stack's data parallelism refuses of a layout's: a sharding stage it does not run and the
+        settings its stages do not take (``zero_given``: the stage was asked for, not filled in for a setting)."""
+        if zero_given:
+            self.check_sharding(zero)
+        self.check_param_gather(zero, overlap_param_gather, zero_given)
+        self.check_deferred_sync(zero, defer_gradient_sync)
+
     def check_sharding(self, zero: int) -> None:
         if zero not in self.sharding_stages:
             stages = ", ".join(map(str, self.sharding_stages))
