@@ -15,7 +15,7 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
 - torchtitan, docs/performance.md, Table 1 (Llama 3.1 8B on 8 H100), Table 3 (the same on 128) and the 405B run
   (128 H100), each without torch.compile or Float8 (the rows that have them are not expressible yet): tokens/s per
   GPU. Grand Teton hosts: H100 SXM at a 500 W power limit with 96 GB HBM2e (``h100-hbm2e``), on Meta's 400 Gb/s
-  RDMA fabric.
+  RDMA fabric. Their attention ran torch's FlashAttention-2 (`TORCH_SDPA_2024`), priced at its H100 rate.
 - mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 495218376), every row of its four BF16 tables
   (benchmarks/data/llm_foundry_bf16.csv): MPT models of 125M-70B on 8-512 H100s and A100s (80 and 40 GB) under
   Composer's FSDP (FULL_SHARD, or SHARD_GRAD_OP as ZeRO-2), sequences of 512-65,536 tokens, with the published
@@ -64,6 +64,8 @@ class PublishedRun:
     attention_efficiency: float | None = None
     """The run's attention kernel's executed FLOP/s over the dense bf16 peak, where it ran another kernel than the
     device's curves assume (headroom.core.timing.device_curves); None: the curves' own."""
+    attention_kernel: str = ""
+    """That kernel, as the validation table names it ("FA1-class", "FlashAttention-2"); empty with the curves'."""
 
     @property
     def gpus(self) -> int:
@@ -120,26 +122,37 @@ GRAND_TETON = "h100-hbm2e"
 """The H100 torchtitan's performance runs were on (headroom.core.specs.hardware)."""
 
 
+TORCH_SDPA_2024 = "FlashAttention-2"
+"""The attention kernel of torchtitan's H100 runs: its benchmark (benchmarks/llama3_h100_202412_torchtitan.md in
+pytorch/torchtitan) ran torch at commit 1963fc8 of 2024-12-23 and torchtitan at 9dec370, whose Llama calls
+``F.scaled_dot_product_attention`` with torch's default backend order. That order had made cuDNN's attention opt-in,
+last in line, since pytorch/pytorch#138522 (2024-10-22, in 2.5.1), so an H100 ran the flash backend,
+FlashAttention-2; torchtitan asked for cuDNN's first only in March 2025 (pytorch/torchtitan#1000), and torch made it
+the default on Hopper later still (pytorch/pytorch#162073). Priced at FlashAttention-2's rate on the H100
+(`FLASH_ATTENTION_2`), not the device curves' cuDNN kernel."""
+
+
 def _torchtitan_runs() -> list[PublishedRun]:
+    attention = {"attention_efficiency": FLASH_ATTENTION_2["h100"][0], "attention_kernel": TORCH_SDPA_2024}
     return [
         # Table 1: Llama 3.1 8B, FSDP over 8 GPUs, local batch 2, selective (op) AC, eager: 5,762 tokens/s per GPU.
         PublishedRun(name="Llama 3.1 8B, FSDP 8", source=f"{TORCHTITAN}, Table 1", hardware=GRAND_TETON,
                      spec=get_preset("llama3-8b"),
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=8, zero=3), stack="torchtitan"),
-                     global_batch=16, published=5762, unit="tokens_per_s_per_gpu", inter="roce-400g"),
+                     global_batch=16, published=5762, unit="tokens_per_s_per_gpu", inter="roce-400g", **attention),
         # Table 3: the same, FSDP over 128 GPUs (16 hosts), local batch 2, global 256, eager: 5,605 tokens/s per GPU.
         PublishedRun(name="Llama 3.1 8B, FSDP 128", source=f"{TORCHTITAN}, Table 3", hardware=GRAND_TETON,
                      spec=get_preset("llama3-8b"),
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("op-selective"),
                                         layout=Layout(dp=128, zero=3), stack="torchtitan"),
-                     global_batch=256, published=5605, unit="tokens_per_s_per_gpu", inter="roce-400g"),
+                     global_batch=256, published=5605, unit="tokens_per_s_per_gpu", inter="roce-400g", **attention),
         # Llama 3.1 405B on 128 H100: TP 8 x FSDP 16, local batch 2, full AC, no Float8: 109 tokens/s per GPU.
         PublishedRun(name="Llama 3.1 405B, TP 8 x FSDP 16", source=f"{TORCHTITAN}, 405B", hardware=GRAND_TETON,
                      spec=LLAMA31_405B,
                      config=TrainConfig(seq_len=8192, micro_batch=2, recompute=parse_policy("full"),
                                         layout=Layout(tp=8, sp=True, dp=16, zero=3), stack="torchtitan"),
-                     global_batch=32, published=109, unit="tokens_per_s_per_gpu", inter="roce-400g"),
+                     global_batch=32, published=109, unit="tokens_per_s_per_gpu", inter="roce-400g", **attention),
     ]
 
 
@@ -312,7 +325,8 @@ def _llm_foundry_runs() -> list[PublishedRun]:
                                  source=f"{LLM_FOUNDRY}, {table}", hardware=hardware,
                                  spec=mpt_spec(row.model, row.seq_len), config=config, global_batch=row.global_batch,
                                  published=row.tokens_per_s_per_gpu, unit="tokens_per_s_per_gpu",
-                                 inter=inter, attention_efficiency=fa1_class_efficiency(hardware)))
+                                 inter=inter, attention_efficiency=fa1_class_efficiency(hardware),
+                                 attention_kernel="FA1-class"))
     return runs
 
 

@@ -86,7 +86,7 @@ def _configuration(run: PublishedRun) -> str:
             + (" (fp8 param gather)" if run.config.fp8_params else "")
             + (" (first and last blocks bf16)" if run.config.first_last_bf16 else "")
             + (f", {run.inter}" if run.gpus > 8 else "")
-            + (", FA1-class attention" if run.attention_efficiency is not None else ""))
+            + (f", {run.attention_kernel} attention" if run.attention_kernel else ""))
 
 
 def _rows(runs: tuple[PublishedRun, ...]) -> list[Row]:
@@ -206,7 +206,7 @@ def main() -> None:
         print(f"{source}: {_errors([r for r in published if r.source == source])}")
     print(f"all published runs: {_errors(published)}")
     print(device_pairs(published).text())
-    mpt = [run for run in RUNS if run.attention_efficiency is not None]
+    mpt = [run for run in RUNS if run.source.startswith(LLM_FOUNDRY)]
     without = [Row(run.name, run.source, "", run.published, predict(run, kernel_term=False), "") for run in mpt]
     print(f"llm-foundry runs with their attention at the device curves' rate (FlashAttention-2's on the A100, "
           f"cuDNN's on Hopper): {_errors(without)}")
