@@ -65,7 +65,9 @@ STEP_KEYS = ["device_name", "model_name", *RUN_COLUMNS, *RECIPE_COLUMNS, "dropou
 def plan_links(train: pd.DataFrame) -> pd.Series:
     """Each step's link to the Plan page (a URL of the dashboard's own, "/?..."), evaluating its run configuration
     on its device's measurements (headroom.dashboard.planning.PlanInputs.of_run); None where the page cannot: a
-    model that is no preset, or a configuration today's core cannot read. Built once per distinct step."""
+    model that is no preset, or a configuration today's core cannot read or plan (a sharding stage its stack does not
+    run: torchtitan's ZeRO-1 over several ranks, which older agents measured with their own DDP). Built once per
+    distinct step."""
     steps = train[STEP_KEYS].astype(object).fillna({"dropout": 0.0, "stack": "reference", "layout": ""})
     group = steps.groupby(STEP_KEYS, sort=False, dropna=False).ngroup()  # numbered as they first appear
     first = steps[~group.duplicated()]
@@ -79,6 +81,7 @@ def _plan_link(step: dict) -> str | None:
     try:
         run = RunConfig.from_columns(step, dropout=float(step["dropout"]), stack=stack_name(step["stack"]),
                                      layout=json.loads(step["layout"]) if step["layout"] else None)
+        run.train.check_sharding()
     except (ConfigError, ValueError):
         return None
     # The agent ran every rank of a step on one box: that box's GPUs are one node.

@@ -157,17 +157,19 @@ def test_the_confidence_shows_stored_names_as_text_one_topic_an_item():
 
 def test_each_steps_link_carries_its_layout_stack_and_dropout_as_the_store_holds_them():
     """The layout's JSON text, and the dropout and stack its stored prediction was made for, read back into the
-    configuration the link pins; a model that is no preset, or a policy today's core cannot read, has none."""
+    configuration the link pins; a model that is no preset, a policy today's core cannot read, or a sharding stage the
+    step's stack does not run (torchtitan's ZeRO-1, measured by an older agent over its own DDP) has none."""
     from headroom.core.specs.layout import Layout
     from headroom.core.specs.recompute import parse_policy
     from headroom.dashboard.calibration import plan_links
 
-    wide = Layout(tp=2, sp=True, dp=8, zero=1)
+    wide = Layout(tp=2, sp=True, dp=8, zero=3)
     rows = [("llama3.2-1b", 2048, "full", None, "torchtitan", wide, 4, False),
             ("gpt2-small", 1024, "none", 0.1, None, None, 1, False),
             ("llama3.2-1b", 2048, "full", None, None, None, 1, True),  # compiled (revision 0007's column)
             ("my-own-model", 2048, "none", None, None, None, 1, False),
-            ("llama3.2-1b", 2048, "sometimes", None, None, None, 1, False)]
+            ("llama3.2-1b", 2048, "sometimes", None, None, None, 1, False),
+            ("llama3.2-1b", 2048, "full", None, "torchtitan", Layout(dp=2, zero=1), 1, False)]
     train = pd.DataFrame([{
         "device_name": DEVICE, "model_name": model, "seq_len": seq, "micro_batch": 1, "accumulation_steps": accum,
         "recompute": policy, "attention": "flash", "precision": "bf16-pure" if compiled else "amp-bf16",
@@ -176,7 +178,7 @@ def test_each_steps_link_carries_its_layout_stack_and_dropout_as_the_store_holds
         "layout": None if layout is None else json.dumps(asdict(layout))}
         for model, seq, policy, dropout, stack, layout, accum, compiled in rows])
     links = list(plan_links(train))
-    assert links[3:] == [None, None]
+    assert links[3:] == [None, None, None]
     shared = [PlanInputs.from_query(dict(parse_qsl(urlsplit(link).query))) for link in links[:3]]
     assert [(i.model, i.gpus_per_node, i.run_config()) for i in shared] == [
         ("llama3.2-1b", 16, RunConfig(train=TrainConfig(seq_len=2048, recompute=parse_policy("full"),
