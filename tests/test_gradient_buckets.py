@@ -48,6 +48,7 @@ def test_megatron_grows_its_buckets_with_the_data_parallel_ranks():
     ("llama3-8b", Layout(dp=8)),
     ("llama3-70b", Layout(tp=8, sp=True, pp=4, dp=2)),
     ("qwen3-30b-a3b", Layout(dp=16, ep=16)),
+    ("gpt2-small", Layout(tp=4, pp=2, dp=2)),  # biases: q, k, v and up split by tp, the output's and down's whole
 ])
 def test_a_ranks_tensors_are_its_parameters(model, layout):
     spec = get_preset(model)

@@ -67,16 +67,16 @@ def rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
 
 
 def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
-    """One block's parameters as (split by tensor parallelism, replicated on every tp rank).
-
-    Split: the q, k, v, output and MLP weights, and the biases of column-parallel layers (q, k, v,
-    MLP up/gate). Replicated: the norms (a q or k norm is over one head, which every rank has whole)
-    and the biases of row-parallel layers (output, MLP down), which are added after the all-reduce
-    (Megatron-LM's ColumnParallelLinear/RowParallelLinear). ``moe``: a mixture-of-experts block.
-    """
-    replicated = (spec.norms_per_block * spec.norm_parameters() + (2 * spec.hidden if spec.bias == "all" else 0)
-                  + spec.qk_norm_parameters())
-    return spec.layer_parameters(moe) - replicated, replicated
+    """One block's parameters as (split by tensor parallelism, replicated on every tp rank), tensor by tensor as
+    `ModelSpec.block_tensors` splits them: the matrices and column-parallel biases, against the norms and the
+    row-parallel biases. ``moe``: a mixture-of-experts block."""
+    split = replicated = 0
+    for shape, tp_split in spec.block_tensors(moe):
+        if tp_split:
+            split += math.prod(shape)
+        else:
+            replicated += math.prod(shape)
+    return split, replicated
 
 
 def _rank_block(spec: ModelSpec, layout: Layout, moe: bool) -> int:
@@ -165,10 +165,10 @@ def _fsdp_runs(spec: ModelSpec, layout: Layout, rank: RankKind) -> list[tuple[in
 
 
 def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[int]:
-    """Elements of each parameter tensor one rank holds, in parameter order: a matrix's 1/tp, a vector whole (where
-    `rank_parameters` splits a column-parallel bias over the tp ranks too: the two differ by those few elements).
-    ``experts``: the routed experts' tensors alone (1/ep of each block's); else everything but them under
-    expert parallelism."""
+    """Elements of each parameter tensor one rank holds, in parameter order: of a tensor tensor parallelism splits
+    (`ModelSpec.block_tensors`: a matrix, a column-parallel bias) its 1/tp, of a norm or a row-parallel bias the
+    whole, as `rank_parameters` counts them. ``experts``: the routed experts' tensors alone (1/ep of each block's);
+    else everything but them under expert parallelism."""
     return list(_rank_tensors(spec, layout, rank, experts))
 
 
@@ -176,18 +176,18 @@ def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool 
 def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[int, ...]:
     tp, apart = layout.tp, spec.is_moe and layout.ep > 1
 
-    def on_rank(shapes: Iterable[tuple[int, ...]]) -> list[int]:
-        return [-(-math.prod(shape) // tp) if len(shape) == 2 else math.prod(shape) for shape in shapes]
+    def on_rank(block: Iterable[tuple[tuple[int, ...], bool]]) -> list[int]:
+        return [-(-math.prod(shape) // tp) if split else math.prod(shape) for shape, split in block]
 
     tensors: list[int] = []
     for moe, n in rank_blocks(spec, rank).items():
-        block = spec.block_parameter_shapes(moe)
-        routed = _routed(spec, block) if moe and apart else set()
+        block = spec.block_tensors(moe)
+        routed = _routed(spec, tuple(shape for shape, _ in block)) if moe and apart else set()
         if experts:
-            kept = [shape for i, shape in enumerate(block) if i in routed]
+            kept = [tensor for i, tensor in enumerate(block) if i in routed]
             tensors += on_rank(kept[: len(kept) // layout.ep]) * n
         else:
-            tensors += on_rank(shape for i, shape in enumerate(block) if i not in routed) * n
+            tensors += on_rank(tensor for i, tensor in enumerate(block) if i not in routed) * n
     if experts:
         return tuple(tensors)
     h, words = spec.hidden, spec.vocab_size * spec.hidden

@@ -479,26 +479,37 @@ class ModelSpec:
 
     def block_parameter_shapes(self, moe: bool = False) -> tuple[tuple[int, ...], ...]:
         """One block's parameter tensors, in `parameter_shapes`' order (``moe``: a mixture-of-experts block's)."""
-        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
-        norm = ((h,), (h,)) if self.block == "gpt" else ((h,),)
+        return tuple(shape for shape, _ in self.block_tensors(moe))
 
-        def linear(out: int, into: int, bias: bool) -> tuple[tuple[int, ...], ...]:
-            return ((out, into), (out,)) if bias else ((out, into),)
+    def block_tensors(self, moe: bool = False) -> tuple[tuple[tuple[int, ...], bool], ...]:
+        """One block's parameter tensors as (shape, split by tensor parallelism), in `parameter_shapes`' order.
+        Split: every matrix and the bias of a column-parallel linear (q, k, v, the MLP's gate and up). Whole on
+        every tp rank: the norms (a q or k norm is over one head, which every rank has whole) and the bias of a
+        row-parallel linear (the attention's output, the MLP's down), added after the all-reduce (Megatron-LM's
+        ColumnParallelLinear and RowParallelLinear): headroom.core.memory.static's split of a block's count."""
+        h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
+        norm = (((h,), False), ((h,), False)) if self.block == "gpt" else (((h,), False),)
+
+        def column(out: int, into: int, bias: bool) -> tuple[tuple[tuple[int, ...], bool], ...]:
+            return (((out, into), True), ((out,), True)) if bias else (((out, into), True),)
+
+        def row(out: int, into: int, bias: bool) -> tuple[tuple[tuple[int, ...], bool], ...]:
+            return (((out, into), True), ((out,), False)) if bias else (((out, into), True),)
 
         qkv_bias, other_bias = self.bias in ("qkv", "all"), self.bias == "all"
-        qk_norms = ((self.head_dim,), (self.head_dim,)) if self.qk_norm else ()
-        attention = self.latent_attention_shapes() if self.is_mla else (
-            *linear(q, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(kv, h, qkv_bias), *linear(h, q, other_bias),
+        qk_norms = (((self.head_dim,), False), ((self.head_dim,), False)) if self.qk_norm else ()
+        attention = tuple((shape, True) for shape in self.latent_attention_shapes()) if self.is_mla else (
+            *column(q, h, qkv_bias), *column(kv, h, qkv_bias), *column(kv, h, qkv_bias), *row(h, q, other_bias),
             *qk_norms)
-        gate = linear(f, h, other_bias) if self.block == "llama" else ()
-        mlp = (*gate, *linear(f, h, other_bias), *linear(h, f, other_bias))
+        gate = column(f, h, other_bias) if self.block == "llama" else ()
+        mlp = (*gate, *column(f, h, other_bias), *row(h, f, other_bias))
 
-        def gated(width: int) -> tuple[tuple[int, ...], ...]:
-            return ((width, h), (width, h), (h, width))
+        def gated(width: int) -> tuple[tuple[tuple[int, ...], bool], ...]:
+            return (((width, h), True), ((width, h), True), ((h, width), True))
 
         shared = (*gated(self.shared_expert_ffn_hidden),) if self.shared_expert_ffn_hidden else ()
-        experts = ((self.n_experts, h), *gated(self.expert_ffn) * self.n_experts, *shared,
-                   *(((1, h),) if self.shared_expert_gate else ()))
+        experts = (((self.n_experts, h), True), *gated(self.expert_ffn) * self.n_experts, *shared,
+                   *((((1, h), True),) if self.shared_expert_gate else ()))
         post = norm if self.post_norms else ()
         return (*norm, *attention, *post, *norm, *(experts if moe else mlp), *post)
 
