@@ -7,7 +7,9 @@
 For each run of benchmarks/published_runs.py: the search over every layout of its GPUs (`headroom plan --gpus N`),
 with the model, sequence, global batch, precision, optimizer, attention, dropout, stack, hardware and network as
 published and everything else free (tp, sp, pp, schedule, cp, dp, sharding, micro-batch, accumulation,
-checkpointing). It prints the pick, then two ratios, against the targets of the layout-search issue:
+checkpointing). It prints the pick, then two ratios, against the targets of the layout-search issue, and the pick's predicted MFU
+(headroom.core.timing.run_cost: model FLOPs, causal attention counted in full, over the dense peak) to hold against
+what later runs measured with the techniques the pick uses:
 
 - pick / measured: the pick's predicted throughput over what the published run measured (target: at most 1.1,
   a search never promising much more than the best known run delivers);
@@ -77,7 +79,7 @@ def main() -> None:
     args = parser.parse_args()
     runs = [run for run in RUNS if args.all or not run.source.startswith(LLM_FOUNDRY)]
     over, under, seconds = [], [], []
-    print(f"{'run':<32} {'GPUs':>5} {'search s':>8}  {'pick':<60} {'pick/meas':>9} {'pub/pick':>8}")
+    print(f"{'run':<32} {'GPUs':>5} {'search s':>8}  {'pick':<60} {'pick/meas':>9} {'pub/pick':>8} {'pick MFU':>8}")
     for run in runs:
         pick, took = search(run, args.pin_recompute)
         seconds.append(took)
@@ -89,7 +91,9 @@ def main() -> None:
         under.append(predict(run) / figure)
         label = f"{pick.estimate.config.layout}; micro {pick.estimate.config.micro_batch} x{pick.accumulation_steps}, " \
                 f"{pick.estimate.config.recompute}"
-        print(f"{run.name:<32} {run.gpus:>5} {took:>8.1f}  {label[:60]:<60} {over[-1]:>9.2f} {under[-1]:>8.2f}")
+        mfu = pick.utilization.mfu
+        print(f"{run.name:<32} {run.gpus:>5} {took:>8.1f}  {label[:60]:<60} {over[-1]:>9.2f} {under[-1]:>8.2f} "
+              f"{mfu:>8.1%}")
     if not over:
         return
     print(f"\npick / measured: median {statistics.median(over):.2f}, highest {max(over):.2f}; "

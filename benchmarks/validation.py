@@ -23,12 +23,14 @@ from h200_reference import h200_profile, label, predicted_s, regrets, train_step
 from published_runs import (
     GRAND_TETON,
     INDEPENDENT,
+    KORTHIKANTI,
     LLM_FOUNDRY,
     NARAYANAN_TABLE_2,
     RUNS,
     TORCHTITAN_A100,
     PublishedRun,
     megatron_eq3_flops,
+    megatron_model_flops,
 )
 
 from headroom.core.memory.estimate import estimate
@@ -74,13 +76,17 @@ def predict(run: PublishedRun, kernel_term: bool = True, compute_scale: float = 
     step_s = step_time(predicted, profile, accumulation, cluster).total_s
     if run.unit == "tflop_per_s_per_gpu":
         return megatron_eq3_flops(run.spec, run.global_batch, run.config.seq_len) / step_s / run.gpus / 1e12
+    if run.unit == "mfu":
+        return (megatron_model_flops(run.spec, run.global_batch, run.config.seq_len) / step_s / run.gpus
+                / profile.peak_flop_per_s["bf16"])
     return run.global_batch * run.config.seq_len / step_s / run.gpus
 
 
 def _configuration(run: PublishedRun) -> str:
     lay = run.config.layout
     schedule = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
-    return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp} pp {lay.pp}{schedule} dp {lay.dp} zero {lay.zero}, "
+    return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp}{' +sp' if lay.sp else ''} pp {lay.pp}{schedule} dp {lay.dp} "
+            f"zero {lay.zero}, "
             f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
             f"{run.config.precision}" + (f" + fp8 {run.config.fp8}" if run.config.float8 is not None else "")
             + (" (fp8 param gather)" if run.config.fp8_params else "")
@@ -89,9 +95,13 @@ def _configuration(run: PublishedRun) -> str:
             + (f", {run.attention_kernel} attention" if run.attention_kernel else ""))
 
 
+UNITS = {"tflop_per_s_per_gpu": "TFLOP/s per GPU", "tokens_per_s_per_gpu": "tokens/s per GPU", "mfu": "MFU"}
+"""How the tables name each PublishedRun.unit."""
+
+
 def _rows(runs: tuple[PublishedRun, ...]) -> list[Row]:
-    return [Row(run.name, run.source, _configuration(run), run.published, predict(run),
-                "TFLOP/s per GPU" if run.unit == "tflop_per_s_per_gpu" else "tokens/s per GPU") for run in runs]
+    return [Row(run.name, run.source, _configuration(run), run.published, predict(run), UNITS[run.unit])
+            for run in runs]
 
 
 def published_rows() -> list[Row]:
@@ -176,7 +186,7 @@ def device_pairs(rows: list[Row]) -> DevicePairs:
 def markdown(rows: list[Row]) -> str:
     lines = ["| run | source | configuration | published | predicted | error |", "|---|---|---|---|---|---|"]
     for r in rows:
-        fmt = ".3f" if r.unit == "s per step" else ",.0f"
+        fmt = {"s per step": ".3f", "MFU": ".1%"}.get(r.unit, ",.0f")
         lines.append(f"| {r.name} | {r.source} | {r.configuration} | {r.published:{fmt}} {r.unit} | "
                      f"{r.predicted:{fmt}} | {r.error:+.1%} |")
     return "\n".join(lines)
@@ -239,6 +249,10 @@ def main() -> None:
     titan = [r for r in independent if r.source == TORCHTITAN_A100]
     print(f"{TORCHTITAN_A100}: {_errors(titan)}; predicted / published "
           f"{min(r.ratio for r in titan):.2f}-{max(r.ratio for r in titan):.2f}")
+    selective, full = (next(r for r in independent if r.source == KORTHIKANTI and what in r.name)
+                       for what in ("selective", "full"))
+    print(f"{KORTHIKANTI}: selective recomputation with sequence parallelism over every layer recomputed, "
+          f"measured {selective.published / full.published:.3f}x, the model {selective.predicted / full.predicted:.3f}x")
 
 
 def _pinned_plan_timing() -> str:
