@@ -413,8 +413,9 @@ def test_torchtitan_replicates_through_fsdp_one_all_reduce_a_unit():
 
 def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
     """Megatron-LM's DDP: gradients reduced after the last backward and ZeRO-1's updated parameters gathered after
-    the optimizer step, exposed, unless --overlap-grad-reduce and --overlap-param-gather say otherwise; torch's
-    stacks overlap both (the parameters behind the next step's first forward)."""
+    the optimizer step, exposed, unless --overlap-grad-reduce and --overlap-param-gather say otherwise; the reference
+    stack's ZeRO-2 overlaps both (the parameters behind the next step's first forward), DeepSpeed's (the hf stack's)
+    gathers inside its step whatever the setting."""
     exposed = terms_of({"dp": 4, "zero": 1}, m=8, stack="megatron")
     assert [(t.op, t.window, t.overlappable) for t in exposed[("dp", "reduce_scatter")] + exposed[("dp", "all_gather")]] \
         == [("reduce_scatter", "", False), ("all_gather", "", False)]
@@ -422,7 +423,8 @@ def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
                      stack="megatron")
     assert [(t.window, t.overlappable) for t in asked[("dp", "reduce_scatter")] + asked[("dp", "all_gather")]] \
         == [("backward", True), ("forward", True)]
-    assert terms_of({"dp": 4, "zero": 1}, m=8, stack="hf")[("dp", "all_gather")][0].window == "forward"
+    assert terms_of({"dp": 4, "zero": 2}, m=8)[("dp", "all_gather")][0].window == "forward"
+    assert [t.window for t in terms_of({"dp": 4, "zero": 1}, m=8, stack="hf")[("dp", "all_gather")]] == ["", ""]
     with pytest.raises(ConfigError, match="overlap-grad-reduce applies to zero 0, 1, 2, not zero 3: FSDP"):
         Layout(dp=4, zero=3, overlap_grad_reduce=True)
     with pytest.raises(ConfigError, match="overlap-param-gather applies to zero 1, 2, not zero 0"):

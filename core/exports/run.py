@@ -138,11 +138,13 @@ class Run:
     @property
     def overlaps(self) -> dict[str, bool]:
         """Each data-parallel overlap setting that applies to the plan (Layout.OVERLAP_STAGES, with ranks to
-        reduce over) -> whether the plan overlaps it."""
+        reduce over; not the parameter gather of a ZeRO that gathers inside its step,
+        DataParallelSchedule.gathers_in_step) -> whether the plan overlaps it."""
         layout, schedule = self.layout, self.data_parallel
         if layout.dp * layout.cp == 1:
             return {}
-        return {name: getattr(schedule, name) for name, stages in OVERLAP_STAGES.items() if layout.zero in stages}
+        return {name: getattr(schedule, name) for name, stages in OVERLAP_STAGES.items() if layout.zero in stages
+                and not (name == "overlap_param_gather" and schedule.gathers_in_step(layout.zero))}
 
     @property
     def cp_comm(self) -> str:

@@ -169,17 +169,22 @@ def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool 
     (`ModelSpec.block_tensors`: a matrix, a column-parallel bias) its 1/tp, of a norm or a row-parallel bias the
     whole, as `rank_parameters` counts them. ``experts``: the routed experts' tensors alone (1/ep of each block's);
     else everything but them under expert parallelism."""
+    return [n for n, _ in _rank_tensors(spec, layout, rank, experts)]
+
+
+def rank_matrices(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[tuple[int, bool]]:
+    """`rank_tensors` as (elements, a matrix: two dimensions or more, not a norm's or a bias's vector)."""
     return list(_rank_tensors(spec, layout, rank, experts))
 
 
 @functools.lru_cache(maxsize=256)
-def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[int, ...]:
+def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[tuple[int, bool], ...]:
     tp, apart = layout.tp, spec.is_moe and layout.ep > 1
 
-    def on_rank(block: Iterable[tuple[tuple[int, ...], bool]]) -> list[int]:
-        return [-(-math.prod(shape) // tp) if split else math.prod(shape) for shape, split in block]
+    def on_rank(block: Iterable[tuple[tuple[int, ...], bool]]) -> list[tuple[int, bool]]:
+        return [(-(-math.prod(shape) // tp) if split else math.prod(shape), len(shape) > 1) for shape, split in block]
 
-    tensors: list[int] = []
+    tensors: list[tuple[int, bool]] = []
     for moe, n in rank_blocks(spec, rank).items():
         block = spec.block_tensors(moe)
         routed = _routed(spec, tuple(shape for shape, _ in block)) if moe and apart else set()
@@ -191,9 +196,9 @@ def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool
     if experts:
         return tuple(tensors)
     h, words = spec.hidden, spec.vocab_size * spec.hidden
-    first = ([-(-words // tp)] + ([] if spec.rotary else [spec.max_seq_len * h])) if rank.first else []
-    norm = [h, h] if spec.block == "gpt" else [h]  # LayerNorm's weight and bias, or RMSNorm's weight
-    head = [-(-words // tp)] if not spec.tied_embeddings or not rank.first else []
+    first = ([(-(-words // tp), True)] + ([] if spec.rotary else [(spec.max_seq_len * h, True)])) if rank.first else []
+    norm = [(h, False), (h, False)] if spec.block == "gpt" else [(h, False)]  # LayerNorm's weight and bias, or RMSNorm's
+    head = [(-(-words // tp), True)] if not spec.tied_embeddings or not rank.first else []
     return (*first, *tensors, *((*norm, *head) if rank.last else ()))
 
 

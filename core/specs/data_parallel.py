@@ -20,6 +20,9 @@ A layout may set either (headroom.core.specs.layout.Layout); left None, each tak
 
 - ``overlap_grad_reduce`` (zero 0-2) and ``overlap_param_gather`` (zero 1-2): on under every stack but
   Megatron-LM (headroom.core.specs.stack.Stack.overlaps_data_parallel), whose DDP runs them off unless asked.
+  Two ZeRO-1s gather inside the optimizer's step whatever the setting (`DataParallelSchedule.gathers_in_step`):
+  torch's ZeroRedundancyOptimizer (the reference stack's) and DeepSpeed's, whose ZeRO-2 does too (the HF
+  Trainer's). DeepSpeed's ``overlap_comm`` is ``overlap_grad_reduce``.
 
 Under a ``torch.distributed.pipelining`` schedule a stage's FSDP units also stay gathered from one
 micro-batch's backward to the next's forward (``set_reshard_after_backward(False)`` until the last backward),
@@ -57,6 +60,15 @@ class DataParallelSchedule:
     zero_optimizer: bool = False
     """ZeRO-1 is DDP under torch's ``ZeroRedundancyOptimizer`` (headroom.core.specs.stack.Stack.zero_optimizer): the
     gradients all-reduced as without sharding, the updated parameters broadcast in the step, exposed."""
+    deepspeed: bool = False
+    """ZeRO-1 and 2 are DeepSpeed's (headroom.core.specs.stack.Stack.deepspeed_zero): the gradients all-reduced whole
+    in its buckets, the updated parameters all-gathered inside the step, exposed."""
+
+    def gathers_in_step(self, zero: int) -> bool:
+        """The updated parameters of ZeRO-1 or 2 are gathered (or broadcast) inside the optimizer's step, before
+        anything else runs, whatever ``overlap_param_gather`` says: torch's ZeroRedundancyOptimizer's ZeRO-1 and
+        DeepSpeed's ZeRO-1 and 2."""
+        return (zero == 1 and self.zero_optimizer) or (zero in (1, 2) and self.deepspeed)
 
     def forward_gathers(self, micro_batches: int) -> int:
         """FSDP all-gathers of each unit in forward per step: every micro-batch's, or the first's alone when
@@ -92,6 +104,8 @@ class DataParallelSchedule:
             sync += ", beside backward" if self.overlap_grad_reduce else ", after backward (exposed)"
         if zero == 1 and self.zero_optimizer:
             sync += "; updated parameters broadcast in the optimizer step (exposed)"
+        elif zero in (1, 2) and self.deepspeed:
+            sync += ", all-reduced whole; updated parameters gathered in the optimizer step (exposed)"
         elif zero in (1, 2):
             sync += ("; updated parameters gathered during the next forward" if self.overlap_param_gather
                      else "; updated parameters gathered after the optimizer step (exposed)")
@@ -101,8 +115,9 @@ class DataParallelSchedule:
         return {"reshard_after_forward": self.reshard_after_forward, "defer_gradient_sync": self.defer_gradient_sync,
                 "keeps_gathered_between_micro_batches": self.keeps_gathered_between_micro_batches,
                 "overlap_grad_reduce": self.overlap_grad_reduce,
-                # ZeroRedundancyOptimizer's broadcasts run inside the step, whatever the stack's default
-                "overlap_param_gather": self.overlap_param_gather and not (zero == 1 and self.zero_optimizer),
+                # ZeroRedundancyOptimizer's broadcasts and DeepSpeed's gathers run inside the step, whatever the
+                # stack's default
+                "overlap_param_gather": self.overlap_param_gather and not self.gathers_in_step(zero),
                 "text": self.text(zero)}
 
 
@@ -121,4 +136,4 @@ def data_parallel_schedule(layout: Layout, stack: str) -> DataParallelSchedule:
                                 keeps_gathered_between_micro_batches=pipelined and s.torch_pipelining,
                                 overlap_grad_reduce=s.overlaps_data_parallel if reduce is None else reduce,
                                 overlap_param_gather=s.overlaps_data_parallel if gather is None else gather,
-                                zero_optimizer=s.zero_optimizer)
+                                zero_optimizer=s.zero_optimizer, deepspeed=s.deepspeed_zero)

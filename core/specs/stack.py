@@ -80,7 +80,8 @@ is the reference decoder's (core/memory/ledger.py). Each fact names its source.
   Its parallelism is transformers' own (``from_pretrained(...,
   distributed_config=DistributedConfig(tp_size=T))``, transformers 5.25,
   ``distributed/``), which the Trainer hands to accelerate with FSDP2 over
-  the data-parallel ranks, and accelerate's ring attention for cp. Tensor
+  the data-parallel ranks (ZeRO-3), or to DeepSpeed's ZeRO-1 and 2
+  (``Stack.deepspeed_zero``), and accelerate's ring attention for cp. Tensor
   parallelism follows the model's plan (``LlamaConfig.base_model_tp_plan``):
   q, k, v, gate and up column-parallel, o and down row-parallel, the
   embedding split by vocabulary (``embedding_rowwise``, its partial lookups
@@ -238,6 +239,14 @@ class Stack:
     zero_redundancy_optimizer.py, ``parameters_as_bucket_view`` off by default); its partition keeps tensors
     whole (headroom.core.memory.static.zero_optimizer_share). Otherwise ZeRO-1 reduce-scatters the gradients
     and all-gathers the parameters (Megatron-LM's distributed optimizer, DeepSpeed's stage 1)."""
+    deepspeed_zero: bool = False
+    """Its ZeRO-1 and 2 are DeepSpeed's (the HF Trainer's ``deepspeed`` config; deepspeed/runtime/zero/
+    stage_1_and_2.py, DeepSpeed 0.19): the gradients all-reduced whole, each rank then keeping its partition
+    (``use_multi_rank_bucket_allreduce``, on by default), in buckets of ``reduce_bucket_size`` elements
+    (headroom.core.timing.gradient_buckets), every micro-batch under ZeRO-2 and in the last micro-batch's backward
+    under ZeRO-1; inside the optimizer's step, the gradients' norm all-reduced a parameter group at a time (and
+    under its bf16 an overflow flag), then each group's updated flat partitions all-gathered in one call
+    (``all_gather_dp_groups``, deepspeed/runtime/utils.py), before the step returns."""
     replicates_through_fsdp: bool = False
     """Its data parallelism without sharding (zero 0) is FSDP2 over a replicating mesh dimension, which
     all-reduces each unit's gradients in a call of its own rather than in DDP's buckets: torchtitan's
@@ -291,8 +300,8 @@ class Stack:
 
     def check_param_gather(self, zero: int, overlap_param_gather: bool | None, zero_given: bool = True) -> None:
         """``--overlap-param-gather``, given, needs a ZeRO-1 or 2 that gathers the updated parameters apart from the
-        step: none under a stack without those stages, and not the ZeRO-1 of ``zero_optimizer`` (``zero_given``:
-        the stage was asked for, not filled in for the setting)."""
+        step: none under a stack without those stages, not the ZeRO-1 of ``zero_optimizer`` (``zero_given``: the
+        stage was asked for, not filled in for the setting), and on, not DeepSpeed's (``deepspeed_zero``)."""
         if overlap_param_gather is None:
             return
         if not {1, 2} & set(self.sharding_stages):
@@ -303,6 +312,10 @@ class Stack:
             raise ConfigError(f"--overlap-param-gather under --stack {self.name} --zero 1: its ZeRO-1 is torch's "
                               "ZeroRedundancyOptimizer, which broadcasts the updated parameters inside the optimizer's "
                               "step, before anything else runs; leave it out, or use --zero 2")
+        if overlap_param_gather and self.deepspeed_zero:
+            raise ConfigError(f"--overlap-param-gather on under --stack {self.name}: its ZeRO-1 and 2 are DeepSpeed's, "
+                              "which all-gathers the updated parameters inside the optimizer's step, before anything "
+                              "else runs; leave it out")
 
     def check_deferred_sync(self, zero: int, defer_gradient_sync: bool | None) -> None:
         """``--defer-gradient-sync``, given, at zero 1: only where ZeRO-1 is DDP (``zero_optimizer``)."""
@@ -334,13 +347,13 @@ STACKS: dict[str, Stack] = {s.name: s for s in (
           summary="Transformer Engine's fused kernels, its in-place cross-entropy, sequence parallelism and "
                   "checkpointing: none, full, every-K, selective, offload"),
     Stack("hf", True, policies=("none", "full"), rms_norm="hf", rope="shared", transformers_modules=True,
-          defers_gradient_sync=True,
+          defers_gradient_sync=True, deepspeed_zero=True,
           sequence_parallel=False, pipeline_parallel=False, splits_column_inputs=True, gathers_logits=True,
           summary="transformers' modules under the HF Trainer: none, full; its own tensor parallelism (no sequence "
                   "parallelism, logits gathered), no pipeline"),
     Stack("hf-liger", True, policies=("none", "full"), rms_norm="fused", rope="shared", swiglu="silu-mul",
           loss="fused-linear", tensor_parallel=False, sequence_parallel=False, pipeline_parallel=False,
-          transformers_modules=True, defers_gradient_sync=True,
+          transformers_modules=True, defers_gradient_sync=True, deepspeed_zero=True,
           summary="the same with use_liger_kernel (Liger's RMSNorm, SwiGLU, RoPE and fused linear cross-entropy, "
                   "no logits kept): none, full, no tensor or pipeline parallelism"),
 )}

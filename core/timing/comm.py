@@ -43,6 +43,7 @@ from headroom.core.memory.static import (
     fsdp_sharding_units,
     fsdp_units,
     rank_expert_parameters,
+    rank_matrices,
     rank_parameters,
     rank_tensors,
     te_rank_weights,
@@ -718,6 +719,10 @@ def step_communication(
                 add("dp", op, part, n, size, bool(window),
                     f"{note}{which} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                     f"{group}-reshard" if reshard_group else group, window)
+        if schedule.deepspeed and layout.zero in (1, 2):
+            tensors = rank_matrices(spec, layout, largest, experts=group == "edp")
+            for op, message, calls, note in _deepspeed_step_calls(tensors, ranks, recipe, norms=group == "dp-cp"):
+                add("dp", op, message, calls, ranks, False, f"{note} {over}", group)
     return tuple(terms)
 
 
@@ -797,6 +802,31 @@ def _bucket_calls(message: int, calls: int, buckets: int, rule: str,
     return [(-(-message // buckets), calls * buckets, f", {each} ({buckets} of them: {rule})")]
 
 
+def _deepspeed_step_calls(tensors: list[tuple[int, bool]], ranks: int, recipe: PrecisionRecipe,
+                          norms: bool) -> list[tuple[str, int, int, str]]:
+    """(op, message bytes, calls, what) of DeepSpeed's ZeRO-1 and 2 inside the optimizer's step, over ``ranks``
+    (deepspeed/runtime/zero/stage_1_and_2.py ``step``): with ``norms``, the gradients' norm all-reduced a parameter
+    group at a time (a 4-byte scalar) and, under its bf16 (16-bit parameters), an overflow flag (a byte); then each
+    group's updated parameters all-gathered in one call (``all_gather_into_tensor_dp_groups``), the group's flat
+    buffer padded to a multiple of twice the ranks (``nccl_start_alignment_factor``). The groups are the HF
+    Trainer's two: the matrices, weight-decayed, and the norms and biases (transformers' ``get_decay_parameter_names``).
+    ``tensors``: the rank's, as (elements, a matrix)."""
+    groups = [(size, what) for size, what in ((sum(n for n, matrix in tensors if matrix), "matrices"),
+                                              (sum(n for n, matrix in tensors if not matrix), "norms and biases"))
+              if size]
+    calls = []
+    if norms:
+        norm = "DeepSpeed: the gradients' norm in the optimizer's step, a call a parameter group,"
+        calls.append(("all_reduce", 4, len(groups), norm))
+        if recipe.param_bytes == 2:
+            calls.append(("all_reduce", 1, 1, "DeepSpeed: its bf16 overflow flag in the optimizer's step,"))
+    for size, what in groups:
+        padded = -(-size // (2 * ranks)) * 2 * ranks
+        calls.append(("all_gather", padded * recipe.param_bytes, 1,
+                      f"DeepSpeed: updated parameters ({what}: a parameter group) in the optimizer's step, exposed,"))
+    return calls
+
+
 def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ranks: int, p: int, kept: int,
                           recipe: PrecisionRecipe, in_fp8: int = 0) -> list[tuple[str, int, int, int, bool, str, str]]:
     """(op, message bytes, calls, group size, over the reshard group, window, what) of one sharding group's
@@ -806,7 +836,8 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     Zero 0: the gradients all-reduced once or every micro-batch (`DataParallelSchedule.reductions`), behind
     backward, or after it, exposed (``overlap_grad_reduce`` off: Megatron-LM's default). Zero 1 under
     ``zero_optimizer`` (DDP under torch's ZeroRedundancyOptimizer): the same all-reduce, and the updated parameters
-    broadcast in the optimizer's step, exposed. Zero 1 otherwise:
+    broadcast in the optimizer's step, exposed. Zero 1 and 2 under ``deepspeed``: the gradients all-reduced whole,
+    once (in the last backward) or every micro-batch; its step's calls are `_deepspeed_step_calls`'. Zero 1 otherwise:
     reduce-scattered once, zero 2 every micro-batch, the same way; the updated parameters all-gathered once,
     behind the next step's first forward, or after the optimizer step, exposed (``overlap_param_gather``
     off). Zero 3 (FSDP): parameters gathered in the compute dtype in
@@ -829,6 +860,11 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
         return [("all_reduce", grads, reductions, ranks, False, reduced, f"gradients {every}{after}"),
                 ("broadcast", params, 1, ranks, False, "",
                  "updated parameters once per step, each from the rank that updated it, in the optimizer step")]
+    if zero in (1, 2) and schedule.deepspeed:  # its step's gathers: _deepspeed_step_calls
+        calls = 1 if zero == 1 else m
+        when = "once per step" if calls == 1 else "every micro-batch"
+        return [("all_reduce", grads, calls, ranks, False, reduced,
+                 f"DeepSpeed: gradients {when}{after}, all-reduced whole")]
     if zero in (1, 2):
         calls = 1 if zero == 1 else m
         gathered_in = "forward" if schedule.overlap_param_gather else ""

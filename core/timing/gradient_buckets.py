@@ -19,6 +19,15 @@ its own:
   param_and_grad_buffer.py, ``_compute_default_per_buffer_param_layout``). Its tensors are Transformer Engine's
   (`megatron_tensors`).
 
+- **DeepSpeed's ZeRO-1 and 2** (the ``hf`` and ``hf-liger`` stacks' sharding; deepspeed/runtime/zero/
+  stage_1_and_2.py, ``reduce_independent_p_g_buckets_and_remove_grads``): a bucket of at most
+  ``reduce_bucket_size`` elements (`DEEPSPEED_BUCKET_ELEMENTS` unless the config says otherwise), reduced
+  *before* a tensor that would overfill it joins (`deepspeed_buckets`), so only a tensor larger than the limit
+  makes a bucket larger than it. In the order gradients become ready, backwards, where its hooks reduce them
+  (ZeRO-2, and ZeRO-1 under ``overlap_comm``); at the step's last backward otherwise, in the optimizer's order:
+  its parameter groups one after the other (the HF Trainer's two: the matrices, then the norms and biases).
+  Checked bucket for bucket on two gloo ranks (tests/test_deepspeed_zero.py).
+
 A rank's tensors are its stage's (headroom.core.memory.pipeline.RankKind): the embedding on the first, its
 blocks, the final norm and head on the last; a weight matrix split over the tp ranks, a vector whole; under
 expert parallelism the routed experts apart (``experts``), as their own group reduces them.
@@ -30,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from headroom.core.memory.pipeline import RankKind
-from headroom.core.memory.static import rank_tensors, te_block_weights
+from headroom.core.memory.static import rank_matrices, rank_tensors, te_block_weights
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
@@ -41,6 +50,10 @@ DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's ``bucket_cap_mb`` default, 25 MiB."""
 DDP_STACKS = ("reference", "hf", "hf-liger")
 """The stacks whose data parallelism without sharding is torch's DDP."""
+
+
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` default, in elements (deepspeed/runtime/zero/config.py)."""
 
 
 def megatron_bucket_parameters(data_parallel_ranks: int) -> int:
@@ -65,7 +78,38 @@ def gradient_buckets(spec: ModelSpec, layout: Layout, rank: RankKind, stack: str
         return len(buckets), "DDP's buckets of 25 MiB, the first 1 MiB"
     if stack == "megatron" and layout.zero in (0, 1):
         return _megatron_buckets(spec, layout, rank, overlap_grad_reduce, experts, fp8_params)
+    if layout.zero in (1, 2) and get_stack(stack).deepspeed_zero:
+        order = deepspeed_order(rank_matrices(spec, layout, rank, experts),
+                                hooked=layout.zero == 2 or overlap_grad_reduce)
+        if not order:
+            return None
+        limit = DEEPSPEED_BUCKET_ELEMENTS
+        return len(deepspeed_buckets(order, limit)), f"DeepSpeed's buckets of up to {limit:,} elements"
     return None
+
+
+def deepspeed_order(tensors: list[tuple[int, bool]], hooked: bool) -> list[int]:
+    """The order DeepSpeed's ZeRO-1 and 2 reduce a rank's gradients in, by elements: backwards, as backward makes
+    them, where hooks reduce them (``hooked``); otherwise the optimizer's parameter groups in turn, the HF
+    Trainer's two (the matrices, weight-decayed, then the norms and biases), each in parameter order."""
+    if hooked:
+        return [n for n, _ in reversed(tensors)]
+    return [n for n, matrix in tensors if matrix] + [n for n, matrix in tensors if not matrix]
+
+
+def deepspeed_buckets(sizes: Iterable[int], limit: int) -> list[int]:
+    """DeepSpeed's buckets of tensors of ``sizes`` elements (in the order they are added): the open bucket is
+    reduced before a tensor that would take it past ``limit`` joins, so a bucket holds at most ``limit`` unless a
+    single tensor does; the last, partly filled, too."""
+    buckets, open_bucket = [], 0
+    for size in sizes:
+        if open_bucket and open_bucket + size > limit:
+            buckets.append(open_bucket)
+            open_bucket = 0
+        open_bucket += size
+    if open_bucket:
+        buckets.append(open_bucket)
+    return buckets
 
 
 def _megatron_buckets(spec: ModelSpec, layout: Layout, rank: RankKind, overlap_grad_reduce: bool, experts: bool,

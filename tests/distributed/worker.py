@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 
-SUITES = ("tp", "fsdp", "fsdp-schedule", "ddp", "ep", "cp", "hf-tp")
+SUITES = ("tp", "fsdp", "fsdp-schedule", "ddp", "ep", "cp", "hf-tp", "deepspeed")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -31,7 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--suites", nargs="+", choices=SUITES, default=list(SUITES),
                         help="what to measure: tensor parallelism, FSDP2, FSDP2's collectives under each resharding "
                              "and gradient-sync setting, DDP, expert parallelism, torch's ring attention, "
-                             "transformers' tensor parallelism")
+                             "transformers' tensor parallelism, DeepSpeed's ZeRO-1 and 2")
     parser.add_argument("--timeout-s", type=float, default=60.0,
                         help="seconds any collective may wait before the process group gives up")
     return parser.parse_args(argv)
@@ -84,6 +84,12 @@ def run(suites: list[str], world: int, out: Path) -> dict:
         result["hf_tensor_parallel"] = {case.name: hf_tensor_parallel.measure(case, out)
                                         for case in hf_tensor_parallel.CASES}
         result.setdefault("seconds", {})["hf-tp"] = time.perf_counter() - started
+    if "deepspeed" in suites:  # imports DeepSpeed: only when asked
+        from tests.distributed import deepspeed_zero
+
+        started = time.perf_counter()
+        result["deepspeed_zero"] = deepspeed_zero.measure()
+        result.setdefault("seconds", {})["deepspeed"] = time.perf_counter() - started
     return result
 
 
