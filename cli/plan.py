@@ -22,7 +22,7 @@ from headroom.cli.train_flags import (
 )
 from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
-from headroom.core.exports import EXPORTERS, export
+from headroom.core.exports import EXPORTERS, UNEXPRESSED_AXES, export, export_stack
 from headroom.core.planning import search_work
 from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk
@@ -151,8 +151,12 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         "activations (needs torch and transformers; --precision fp32 or a bf16 recipe; the "
                         "recommendation on one rank's whole model under none or full checkpointing)")
     output.add_argument("--json", action="store_true", help="print the JSON contract documented in README.md")
-    output.add_argument("--export", choices=list(EXPORTERS), metavar="FORMAT", help=f"print the recommendation as settings for {', '.join(EXPORTERS)}")
-    p.set_defaults(handler=run)
+    output.add_argument("--export", choices=list(EXPORTERS), metavar="FORMAT",
+                        help=f"print the recommendation as settings for {', '.join(EXPORTERS)}: a search then tries "
+                             "only the layouts the format can express (the hf format no tp, pp, cp or ep; deepspeed "
+                             "and lightning no pp, cp or ep: those axes stay at 1 unless given), and torchtitan, "
+                             "megatron and hf plan on that stack unless --stack is given")
+    p.set_defaults(handler=run, stack=None)
 
 
 def global_batch(args: argparse.Namespace) -> int:
@@ -171,8 +175,26 @@ def global_batch(args: argparse.Namespace) -> int:
     return args.global_tokens // args.seq_len
 
 
+def for_export(args: argparse.Namespace) -> tuple[argparse.Namespace, tuple[str, ...]]:
+    """The flags as ``--export FORMAT`` plans them: on the stack of the format's name where Headroom has one and
+    ``--stack`` is not given (else the reference stack), and, in a search, each layout axis the format cannot
+    express (headroom.core.exports.UNEXPRESSED_AXES) held at 1 where the search would choose it; an axis given by
+    hand is kept, and its export notes what it cannot carry. (The flags, the axes held.)"""
+    resolved = argparse.Namespace(**vars(args))
+    fmt = getattr(args, "export", None)
+    if resolved.stack is None:
+        resolved.stack = (export_stack(fmt) if fmt else None) or "reference"
+    if not fmt or args.gpus is None:
+        return resolved, ()
+    held = tuple(axis for axis in UNEXPRESSED_AXES[fmt] if getattr(args, axis, None) is None)
+    for axis in held:
+        setattr(resolved, axis, 1)
+    return resolved, held
+
+
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
     """The flags as the question every front end asks (headroom.core.planning.ask): None where a flag is left out."""
+    args, _ = for_export(args)
     fsdp = needs_fsdp(args.precision, args.fp8)
     sharded = args.fp8_param_gather == "on"
     layout = pinned_layout(layout_values(args), fsdp, sharded) if args.gpus is not None \
@@ -243,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
         if args.export:
             best = result.recommendation
             payload["export"] = export(args.export, request, best).to_dict() if best else None
+            if payload["export"] is not None:
+                payload["export"]["held_at_1"] = list(for_export(args)[1])
         print(json.dumps(payload, indent=2))
     elif args.export:
         if result.recommendation is None:
@@ -250,6 +274,11 @@ def run(args: argparse.Namespace) -> int:
             return NOTHING_FITS
         settings = export(args.export, request, result.recommendation)
         print(settings.text)
+        if held := for_export(args)[1]:
+            axes = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
+            print(printable(f"note: searched with {axes} at 1: --export {args.export} cannot express "
+                            f"{'it' if len(held) == 1 else 'them'} (pin one, e.g. --{held[0]} 2, to plan it anyway)"),
+                  file=sys.stderr)
         if not settings.notes_in_text:
             for note in settings.notes:
                 print(printable(f"note: {note}"), file=sys.stderr)

@@ -255,7 +255,9 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     args = ("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--tp", "2")
     report = json.loads(run_cli(*args, "--json", "--export", "deepspeed").stdout)
     best = report["recommendation"]
-    assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["tp"]
+    # tp pinned by hand; pp, cp and ep held at 1, which a DeepSpeed config cannot express
+    assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["cp", "ep", "pp", "tp"]
+    assert report["export"]["held_at_1"] == ["pp", "cp", "ep"]
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
     assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
@@ -272,6 +274,39 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     assert hf["unexpressed"] == ["tp"] and any("cannot express tp 2" in note for note in hf["notes"])
     megatron = run_cli(*args, "--export", "megatron")
     assert "--tensor-model-parallel-size 2" in megatron.stdout and "--sequence-parallel" in megatron.stdout
+
+
+def test_an_export_searches_only_what_its_format_can_express(run_cli):
+    """--export FORMAT searches the layouts the format can carry (Lightning has no context parallelism, so the
+    8B on 32 GPUs at a global batch of 8 splits by tp where the free search takes cp 4), says so, and plans on the
+    stack of the format's name unless --stack is given."""
+    args = ("plan", "--model", "llama3-8b", "--seq-len", "8192", "--global-batch", "8", "--gpus", "32")
+    free = json.loads(run_cli(*args, "--json").stdout)["recommendation"]["layout"]
+    assert free["cp"] > 1
+    lightning = json.loads(run_cli(*args, "--json", "--export", "lightning").stdout)
+    layout = lightning["recommendation"]["layout"]
+    assert (layout["pp"], layout["cp"], layout["ep"]) == (1, 1, 1) and layout["world"] == 32
+    assert lightning["export"]["held_at_1"] == ["pp", "cp", "ep"] and lightning["export"]["unexpressed"] == []
+    text = run_cli(*args, "--export", "lightning")
+    assert "note: searched with pp, cp and ep at 1: --export lightning cannot express them" in text.stderr
+    assert json.loads(run_cli(*args, "--json", "--export", "megatron").stdout)["export"]["held_at_1"] == []
+    pinned = json.loads(run_cli(*args, "--cp", "2", "--json", "--export", "lightning").stdout)["export"]
+    assert pinned["held_at_1"] == ["pp", "ep"] and pinned["unexpressed"] == ["cp"]  # given by hand: kept, noted
+
+
+def test_an_export_plans_on_the_stack_of_its_name(run_cli):
+    from headroom.cli.main import build_parser
+    from headroom.cli.plan import for_export
+
+    parser = build_parser()
+    base = ["plan", "--model", "llama3-8b", "--global-batch", "8", "--gpus", "8"]
+    assert for_export(parser.parse_args([*base, "--export", "torchtitan"]))[0].stack == "torchtitan"
+    assert for_export(parser.parse_args([*base, "--export", "hf"]))[0].stack == "hf"
+    assert for_export(parser.parse_args([*base, "--export", "deepspeed"]))[0].stack == "reference"
+    assert for_export(parser.parse_args([*base, "--export", "torchtitan", "--stack", "megatron"]))[0].stack == "megatron"
+    assert for_export(parser.parse_args(base))[0].stack == "reference"
+    one = parser.parse_args(["plan", "--model", "llama3-8b", "--global-batch", "8", "--export", "hf"])
+    assert for_export(one)[1] == ()  # one layout, not a search: nothing to hold
 
 
 def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli, monkeypatch):

@@ -40,7 +40,7 @@ def test_the_page_takes_headroom_plans_defaults():
     args, inputs = cli_args(), planning.PlanInputs()
     assert planning.build_layout(inputs) == layout_from_args(args, **ONE_GPU) == Layout()  # one GPU, dp 1
     assert (inputs.seq_len, inputs.precision, inputs.optimizer, inputs.attention, inputs.stack) == \
-        (args.seq_len, args.precision, args.optimizer, args.attention, args.stack) == \
+        (args.seq_len, args.precision, args.optimizer, args.attention, plan_ask(args).train.stack) == \
         (2048, "amp-bf16", "adamw", "flash", "reference")
     assert inputs.hardware == planning.DATASHEET_PREFIX + args.hardware
     asked = plan_ask(args)  # the node size and links as the command resolves them (flags, --network, defaults)

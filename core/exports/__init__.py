@@ -28,6 +28,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from headroom.core.errors import ConfigError
+from headroom.core.exports import deepspeed as _deepspeed
+from headroom.core.exports import huggingface as _huggingface
+from headroom.core.exports import lightning as _lightning
 from headroom.core.exports.deepspeed import deepspeed
 from headroom.core.exports.huggingface import huggingface
 from headroom.core.exports.lightning import lightning
@@ -35,8 +38,9 @@ from headroom.core.exports.megatron import megatron
 from headroom.core.exports.run import Export, Run
 from headroom.core.exports.torchtitan import torchtitan
 from headroom.core.planning.planner import Candidate, PlanRequest
+from headroom.core.specs.stack import STACKS
 
-__all__ = ["EXPORTERS", "Export", "export", "fp8_refusal"]
+__all__ = ["EXPORTERS", "UNEXPRESSED_AXES", "Export", "export", "export_stack", "fp8_refusal"]
 
 EXPORTERS: dict[str, Callable[[Run], Export]] = {
     "hf": huggingface,
@@ -45,6 +49,19 @@ EXPORTERS: dict[str, Callable[[Run], Export]] = {
     "deepspeed": deepspeed,
     "lightning": lightning,
 }
+
+
+UNEXPRESSED_AXES: dict[str, tuple[str, ...]] = {
+    "hf": _huggingface.UNEXPRESSED, "torchtitan": (), "megatron": (), "deepspeed": _deepspeed.UNEXPRESSED,
+    "lightning": _lightning.UNEXPRESSED,
+}
+"""The layout axes each format cannot carry (its export notes them): ``plan --export FORMAT`` searches them at 1."""
+
+
+def export_stack(fmt: str) -> str | None:
+    """The training stack a format is, where Headroom has one of its name (torchtitan, megatron, hf): ``plan --export
+    FORMAT`` plans on it unless ``--stack`` says otherwise."""
+    return fmt if fmt in STACKS else None
 
 
 FP8_UNEXPRESSED = {
