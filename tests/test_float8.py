@@ -335,11 +335,17 @@ def test_torchtitans_export_carries_mxfp8_as_its_mx_converter(run_cli):
 
 
 def test_torchtitans_export_refuses_the_recipe_its_converter_lacks(run_cli):
-    result = run_cli("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware",
-                     "h100-sxm", "--precision", "bf16-pure", "--fp8", "torchao-tensorwise", "--export", "torchtitan")
+    """A plan on the reference stack with a recipe torchtitan's converter lacks cannot be exported for it; on the
+    torchtitan stack, where --export torchtitan plans by default, the recipe is refused before any planning."""
+    args = ("plan", "--model", "llama3.2-1b", "--seq-len", "4096", "--global-batch", "8", "--hardware", "h100-sxm",
+            "--precision", "bf16-pure", "--fp8", "torchao-tensorwise", "--export", "torchtitan")
+    result = run_cli(*args, "--stack", "reference")
     assert result.returncode == 2 and result.stdout == ""
     assert ("--export torchtitan of a plan with --fp8 torchao-tensorwise: torchtitan 0.3's Float8LinearConverter "
             "offers the rowwise recipes only; plan with --fp8 off\n") in result.stderr
+    refused = run_cli(*args)
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "--fp8 torchao-tensorwise under --stack torchtitan: " in refused.stderr
 
 
 def test_a_box_that_measured_fp8_gemms_anchors_fp8_on_its_own():
