@@ -324,6 +324,12 @@ def test_hf_sharding_and_whole_layer_checkpointing():
     assert kwargs["gradient_checkpointing"] is True and "fsdp" not in kwargs
     kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=1))).text)
     assert kwargs["deepspeed"] == "ds_config.json"
+    # ZeRO-2 is DeepSpeed's too (the hf stack's); FSDP's shard_grad_op is ZeRO-3 kept gathered to backward
+    exported = export("hf", *candidate(Layout(dp=8, zero=2)))
+    assert training_arguments(exported.text)["deepspeed"] == "ds_config.json" and "fsdp" not in exported.text
+    assert any("ZeRO-2 runs through DeepSpeed" in note for note in exported.notes)
+    kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=3, reshard_after_forward=False))).text)
+    assert kwargs["fsdp"] == "shard_grad_op auto_wrap"
 
 
 def test_hf_does_not_pass_op_selective_off_as_full():

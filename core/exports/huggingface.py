@@ -13,7 +13,9 @@ Names checked against transformers' ``training_args.py``, ``trainer_utils.py``
   the Trainer wants ``fsdp_config={"activation_checkpointing": True}`` instead
   and refuses both at once.
 - ``fsdp="full_shard auto_wrap"`` is ZeRO-3, ``"shard_grad_op auto_wrap"``
-  ZeRO-2; ZeRO-1 goes through ``deepspeed="ds_config.json"``.
+  ZeRO-3 kept gathered from forward to backward (``--reshard-after-forward
+  false``); ZeRO-1 and 2 go through ``deepspeed="ds_config.json"``, as the
+  hf stack plans them (DeepSpeed's: headroom.core.specs.stack.Stack.deepspeed_zero).
 - ``optim="sgd"`` is ``torch.optim.SGD`` without momentum; ``adamw_torch_fused``
   with the default ``weight_decay=0`` is Adam.
 - ``use_liger_kernel=True`` (the ``hf-liger`` stack) has the Trainer patch the
@@ -47,7 +49,8 @@ OPTIMIZERS = {"adam": "adamw_torch_fused", "adamw": "adamw_torch_fused", "sgd": 
               "adagrad": "adagrad"}
 """headroom's optimizer -> TrainingArguments.optim."""
 
-FSDP = {2: "shard_grad_op auto_wrap", 3: "full_shard auto_wrap"}
+FSDP = {True: "full_shard auto_wrap", False: "shard_grad_op auto_wrap"}
+"""The Trainer's ``fsdp`` for ZeRO-3, by whether the units are resharded after forward."""
 
 OP_SELECTIVE = [
     "from functools import partial",
@@ -138,9 +141,9 @@ def _layout(run: Run, notes: list[str]) -> None:
         notes.append("transformers' tensor parallelism has no sequence parallelism: every rank keeps the norms' and "
                      "residual stream's whole sequence, more than the plan's sp counts; plan with --stack hf for "
                      "what it keeps")
-    if layout.zero == 1 and layout.dp > 1:
-        notes.append("ZeRO-1 runs through DeepSpeed: write ds_config.json with headroom plan ... --export deepspeed; "
-                     "it decides the precision")
+    if layout.zero in (1, 2) and layout.dp > 1:
+        notes.append(f"ZeRO-{layout.zero} runs through DeepSpeed: write ds_config.json with headroom plan ... "
+                     "--export deepspeed; it decides the precision")
 
 
 def huggingface(run: Run) -> Export:
@@ -160,7 +163,7 @@ def huggingface(run: Run) -> Export:
     whole_layers, before = _checkpointing(run, notes)
     _attention(run, notes)
     bf16 = _precision(run, notes)
-    fsdp = FSDP.get(layout.zero) if layout.dp > 1 else None
+    fsdp = FSDP[run.data_parallel.reshard_after_forward is not False] if layout.dp > 1 and layout.zero == 3 else None
     micro, accumulation = data_parallel_batch(run, "The HF Trainer", notes)
     counted = run.counted_data_parallel
     args = [
@@ -178,7 +181,7 @@ def huggingface(run: Run) -> Export:
         args.append(f'    fsdp="{fsdp}",')
         if whole_layers:
             args.append('    fsdp_config={"activation_checkpointing": True},')
-    elif layout.zero == 1 and layout.dp > 1:
+    elif layout.zero in (1, 2) and layout.dp > 1:
         args.append('    deepspeed="ds_config.json",')
     if run.optimizer == "sgd-momentum":
         notes.append('optim="sgd" is torch.optim.SGD without momentum (0 bytes of state, not the planned 4): pass '
