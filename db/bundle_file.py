@@ -88,11 +88,15 @@ def write_bundle(runs: Iterable[Mapping[str, Any]], path: Path, schema_revision:
 
     Gzip when ``compress`` is true, or when it is None and the name ends in
     ``.gz``; the gzip header carries no time or name, so the same runs give
-    the same bytes. `bundle_target` says which paths are refused; a file
-    replaced keeps its permissions, a new one gets the umask's (`_keep_mode`).
+    the same bytes. `bundle_target` says which paths are refused, and an existing
+    file that is not a bundle (a store, any other file) is refused too
+    (`_refuse_foreign`); a file replaced keeps its permissions, a new one gets
+    the umask's (`_keep_mode`).
     """
     compress = path.name.endswith(".gz") if compress is None else compress
     target = bundle_target(path)
+    if target.exists():
+        _refuse_foreign(path, target)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         _keep_mode(fd, target)
@@ -176,6 +180,35 @@ def bundle_target(path: Path) -> Path:
     example = target / "results.json.gz" if stat.S_ISDIR(mode) else "results.json.gz"
     raise BundleError(f"cannot write bundle {_shown(path, target)}: it is {kind}, which the bundle would replace; "
                       f"PATH must be a regular file or a new file name, such as {example}")
+
+
+_SQLITE_MAGIC = b"SQLite format 3\x00"
+"""The first bytes of every SQLite database (headroom.db.engine.SQLITE_MAGIC; not imported: this module stays free of
+SQLAlchemy)."""
+_SNIFF = 4096
+"""Bytes of an existing file read to tell whether it is a bundle: its header comes first in every bundle Headroom
+writes, within a few dozen characters."""
+
+
+def _refuse_foreign(path: Path, target: Path) -> None:
+    """An existing file may be replaced by a bundle only when it is empty or a bundle itself (plain or gzip, its
+    format named in its first `_SNIFF` bytes): a SQLite store, a model's config.json or any other file is refused
+    and left as it is."""
+    try:
+        with open(target, "rb") as f:
+            head = f.read(_SNIFF)
+        if head.startswith(_GZIP_MAGIC):
+            with contextlib.suppress(OSError, EOFError, zlib.error), gzip.open(target, "rb") as unpacked:
+                head = unpacked.read(_SNIFF)
+    except OSError as err:
+        raise BundleError(f"cannot write bundle {_shown(path, target)}: {err.strerror or err}; PATH must be a file "
+                          "this user may read and write, or a new file name, such as results.json.gz") from None
+    if not head or BUNDLE_FORMAT.encode() in head:
+        return
+    what = ("a SQLite database (a Headroom store, perhaps)" if head.startswith(_SQLITE_MAGIC)
+            else "a file that is not a Headroom bundle")
+    raise BundleError(f"cannot write bundle {_shown(path, target)}: it is {what}, which the bundle would replace; "
+                      "give PATH a new file name, such as results.json.gz, or remove the file first")
 
 
 def _shown(path: Path, target: Path) -> str:

@@ -63,7 +63,7 @@ def test_the_umask_is_read_without_proc_too(tmp_path, umask, monkeypatch):
 def test_a_replaced_bundle_keeps_its_own_mode(tmp_path, umask, kept):
     umask(0o022)
     path = tmp_path / "bundle.json"
-    path.write_text("an older bundle")
+    write_bundle([], path, head())  # an older bundle
     path.chmod(kept)
     write_bundle([], path, head())
     assert mode(path) == kept and list(read_runs(path)) == []

@@ -79,8 +79,9 @@ def test_a_signal_mid_export_leaves_path_as_it_was_and_no_temporary_file(store, 
     out = tmp_path / "out"
     out.mkdir()
     path = out / "x.json"
-    if existing:
-        path.write_text("old bundle\n")
+    older = '{"format": "headroom-bundle", "version": 1, "runs": []}\n'
+    if existing:  # an older bundle (anything else is refused before the export starts)
+        path.write_text(older)
     env = {k: v for k, v in os.environ.items() if k != "HEADROOM_DB"} | {"XDG_DATA_HOME": str(tmp_path)}
     export = subprocess.Popen(
         [sys.executable, "-c", STALLED_EXPORT, "db", "export", str(path), "--db", f"sqlite:///{store}"],
@@ -99,7 +100,7 @@ def test_a_signal_mid_export_leaves_path_as_it_was_and_no_temporary_file(store, 
     assert (export.returncode, stdout, stderr) == (status, "", message + "\n")
     assert os.listdir(out) == (["x.json"] if existing else [])
     if existing:
-        assert path.read_text() == "old bundle\n"
+        assert path.read_text() == older
 
 
 def test_a_path_in_a_missing_directory_is_refused_and_nothing_is_created(store, tmp_path, run_cli):

@@ -129,7 +129,7 @@ def test_a_node_that_is_not_a_regular_file_is_refused_and_kept(store, run_cli, k
 def test_a_symlink_to_a_file_is_written_through_and_kept(store, run_cli):
     target, link = store.parent / "kept" / "bundle.json", store.parent / "latest.json"
     target.parent.mkdir()
-    target.write_text("an older bundle")
+    target.write_text('{"format": "headroom-bundle", "version": 1, "runs": []}\n')  # an older bundle
     target.chmod(0o644)
     link.symlink_to(target)
     before = digest(store)
@@ -140,3 +140,35 @@ def test_a_symlink_to_a_file_is_written_through_and_kept(store, run_cli):
     assert len(list(read_runs(target))) == RUNS
     assert stat.S_IMODE(target.stat().st_mode) == 0o644  # the file replaced keeps its permissions
     assert sorted(os.listdir(target.parent)) == ["bundle.json"] and digest(store) == before
+
+
+@pytest.mark.parametrize("what", ["store", "json", "text", "gzip"])
+def test_a_file_that_is_not_a_bundle_is_refused_and_kept(store, built, run_cli, what):
+    """Another Headroom store, a JSON or text file that is no bundle, a gzip file of something else: exit 2 with
+    one line naming PATH, its bytes kept (the rename would have replaced it). An empty file and an older bundle
+    are replaced."""
+    import gzip
+
+    path = store.parent / f"other.{what}"
+    if what == "store":
+        shutil.copyfile(built, path)
+    elif what == "gzip":
+        path.write_bytes(gzip.compress(b'{"not": "a bundle"}'))
+    else:
+        path.write_text('{"model_type": "llama"}\n' if what == "json" else "notes\n")
+    kept = digest(path)
+    kind = "a SQLite database (a Headroom store, perhaps)" if what == "store" else "a file that is not a Headroom bundle"
+    refused(run_cli, store, path, f"cannot write bundle {path}: it is {kind}, which the bundle would replace; give "
+                                  "PATH a new file name, such as results.json.gz, or remove the file first")
+    assert digest(path) == kept
+
+
+@pytest.mark.parametrize("name", ["empty.json", "older.json", "older.json.gz"])
+def test_an_empty_file_or_an_older_bundle_is_replaced(store, run_cli, name):
+    path = store.parent / name
+    path.write_bytes(b"")
+    if name != "empty.json":
+        assert run_cli("db", "export", str(path), "--db", str(store)).returncode == 0  # the older bundle
+    result = run_cli("db", "export", str(path), "--db", str(store))
+    assert result.returncode == 0, result.stderr
+    assert len(list(read_runs(path))) == RUNS
