@@ -168,9 +168,22 @@ def test_tp_eight_stays_in_an_eight_gpu_node_and_dp_crosses_on_the_nic():
 def test_small_groups_share_a_node_and_a_group_that_does_not_divide_the_node_crosses():
     layout = Layout(tp=2, cp=2, dp=2, pp=2)  # tp stride 1, cp 2, dp 4, pp 8
     assert [crosses_nodes(axis, layout, FLAT) for axis in ("tp", "cp", "dp", "pp")] == [False, False, False, True]
-    assert crosses_nodes("tp", Layout(tp=3), FLAT)  # ranks 6, 7, 8 straddle two nodes
+    assert crosses_nodes("tp", Layout(tp=3, dp=3), FLAT)  # ranks 6, 7, 8 straddle two nodes
     assert crosses_nodes("tp", Layout(tp=16), FLAT)
     assert not crosses_nodes("dp", Layout(dp=1), FLAT)
+
+
+def test_a_run_inside_one_node_crosses_none_however_large_the_node():
+    """8 ranks on a node of 12 (or 16 on one of 17): every group is inside the one node, though its ranks do not
+    divide the node; a run of 16 on nodes of 12 has groups across two."""
+    for gpus, node in ((8, 12), (16, 17), (3, 8)):
+        cluster = dataclasses.replace(FLAT, gpus_per_node=node)
+        for layout in (Layout(dp=gpus), Layout(tp=gpus)):
+            axis = "dp" if layout.dp > 1 else "tp"
+            assert (crosses_nodes(axis, layout, cluster), nodes_spanned(axis, layout, cluster)) == (False, 1)
+            assert group_link(axis, layout, cluster) is IDEAL
+    spread = dataclasses.replace(FLAT, gpus_per_node=12)
+    assert (crosses_nodes("dp", Layout(dp=16), spread), nodes_spanned("dp", Layout(dp=16), spread)) == (True, 2)
 
 
 def test_a_crossing_group_runs_at_the_slower_of_nic_and_node_link():

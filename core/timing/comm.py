@@ -139,9 +139,9 @@ def _group(axis: str, layout: Layout) -> tuple[int, int]:
 
 
 def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
-    """Some group along ``axis`` spans more than one node: stride x size does not divide gpus_per_node."""
-    stride, size = _group(axis, layout)
-    return size > 1 and cluster.gpus_per_node % (stride * size) != 0
+    """Some group along ``axis`` spans more than one node (`nodes_spanned`): never where the whole run fits on
+    one node, however large a node is."""
+    return nodes_spanned(axis, layout, cluster) > 1
 
 
 def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
@@ -150,27 +150,29 @@ def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
     holds 8 and 4, or 4 and 8) counts the fewest it holds on any node it touches, over the groups: the most
     loaded crossing sets the step's pace."""
     stride, size = _group(axis, layout)
-    return _placement(stride, size, cluster.gpus_per_node)[0]
+    return _placement(stride, size, cluster.gpus_per_node, layout.world)[0]
 
 
 def nodes_spanned(axis: str, layout: Layout, cluster: Cluster) -> int:
     """The most nodes one group along ``axis`` touches (1 inside a node): its ring's hops between nodes."""
     stride, size = _group(axis, layout)
-    return _placement(stride, size, cluster.gpus_per_node)[1]
+    return _placement(stride, size, cluster.gpus_per_node, layout.world)[1]
 
 
 @functools.lru_cache(maxsize=4096)
-def _placement(stride: int, size: int, gpus_per_node: int) -> tuple[int, int]:
+def _placement(stride: int, size: int, gpus_per_node: int, world: int) -> tuple[int, int]:
     """(the fewest members a group holds on a node it touches, the most nodes it touches), over the groups of
-    ``size`` ranks ``stride`` apart on nodes of ``gpus_per_node``, ranks numbered node by node."""
+    ``size`` ranks ``stride`` apart among ``world`` ranks (a multiple of stride x size) on nodes of
+    ``gpus_per_node``, ranks numbered node by node: a run on one node, however large the node, has every group
+    inside it."""
     g, span = gpus_per_node, stride * size
     even = max(1, min(size, g // stride))
-    if g % span == 0:
+    if g % span == 0 or world <= g:
         return even, 1
     if span % g == 0:
         return even, size // even
     fewest, most = even, 1
-    for start in range(0, min(math.lcm(span, g), UNEVEN_RANKS_WALKED), span):  # the placement repeats after lcm
+    for start in range(0, min(math.lcm(span, g), world, UNEVEN_RANKS_WALKED), span):  # repeats after lcm
         for first in range(start, start + stride):
             held: dict[int, int] = {}
             for rank in range(first, first + span, stride):
