@@ -294,6 +294,18 @@ def test_an_export_searches_only_what_its_format_can_express(run_cli):
     assert pinned["held_at_1"] == ["pp", "ep"] and pinned["unexpressed"] == ["cp"]  # given by hand: kept, noted
 
 
+def test_a_search_whose_layouts_cannot_all_be_scheduled_prints_strict_json(run_cli):
+    """128 GPUs for a global batch of 64: interleaved layouts with too few micro-batches to schedule are not
+    left out at an infinite floor (Infinity is no JSON); every number in the output is finite."""
+    out = run_cli("plan", "--model", "llama2-7b", "--global-batch", "64", "--gpus", "128", "--json").stdout
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} in the JSON")
+
+    report = json.loads(out, parse_constant=refuse)
+    assert report["pruned"] and all(p["floor_step_s"] < 1e9 for p in report["pruned"])
+
+
 def test_an_export_plans_on_the_stack_of_its_name(run_cli):
     from headroom.cli.main import build_parser
     from headroom.cli.plan import for_export

@@ -355,8 +355,12 @@ def test_a_plan_prices_a_run_given_its_tokens():
     ({"micro_batch": 2, "accumulation": 2}, r"--micro-batch 2 x --accumulation 2 is 4 sequences per rank, not the "
                                             r"per-rank batch 8"),
     ({"accumulation": 0}, r"--accumulation must be a positive integer, got 0"),
-    ({"train_tokens": -5}, r"--train-tokens must be a positive number of tokens, got -5"),
+    ({"train_tokens": -5}, r"--train-tokens must be a positive number of tokens up to 1e\+18, got -5"),
+    ({"train_tokens": 10**40}, r"--train-tokens must be a positive number of tokens up to 1e\+18, got 10{40}"),
     ({"gpu_hour_price": 2.0}, r"--gpu-hour-price prices a run: give --train-tokens too"),
+    ({"train_tokens": 10**12, "gpu_hour_price": 1e300}, r"--gpu-hour-price must be a number from 0 to 1e\+09, got "
+                                                         r"1e\+300"),
+    ({"train_tokens": 10**12, "gpu_hour_price": float("nan")}, r"--gpu-hour-price must be a number from 0 to 1e\+09"),
 ])
 def test_bad_pins_name_the_value_and_what_would_do(changes, message):
     with pytest.raises(ConfigError, match=message):

@@ -657,9 +657,11 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
                 unsearched, stopped_at = len(layouts) - tried, "work bound" if work.exhausted else "time limit"
                 break
             sub = subs[i]
-            if bar is not None and bar.beyond(floors[i]):
+            if not micro_batches(sub):  # interleaving needs micro-batches in groups of pp: none to schedule
+                pass
+            elif bar is not None and bar.beyond(floors[i]):
                 pruned.append(PrunedLayout(sub.layout, floors[i], None))
-            elif micro_batches(sub):  # interleaving needs micro-batches in groups of pp
+            else:
                 searched.append(_plan_layout(sub, profile, calibration, screen=True, bar=bar))
             if progress is not None:
                 progress(tried + 1, len(layouts), f"layouts of {request.gpus:,} GPUs")

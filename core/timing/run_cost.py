@@ -108,17 +108,26 @@ class RunCost:
                 f"{self.gpu_hours:,.0f} GPU-hours{price}")
 
 
+MAX_TRAIN_TOKENS = 10**18
+"""The most tokens a run may be priced for: a thousand times the largest published runs (tens of trillions)."""
+MAX_GPU_HOUR_PRICE = 1e9
+"""The highest price of a GPU-hour taken, in any currency (a hundred million times a cloud H100's in dollars):
+beyond it a cost is no figure anyone plans with, and near float's range it overflows to infinity."""
+
+
 def check_run(train_tokens: int | None, price_per_gpu_hour: float | None) -> None:
     """ConfigError naming a bad ``--train-tokens`` or ``--gpu-hour-price``."""
     if train_tokens is not None and (isinstance(train_tokens, bool) or not isinstance(train_tokens, int)
-                                     or train_tokens <= 0):
-        raise ConfigError(f"--train-tokens must be a positive number of tokens, got {train_tokens!r}")
+                                     or not 0 < train_tokens <= MAX_TRAIN_TOKENS):
+        raise ConfigError(f"--train-tokens must be a positive number of tokens up to {MAX_TRAIN_TOKENS:.0e}, got "
+                          f"{train_tokens!r}")
     if price_per_gpu_hour is not None:
         if train_tokens is None:
             raise ConfigError("--gpu-hour-price prices a run: give --train-tokens too")
         if not isinstance(price_per_gpu_hour, (int, float)) or isinstance(price_per_gpu_hour, bool) \
-                or not price_per_gpu_hour >= 0 or price_per_gpu_hour == float("inf"):
-            raise ConfigError(f"--gpu-hour-price must be a non-negative number, got {price_per_gpu_hour!r}")
+                or not 0 <= price_per_gpu_hour <= MAX_GPU_HOUR_PRICE:
+            raise ConfigError(f"--gpu-hour-price must be a number from 0 to {MAX_GPU_HOUR_PRICE:.0e}, got "
+                              f"{price_per_gpu_hour!r}")
 
 
 def _duration(seconds: float) -> str:
