@@ -73,6 +73,18 @@ def _bad_config(tmp_path, **fields):
     return str(path)
 
 
+def _sparse(path, size: int) -> str:
+    """A file of ``size`` zero bytes taking no disk."""
+    with open(path, "wb") as f:
+        f.truncate(size)
+    return str(path)
+
+
+def _linked(path, target: str) -> str:
+    path.symlink_to(target)
+    return str(path)
+
+
 @pytest.mark.parametrize(
     ("make_args", "message"),
     [
@@ -96,6 +108,11 @@ def _bad_config(tmp_path, **fields):
          "hidden 1,000,000,000,000 is beyond any trainable model (at most 1,048,576)"),
         (lambda tmp: ["--model", "llama2-7b", "--micro-batch", str(10**9)], "micro-batch 1,000,000,000 is beyond"),
         (lambda tmp: ["--model", _nested_json(tmp)], "JSON nested too deeply to be a model config"),
+        # A model's weights (or a device) where a config.json belongs: refused after 16 MiB, not read whole.
+        (lambda tmp: ["--model", _sparse(tmp / "model.safetensors", 1 << 30)],
+         "holds more than 16 MiB, which no config.json does"),
+        (lambda tmp: ["--model", _linked(tmp / "zero.json", "/dev/zero")], "holds more than 16 MiB, which no "
+                                                                             "config.json does"),
     ],
 )
 def test_bad_input_is_one_clear_line(run_cli, tmp_path, make_args, message):

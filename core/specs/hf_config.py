@@ -114,14 +114,28 @@ def load_hf_config(path: str | Path) -> ModelSpec:
     return spec_from_config_file(read_hf_config(path), path)
 
 
+MAX_CONFIG_BYTES = 16 << 20
+"""The largest config.json read: a model's is a few kilobytes (one with a label map for every class of a large
+classifier, a megabyte or two). Beyond it the file is something else (a model's weights, a device), refused
+after reading this much rather than read whole."""
+
+
 def read_hf_config(path: str | Path) -> Any:
     """The parsed JSON of a ``config.json``; errors name the path."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as f:
+            data = f.read(MAX_CONFIG_BYTES + 1)
     except FileNotFoundError:
         raise ConfigError(f"config file {str(path)!r} does not exist") from None
-    except (OSError, UnicodeDecodeError) as err:
+    except OSError as err:
+        raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"config file {str(path)!r} holds more than {MAX_CONFIG_BYTES >> 20} MiB, which no "
+                          "config.json does (a model's weights, or a device?); give the model's config.json")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
         raise ConfigError(f"cannot read config file {str(path)!r}: {err}") from None
     return parse_hf_config(text, path)
 
