@@ -242,7 +242,11 @@ def read_only_file_system(path: Path) -> bool:
 _PERM, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 3, 8, 10, 11, 13, 14, 26
 _CODES = {"access permission denied": _PERM, "attempt to write a readonly database": _READONLY,
           "disk I/O error": _IOERR, "database disk image is malformed": _CORRUPT, "database or disk is full": _FULL,
-          "unable to open database file": _CANTOPEN, "file is not a database": _NOTADB}
+          "unable to open database file": _CANTOPEN, "file is not a database": _NOTADB,
+          # Python's sqlite3 itself, reading a text column whose bytes a damaged page garbled (no SQLite code)
+          "Could not decode to UTF-8 column": _CORRUPT}
+MAX_REASON = 120
+"""The most characters of SQLite's reason a message quotes."""
 _LOW_SPACE = 1 << 20
 """Free bytes below which an I/O error is taken for a full disk: SQLite fails to grow its 32 KiB ``-shm``
 file, or the store, with an I/O error rather than "disk is full" on some file systems (tmpfs)."""
@@ -266,6 +270,8 @@ def sqlite_failure(err: BaseException, url: URL, *, write: bool) -> Exception | 
     if path is None or code is None:
         return None
     reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    if len(reason) > MAX_REASON:  # a column's garbled text, quoted whole by Python's sqlite3
+        reason = reason[:MAX_REASON].rstrip() + "..."
     shown = display_url(url)
     if code in (_CORRUPT, _NOTADB):
         return DamagedStoreError(shown, reason)
@@ -282,7 +288,7 @@ def sqlite_failure(err: BaseException, url: URL, *, write: bool) -> Exception | 
 def _primary_code(error: BaseException) -> int | None:
     if not isinstance(error, sqlite3.Error):
         return None
-    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+
+    code = getattr(error, "sqlite_errorcode", None)  # Python 3.11+; none on the module's own errors
     if code is not None:
         return code & 0xFF
     text = str(error)

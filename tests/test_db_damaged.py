@@ -82,6 +82,23 @@ def test_a_reader_names_the_damaged_store(built, tmp_path, run_cli, action):
     assert digest(store) == before and sorted(os.listdir(store.parent)) == listing  # no bundle, no temporary file
 
 
+def test_text_a_damaged_page_garbled_is_damage_not_an_internal_error(built, tmp_path, run_cli):
+    """A text column whose bytes are no longer UTF-8 (Python's sqlite3 refuses to decode it, with no SQLite code):
+    export names the damaged store in one line, the garbled text cut short, and writes nothing."""
+    store = copy_of(built, tmp_path / "store")
+    with sqlite3.connect(store) as db:
+        tables = [name for (name,) in db.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        table = next(t for t in tables if "samples_s" in [c[1] for c in db.execute(f"PRAGMA table_info({t})")])
+        garbled = b"[0.00055" + bytes(range(0x80, 0xC0)) * 4 + b"]"  # continuation bytes alone: no UTF-8
+        db.execute(f"UPDATE {table} SET samples_s = CAST(? AS TEXT)", (garbled,))
+    before, listing = digest(store), sorted(os.listdir(store.parent))
+    result = run_cli("db", "export", str(store.parent / "out.json"), "--db", str(store))
+    assert (result.returncode, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"headroom: error: cannot read sqlite:///{store}: Could not decode to UTF-8 column")
+    assert result.stderr.endswith(f"...; {ADVICE.format('--db')}\n") and result.stderr.count("\n") == 1
+    assert digest(store) == before and sorted(os.listdir(store.parent)) == listing
+
+
 @pytest.mark.parametrize("action", ["upgrade", "import"])
 def test_a_writer_checks_the_whole_store_before_it_reports_or_writes(built, bundle, tmp_path, run_cli, action):
     """``upgrade`` reads no damaged page (it would say "nothing to do"), nor does an import that adds nothing."""
