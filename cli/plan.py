@@ -43,6 +43,7 @@ from headroom.core.specs.float8 import AUTO, needs_fsdp
 from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
     LINKS_BY_KEY,
+    MAX_GPUS_PER_NODE,
     NETWORK_EXAMPLE,
     NetworkSettings,
     intra_node_link,
@@ -64,6 +65,18 @@ def _checked_by(check: Callable[[str], object]) -> Callable[[str], str]:
         except ConfigError as err:
             raise argparse.ArgumentTypeError(str(err)) from None
         return text
+    return value
+
+
+def _gpus_per_node(text: str) -> int:
+    """``--gpus-per-node``'s value: a node of 1 to MAX_GPUS_PER_NODE GPUs, checked when the flags are read (a plan
+    on one GPU builds no cluster to check it)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of GPUs, got {text!r}") from None
+    if not 0 < value <= MAX_GPUS_PER_NODE:
+        raise argparse.ArgumentTypeError(f"a node holds 1 to {MAX_GPUS_PER_NODE:,} GPUs, got {value}")
     return value
 
 
@@ -97,9 +110,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     layout = p.add_argument_group("layout", "with --gpus every layout of that many GPUs is searched and an axis given "
                                             "is pinned; without it, the one layout the axes give")
     layout.add_argument("--gpus", type=int, default=None, help="search every layout of this many GPUs (default: plan the one layout the flags give)")
-    layout.add_argument("--gpus-per-node", type=int, default=None,
-                        help=f"GPUs joined by the node's own link (default: the --network file's, else "
-                             f"{DEFAULT_GPUS_PER_NODE})")
+    layout.add_argument("--gpus-per-node", type=_gpus_per_node, default=None,
+                        help=f"GPUs joined by the node's own link, 1 to {MAX_GPUS_PER_NODE:,} (default: the "
+                             f"--network file's, else {DEFAULT_GPUS_PER_NODE})")
     layout.add_argument("--interconnect", default=None, metavar="NETWORK", type=_network,
                         help=f"network between nodes: one of {', '.join(LINKS_BY_KEY)} (one NIC per GPU), or NICs x "
                              f"Gb/s a node ({NETWORK_EXAMPLE}); default: the GPU generation's network, ib-hdr for an "

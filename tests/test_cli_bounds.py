@@ -61,3 +61,17 @@ def test_a_device_name_several_rows_share_is_listed(run_cli):
     assert result.stderr == ("headroom: error: 'H100' could be any of h100-pcie, h100-sxm, h100-hbm2e; give the device name as "
                              "torch reports it, e.g. 'NVIDIA H100 80GB HBM3'\n")
     assert run_cli("hardware", "--match", "NVIDIA H100 80GB HBM3").stdout.startswith("'NVIDIA H100 80GB HBM3' -> h100-sxm")
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ("0", "a node holds 1 to 1,024 GPUs, got 0"), ("1025", "a node holds 1 to 1,024 GPUs, got 1025"),
+    ("99999999999999999999", "a node holds 1 to 1,024 GPUs, got 99999999999999999999"),
+    ("eight", "expected a whole number of GPUs, got 'eight'"),
+])
+def test_a_node_size_is_checked_as_the_network_file_checks_it_even_on_one_gpu(run_cli, value, why):
+    """--gpus-per-node takes what a --network file's gpus_per_node takes (1 to 1,024), whether or not the plan
+    spans GPUs (a one-GPU plan builds no cluster that would check it)."""
+    for layout in ((), ("--tp", "2", "--dp", "8")):
+        result = run_cli("plan", "--model", "llama2-7b", "--global-batch", "64", "--gpus-per-node", value, *layout)
+        assert result.returncode == 2 and result.stdout == ""
+        assert f"argument --gpus-per-node: {why}" in result.stderr

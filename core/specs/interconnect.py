@@ -307,8 +307,8 @@ class Cluster:
 
     def __post_init__(self) -> None:
         value = self.gpus_per_node
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise ConfigError(f"gpus-per-node must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_GPUS_PER_NODE:
+            raise ConfigError(f"gpus-per-node must be an integer from 1 to {MAX_GPUS_PER_NODE:,}, got {value!r}")
         nics = self.nics_per_node
         if isinstance(nics, bool) or not isinstance(nics, int) or not 0 <= nics <= MAX_NICS:
             raise ConfigError(f"NICs a node must be 0 (one per GPU) to {MAX_NICS}, got {nics!r}")
