@@ -51,6 +51,7 @@ from headroom.core.specs.interconnect import (
 )
 from headroom.core.specs.precision import SEARCHED
 from headroom.core.specs.recompute import POLICY_NAMES, parse_policy
+from headroom.core.specs.stack import get_stack
 from headroom.core.specs.stages import split_text_for
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB, parse_budget
@@ -134,7 +135,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="a TOML file of the cluster's network: gpus_per_node, intra_node and interconnect, "
                              "each as the flag of that name takes it (e.g. interconnect = \"8x200g\"); a flag given "
                              "here wins over the file")
-    add_train_flags(p, micro_batch="none", recompute="none", layout="free", fp8="auto", training=training, axes=layout)
+    add_train_flags(p, micro_batch="none", recompute="none", layout="free", fp8="auto", training=training, axes=layout,
+                    stack_default="reference, or the stack --export names: torchtitan, megatron or hf")
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")
     pins.add_argument("--micro-batch", type=int, default=None,
@@ -199,10 +201,20 @@ def for_export(args: argparse.Namespace) -> tuple[argparse.Namespace, tuple[str,
         resolved.stack = (export_stack(fmt) if fmt else None) or "reference"
     if not fmt or args.gpus is None:
         return resolved, ()
-    held = tuple(axis for axis in UNEXPRESSED_AXES[fmt] if getattr(args, axis, None) is None)
+    implied = {"cp": ("cp_comm",), "ep": ("ep_comm", "ep_overlap"), "tp": ("tp_overlap", "sp")}
+    held = tuple(axis for axis in UNEXPRESSED_AXES[fmt] if getattr(args, axis, None) is None
+                 and not any(getattr(args, flag, None) not in (None, "off") for flag in implied.get(axis, ())))
     for axis in held:
         setattr(resolved, axis, 1)
     return resolved, held
+
+
+def _held(args: argparse.Namespace, request: PlanRequest) -> tuple[str, ...]:
+    """The axes ``--export`` held at 1 (`for_export`) that the search would have tried: expert parallelism only for
+    a mixture of experts, tensor and pipeline parallelism only where the stack runs them."""
+    stack = get_stack(request.train.stack)
+    tried = {"ep": request.spec.is_moe, "tp": stack.tensor_parallel, "pp": stack.pipeline_parallel}
+    return tuple(axis for axis in for_export(args)[1] if tried.get(axis, True))
 
 
 def plan_ask(args: argparse.Namespace) -> PlanAsk:
@@ -279,7 +291,7 @@ def run(args: argparse.Namespace) -> int:
             best = result.recommendation
             payload["export"] = export(args.export, request, best).to_dict() if best else None
             if payload["export"] is not None:
-                payload["export"]["held_at_1"] = list(for_export(args)[1])
+                payload["export"]["held_at_1"] = list(_held(args, request))
         print(json.dumps(payload, indent=2))
     elif args.export:
         if result.recommendation is None:
@@ -287,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
             return NOTHING_FITS
         settings = export(args.export, request, result.recommendation)
         print(settings.text)
-        if held := for_export(args)[1]:
+        if held := _held(args, request):
             axes = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
             print(printable(f"note: searched with {axes} at 1: --export {args.export} cannot express "
                             f"{'it' if len(held) == 1 else 'them'} (pin one, e.g. --{held[0]} 2, to plan it anyway)"),

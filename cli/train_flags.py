@@ -45,7 +45,8 @@ option of these commands starts with a digit."""
 
 def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one", recompute: Many = "one",
                     layout: Literal["fixed", "free", "none"] = "fixed", precision_default: str | None = "amp-bf16",
-                    fp8: Literal["none", "one", "auto"] = "one", training: Any = None, axes: Any = None) -> None:
+                    fp8: Literal["none", "one", "auto"] = "one", training: Any = None, axes: Any = None,
+                    stack_default: str = "reference") -> None:
     """Add the training-configuration flags, in the ``training`` and ``axes`` argument groups (else the parser).
 
     ``micro_batch`` / ``recompute``: one value, a comma-separated list (the agent's sweep), or no flag
@@ -101,7 +102,7 @@ def add_train_flags(parser: argparse.ArgumentParser, *, micro_batch: Many = "one
                         "--moe-expert-capacity-factor with padding); 0 is dropless (default: dropless)")
     p.add_argument("--stack", default="reference", choices=list(STACKS), type=lambda name: FORMER_NAMES.get(name, name),
                    help="training stack whose kernels and checkpointing apply: "
-                        + "; ".join(f"{s.name} ({s.summary})" for s in STACKS.values()) + " (default reference)")
+                        + "; ".join(f"{s.name} ({s.summary})" for s in STACKS.values()) + f" (default {stack_default})")
     if layout == "none":
         return
     p = axes or parser

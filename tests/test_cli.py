@@ -274,7 +274,7 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     best = report["recommendation"]
     # tp pinned by hand; pp, cp and ep held at 1, which a DeepSpeed config cannot express
     assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["cp", "ep", "pp", "tp"]
-    assert report["export"]["held_at_1"] == ["pp", "cp", "ep"]
+    assert report["export"]["held_at_1"] == ["pp", "cp"]  # ep too, though a dense model has none to hold
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
     assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
@@ -303,12 +303,16 @@ def test_an_export_searches_only_what_its_format_can_express(run_cli):
     lightning = json.loads(run_cli(*args, "--json", "--export", "lightning").stdout)
     layout = lightning["recommendation"]["layout"]
     assert (layout["pp"], layout["cp"], layout["ep"]) == (1, 1, 1) and layout["world"] == 32
-    assert lightning["export"]["held_at_1"] == ["pp", "cp", "ep"] and lightning["export"]["unexpressed"] == []
+    assert lightning["export"]["held_at_1"] == ["pp", "cp"] and lightning["export"]["unexpressed"] == []
     text = run_cli(*args, "--export", "lightning")
-    assert "note: searched with pp, cp and ep at 1: --export lightning cannot express them" in text.stderr
+    assert "note: searched with pp and cp at 1: --export lightning cannot express them" in text.stderr
     assert json.loads(run_cli(*args, "--json", "--export", "megatron").stdout)["export"]["held_at_1"] == []
     pinned = json.loads(run_cli(*args, "--cp", "2", "--json", "--export", "lightning").stdout)["export"]
-    assert pinned["held_at_1"] == ["pp", "ep"] and pinned["unexpressed"] == ["cp"]  # given by hand: kept, noted
+    assert pinned["held_at_1"] == ["pp"] and pinned["unexpressed"] == ["cp"]  # given by hand: kept, noted
+    # cp implied by another flag is not held at 1 either
+    implied = run_cli(*args, "--cp-comm", "all-gather", "--json", "--export", "lightning")
+    assert implied.returncode == 0, implied.stderr
+    assert json.loads(implied.stdout)["recommendation"]["layout"]["cp"] > 1
 
 
 def test_a_search_whose_layouts_cannot_all_be_scheduled_prints_strict_json(run_cli):

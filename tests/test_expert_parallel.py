@@ -184,20 +184,31 @@ def test_core_counts_each_all_to_all_of_an_expert_parallel_step(two_ranks, preci
 
 
 def test_expert_weights_are_reduced_over_the_ranks_that_hold_them():
-    """dp 8, ep 2, ZeRO-1 as DeepSpeed runs it (the HF Trainer's): the rest's gradients all-reduced over 8 ranks,
-    the rank's half of the experts' over the 4 ranks that hold the same half, each in DeepSpeed's buckets (the
-    average bucket a call); each then all-gathers its updated parameters."""
+    """dp 8, ep 2, ZeRO-1 as Megatron-LM's distributed optimizer runs it: the rest's gradients reduce-scattered over
+    8 ranks, the rank's half of the experts' over the 4 ranks that hold the same half (its expert data-parallel
+    group), each in its buckets (the average bucket a call); each then all-gathers its updated parameters."""
     def reductions(config: TrainConfig) -> list:
-        return [t for t in terms(config)[("dp", "all_reduce")] if "gradients" in t.note and "norm" not in t.note]
+        return terms(config)[("dp", "reduce_scatter")]
 
-    rest, experts = reductions(mixtral(dp=8, zero=1, ep=2, stack="hf"))
+    rest, experts = reductions(mixtral(dp=8, zero=1, ep=2, stack="megatron"))
     assert rest.group_size == 8 and rest.message_bytes * rest.calls - REST * 4 in range(rest.calls)
     assert experts.group_size == 4 and experts.message_bytes * experts.calls - EXPERTS // 2 * 4 in range(experts.calls)
     assert "(the experts' weights)" in experts.note and "dp x cp / ep = 4" in experts.note
-    assert {t.group_size for t in terms(mixtral(dp=8, zero=1, ep=2, stack="hf"))[("dp", "all_gather")]} == {8, 4}
+    assert {t.group_size for t in terms(mixtral(dp=8, zero=1, ep=2, stack="megatron"))[("dp", "all_gather")]} == {8, 4}
     # ep = dp: no two ranks hold the same experts, so their gradients need no reduction at all.
-    (only,) = reductions(mixtral(dp=8, zero=1, ep=8, stack="hf"))
+    (only,) = reductions(mixtral(dp=8, zero=1, ep=8, stack="megatron"))
     assert only.group_size == 8 and only.message_bytes * only.calls - REST * 4 in range(only.calls)
+
+
+def test_deepspeeds_zero_1_and_2_refuse_transformers_experts():
+    """DeepSpeed builds expert groups for its own deepspeed.moe layers only: the hf stack's ZeRO-1 and 2 with ep
+    above 1 are refused by name, and the search tries them at ZeRO-0 and 3 alone."""
+    for zero in (1, 2):
+        with pytest.raises(ConfigError, match=f"--ep 2 under --stack hf --zero {zero}: its ZeRO-{zero} is DeepSpeed's"):
+            mixtral(dp=8, zero=zero, ep=2, stack="hf").check_sharding()
+    layouts = candidate_layouts(MIXTRAL, TrainConfig(seq_len=4096, stack="hf"), 64, 16, 8, frozenset())
+    assert {layout.zero for layout in layouts if layout.ep > 1} == {0, 3}
+    assert {layout.zero for layout in layouts if layout.ep == 1} == {0, 1, 2, 3}
 
 
 def test_an_ep_group_that_leaves_the_node_runs_at_the_nic():

@@ -131,7 +131,9 @@ def _layout(run: Run, notes: list[str]) -> None:
                      "5) and context parallelism by accelerate's ParallelismConfig(cp_size=...) (parallelism_config=, "
                      "accelerate >= 1.10.1), not written here; the HF Trainer has no pipeline parallelism or expert "
                      "parallelism")
-    for note in (tp_overlap_note(run, "transformers"), overlap_note(run, "The HF Trainer's DDP")):
+    # ZeRO-1 and 2 go through DeepSpeed (ds_config's overlap_comm), not the Trainer's DDP
+    ddp = overlap_note(run, "The HF Trainer's DDP") if layout.zero not in (1, 2) else None
+    for note in (tp_overlap_note(run, "transformers"), ddp):
         if note is not None:
             notes.append(note)
     if layout.cp > 1 and run.cp_comm == "ring":
@@ -143,7 +145,7 @@ def _layout(run: Run, notes: list[str]) -> None:
                      "what it keeps")
     if layout.zero in (1, 2) and layout.dp > 1:
         notes.append(f"ZeRO-{layout.zero} runs through DeepSpeed: write ds_config.json with headroom plan ... "
-                     "--export deepspeed; it decides the precision")
+                     f"--stack {run.stack} --export deepspeed (the same plan; it decides the precision)")
 
 
 def huggingface(run: Run) -> Export:

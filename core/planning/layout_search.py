@@ -216,6 +216,8 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     for schedule, v in schedules:
         for zero in zeros:
             for ep in eps:
+                if ep > 1 and zero in (1, 2) and stack.deepspeed_zero:
+                    continue  # DeepSpeed's ZeRO-1 and 2 know no transformers experts (TrainConfig.check_sharding)
                 if not isinstance(kept, bool) and not shard_fits(kept, sharding_groups(dp, cp, ep)):
                     continue  # no shard can be kept over k of these ranks
                 here = settings if ep > 1 or not (settings.get("ep_overlap") or settings.get("ep_comm")) else \

@@ -182,7 +182,8 @@ class TrainConfig:
 
     def check_sharding(self) -> None:
         """What the configuration needs of its layout's sharding beyond what a Layout checks: a stage its stack
-        runs, and Megatron's fp8 parameters its distributed optimizer. Checked where a configuration is planned or
+        runs, Megatron's fp8 parameters its distributed optimizer, and no expert parallelism under DeepSpeed's
+        ZeRO-1 and 2. Checked where a configuration is planned or
         estimated, not in every TrainConfig: the core's own keys (a layout with the data parallelism taken out)
         need not hold it, nor a step the agent measured (its own data parallelism under a stack's kernels)."""
         if self.dp * self.layout.cp > 1:
@@ -191,6 +192,10 @@ class TrainConfig:
         if self.fp8_params and self.zero == 0 and self.dp * self.layout.cp > 1:
             raise ConfigError("--fp8-param-gather needs Megatron-LM's distributed optimizer, whose fp32 master "
                               "copy it casts into the fp8 weights: use --zero 1 or more")
+        if self.layout.ep > 1 and self.zero in (1, 2) and get_stack(self.stack).deepspeed_zero:
+            raise ConfigError(f"--ep {self.layout.ep} under --stack {self.stack} --zero {self.zero}: its ZeRO-{self.zero} "
+                              "is DeepSpeed's, which reduces experts' gradients over expert groups only for its own "
+                              "deepspeed.moe layers, not transformers' experts; use --zero 3, or --ep 1")
 
     def _check_fp8(self, recipe: Float8Recipe) -> None:
         """What headroom.core.specs.float8 models of a recipe: its stacks, a bf16 input without autocast, and for
