@@ -18,7 +18,7 @@ import pytest
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import first_rank
-from headroom.core.memory.static import rank_matrices
+from headroom.core.memory.static import RankTensor, rank_tensor_kinds
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.interconnect import cluster_for
 from headroom.core.specs.layout import Layout
@@ -44,9 +44,10 @@ def test_a_bucket_is_reduced_before_a_tensor_would_overfill_it():
 
 
 def test_without_hooks_the_optimizers_groups_come_in_turn():
-    tensors = [(100, True), (8, False), (50, True), (8, False)]
-    assert deepspeed_order(tensors, hooked=True) == [8, 50, 8, 100]
-    assert deepspeed_order(tensors, hooked=False) == [100, 50, 8, 8]
+    tensors = [RankTensor(100, True, True), RankTensor(8, False, False), RankTensor(50, True, True),
+               RankTensor(9, False, True)]
+    assert [t.elements for t in deepspeed_order(tensors, hooked=True)] == [9, 50, 8, 100]
+    assert [t.elements for t in deepspeed_order(tensors, hooked=False)] == [100, 50, 8, 9]
 
 
 def test_the_hf_stacks_zero_1_gathers_in_its_step():
@@ -76,18 +77,20 @@ def ranks(tmp_path_factory) -> list[dict]:
 
 
 def _config(case: dict) -> TrainConfig:
-    return TrainConfig(seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, attention="flash", precision="bf16-master",
+    return TrainConfig(seq_len=SEQ_LEN, micro_batch=MICRO_BATCH, attention="flash", precision=case["precision"],
                        stack="hf", layout=Layout(dp=DP, zero=case["stage"], overlap_grad_reduce=case["overlap_comm"]))
 
 
-def _tensors() -> list[tuple[int, bool]]:
+def _tensors() -> list[RankTensor]:
     layout = Layout(dp=DP)
-    return rank_matrices(SPEC, layout, first_rank(layout, SPEC.n_layers))
+    return rank_tensor_kinds(SPEC, layout, first_rank(layout, SPEC.n_layers))
 
 
 def test_the_ranks_tensors_are_the_decoders(ranks):
     shapes = ranks[0]["deepspeed_zero"]["parameters"]
-    assert _tensors() == [(math.prod(shape), len(shape) > 1) for shape in shapes]
+    assert [(t.elements, t.matrix) for t in _tensors()] == [(math.prod(shape), len(shape) > 1) for shape in shapes]
+    # the linears (q, k, v, o, gate, up, down, the head), as torch_autocast's comm dtype marks them
+    assert [t.linear for t in _tensors()] == ranks[0]["deepspeed_zero"]["linear"]
 
 
 @pytest.mark.parametrize("name", [name for name, case in CASES.items() if case["reduce_bucket_size"]])
@@ -96,7 +99,7 @@ def test_the_core_cuts_deepspeeds_buckets(ranks, name):
     backwards where hooks reduce (ZeRO-2, or overlap_comm), the optimizer's groups in turn otherwise."""
     case = CASES[name]
     hooked = case["stage"] == 2 or case["overlap_comm"]
-    predicted = deepspeed_buckets(deepspeed_order(_tensors(), hooked), case["reduce_bucket_size"])
+    predicted = deepspeed_buckets((t.elements for t in deepspeed_order(_tensors(), hooked)), case["reduce_bucket_size"])
     assert len(predicted) > 5
     reducing = range(MICRO_BATCHES) if case["stage"] == 2 else [MICRO_BATCHES - 1]
     for record in ranks:
@@ -126,7 +129,7 @@ def test_the_core_prices_deepspeeds_step_call_for_call(ranks, name):
         where = "step" if "optimizer's step" in term.note else "backward"
         predicted_calls[where, term.op] += term.calls
         predicted_bytes[where, term.op] += term.total_bytes
-    assert len(deepspeed_buckets(deepspeed_order(_tensors(), True), DEEPSPEED_BUCKET_ELEMENTS)) == 1
+    assert len(deepspeed_buckets((t.elements for t in _tensors()), DEEPSPEED_BUCKET_ELEMENTS)) == 1
     assert measured_calls == predicted_calls
     # the gradients' all-reduces priced as their buckets' average call, rounded up: within a byte a call
     gradients = ("backward", "all_reduce")

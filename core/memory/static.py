@@ -13,13 +13,14 @@ import heapq
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, first_rank
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.float8 import mx_scale_bytes, scaling_state_bytes
 from headroom.core.specs.layout import Layout
-from headroom.core.specs.model import ModelSpec
+from headroom.core.specs.model import BlockTensor, ModelSpec
 from headroom.core.specs.precision import get_precision, optimizer_state_bytes
 from headroom.core.specs.stack import get_stack
 
@@ -71,11 +72,11 @@ def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
     `ModelSpec.block_tensors` splits them: the matrices and column-parallel biases, against the norms and the
     row-parallel biases. ``moe``: a mixture-of-experts block."""
     split = replicated = 0
-    for shape, tp_split in spec.block_tensors(moe):
-        if tp_split:
-            split += math.prod(shape)
+    for tensor in spec.block_tensors(moe):
+        if tensor.split:
+            split += math.prod(tensor.shape)
         else:
-            replicated += math.prod(shape)
+            replicated += math.prod(tensor.shape)
     return split, replicated
 
 
@@ -169,25 +170,36 @@ def rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool 
     (`ModelSpec.block_tensors`: a matrix, a column-parallel bias) its 1/tp, of a norm or a row-parallel bias the
     whole, as `rank_parameters` counts them. ``experts``: the routed experts' tensors alone (1/ep of each block's);
     else everything but them under expert parallelism."""
-    return [n for n, _ in _rank_tensors(spec, layout, rank, experts)]
+    return [tensor.elements for tensor in _rank_tensors(spec, layout, rank, experts)]
 
 
-def rank_matrices(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[tuple[int, bool]]:
-    """`rank_tensors` as (elements, a matrix: two dimensions or more, not a norm's or a bias's vector)."""
+class RankTensor(NamedTuple):
+    """One parameter tensor on a rank (`rank_tensor_kinds`)."""
+
+    elements: int
+    matrix: bool
+    """Two dimensions or more: not a norm's or a bias's vector."""
+    linear: bool
+    """A linear layer's weight or bias (``nn.Linear``), not a norm's, an embedding's or a position table's."""
+
+
+def rank_tensor_kinds(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool = False) -> list[RankTensor]:
+    """`rank_tensors` with what each tensor is."""
     return list(_rank_tensors(spec, layout, rank, experts))
 
 
 @functools.lru_cache(maxsize=256)
-def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[tuple[int, bool], ...]:
+def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool) -> tuple[RankTensor, ...]:
     tp, apart = layout.tp, spec.is_moe and layout.ep > 1
 
-    def on_rank(block: Iterable[tuple[tuple[int, ...], bool]]) -> list[tuple[int, bool]]:
-        return [(-(-math.prod(shape) // tp) if split else math.prod(shape), len(shape) > 1) for shape, split in block]
+    def on_rank(block: Iterable[BlockTensor]) -> list[RankTensor]:
+        return [RankTensor(-(-math.prod(t.shape) // tp) if t.split else math.prod(t.shape), len(t.shape) > 1, t.linear)
+                for t in block]
 
-    tensors: list[tuple[int, bool]] = []
+    tensors: list[RankTensor] = []
     for moe, n in rank_blocks(spec, rank).items():
         block = spec.block_tensors(moe)
-        routed = _routed(spec, tuple(shape for shape, _ in block)) if moe and apart else set()
+        routed = _routed(spec, tuple(t.shape for t in block)) if moe and apart else set()
         if experts:
             kept = [tensor for i, tensor in enumerate(block) if i in routed]
             tensors += on_rank(kept[: len(kept) // layout.ep]) * n
@@ -196,9 +208,11 @@ def _rank_tensors(spec: ModelSpec, layout: Layout, rank: RankKind, experts: bool
     if experts:
         return tuple(tensors)
     h, words = spec.hidden, spec.vocab_size * spec.hidden
-    first = ([(-(-words // tp), True)] + ([] if spec.rotary else [(spec.max_seq_len * h, True)])) if rank.first else []
-    norm = [(h, False), (h, False)] if spec.block == "gpt" else [(h, False)]  # LayerNorm's weight and bias, or RMSNorm's
-    head = [(-(-words // tp), True)] if not spec.tied_embeddings or not rank.first else []
+    table = RankTensor(-(-words // tp), matrix=True, linear=False)  # the embedding, vocabulary-parallel
+    first = [table, *([] if spec.rotary else [RankTensor(spec.max_seq_len * h, matrix=True, linear=False)])] \
+        if rank.first else []
+    norm = [RankTensor(h, matrix=False, linear=False)] * (2 if spec.block == "gpt" else 1)  # LayerNorm's or RMSNorm's
+    head = [RankTensor(-(-words // tp), matrix=True, linear=True)] if not spec.tied_embeddings or not rank.first else []
     return (*first, *tensors, *((*norm, *head) if rank.last else ()))
 
 

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from headroom.core.divisors import divisors_near
 from headroom.core.errors import ConfigError
@@ -56,6 +56,17 @@ MAX_EXPERTS = 2**14
 MAX_CAPACITY_FACTOR = 64.0
 """Beyond this an expert's buffer holds more than every token of the batch for any k / E the tools plan."""
 """Most routed experts accepted (published models: up to 384)."""
+
+
+class BlockTensor(NamedTuple):
+    """One parameter tensor of a block (ModelSpec.block_tensors)."""
+
+    shape: tuple[int, ...]
+    split: bool
+    """Tensor parallelism splits it (a matrix, a column-parallel bias); else every tp rank holds it whole."""
+    linear: bool
+    """It belongs to a linear layer (``nn.Linear``: a weight or its bias), not to a norm."""
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
@@ -479,37 +490,44 @@ class ModelSpec:
 
     def block_parameter_shapes(self, moe: bool = False) -> tuple[tuple[int, ...], ...]:
         """One block's parameter tensors, in `parameter_shapes`' order (``moe``: a mixture-of-experts block's)."""
-        return tuple(shape for shape, _ in self.block_tensors(moe))
+        return tuple(tensor.shape for tensor in self.block_tensors(moe))
 
-    def block_tensors(self, moe: bool = False) -> tuple[tuple[tuple[int, ...], bool], ...]:
-        """One block's parameter tensors as (shape, split by tensor parallelism), in `parameter_shapes`' order.
-        Split: every matrix and the bias of a column-parallel linear (q, k, v, the MLP's gate and up). Whole on
-        every tp rank: the norms (a q or k norm is over one head, which every rank has whole) and the bias of a
+    def block_tensors(self, moe: bool = False) -> tuple[BlockTensor, ...]:
+        """One block's parameter tensors (`BlockTensor`), in `parameter_shapes`' order. Split by tensor
+        parallelism: every matrix and the bias of a column-parallel linear (q, k, v, the MLP's gate and up). Whole
+        on every tp rank: the norms (a q or k norm is over one head, which every rank has whole) and the bias of a
         row-parallel linear (the attention's output, the MLP's down), added after the all-reduce (Megatron-LM's
         ColumnParallelLinear and RowParallelLinear): headroom.core.memory.static's split of a block's count."""
         h, q, kv, f = self.hidden, self.q_dim, self.kv_dim, self.ffn_hidden
-        norm = (((h,), False), ((h,), False)) if self.block == "gpt" else (((h,), False),)
 
-        def column(out: int, into: int, bias: bool) -> tuple[tuple[tuple[int, ...], bool], ...]:
-            return (((out, into), True), ((out,), True)) if bias else (((out, into), True),)
+        def norms(*widths: int) -> tuple[BlockTensor, ...]:
+            return tuple(BlockTensor((width,), split=False, linear=False) for width in widths)
 
-        def row(out: int, into: int, bias: bool) -> tuple[tuple[tuple[int, ...], bool], ...]:
-            return (((out, into), True), ((out,), False)) if bias else (((out, into), True),)
+        norm = norms(h, h) if self.block == "gpt" else norms(h)
+
+        def column(out: int, into: int, bias: bool) -> tuple[BlockTensor, ...]:
+            weight = BlockTensor((out, into), split=True, linear=True)
+            return (weight, BlockTensor((out,), split=True, linear=True)) if bias else (weight,)
+
+        def row(out: int, into: int, bias: bool) -> tuple[BlockTensor, ...]:
+            weight = BlockTensor((out, into), split=True, linear=True)
+            return (weight, BlockTensor((out,), split=False, linear=True)) if bias else (weight,)
 
         qkv_bias, other_bias = self.bias in ("qkv", "all"), self.bias == "all"
-        qk_norms = (((self.head_dim,), False), ((self.head_dim,), False)) if self.qk_norm else ()
-        attention = tuple((shape, True) for shape in self.latent_attention_shapes()) if self.is_mla else (
+        qk_norms = norms(self.head_dim, self.head_dim) if self.qk_norm else ()
+        attention = tuple(BlockTensor(shape, split=True, linear=len(shape) > 1)  # its latent norms are vectors
+                          for shape in self.latent_attention_shapes()) if self.is_mla else (
             *column(q, h, qkv_bias), *column(kv, h, qkv_bias), *column(kv, h, qkv_bias), *row(h, q, other_bias),
             *qk_norms)
         gate = column(f, h, other_bias) if self.block == "llama" else ()
         mlp = (*gate, *column(f, h, other_bias), *row(h, f, other_bias))
 
-        def gated(width: int) -> tuple[tuple[tuple[int, ...], bool], ...]:
-            return (((width, h), True), ((width, h), True), ((h, width), True))
+        def gated(width: int) -> tuple[BlockTensor, ...]:
+            return (*column(width, h, False), *column(width, h, False), *row(h, width, False))
 
         shared = (*gated(self.shared_expert_ffn_hidden),) if self.shared_expert_ffn_hidden else ()
-        experts = (((self.n_experts, h), True), *gated(self.expert_ffn) * self.n_experts, *shared,
-                   *((((1, h), True),) if self.shared_expert_gate else ()))
+        experts = (*column(self.n_experts, h, False), *gated(self.expert_ffn) * self.n_experts, *shared,
+                   *(column(1, h, False) if self.shared_expert_gate else ()))
         post = norm if self.post_norms else ()
         return (*norm, *attention, *post, *norm, *(experts if moe else mlp), *post)
 

@@ -40,11 +40,12 @@ from dataclasses import dataclass, replace
 from headroom.core.errors import ConfigError
 from headroom.core.memory.pipeline import RankKind, rank_kinds
 from headroom.core.memory.static import (
+    RankTensor,
     fsdp_sharding_units,
     fsdp_units,
     rank_expert_parameters,
-    rank_matrices,
     rank_parameters,
+    rank_tensor_kinds,
     rank_tensors,
     te_rank_weights,
 )
@@ -63,7 +64,12 @@ from headroom.core.timing.collective_ops import (
     ring_steps,
 )
 from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
-from headroom.core.timing.gradient_buckets import gradient_buckets
+from headroom.core.timing.gradient_buckets import (
+    DEEPSPEED_BUCKET_ELEMENTS,
+    deepspeed_buckets,
+    deepspeed_order,
+    gradient_buckets,
+)
 
 RANK_ORDER: tuple[str, ...] = ("tp", "cp", "dp", "pp")
 """Axes from fastest-varying rank index to slowest (Megatron's tp-cp-dp-pp)."""
@@ -701,6 +707,12 @@ def step_communication(
         if p == 0 or ranks == 1:
             continue
         over = f"over {what} = {ranks} ranks" + (" (the experts' weights)" if group == "edp" else "")
+        if schedule.deepspeed and layout.zero in (1, 2):  # DeepSpeed's own calls: its buckets by dtype, its step's
+            tensors = rank_tensor_kinds(spec, layout, largest, experts=group == "edp")
+            for op, message, calls, window, note in _deepspeed_calls(tensors, layout.zero, m, schedule, ranks, recipe,
+                                                                      norms=group == "dp-cp"):
+                add("dp", op, message, calls, ranks, bool(window), f"{note} {over}", group, window)
+            continue
         # MXFP8's parameters are gathered in bf16 (through the gradient buffer) and cast after: none in fp8.
         in_fp8 = te_rank_weights(spec, config, largest) \
             if config.fp8_params and not config.float8.block and group == "dp-cp" else 0
@@ -721,10 +733,6 @@ def step_communication(
                 add("dp", op, part, n, size, bool(window),
                     f"{note}{which} {over if size == ranks else f'over {size} of the {what} = {ranks} ranks'}",
                     f"{group}-reshard" if reshard_group else group, window)
-        if schedule.deepspeed and layout.zero in (1, 2):
-            tensors = rank_matrices(spec, layout, largest, experts=group == "edp")
-            for op, message, calls, note in _deepspeed_step_calls(tensors, ranks, recipe, norms=group == "dp-cp"):
-                add("dp", op, message, calls, ranks, False, f"{note} {over}", group)
     return tuple(terms)
 
 
@@ -804,7 +812,37 @@ def _bucket_calls(message: int, calls: int, buckets: int, rule: str,
     return [(-(-message // buckets), calls * buckets, f", {each} ({buckets} of them: {rule})")]
 
 
-def _deepspeed_step_calls(tensors: list[tuple[int, bool]], ranks: int, recipe: PrecisionRecipe,
+def _deepspeed_calls(tensors: list[RankTensor], zero: int, m: int, schedule: DataParallelSchedule, ranks: int,
+                     recipe: PrecisionRecipe, norms: bool) -> list[tuple[str, int, int, str, str]]:
+    """(op, message bytes, calls, window, what) of DeepSpeed's ZeRO-1 or 2 over ``ranks`` in a step of ``m``
+    micro-batches (headroom.core.specs.stack.Stack.deepspeed_zero): the gradients all-reduced whole, a bucket a call
+    (headroom.core.timing.gradient_buckets: `deepspeed_order`, `deepspeed_buckets`), every micro-batch under ZeRO-2
+    and once under ZeRO-1, beside backward under ``overlap_comm`` or exposed; each communication dtype bucketed
+    apart, under an autocast recipe (DeepSpeed's ``torch_autocast``) the linears' in the compute dtype and the rest
+    in the gradients' (deepspeed/runtime/torch_autocast.py: ``nn.Linear``'s parameters get the autocast dtype as
+    their ``comm_dtype``); then the step's calls (`_deepspeed_step_calls`). ``tensors``: the rank's."""
+    order = deepspeed_order(tensors, hooked=zero == 2 or schedule.overlap_grad_reduce)
+    reductions = m if zero == 2 else 1
+    window = "backward" if schedule.overlap_grad_reduce else ""
+    when = ("every micro-batch" if reductions > 1 else "once per step") + ("" if window else ", after backward")
+    linears = f" (the linears', in {recipe.compute_dtype}: torch_autocast's)"
+    parts = ([(DTYPE_BYTES[recipe.compute_dtype], [t for t in order if t.linear], linears),
+              (recipe.grad_bytes, [t for t in order if not t.linear], " (the rest's)")]
+             if recipe.autocast else [(recipe.grad_bytes, order, "")])
+    calls = []
+    for element_bytes, part, which in parts:
+        if not part:
+            continue
+        buckets = deepspeed_buckets((t.elements for t in part), DEEPSPEED_BUCKET_ELEMENTS)
+        note = (f"DeepSpeed: gradients{which} {when}, all-reduced whole, a call a bucket ({len(buckets)} of up to "
+                f"{DEEPSPEED_BUCKET_ELEMENTS:,} elements)")
+        calls.append(("all_reduce", -(-sum(buckets) * element_bytes // len(buckets)), len(buckets) * reductions,
+                      window, note))
+    return calls + [(op, message, n, "", what) for op, message, n, what in
+                    _deepspeed_step_calls(tensors, ranks, recipe, norms)]
+
+
+def _deepspeed_step_calls(tensors: list[RankTensor], ranks: int, recipe: PrecisionRecipe,
                           norms: bool) -> list[tuple[str, int, int, str]]:
     """(op, message bytes, calls, what) of DeepSpeed's ZeRO-1 and 2 inside the optimizer's step, over ``ranks``
     (deepspeed/runtime/zero/stage_1_and_2.py ``step``): with ``norms``, the gradients' norm all-reduced a parameter
@@ -812,9 +850,9 @@ def _deepspeed_step_calls(tensors: list[tuple[int, bool]], ranks: int, recipe: P
     group's updated parameters all-gathered in one call (``all_gather_into_tensor_dp_groups``), the group's flat
     buffer padded to a multiple of twice the ranks (``nccl_start_alignment_factor``). The groups are the HF
     Trainer's two: the matrices, weight-decayed, and the norms and biases (transformers' ``get_decay_parameter_names``).
-    ``tensors``: the rank's, as (elements, a matrix)."""
-    groups = [(size, what) for size, what in ((sum(n for n, matrix in tensors if matrix), "matrices"),
-                                              (sum(n for n, matrix in tensors if not matrix), "norms and biases"))
+    ``tensors``: the rank's."""
+    groups = [(size, what) for size, what in ((sum(t.elements for t in tensors if t.matrix), "matrices"),
+                                              (sum(t.elements for t in tensors if not t.matrix), "norms and biases"))
               if size]
     calls = []
     if norms:
@@ -838,8 +876,7 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
     Zero 0: the gradients all-reduced once or every micro-batch (`DataParallelSchedule.reductions`), behind
     backward, or after it, exposed (``overlap_grad_reduce`` off: Megatron-LM's default). Zero 1 under
     ``zero_optimizer`` (DDP under torch's ZeroRedundancyOptimizer): the same all-reduce, and the updated parameters
-    broadcast in the optimizer's step, exposed. Zero 1 and 2 under ``deepspeed``: the gradients all-reduced whole,
-    once (in the last backward) or every micro-batch; its step's calls are `_deepspeed_step_calls`'. Zero 1 otherwise:
+    broadcast in the optimizer's step, exposed (DeepSpeed's zero 1 and 2 are `_deepspeed_calls`'). Zero 1 otherwise:
     reduce-scattered once, zero 2 every micro-batch, the same way; the updated parameters all-gathered once,
     behind the next step's first forward, or after the optimizer step, exposed (``overlap_param_gather``
     off). Zero 3 (FSDP): parameters gathered in the compute dtype in
@@ -862,11 +899,6 @@ def _sharding_collectives(zero: int, m: int, schedule: DataParallelSchedule, ran
         return [("all_reduce", grads, reductions, ranks, False, reduced, f"gradients {every}{after}"),
                 ("broadcast", params, 1, ranks, False, "",
                  "updated parameters once per step, each from the rank that updated it, in the optimizer step")]
-    if zero in (1, 2) and schedule.deepspeed:  # its step's gathers: _deepspeed_step_calls
-        calls = 1 if zero == 1 else m
-        when = "once per step" if calls == 1 else "every micro-batch"
-        return [("all_reduce", grads, calls, ranks, False, reduced,
-                 f"DeepSpeed: gradients {when}{after}, all-reduced whole")]
     if zero in (1, 2):
         calls = 1 if zero == 1 else m
         gathered_in = "forward" if schedule.overlap_param_gather else ""

@@ -1,4 +1,4 @@
-"""How DDP and Megatron-LM cut a rank's gradients into buckets, each reduced by one collective call.
+"""How DDP, Megatron-LM and DeepSpeed cut a rank's gradients into buckets, each reduced by one collective call.
 
 Both walk the parameters backwards (the order backward makes their gradients), add each tensor to the open
 bucket, and close it as soon as it holds at least its limit, so a tensor larger than the limit is a bucket of
@@ -26,7 +26,9 @@ its own:
   makes a bucket larger than it. In the order gradients become ready, backwards, where its hooks reduce them
   (ZeRO-2, and ZeRO-1 under ``overlap_comm``); at the step's last backward otherwise, in the optimizer's order:
   its parameter groups one after the other (the HF Trainer's two: the matrices, then the norms and biases).
-  Checked bucket for bucket on two gloo ranks (tests/test_deepspeed_zero.py).
+  Each communication dtype has buckets of its own: under ``torch_autocast`` the linears' gradients go in the
+  autocast dtype, the rest's in theirs (deepspeed/runtime/torch_autocast.py). headroom.core.timing.comm prices
+  them; checked bucket for bucket on two gloo ranks (tests/test_deepspeed_zero.py).
 
 A rank's tensors are its stage's (headroom.core.memory.pipeline.RankKind): the embedding on the first, its
 blocks, the final norm and head on the last; a weight matrix split over the tp ranks, a vector whole; under
@@ -39,7 +41,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from headroom.core.memory.pipeline import RankKind
-from headroom.core.memory.static import rank_matrices, rank_tensors, te_block_weights
+from headroom.core.memory.static import RankTensor, rank_tensors, te_block_weights
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.stack import get_stack
@@ -78,23 +80,16 @@ def gradient_buckets(spec: ModelSpec, layout: Layout, rank: RankKind, stack: str
         return len(buckets), "DDP's buckets of 25 MiB, the first 1 MiB"
     if stack == "megatron" and layout.zero in (0, 1):
         return _megatron_buckets(spec, layout, rank, overlap_grad_reduce, experts, fp8_params)
-    if layout.zero in (1, 2) and get_stack(stack).deepspeed_zero:
-        order = deepspeed_order(rank_matrices(spec, layout, rank, experts),
-                                hooked=layout.zero == 2 or overlap_grad_reduce)
-        if not order:
-            return None
-        limit = DEEPSPEED_BUCKET_ELEMENTS
-        return len(deepspeed_buckets(order, limit)), f"DeepSpeed's buckets of up to {limit:,} elements"
     return None
 
 
-def deepspeed_order(tensors: list[tuple[int, bool]], hooked: bool) -> list[int]:
-    """The order DeepSpeed's ZeRO-1 and 2 reduce a rank's gradients in, by elements: backwards, as backward makes
-    them, where hooks reduce them (``hooked``); otherwise the optimizer's parameter groups in turn, the HF
-    Trainer's two (the matrices, weight-decayed, then the norms and biases), each in parameter order."""
+def deepspeed_order(tensors: list[RankTensor], hooked: bool) -> list[RankTensor]:
+    """The order DeepSpeed's ZeRO-1 and 2 reduce a rank's gradients in: backwards, as backward makes them, where
+    hooks reduce them (``hooked``); otherwise the optimizer's parameter groups in turn, the HF Trainer's two (the
+    matrices, weight-decayed, then the norms and biases), each in parameter order."""
     if hooked:
-        return [n for n, _ in reversed(tensors)]
-    return [n for n, matrix in tensors if matrix] + [n for n, matrix in tensors if not matrix]
+        return list(reversed(tensors))
+    return [t for t in tensors if t.matrix] + [t for t in tensors if not t.matrix]
 
 
 def deepspeed_buckets(sizes: Iterable[int], limit: int) -> list[int]:

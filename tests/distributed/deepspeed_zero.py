@@ -2,7 +2,8 @@
 on one rank: every collective c10d runs in the second step, by pass.
 
 The agent's decoder (the reference stack's tensors, in the order a forward runs them) in bf16 under DeepSpeed's
-``bf16`` (an fp32 master copy in the optimizer), AdamW in two parameter groups as the HF Trainer makes them (the
+``bf16`` (an fp32 master copy in the optimizer), or in fp32 under its ``torch_autocast`` (Headroom's amp-bf16
+export), AdamW in two parameter groups as the HF Trainer makes them (the
 matrices decayed, the norms and biases not: transformers' ``get_decay_parameter_names``). Per case (stage,
 ``overlap_comm``, ``reduce_bucket_size``) a dispatch mode records each collective of the second step as
 [pass, op, elements, dtype]: a pass is ``backward 0`` .. ``backward 2`` or ``step`` (the boundary's
@@ -22,11 +23,14 @@ MICRO_BATCHES = 3
 SMALL_BUCKET = 20_000
 """A ``reduce_bucket_size`` (elements) that cuts SPEC's 203,840 parameters into several buckets."""
 CASES = {
-    "zero2": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": None},
-    "zero1": {"stage": 1, "overlap_comm": True, "reduce_bucket_size": None},
-    "zero1, no overlap": {"stage": 1, "overlap_comm": False, "reduce_bucket_size": None},
-    "zero2 small buckets": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": SMALL_BUCKET},
-    "zero1 small buckets, no overlap": {"stage": 1, "overlap_comm": False, "reduce_bucket_size": SMALL_BUCKET},
+    "zero2": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": None, "precision": "bf16-master"},
+    "zero1": {"stage": 1, "overlap_comm": True, "reduce_bucket_size": None, "precision": "bf16-master"},
+    "zero1, no overlap": {"stage": 1, "overlap_comm": False, "reduce_bucket_size": None, "precision": "bf16-master"},
+    "zero2 autocast": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": None, "precision": "amp-bf16"},
+    "zero2 small buckets": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": SMALL_BUCKET,
+                            "precision": "bf16-master"},
+    "zero1 small buckets, no overlap": {"stage": 1, "overlap_comm": False, "reduce_bucket_size": SMALL_BUCKET,
+                                        "precision": "bf16-master"},
 }
 """The cases measured; ``reduce_bucket_size`` None keeps DeepSpeed's default (what Headroom's export leaves): the
 core prices those call for call, and cuts the small buckets bucket for bucket."""
@@ -65,15 +69,20 @@ def measure() -> dict:
 
     rank = dist.get_rank()
     tokens, targets = _batch(rank)
-    out: dict = {"parameters": [list(p.shape) for p in _decoder().parameters()]}
+    decoder = _decoder()
+    out: dict = {"parameters": [list(p.shape) for p in decoder.parameters()],
+                 "linear": [any(p is q for m in decoder.modules() if type(m) is torch.nn.Linear for q in m.parameters(False))
+                            for p in decoder.parameters()]}
     for name, case in CASES.items():
         zero = {"stage": case["stage"], "overlap_comm": case["overlap_comm"]}
         if case["reduce_bucket_size"] is not None:
             zero["reduce_bucket_size"] = case["reduce_bucket_size"]
+        autocast = case["precision"] == "amp-bf16"  # headroom's export: torch_autocast over fp32 parameters
+        precision = {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}} if autocast else {"bf16": {"enabled": True}}
         config = {"train_micro_batch_size_per_gpu": MICRO_BATCH, "gradient_accumulation_steps": MICRO_BATCHES,
-                  "zero_optimization": zero, "bf16": {"enabled": True}, "gradient_clipping": 1.0,
+                  "zero_optimization": zero, **precision, "gradient_clipping": 1.0,
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
-        model = _decoder(torch.bfloat16)
+        model = _decoder(torch.float32 if autocast else torch.bfloat16)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=_groups(model), config=config)
         recorder = _Recorder()
         with recorder:
