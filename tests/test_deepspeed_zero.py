@@ -17,17 +17,15 @@ from collections import Counter
 import pytest
 
 from headroom.core.errors import ConfigError
+from headroom.core.memory.estimate import estimate
 from headroom.core.memory.pipeline import first_rank
 from headroom.core.memory.static import RankTensor, rank_tensor_kinds
 from headroom.core.specs.config import TrainConfig
 from headroom.core.specs.interconnect import cluster_for
 from headroom.core.specs.layout import Layout
+from headroom.core.specs.stack import DEEPSPEED_BUCKET_ELEMENTS
 from headroom.core.timing.comm import step_communication
-from headroom.core.timing.gradient_buckets import (
-    DEEPSPEED_BUCKET_ELEMENTS,
-    deepspeed_buckets,
-    deepspeed_order,
-)
+from headroom.core.timing.gradient_buckets import deepspeed_buckets, deepspeed_order
 
 DP = 2
 
@@ -139,3 +137,18 @@ def test_the_core_prices_deepspeeds_step_call_for_call(ranks, name):
     exposed = [t for t in step_communication(SPEC, config, MICRO_BATCHES, cluster_for("cpu", DP))
                if "optimizer's step" in t.note]
     assert exposed and not any(t.overlappable for t in exposed)
+
+
+@pytest.mark.parametrize("name", [name for name, case in CASES.items() if not case["reduce_bucket_size"]])
+def test_the_core_holds_deepspeeds_reduction_buffers(ranks, name):
+    """DeepSpeed allocates its reduction buffers whole at each backward's start: reduce_bucket_size elements of
+    the parameters' dtype a communication dtype, two under overlap_comm, whatever the model's size (SPEC's 203,840
+    parameters take a buffer of 500,000,000)."""
+    case = CASES[name]
+    static = estimate(SPEC, _config(case), "cpu").static
+    for record in ranks:
+        (buffers,) = set(record["deepspeed_zero"]["buffer_bytes"][name])  # the same at every backward
+        assert static.gradient_buckets == buffers
+    dtypes = 2 if case["precision"] == "amp-bf16" else 1
+    element = 4 if case["precision"] == "amp-bf16" else 2
+    assert static.gradient_buckets == dtypes * (2 if case["overlap_comm"] else 1) * DEEPSPEED_BUCKET_ELEMENTS * element

@@ -22,7 +22,7 @@ from headroom.core.specs.float8 import mx_scale_bytes, scaling_state_bytes
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import BlockTensor, ModelSpec
 from headroom.core.specs.precision import get_precision, optimizer_state_bytes
-from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stack import DEEPSPEED_BUCKET_ELEMENTS, get_stack
 
 
 def _shard(total: int, ranks: int, sharded: bool) -> int:
@@ -39,7 +39,8 @@ class StaticMemory:
     optimizer_states: int
     gradient_buckets: int = 0
     """DDP's flat gradient buckets, a second copy of the gradients (``gradient_as_bucket_view=False``,
-    the default: its PyTorch documentation says the view saves "the total gradients size")."""
+    the default: its PyTorch documentation says the view saves "the total gradients size"); or DeepSpeed's
+    ZeRO-1 and 2 reduction buffers (headroom.core.specs.stack.Stack.deepspeed_zero), held through backward."""
     fp8_weights: int = 0
     """Transformer Engine's cached fp8 copies of the blocks' weights, row- and column-wise, and its delayed
     scaling state (headroom.core.specs.float8): made on a step's first micro-batch, kept on the modules."""
@@ -358,7 +359,19 @@ def _static_memory(spec: ModelSpec, config: TrainConfig, rank: RankKind) -> Stat
         held = _unsharded(share, config)
         return replace(static, master_weights=held.master_weights, optimizer_states=held.optimizer_states,
                        gradient_buckets=static.gradients)
+    if config.dp * layout.cp > 1 and config.zero in (1, 2) and stack.deepspeed_zero:
+        return replace(static, gradient_buckets=deepspeed_buffer_bytes(config))
     return static
+
+
+def deepspeed_buffer_bytes(config: TrainConfig) -> int:
+    """DeepSpeed's ZeRO-1 and 2 reduction buffers (deepspeed/runtime/zero/stage_1_and_2.py ``setup_buckets``,
+    under ``contiguous_gradients``, its default): ``reduce_bucket_size`` elements of the parameters' dtype for each
+    communication dtype (two under ``torch_autocast``: the linears' and the rest's), doubled under ``overlap_comm``,
+    allocated whole at each backward's start whatever the model's size."""
+    dtypes = 2 if config.recipe.autocast else 1
+    buffers = 2 if config.data_parallel.overlap_grad_reduce else 1
+    return dtypes * buffers * DEEPSPEED_BUCKET_ELEMENTS * config.recipe.param_bytes
 
 
 def _unsharded(parameters: int, config: TrainConfig) -> StaticMemory:

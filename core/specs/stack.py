@@ -141,6 +141,11 @@ under tensor parallelism, torchtitan's own ``_LossParallelCrossEntropy`` (``loss
 keeps the gradients of its input and weight instead (``fused-linear``)."""
 
 
+DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
+"""DeepSpeed's ``reduce_bucket_size`` default, in elements (deepspeed/runtime/zero/config.py), which Headroom's
+DeepSpeed export leaves as it is."""
+
+
 @dataclass(frozen=True, slots=True)
 class Stack:
     name: str
@@ -246,7 +251,10 @@ class Stack:
     (headroom.core.timing.gradient_buckets), every micro-batch under ZeRO-2 and in the last micro-batch's backward
     under ZeRO-1; inside the optimizer's step, the gradients' norm all-reduced a parameter group at a time (and
     under its bf16 an overflow flag), then each group's updated flat partitions all-gathered in one call
-    (``all_gather_dp_groups``, deepspeed/runtime/utils.py), before the step returns."""
+    (``all_gather_dp_groups``, deepspeed/runtime/utils.py), before the step returns. Through each backward it holds
+    its reduction buffers (``contiguous_gradients``, on by default): `DEEPSPEED_BUCKET_ELEMENTS` of the parameters'
+    dtype for each communication dtype, two of them under ``overlap_comm`` (``setup_buckets``), whatever the
+    model's size (headroom.core.memory.static)."""
     replicates_through_fsdp: bool = False
     """Its data parallelism without sharding (zero 0) is FSDP2 over a replicating mesh dimension, which
     all-reduces each unit's gradients in a call of its own rather than in DDP's buckets: torchtitan's

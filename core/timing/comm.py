@@ -55,7 +55,7 @@ from headroom.core.specs.interconnect import Cluster, Link
 from headroom.core.specs.layout import Layout
 from headroom.core.specs.model import ModelSpec
 from headroom.core.specs.precision import DTYPE_BYTES, PrecisionRecipe
-from headroom.core.specs.stack import get_stack
+from headroom.core.specs.stack import DEEPSPEED_BUCKET_ELEMENTS, get_stack
 from headroom.core.specs.stages import chunk_layers
 from headroom.core.timing.collective_ops import (
     bus_factor,
@@ -65,7 +65,6 @@ from headroom.core.timing.collective_ops import (
 )
 from headroom.core.timing.expert_dispatch import HIERARCHICAL, remote_nodes
 from headroom.core.timing.gradient_buckets import (
-    DEEPSPEED_BUCKET_ELEMENTS,
     deepspeed_buckets,
     deepspeed_order,
     gradient_buckets,

@@ -21,7 +21,7 @@ its own:
 
 - **DeepSpeed's ZeRO-1 and 2** (the ``hf`` and ``hf-liger`` stacks' sharding; deepspeed/runtime/zero/
   stage_1_and_2.py, ``reduce_independent_p_g_buckets_and_remove_grads``): a bucket of at most
-  ``reduce_bucket_size`` elements (`DEEPSPEED_BUCKET_ELEMENTS` unless the config says otherwise), reduced
+  ``reduce_bucket_size`` elements (headroom.core.specs.stack.DEEPSPEED_BUCKET_ELEMENTS unless the config says otherwise), reduced
   *before* a tensor that would overfill it joins (`deepspeed_buckets`), so only a tensor larger than the limit
   makes a bucket larger than it. In the order gradients become ready, backwards, where its hooks reduce them
   (ZeRO-2, and ZeRO-1 under ``overlap_comm``); at the step's last backward otherwise, in the optimizer's order:
@@ -52,10 +52,6 @@ DDP_BUCKET_BYTES = 25 * 2**20
 """DDP's ``bucket_cap_mb`` default, 25 MiB."""
 DDP_STACKS = ("reference", "hf", "hf-liger")
 """The stacks whose data parallelism without sharding is torch's DDP."""
-
-
-DEEPSPEED_BUCKET_ELEMENTS = 500_000_000
-"""DeepSpeed's ``reduce_bucket_size`` default, in elements (deepspeed/runtime/zero/config.py)."""
 
 
 def megatron_bucket_parameters(data_parallel_ranks: int) -> int:

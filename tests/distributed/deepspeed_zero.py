@@ -7,7 +7,8 @@ export), AdamW in two parameter groups as the HF Trainer makes them (the
 matrices decayed, the norms and biases not: transformers' ``get_decay_parameter_names``). Per case (stage,
 ``overlap_comm``, ``reduce_bucket_size``) a dispatch mode records each collective of the second step as
 [pass, op, elements, dtype]: a pass is ``backward 0`` .. ``backward 2`` or ``step`` (the boundary's
-``engine.step()``); an all-gather's elements are its whole output.
+``engine.step()``); an all-gather's elements are its whole output. ``buffer_bytes``: the bytes of the reduction
+buffers DeepSpeed allocates at each backward's start (``setup_buckets``), case by case.
 """
 
 from __future__ import annotations
@@ -84,6 +85,16 @@ def measure() -> dict:
                   "optimizer": {"type": "AdamW", "params": {"lr": 1e-4, "torch_adam": True}}}
         model = _decoder(torch.float32 if autocast else torch.bfloat16)
         engine, *_ = deepspeed.initialize(model=model, model_parameters=_groups(model), config=config)
+        buffers: list[int] = []
+        setup = engine.optimizer.setup_buckets
+
+        def held(setup=setup, optimizer=engine.optimizer, buffers=buffers) -> None:
+            """The reduction buffers DeepSpeed allocates at a backward's start, in bytes."""
+            setup()
+            buffers.append(sum(b.numel() * b.element_size() for bucket in optimizer.ipg_buckets.values()
+                               for b in bucket.buffer))
+
+        engine.optimizer.setup_buckets = held
         recorder = _Recorder()
         with recorder:
             for step in range(2):
@@ -96,5 +107,6 @@ def measure() -> dict:
                     engine.step()
                 recorder.phase = ""
         out[name] = recorder.calls
+        out.setdefault("buffer_bytes", {})[name] = buffers
         engine.destroy()
     return out
