@@ -68,6 +68,7 @@ def rank_blocks(spec: ModelSpec, rank: RankKind) -> dict[bool, int]:
     return {False: spec.n_layers - spec.moe_layers, True: spec.moe_layers}
 
 
+@functools.lru_cache(maxsize=256)
 def _layer_split(spec: ModelSpec, moe: bool = False) -> tuple[int, int]:
     """One block's parameters as (split by tensor parallelism, replicated on every tp rank), tensor by tensor as
     `ModelSpec.block_tensors` splits them: the matrices and column-parallel biases, against the norms and the

@@ -146,7 +146,10 @@ def _group(axis: str, layout: Layout) -> tuple[int, int]:
 def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
     """Some group along ``axis`` spans more than one node (`nodes_spanned`): never where the whole run fits on
     one node, however large a node is."""
-    return nodes_spanned(axis, layout, cluster) > 1
+    stride, size = _group(axis, layout)
+    if size == 1 or layout.world <= cluster.gpus_per_node or cluster.gpus_per_node % (stride * size) == 0:
+        return False  # the cases `_placement` answers first, without its cache (a search asks for every term)
+    return _placement(stride, size, cluster.gpus_per_node, layout.world)[1] > 1
 
 
 def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
