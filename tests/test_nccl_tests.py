@@ -224,3 +224,21 @@ def test_a_spanning_run_faster_than_the_nodes_own_link_is_held_to_that_link():
     floor = collective_seconds("all_reduce", term.message_bytes, 16, cluster.intra.for_group("all_reduce", 16),
                                DEFAULT_COLLECTIVE_EFFICIENCY)
     assert term.link_key == "measured" and term.seconds == pytest.approx(term.calls * floor, rel=1e-12)
+
+
+def test_a_row_that_failed_its_own_check_or_took_no_time_is_refused_by_line():
+    """nccl-tests counts the wrong values of each result (#wrong, "N/A" without -c 1): a run whose out-of-place
+    result was wrong is no measurement; nor is a negative or NaN time. Refused naming the line."""
+    lines = log().decode().splitlines()
+    row = next(i for i, line in enumerate(lines) if line.split() and line.split()[0] == str(2**20))
+    cells = lines[row].split()
+    cells[8] = "5"  # the out-of-place #wrong (a root column: size count type redop root time algbw busbw #wrong)
+    bad = "\n".join([*lines[:row], "  ".join(cells), *lines[row + 1:]]).encode()
+    with pytest.raises(ConfigError, match=rf"^a.log, line {row + 1}: 5 wrong values in the out-of-place result"):
+        parse_nccl_tests(bad, "a.log")
+    cells[8] = "N/A"
+    assert len(parse_nccl_tests("\n".join([*lines[:row], "  ".join(cells), *lines[row + 1:]]).encode(),
+                                "a.log").records) == len(SIZES)
+    cells[8], cells[5] = "0", "-5.00"
+    with pytest.raises(ConfigError, match=rf"^a.log, line {row + 1}: a time of -5.00 us, which no collective takes"):
+        parse_nccl_tests("\n".join([*lines[:row], "  ".join(cells), *lines[row + 1:]]).encode(), "a.log")

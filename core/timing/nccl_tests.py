@@ -142,8 +142,15 @@ def _records(lines: list[str], where: str, op: str, ranks: int) -> list[Collecti
         except ValueError:
             raise ConfigError(f"{where}, line {number}: size, time or a bandwidth is not a number: "
                               f"{line.strip()!r}") from None
-        if not (size > 0 and math.isfinite(time_us) and time_us > 0):
+        if size == 0:
             continue  # nccl-tests prints rows of 0 bytes; nothing to time
+        if not (math.isfinite(time_us) and time_us > 0):
+            raise ConfigError(f"{where}, line {number}: a time of {fields[time_at]} us, which no collective takes: "
+                              "give the output as nccl-tests printed it")
+        wrong = fields[time_at + 3]
+        if wrong.isdigit() and int(wrong) > 0:  # "N/A" where the run did not check (-c 0)
+            raise ConfigError(f"{where}, line {number}: {wrong} wrong values in the out-of-place result (#wrong): the "
+                              "collective failed its own check at that size; rerun nccl-tests and fix the fabric first")
         if algbw >= BANDWIDTH_CHECKED:
             expected = size / (time_us * 1e-6) / 1e9
             if abs(algbw - expected) > TOLERANCE * expected:
