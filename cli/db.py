@@ -114,7 +114,15 @@ def run_merge(args: argparse.Namespace) -> int:
         raise StoreError(f"source and destination are the same store: SRC_URL {display_url(resolve_url(args.source))} "
                          f"and --db {display_url(resolve_url(args.db))} both name {both}; give --db another store")
     try:
-        with open_store(args.source, mode="read") as source:
+        opened = open_store(args.source, mode="read")
+    except DamagedStoreError as err:
+        raise err.naming("merge source", "SRC_URL") from None
+    except StoreError as err:  # its words name --db, the option a store usually comes from: here it is SRC_URL
+        text = str(err).replace("--db expects", "SRC_URL expects").replace(
+            "--db or HEADROOM_DB point elsewhere", "SRC_URL names another store")
+        raise StoreError(f"merge source: {text}") from None
+    try:
+        with opened as source:
             source.verify()
             with open_destination(args.db) as destination:
                 destination.verify()

@@ -117,3 +117,20 @@ def test_postgresql_refusal_hides_the_password(run_cli):
         "postgresql+psycopg://u:***@db.example.com/headroom and --db "
         "postgresql+psycopg://u:***@DB.EXAMPLE.COM:5432/headroom both name database headroom on db.example.com:5432; "
         "give --db another store\n")
+
+
+@pytest.mark.parametrize("what", ["text", "missing", "directory"])
+def test_a_source_that_is_no_store_is_named_as_the_source(store, tmp_path, run_cli, what):
+    """The words of a store that cannot be opened name --db, where stores usually come from; a merge's source
+    comes from SRC_URL, and the message says so. Nothing is created at --db."""
+    source = tmp_path / f"src.{what}"
+    if what == "text":
+        source.write_text("hello\n")
+    elif what == "directory":
+        source.mkdir()
+    destination = tmp_path / "fresh" / "dst.db"
+    result = run_cli("db", "merge", "--db", str(destination), str(source))
+    assert (result.returncode, result.stdout) == (2, "")
+    assert result.stderr.startswith("headroom: error: merge source: ") and result.stderr.count("\n") == 1
+    assert "--db" not in result.stderr and "SRC_URL" in result.stderr
+    assert not destination.exists()
