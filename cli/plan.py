@@ -224,7 +224,7 @@ def plan_ask(args: argparse.Namespace) -> PlanAsk:
     sharded = args.fp8_param_gather == "on"
     layout = pinned_layout(layout_values(args), fsdp, sharded) if args.gpus is not None \
         else layout_from_args(args, **ONE_GPU)
-    given = read_network_file(args.network) if args.network else NetworkSettings()
+    given = read_network_file(args.network) if args.network is not None else NetworkSettings()
     gpus_per_node = args.gpus_per_node if args.gpus_per_node is not None else given.gpus_per_node
     return PlanAsk(
         global_batch=global_batch(args), train=train_config(args, micro_batch=1, recompute="none", layout=layout),

@@ -11,6 +11,8 @@ from headroom.core.errors import ConfigError
 def read_user_file(path: str, where: str, limit: int) -> bytes:
     """At most ``limit + 1`` bytes of the file at ``path`` (the parser refuses more than ``limit``), named ``where``
     in errors."""
+    if not path.strip():
+        raise ConfigError(f"{where.strip()}: an empty file name; give the file's path")
     try:
         with Path(path).open("rb") as f:
             return f.read(limit + 1)

@@ -69,6 +69,11 @@ def _is_text(text: str) -> bool:
 
 def resolve_url(url: str | None = None) -> str:
     """The store URL from an explicit value, else ``HEADROOM_DB``, else the default file."""
+    if url is not None and not url.strip():
+        from headroom.core.errors import ConfigError
+
+        raise ConfigError(f"store location {url!r} is empty: give a store's path or URL, or leave the option out for "
+                          f"{ENV_VAR} or the default store")
     text = url or os.environ.get(ENV_VAR) or default_url()
     if "\x00" in text or not _is_text(text):
         from headroom.core.errors import ConfigError

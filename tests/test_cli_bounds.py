@@ -75,3 +75,21 @@ def test_a_node_size_is_checked_as_the_network_file_checks_it_even_on_one_gpu(ru
         result = run_cli("plan", "--model", "llama2-7b", "--global-batch", "64", "--gpus-per-node", value, *layout)
         assert result.returncode == 2 and result.stdout == ""
         assert f"argument --gpus-per-node: {why}" in result.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("plan", "--model", "llama2-7b", "--global-batch", "8", "--network", ""),
+     "--network: an empty file name; give the file's path"),
+    (("plan", "--model", "llama2-7b", "--global-batch", "8", "--nccl-tests", ""), "an empty file name"),
+    (("db", "info", "--db", ""), "store location '' is empty: give a store's path or URL"),
+    (("db", "info", "--db", "  "), "store location '  ' is empty"),
+])
+def test_an_empty_name_is_refused_not_taken_for_the_default(run_cli, monkeypatch, tmp_path, args, message):
+    """An empty --db (an unset shell variable, --db "$DB") had fallen back to HEADROOM_DB or the default store, and
+    an empty --network to no file at all, silently."""
+    if args[0] == "db":  # a store HEADROOM_DB names, which the empty --db must not fall back to and create
+        monkeypatch.setenv("HEADROOM_DB", str(tmp_path / "never.db"))
+    result = run_cli(*args)
+    assert result.returncode == 2 and result.stdout == ""
+    assert message in result.stderr and result.stderr.count("\n") == 1
+    assert not (tmp_path / "never.db").exists()
