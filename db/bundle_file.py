@@ -182,9 +182,6 @@ def bundle_target(path: Path) -> Path:
                       f"PATH must be a regular file or a new file name, such as {example}")
 
 
-_SQLITE_MAGIC = b"SQLite format 3\x00"
-"""The first bytes of every SQLite database (headroom.db.engine.SQLITE_MAGIC; not imported: this module stays free of
-SQLAlchemy)."""
 _SNIFF = 4096
 """Bytes of an existing file read to tell whether it is a bundle: its header comes first in every bundle Headroom
 writes, within a few dozen characters."""
@@ -193,7 +190,10 @@ writes, within a few dozen characters."""
 def _refuse_foreign(path: Path, target: Path) -> None:
     """An existing file may be replaced by a bundle only when it is empty or a bundle itself (plain or gzip, its
     format named in its first `_SNIFF` bytes): a SQLite store, a model's config.json or any other file is refused
-    and left as it is."""
+    and left as it is. (SQLite's magic is imported here: reading a bundle needs no SQLAlchemy; writing one comes
+    from a store, which has it loaded.)"""
+    from headroom.db.engine import SQLITE_MAGIC
+
     try:
         with open(target, "rb") as f:
             head = f.read(_SNIFF)
@@ -205,7 +205,7 @@ def _refuse_foreign(path: Path, target: Path) -> None:
                           "this user may read and write, or a new file name, such as results.json.gz") from None
     if not head or BUNDLE_FORMAT.encode() in head:
         return
-    what = ("a SQLite database (a Headroom store, perhaps)" if head.startswith(_SQLITE_MAGIC)
+    what = ("a SQLite database (a Headroom store, perhaps)" if head.startswith(SQLITE_MAGIC)
             else "a file that is not a Headroom bundle")
     raise BundleError(f"cannot write bundle {_shown(path, target)}: it is {what}, which the bundle would replace; "
                       "give PATH a new file name, such as results.json.gz, or remove the file first")

@@ -28,11 +28,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from headroom.core.errors import ConfigError
-from headroom.core.exports import deepspeed as _deepspeed
-from headroom.core.exports import huggingface as _huggingface
-from headroom.core.exports import lightning as _lightning
+from headroom.core.exports.deepspeed import UNEXPRESSED as DEEPSPEED_UNEXPRESSED
 from headroom.core.exports.deepspeed import deepspeed
+from headroom.core.exports.huggingface import UNEXPRESSED as HF_UNEXPRESSED
 from headroom.core.exports.huggingface import huggingface
+from headroom.core.exports.lightning import UNEXPRESSED as LIGHTNING_UNEXPRESSED
 from headroom.core.exports.lightning import lightning
 from headroom.core.exports.megatron import megatron
 from headroom.core.exports.run import Export, Run
@@ -52,8 +52,8 @@ EXPORTERS: dict[str, Callable[[Run], Export]] = {
 
 
 UNEXPRESSED_AXES: dict[str, tuple[str, ...]] = {
-    "hf": _huggingface.UNEXPRESSED, "torchtitan": (), "megatron": (), "deepspeed": _deepspeed.UNEXPRESSED,
-    "lightning": _lightning.UNEXPRESSED,
+    "hf": HF_UNEXPRESSED, "torchtitan": (), "megatron": (), "deepspeed": DEEPSPEED_UNEXPRESSED,
+    "lightning": LIGHTNING_UNEXPRESSED,
 }
 """The layout axes each format cannot carry (its export notes them): ``plan --export FORMAT`` searches them at 1."""
 

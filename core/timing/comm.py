@@ -146,10 +146,7 @@ def _group(axis: str, layout: Layout) -> tuple[int, int]:
 def crosses_nodes(axis: str, layout: Layout, cluster: Cluster) -> bool:
     """Some group along ``axis`` spans more than one node (`nodes_spanned`): never where the whole run fits on
     one node, however large a node is."""
-    stride, size = _group(axis, layout)
-    if size == 1 or layout.world <= cluster.gpus_per_node or cluster.gpus_per_node % (stride * size) == 0:
-        return False  # the cases `_placement` answers first, without its cache (a search asks for every term)
-    return _placement(stride, size, cluster.gpus_per_node, layout.world)[1] > 1
+    return nodes_spanned(axis, layout, cluster) > 1
 
 
 def members_per_node(axis: str, layout: Layout, cluster: Cluster) -> int:
@@ -836,10 +833,9 @@ def _deepspeed_calls(tensors: list[RankTensor], zero: int, m: int, schedule: Dat
         if not part:
             continue
         buckets = deepspeed_buckets((t.elements for t in part), DEEPSPEED_BUCKET_ELEMENTS)
-        note = (f"DeepSpeed: gradients{which} {when}, all-reduced whole, a call a bucket ({len(buckets)} of up to "
-                f"{DEEPSPEED_BUCKET_ELEMENTS:,} elements)")
-        calls.append(("all_reduce", -(-sum(buckets) * element_bytes // len(buckets)), len(buckets) * reductions,
-                      window, note))
+        rule = f"DeepSpeed's buckets of up to {DEEPSPEED_BUCKET_ELEMENTS:,} elements"
+        calls += [("all_reduce", message, n, window, f"DeepSpeed: gradients{which} {when}, all-reduced whole{how}")
+                  for message, n, how in _bucket_calls(sum(buckets) * element_bytes, reductions, len(buckets), rule)]
     return calls + [(op, message, n, "", what) for op, message, n, what in
                     _deepspeed_step_calls(tensors, ranks, recipe, norms)]
 
