@@ -79,6 +79,9 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
     so a stack that replicates or shards otherwise is measured where the two agree: torchtitan at zero 3 only."""
     if layout.dp > 1:
         chosen = get_stack(stack)
+        if layout.zero == 2:  # before the stack's refusal, whose FSDP flag the agent does not take
+            other = " or zero 1 (DDP + ZeroRedundancyOptimizer)" if 1 in chosen.sharding_stages else ""
+            raise ConfigError(f"zero 2: torch has no ZeRO-2 of its own; measure zero 3 (FSDP2){other}")
         chosen.check_sharding(layout.zero)
         if layout.zero == 0 and chosen.replicates_through_fsdp:
             raise ConfigError(f"--stack {stack} --zero 0: {stack} replicates through FSDP2 (an all-reduce a unit, no "
@@ -94,9 +97,6 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
 
         check_pipeline(layout, spec is not None and spec.tied_embeddings, micro_batches)
         return
-    if layout.zero == 2:
-        raise ConfigError("zero 2: torch has no ZeRO-2 of its own; measure zero 1 (DDP + ZeroRedundancyOptimizer) "
-                          "or zero 3 (FSDP2)")
     if layout.tp > 1 and layout.dp > 1 and layout.zero != 3:
         raise ConfigError(f"tp {layout.tp} with dp {layout.dp} runs as torchtitan does, FSDP2 over dp: use zero 3")
     if layout.tp > 1 and spec is not None:

@@ -46,15 +46,15 @@ def main() -> None:
     print(f"{'dp':>4} {'zero':>4} {'candidates':>10} {'fitting':>8} {'seconds':>8} {'cand/s':>8}")
     total_candidates, total_s = 0, 0.0
     for dp in (16, 32, 64, 128):
-        for zero in (1, 2, 3):
-            request = PlanRequest(spec=spec, train=TrainConfig(seq_len=8192, layout=Layout(dp=dp, zero=zero)),
-                                  global_batch=2 * dp * 8)
+        for zero, kept in ((1, None), (3, False), (3, None)):  # "3k": FSDP kept gathered, plain PyTorch's ZeRO-2
+            layout = Layout(dp=dp, zero=zero, reshard_after_forward=kept)
+            request = PlanRequest(spec=spec, train=TrainConfig(seq_len=8192, layout=layout), global_batch=2 * dp * 8)
             start = time.perf_counter()
             result = plan(request, profile)
             elapsed = time.perf_counter() - start
             n = len(result.candidates) + len(result.rejected)
             total_candidates, total_s = total_candidates + n, total_s + elapsed
-            print(f"{dp:>4} {zero:>4} {n:>10} {len(result.candidates):>8} {elapsed:>8.3f} {n / elapsed:>8.0f}")
+            print(f"{dp:>4} {str(zero) + ('k' if kept is False else ''):>4} {n:>10} {len(result.candidates):>8} {elapsed:>8.3f} {n / elapsed:>8.0f}")
     print(f"all: {total_candidates} candidates in {total_s:.2f} s = {total_candidates / total_s:.0f} candidates/s, "
           f"{total_s / 12:.3f} s per plan")
 

@@ -18,7 +18,7 @@ Only the sources the step-time issue names, and nothing here is fitted to them:
   RDMA fabric. Their attention ran torch's FlashAttention-2 (`TORCH_SDPA_2024`), priced at its H100 rate.
 - mosaicml/llm-foundry, scripts/train/benchmarking/README.md (commit 495218376), every row of its four BF16 tables
   (benchmarks/data/llm_foundry_bf16.csv): MPT models of 125M-70B on 8-512 H100s and A100s (80 and 40 GB) under
-  Composer's FSDP (FULL_SHARD, or SHARD_GRAD_OP as ZeRO-2), sequences of 512-65,536 tokens, with the published
+  Composer's FSDP (FULL_SHARD; or SHARD_GRAD_OP, zero 3 kept gathered from forward to backward), sequences of 512-65,536 tokens, with the published
   micro-batch, accumulation and activation checkpointing (every block, or none); tokens/s per GPU. The models are
   those the tables count, parameter for parameter: GPT blocks with biases and LayerNorm, a learned position table of
   the run's length, tied embeddings, vocabulary 50,368 (scripts/train/yamls/pretrain/mpt-*.yaml). Precision as
@@ -271,7 +271,9 @@ _TABLES = {  # (title, device, network: the A100 tables' "1600 Gbps node-node in
     "a100-40gb": ("A100 40GB", "a100-sxm-40gb", "roce-200g"),
 }
 _PRECISION = {("amp_bf16", "DEFAULT"): "amp-bf16", ("bf16", "PURE"): "bf16-pure"}
-_ZERO = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2}
+_RESHARD = {"FULL_SHARD": True, "SHARD_GRAD_OP": False}
+"""FSDP1's sharding strategy -> zero 3's ``reshard_after_forward``: SHARD_GRAD_OP gathers before forward and frees
+after backward (torch/distributed/fsdp/api.py, ``ShardingStrategy``)."""
 
 
 def mpt_spec(model: str, seq_len: int) -> ModelSpec:
@@ -317,11 +319,11 @@ def _llm_foundry_runs() -> list[PublishedRun]:
     for row in foundry_rows():
         table, hardware, inter = _TABLES[row.table]
         assert row.micro_batch * row.accumulation * row.gpus == row.global_batch, row
-        zero = _ZERO[row.sharding]
+        reshard = _RESHARD[row.sharding]
         config = TrainConfig(seq_len=row.seq_len, micro_batch=row.micro_batch, precision=row.precision,
                              optimizer="adamw", recompute=parse_policy("full" if row.checkpointing else "none"),
-                             layout=Layout(dp=row.gpus, zero=zero))
-        sharding = "FSDP" if zero == 3 else "ZeRO-2"
+                             layout=Layout(dp=row.gpus, zero=3, reshard_after_forward=None if reshard else False))
+        sharding = "FSDP" if reshard else "SHARD_GRAD_OP"
         runs.append(PublishedRun(name=f"MPT {row.model}, s {row.seq_len}, {sharding} {row.gpus}",
                                  source=f"{LLM_FOUNDRY}, {table}", hardware=hardware,
                                  spec=mpt_spec(row.model, row.seq_len), config=config, global_batch=row.global_batch,

@@ -87,8 +87,10 @@ def row_px(texts: Iterable[object], column: int) -> int | None:
 MAIN_PX = 950
 """What a table may take without scrolling sideways: the main column is 970 px wide at a 1,440 px window with
 the sidebar open (Streamlit's wide layout), less the grid's border and a vertical scroll bar."""
-WRAPPED_MIN_PX = 240
-"""The narrowest a wrapped column gets, however much its neighbours take."""
+WRAPPED_MIN_PX = 180
+"""The narrowest a wrapped column gets, however much its neighbours take: a search's rejected candidates hold
+a label and a layout of up to 60 characters whole beside two numbers ("tp 1, pp 2 (interleaved x2), cp 1, dp 4,
+zero 3, no reshard"), which leave it about 200 px of the 950."""
 
 
 def number_text(value: object, fmt: str | None) -> str:

@@ -58,7 +58,7 @@ def test_estimate_accepts_a_config_json(run_cli):
 
 def test_estimate_table_names_its_units(run_cli):
     result = run_cli("estimate", "--model", "gpt2-small", "--seq-len", "1024", "--dropout", "0.1",
-                      "--attention", "standard", "--recompute", "every-3", "--dp", "8", "--zero", "2")
+                      "--attention", "standard", "--recompute", "every-3", "--dp", "8", "--zero", "1")
     assert result.returncode == 0, result.stderr
     assert "GB" in result.stdout and "GiB" in result.stdout
     assert f"{get_preset('gpt2-small').parameters:,} parameters" in result.stdout

@@ -426,9 +426,9 @@ def test_torchtitan_replicates_through_fsdp_one_all_reduce_a_unit():
 
 def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
     """Megatron-LM's DDP: gradients reduced after the last backward and ZeRO-1's updated parameters gathered after
-    the optimizer step, exposed, unless --overlap-grad-reduce and --overlap-param-gather say otherwise; the reference
-    stack's ZeRO-2 overlaps both (the parameters behind the next step's first forward), DeepSpeed's (the hf stack's)
-    gathers inside its step whatever the setting."""
+    the optimizer step, exposed, unless --overlap-grad-reduce and --overlap-param-gather say otherwise (its ZeRO-2's
+    parameters then behind the next step's first forward); DeepSpeed's (the hf stack's) gathers inside its step
+    whatever the setting."""
     exposed = terms_of({"dp": 4, "zero": 1}, m=8, stack="megatron")
     assert [(t.op, t.window, t.overlappable) for t in exposed[("dp", "reduce_scatter")] + exposed[("dp", "all_gather")]] \
         == [("reduce_scatter", "", False), ("all_gather", "", False)]
@@ -436,7 +436,8 @@ def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
                      stack="megatron")
     assert [(t.window, t.overlappable) for t in asked[("dp", "reduce_scatter")] + asked[("dp", "all_gather")]] \
         == [("backward", True), ("forward", True)]
-    assert terms_of({"dp": 4, "zero": 2}, m=8)[("dp", "all_gather")][0].window == "forward"
+    overlapped = {"dp": 4, "zero": 2, "overlap_grad_reduce": True, "overlap_param_gather": True}
+    assert terms_of(overlapped, m=8, stack="megatron")[("dp", "all_gather")][0].window == "forward"
     assert [t.window for t in terms_of({"dp": 4, "zero": 1}, m=8, stack="hf")[("dp", "all_gather")]] == ["", ""]
     with pytest.raises(ConfigError, match="overlap-grad-reduce applies to zero 0, 1, 2, not zero 3: FSDP"):
         Layout(dp=4, zero=3, overlap_grad_reduce=True)
@@ -447,7 +448,7 @@ def test_megatron_reduces_and_gathers_after_the_pass_unless_asked_to_overlap():
 def test_zero_1_and_2_reduce_scatter_gradients_and_all_gather_parameters():
     z1 = terms_of({"dp": 4, "zero": 1}, m=8, stack="megatron")
     assert z1[("dp", "reduce_scatter")][0].calls == 1 and z1[("dp", "all_gather")][0].calls == 1
-    z2 = terms_of({"dp": 4, "zero": 2}, m=8)
+    z2 = terms_of({"dp": 4, "zero": 2}, m=8, stack="megatron")
     assert z2[("dp", "reduce_scatter")][0].calls == 8 and z2[("dp", "all_gather")][0].calls == 1
     assert z2[("dp", "all_gather")][0].message_bytes == SPEC.parameters * 2
 
@@ -466,9 +467,14 @@ def test_the_reference_stacks_zero_1_all_reduces_in_ddps_buckets_and_broadcasts_
     assert (broadcast.calls, broadcast.window, broadcast.overlappable) == (len(SPEC.parameter_shapes()), "", False)
     assert broadcast.calls * broadcast.message_bytes - SPEC.parameters * 2 in range(broadcast.calls)
     assert set(terms) == {("dp", "all_reduce"), ("dp", "broadcast")}
-    with pytest.raises(ConfigError, match="--overlap-param-gather under --stack reference --zero 1: its ZeRO-1 is "):
+    with pytest.raises(ConfigError, match="--overlap-param-gather under --stack reference: its ZeRO-1 is torch's "
+                                          "ZeroRedundancyOptimizer.*leave it out \\(the reference stack's ZeRO-2 is "
+                                          "FSDP's, zero 3"):
         config(dp=4, zero=1, overlap_param_gather=True).check_sharding()
-    config(dp=4, zero=2, overlap_param_gather=True).check_sharding()  # ZeRO-2 (FSDP's SHARD_GRAD_OP) gathers apart
+    # its ZeRO-2 is FSDP's SHARD_GRAD_OP: zero 3 kept gathered from forward to backward, named where zero 2 is asked
+    with pytest.raises(ConfigError, match="no ZeRO-2; it shards at --zero 0, 1, 3 .*SHARD_GRAD_OP.*: --zero 3 "
+                                          "--reshard-after-forward false$"):
+        config(dp=4, zero=2).check_sharding()
 
 
 HEAD_UNIT = SPEC.norm_parameters() + SPEC.vocab_size * SPEC.hidden

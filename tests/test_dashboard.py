@@ -22,8 +22,9 @@ from headroom.db.store import open_store  # noqa: E402
 APP = str(Path(__file__).resolve().parents[1] / "dashboard" / "app.py")
 PAGES = ("plan", "hardware", "history", "calibration")
 OLD_STORE = Path(__file__).parent / "fixtures" / "db" / "store-0001.db"
-EIGHT_RANKS = {"model": "llama2-7b", "seq_len": "4096", "dp": "8", "zero": "2"}
-"""llama2-7b at 4096 tokens on eight data-parallel ranks at ZeRO-2 (the page's default before it took
+EIGHT_RANKS = {"model": "llama2-7b", "seq_len": "4096", "dp": "8", "zero": "3", "reshard_after_forward": "off"}
+"""llama2-7b at 4096 tokens on eight data-parallel ranks, FSDP kept gathered to backward (plain PyTorch's ZeRO-2;
+ZeRO-2 itself was the page's default before it took
 ``headroom plan``'s one GPU): the plan whose tables these tests pin."""
 
 
@@ -165,7 +166,7 @@ def test_the_plan_tables_show_plain_names_units_and_separators(tmp_path, monkeyp
     assert reasons["label"] == "what breaks the budget"
     assert reasons["width"] >= widths.column_px(rejected.value["broken_by"])
     assert not rejected.proto.HasField("row_height")  # one layout: the reason has room on one line
-    assert rejected.value["broken_by"].iloc[0] == "activations (18.0 GB) break it on top of 37.1 GB static"
+    assert rejected.value["broken_by"].iloc[0] == "activations (40.5 GB) break it on top of 13.5 GB static"
 
 
 def test_a_plan_compares_with_another_model_budget_or_hardware(tmp_path, monkeypatch):

@@ -186,25 +186,35 @@ def test_the_plan_page_pins_the_overlaps():
 def test_a_stack_plans_only_the_sharding_stages_it_runs(run_cli):
     """torchtitan replicates or shards (FSDP2 either way): no ZeRO-1 or 2, refused by name when planned or
     estimated and never searched (a step the agent measured under torchtitan's kernels with its own ZeRO-1 still
-    reads back); the other stacks run every stage."""
+    reads back). Plain PyTorch has no ZeRO-2 either: FSDP's SHARD_GRAD_OP is its nearest, zero 3 kept gathered
+    from forward to backward, named where zero 2 is asked and searched beside resharding FSDP under both. Megatron
+    and the HF Trainer run every stage."""
     measured = TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(dp=8, zero=1))
     with pytest.raises(ConfigError, match=r"the torchtitan stack has no ZeRO-1; it shards at --zero 0, 3 "):
         measured.check_sharding()
     TrainConfig(seq_len=2048, stack="torchtitan", layout=Layout(zero=1)).check_sharding()  # one rank: nothing shards
-    for stack in ("reference", "megatron", "hf"):
+    for stack in ("megatron", "hf"):
         TrainConfig(seq_len=2048, stack=stack, layout=Layout(dp=8, zero=2)).check_sharding()
+    with pytest.raises(ConfigError, match=r"the reference stack has no ZeRO-2; it shards at --zero 0, 1, 3 "):
+        TrainConfig(seq_len=2048, stack="reference", layout=Layout(dp=8, zero=2)).check_sharding()
+    kept = run_cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--zero", "2")
+    assert kept.returncode == 2 and kept.stderr.endswith(
+        "its ZeRO-2 is FSDP's SHARD_GRAD_OP, parameters kept gathered from forward to backward: --zero 3 "
+        "--reshard-after-forward false\n")
     pinned = run_cli("plan", "--model", "llama3-8b", "--gpus", "8", "--global-batch", "64", "--stack", "torchtitan",
                      "--zero", "2")
     assert pinned.returncode == 2
     assert pinned.stderr == ("headroom: error: the torchtitan stack has no ZeRO-2; it shards at --zero 0, 3 "
-                             "(0 replicates, 3 shards parameters, gradients and optimizer state)\n")
-    searched = run_cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--seq-len", "4096", "--global-batch", "64",
-                       "--stack", "torchtitan", "--json")
-    assert searched.returncode == 0, searched.stderr
-    found = json.loads(searched.stdout)
-    zeros = {row["layout"]["zero"] for row in found["layouts"]} | {c["layout"]["zero"] for c in found["candidates"]}
-    assert zeros == {0, 3} or zeros == {3}
-    assert found["recommendation"]["layout"]["zero"] in (0, 3)
+                             "(0 replicates, 3 shards parameters, gradients and optimizer state); its ZeRO-2 is "
+                             "FSDP's SHARD_GRAD_OP, parameters kept gathered from forward to backward: --zero 3 "
+                             "--reshard-after-forward false\n")
+    for stack in ("torchtitan", "reference"):
+        searched = run_cli("plan", "--model", "llama3.2-1b", "--gpus", "8", "--seq-len", "4096", "--global-batch",
+                           "64", "--stack", stack, "--exhaustive", "--json")
+        assert searched.returncode == 0, searched.stderr
+        found = json.loads(searched.stdout)
+        stages = {(row["layout"]["zero"], row["layout"]["reshard_after_forward"]) for row in found["layouts"]}
+        assert stages == {(0, None), (3, None), (3, False)} | ({(1, None)} if stack == "reference" else set())
 
 
 def test_a_zero_bubble_pipeline_plans_every_k_recompute():

@@ -94,8 +94,8 @@ def trainer_arguments(text: str) -> dict[str, str]:
 CASES = {
     "zero3": (REQUEST, BEST),
     "tp-sp-pp-zero1": (PARALLEL, PARALLEL_BEST),
-    "interleaved-every2-zero2": candidate(Layout(pp=4, schedule="interleaved", virtual_stages=2, dp=2, zero=2),
-                                          "every-2"),
+    "interleaved-every2-shard-grad-op": candidate(Layout(pp=4, schedule="interleaved", virtual_stages=2, dp=2, zero=3,
+                                                         reshard_after_forward=False), "every-2"),
     "cp-op-selective-bf16-pure": candidate(Layout(cp=2, dp=4, zero=3), "op-selective", precision="bf16-pure"),
     "gpipe-selective-standard": candidate(Layout(pp=2, schedule="gpipe", dp=4), "selective", attention="standard",
                                           precision="bf16-master"),
@@ -236,7 +236,7 @@ def test_torchtitan_names_the_recipe_of_the_same_model_and_launches_by_node():
 @pytest.mark.parametrize("layout, replicate, shard, noted", [
     (Layout(dp=8), 8, 1, False),
     (Layout(dp=8, zero=3), 1, 8, False),
-    (Layout(dp=8, zero=2), 1, 8, True),
+    (Layout(dp=8, zero=3, reshard_after_forward=False), 1, 8, False),
     (Layout(tp=2, dp=4), 1, 4, True),  # torchtitan replicates only when data parallelism is its one axis
     (Layout(cp=2, dp=4), 4, 1, True),  # HSDP: FSDP over the cp ranks, said in a note
 ])
@@ -308,7 +308,8 @@ def test_deepspeed_says_what_its_config_cannot_express():
 
 @pytest.mark.parametrize("zero, grad_accum", [(1, "fp32"), (2, None)])
 def test_deepspeed_fp32_gradients_only_under_zero1(zero, grad_accum):
-    exported = export("deepspeed", *candidate(Layout(dp=8, zero=zero), "full", precision="bf16-fp32grad"))
+    exported = export("deepspeed", *candidate(Layout(dp=8, zero=zero), "full", precision="bf16-fp32grad",
+                                              stack="megatron"))
     config = json.loads(exported.text)
     assert config.get("data_types", {}).get("grad_accum_dtype") == grad_accum
     assert any("deepspeed.checkpointing.checkpoint" in n for n in exported.notes)
@@ -325,7 +326,7 @@ def test_hf_sharding_and_whole_layer_checkpointing():
     kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=1))).text)
     assert kwargs["deepspeed"] == "ds_config.json"
     # ZeRO-2 is DeepSpeed's too (the hf stack's); FSDP's shard_grad_op is ZeRO-3 kept gathered to backward
-    exported = export("hf", *candidate(Layout(dp=8, zero=2)))
+    exported = export("hf", *candidate(Layout(dp=8, zero=2), stack="hf"))
     assert training_arguments(exported.text)["deepspeed"] == "ds_config.json" and "fsdp" not in exported.text
     assert any("ZeRO-2 runs through DeepSpeed" in note for note in exported.notes)
     kwargs = training_arguments(export("hf", *candidate(Layout(dp=8, zero=3, reshard_after_forward=False))).text)
@@ -374,9 +375,17 @@ def test_lightning_strategies():
     args = trainer_arguments(export("lightning", *candidate(Layout(dp=8, zero=3), "full")).text)
     assert args["strategy"] == "FSDPStrategy(sharding_strategy='FULL_SHARD', activation_checkpointing_policy={Block})"
     assert (args["devices"], args["num_nodes"]) == ("8", "1")
-    args = trainer_arguments(export("lightning", *candidate(Layout(dp=16, zero=2), global_batch=128)).text)
+    # plain PyTorch's ZeRO-2, FSDP kept gathered to backward, is FSDP1's SHARD_GRAD_OP
+    kept = Layout(dp=16, zero=3, reshard_after_forward=False)
+    args = trainer_arguments(export("lightning", *candidate(kept, global_batch=128)).text)
     assert args["strategy"] == "FSDPStrategy(sharding_strategy='SHARD_GRAD_OP')"
     assert (args["devices"], args["num_nodes"]) == ("8", "2")
+    exported = export("lightning", *candidate(Layout(dp=16, zero=3, reshard_after_forward=2), global_batch=128))
+    assert trainer_arguments(exported.text)["strategy"] == "FSDPStrategy(sharding_strategy='FULL_SHARD')"
+    assert any("cannot keep a shard over 2 ranks" in note for note in exported.notes)
+    # the HF Trainer's ZeRO-2 is DeepSpeed's, and so is Lightning's
+    args = trainer_arguments(export("lightning", *candidate(Layout(dp=8, zero=2), stack="hf")).text)
+    assert args["strategy"] == "DeepSpeedStrategy(stage=2)"
     exported = export("lightning", PARALLEL, PARALLEL_BEST)
     args = trainer_arguments(exported.text)
     # tp 2 x pp 2 x dp 2: Lightning has no pipeline, so the pipeline's ranks are data-parallel to it

@@ -167,7 +167,7 @@ def torchtitan_config():
 
 
 TORCHTITAN_CASES = {
-    **{name: CASES[name] for name in ("zero3", "tp-sp-pp-zero1", "interleaved-every2-zero2")},
+    **{name: CASES[name] for name in ("zero3", "tp-sp-pp-zero1", "interleaved-every2-shard-grad-op")},
     "llama3-8b-tp-no-sp-full": candidate(Layout(tp=2, dp=4, zero=3), "full", spec=LLAMA3),
     "mixtral-ep4-full": candidate(Layout(dp=16, zero=3, ep=4), "full", spec=get_preset("mixtral-8x7b")),
 }
@@ -187,6 +187,8 @@ def test_torchtitan_command_loads(case, torchtitan_config):
     assert t.global_batch_size == request.global_batch and t.seq_len == best.config.seq_len
     per_rank = best.config.micro_batch * best.accumulation_steps
     assert t.local_batch_size == (per_rank if layout.pp > 1 else best.config.micro_batch)
+    if layout.reshard_after_forward is False:
+        assert p.fsdp_reshard_after_forward == "never"
     policy = torchtitan_command(exported.text)[2].removeprefix("activation-checkpoint:")
     loaded = config.activation_checkpoint
     assert (type(loaded).__qualname__ if loaded else None) == AC_CONFIGS[policy]

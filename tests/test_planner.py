@@ -23,12 +23,12 @@ H100 = datasheet_profile(get_hardware("h100-sxm"))
 MODELS = ["gpt2-small", "bench-llama-small", "llama3.2-1b", "llama2-7b"]
 
 requests = st.builds(
-    lambda model, seq, per_rank, dp, zero, budget: PlanRequest(spec=get_preset(model), train=TrainConfig(seq_len=seq, layout=Layout(dp=dp, zero=zero)), global_batch=per_rank * dp, budget_bytes=budget * GB),
+    lambda model, seq, per_rank, dp, sharding, budget: PlanRequest(spec=get_preset(model), train=TrainConfig(seq_len=seq, layout=Layout(dp=dp, **sharding)), global_batch=per_rank * dp, budget_bytes=budget * GB),
     model=st.sampled_from(MODELS),
     seq=st.sampled_from([256, 512, 1024]),
     per_rank=st.sampled_from([1, 2, 4, 6, 8, 12, 16]),
     dp=st.sampled_from([1, 2, 8]),
-    zero=st.integers(0, 3),
+    sharding=st.sampled_from([{"zero": 0}, {"zero": 1}, {"zero": 3}, {"zero": 3, "reshard_after_forward": False}]),
     budget=st.integers(4, 160),
 )
 PROPERTY = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -57,9 +57,11 @@ def test_raising_the_budget_never_lowers_the_best_throughput(request, extra_gb):
 
 
 def test_ranking_is_by_throughput_then_headroom():
-    # ZeRO-2: under ZeRO-1 the unsharded fp32 gradients and autocast's 13.5 GB of bf16 weight copies
-    # (alive through every forward, measured on an H200) leave nothing that fits in 80 GB.
-    result = plan(PlanRequest(spec=get_preset("llama2-7b"), train=TrainConfig(seq_len=4096, layout=Layout(dp=8, zero=2)), global_batch=64), H100)
+    # FSDP kept gathered from forward to backward (plain PyTorch's ZeRO-2): under ZeRO-1 the unsharded fp32
+    # gradients and autocast's 13.5 GB of bf16 weight copies (alive through every forward, measured on an H200)
+    # leave nothing that fits in 80 GB.
+    kept = Layout(dp=8, zero=3, reshard_after_forward=False)
+    result = plan(PlanRequest(spec=get_preset("llama2-7b"), train=TrainConfig(seq_len=4096, layout=kept), global_batch=64), H100)
     speeds = [c.tokens_per_s for c in result.candidates]
     assert speeds == sorted(speeds, reverse=True)
     assert len(result.candidates) >= 3
@@ -131,7 +133,8 @@ def test_a_search_out_of_time_has_tried_the_layout_that_could_be_fastest_and_cou
     # Tried first: the lowest compute floor, then the fewest ranks splitting the model, then the lowest stage.
     floors = {layout: layout_floor_s(dataclasses.replace(request.on_layout(layout), cluster=request.cluster), H100,
                                      uncalibrated(H100.name)) for layout in every}
-    first = min(every, key=lambda layout: (floors[layout], layout.tp * layout.pp * layout.cp, layout.zero))
+    stage = {layout: 2 if layout.reshard_after_forward is False else layout.zero for layout in every}  # kept: ZeRO-2
+    first = min(every, key=lambda layout: (floors[layout], layout.tp * layout.pp * layout.cp, stage[layout]))
     assert cut.layouts[0].layout == first and floors[first] < max(floors.values())
     # Nothing fits among the layouts tried says nothing about the rest: no advice from a search cut short.
     assert (whole.recommendation is None, bool(whole.advice), cut.advice) == (budget_gb < 2, budget_gb < 2, ())
@@ -221,11 +224,12 @@ def test_the_plan_says_what_forced_its_split():
                     frozenset({"pp", "schedule", "virtual_stages"}), stack="reference")
     assert time.recommendation.layout.cp == 2
     assert time.forced_by().startswith("time: the fastest searched layout over fewer model-parallel ranks, tp 1, "
-                                       "pp 4 (zbv), cp 1, dp 2, zero 3, is 6% slower (micro 1 x accum 8, full): "
+                                       "pp 4 (zbv), cp 1, dp 2, zero 3, no reshard, is 6% slower (micro 1 x accum 8, "
+                                       "full): "
                                        "recompute ")
     # Other layouts over fewer ranks were left out by their floors (headroom.core.planning.pruning): counted.
     left_out = sum(p.layout.tp * p.layout.pp * p.layout.cp < 8 for p in time.pruned)
-    assert left_out and re.search(f"; {left_out} layouts over fewer model-parallel ranks cannot come within 1% "
+    assert left_out and re.search(f"; {left_out} layouts? over fewer model-parallel ranks cannot come within 1% "
                                   r"\(the fastest at most [\d,]+ tokens/s against [\d,]+\)$", time.forced_by())
     assert searched("llama3-8b", 16, 64, 8192, Layout(), frozenset()).forced_by() is None
 
@@ -238,3 +242,18 @@ def test_forced_by_is_in_the_text_and_the_json(run_cli):
     assert "forced by memory: no layout over fewer than 16 model-parallel ranks fits" in " ".join(text.stdout.split())
     document = json.loads(run_cli(*flags, "--json").stdout)
     assert document["forced_by"].startswith("memory: no layout over fewer than 16 model-parallel ranks fits")
+
+
+def test_fsdp_kept_gathered_is_searched_and_ranks_as_zero_2_among_near_ties():
+    """Plain PyTorch's ZeRO-2 is FSDP kept gathered from forward to backward (SHARD_GRAD_OP): the search tries it
+    beside FSDP resharding, and among near ties it ranks as ZeRO-2, before resharding over the same ranks."""
+    from headroom.core.specs.interconnect import default_cluster
+
+    request = PlanRequest(spec=get_preset("bench-llama-small"), train=TrainConfig(seq_len=128), global_batch=8,
+                          gpus=8, cluster=default_cluster("h100-sxm"))
+    result = plan(request, H100)
+    band = list(result.candidates[:result.band])
+    kept = [c for c in band if c.layout == Layout(dp=8, zero=3, reshard_after_forward=False)]
+    resharded = [c for c in band if c.layout == Layout(dp=8, zero=3)]
+    assert kept and resharded and band[0] is kept[0]
+    assert band.index(kept[-1]) < band.index(resharded[0])

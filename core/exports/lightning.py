@@ -5,10 +5,12 @@ Names checked against Lightning's ``src/lightning/pytorch/strategies``
 ``fabric/strategies/deepspeed.py`` (master, 2026-07):
 
 - ``FSDPStrategy(sharding_strategy="FULL_SHARD" | "SHARD_GRAD_OP",
-  activation_checkpointing_policy={Block})``: ZeRO-3 / ZeRO-2, with every
-  ``Block`` checkpointed whole.
-- ``DeepSpeedStrategy(stage=1)``: ZeRO-1; under it ``precision="bf16-mixed"``
-  becomes DeepSpeed's bf16 (bf16 parameters, fp32 master copy), not autocast.
+  activation_checkpointing_policy={Block})``: ZeRO-3, resharded after
+  forward or kept gathered to backward (``reshard_after_forward`` False),
+  with every ``Block`` checkpointed whole.
+- ``DeepSpeedStrategy(stage=1 | 2)``: ZeRO-1 and 2; under it
+  ``precision="bf16-mixed"`` becomes DeepSpeed's bf16 (bf16 parameters, fp32
+  master copy), not autocast.
 - ``ModelParallelStrategy(data_parallel_size, tensor_parallel_size)``: the
   LightningModule's ``configure_model`` applies the tensor-parallel plan and
   ``fully_shard``. There is no pipeline or context parallel strategy.
@@ -55,16 +57,21 @@ def _strategy(run: Run, notes: list[str]) -> tuple[str, list[str], bool]:
                 ["from lightning.pytorch.strategies import ModelParallelStrategy"], False)
     if layout.dp == 1 and layout.world == 1:
         return '"auto"', [], False
-    if layout.zero in (2, 3):
-        sharding = "FULL_SHARD" if layout.zero == 3 else "SHARD_GRAD_OP"
+    if layout.zero == 3:
+        kept = run.data_parallel.reshard_after_forward
+        if not isinstance(kept, bool):
+            notes.append(f"FSDPStrategy cannot keep a shard over {kept} ranks from forward to backward: "
+                         "FULL_SHARD gathers again over all of them")
+        sharding = "SHARD_GRAD_OP" if kept is False else "FULL_SHARD"
         policy = ", activation_checkpointing_policy={Block}" if checkpoint_blocks else ""
         return (f'FSDPStrategy(sharding_strategy="{sharding}"{policy})',
                 ["from lightning.pytorch.strategies import FSDPStrategy"], checkpoint_blocks)
-    if layout.zero == 1:
+    if layout.zero in (1, 2):
         if run.precision in ("amp-bf16", "bf16-pure", "bf16-fp32grad"):
             notes.append(f"under DeepSpeedStrategy Lightning's {PRECISIONS[run.precision]!r} is DeepSpeed's bf16 "
                          f"(bf16 parameters, bf16 gradients, fp32 master copy), not {run.precision}")
-        return "DeepSpeedStrategy(stage=1)", ["from lightning.pytorch.strategies import DeepSpeedStrategy"], False
+        return (f"DeepSpeedStrategy(stage={layout.zero})", ["from lightning.pytorch.strategies import DeepSpeedStrategy"],
+                False)
     return '"ddp"', [], False
 
 

@@ -204,6 +204,10 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
             zeros = [z for z in zeros if z in stages]
     if "overlap_param_gather" in pinned and stack.zero_optimizer:  # broadcast in the step
         zeros = [z for z in zeros if z != 1]
+    shardings: list[tuple[int, dict[str, object]]] = [(zero, {}) for zero in zeros]
+    if 3 in zeros and stack.fsdp_zero2 and "reshard_after_forward" not in settings \
+            and (pp == 1 or stack.fsdp_reshards_under_pipeline):  # its ZeRO-2: FSDP kept gathered, SHARD_GRAD_OP
+        shardings.append((3, {"reshard_after_forward": False}))
     if "ep" in pinned:
         eps = [fixed.ep] if (dp * cp) % fixed.ep == 0 else []
     else:
@@ -214,7 +218,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     if train.seq_len % split or (cp > 1 and not ring):
         return
     for schedule, v in schedules:
-        for zero in zeros:
+        for zero, sharding in shardings:
             for ep in eps:
                 if ep > 1 and zero in (1, 2) and stack.deepspeed_zero:
                     continue  # DeepSpeed's ZeRO-1 and 2 know no transformers experts (TrainConfig.check_sharding)
@@ -223,4 +227,4 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
                 here = settings if ep > 1 or not (settings.get("ep_overlap") or settings.get("ep_comm")) else \
                     {name: value for name, value in settings.items() if name not in ("ep_overlap", "ep_comm")}
                 yield Layout(tp=tp, sp=sp, pp=pp, schedule=schedule, virtual_stages=v, cp=cp, dp=dp, zero=zero, ep=ep,
-                             **here)
+                             **here, **sharding)

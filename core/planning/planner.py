@@ -649,7 +649,7 @@ def _plan(request: PlanRequest, profile: HardwareProfile, calibration: Calibrati
                                     cluster.gpus_per_node, request.pinned)
         subs = [replace(request.on_layout(layout), cluster=cluster) for layout in layouts]
         floors = [layout_floor_s(sub, profile, calibration) for sub in subs]
-        order = sorted(range(len(subs)), key=lambda i: (floors[i], _split(subs[i].layout), subs[i].layout.zero))
+        order = sorted(range(len(subs)), key=lambda i: (floors[i], _split(subs[i].layout), _stage(subs[i].layout)))
         searched = []  # (outcome, its candidates, the lowest floor of those left out), in the order tried
         started = time.monotonic()
         for tried, i in enumerate(order):
@@ -696,9 +696,16 @@ def _split(layout: Layout) -> int:
     return layout.tp * layout.pp * layout.cp
 
 
+def _stage(layout: Layout) -> int:
+    """The sharding stage as simplicity counts it: FSDP kept gathered from forward to backward (FSDP1's
+    ``SHARD_GRAD_OP``) between ZeRO-1 and FSDP resharding, as ZeRO-2."""
+    return 2 if layout.zero == 3 and layout.reshard_after_forward is False else layout.zero
+
+
 def _how_split(layout: Layout) -> str:
     ranks = _split(layout)
-    return (f"{ranks} rank{'s' if ranks > 1 else ''} at ZeRO-{layout.zero}"
+    kept = " kept gathered" if _stage(layout) != layout.zero else ""
+    return (f"{ranks} rank{'s' if ranks > 1 else ''} at ZeRO-{layout.zero}{kept}"
             + (f", experts over ep {layout.ep}" if layout.ep > 1 else ""))
 
 
@@ -706,7 +713,7 @@ def _rank(c: Candidate, fastest: float) -> tuple[bool, tuple[int, int, int], flo
     """Sort key: the near-fastest first, simplest layout first among them (fewest ranks splitting a replica,
     lowest sharding stage, fewest expert-parallel ranks); then by speed and headroom."""
     near = c.tokens_per_s >= fastest * (1 - NEAR)
-    simplicity = (_split(c.layout), c.layout.zero, c.layout.ep) if near else (0, 0, 0)
+    simplicity = (_split(c.layout), _stage(c.layout), c.layout.ep) if near else (0, 0, 0)
     return (not near, simplicity, -c.tokens_per_s, c.required_bytes)
 
 

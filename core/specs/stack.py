@@ -233,10 +233,12 @@ class Stack:
     """The data-parallel sharding stages (``Layout.zero``) it runs. torchtitan: 0 and 3 only, its data
     parallelism replicating (``dp_replicate``) or sharding (``dp_shard``) parameters, gradients and optimizer
     state together through FSDP2 (torchtitan/distributed/fsdp.py), no ZeRO-1 or 2; FSDP2 kept gathered from
-    forward to backward (``--reshard-after-forward false``) is its nearest. The others run every stage: plain
-    PyTorch ZeRO-1 as DDP with ``ZeroRedundancyOptimizer`` and ZeRO-2 as FSDP's ``SHARD_GRAD_OP``, Megatron-LM
-    its distributed optimizer and Megatron-FSDP (``--data-parallel-sharding-strategy``), the HF Trainer
-    DeepSpeed's stages and FSDP."""
+    forward to backward (``--reshard-after-forward false``) is its nearest. Plain PyTorch: 0, 1 and 3, its ZeRO-1
+    DDP with ``ZeroRedundancyOptimizer``; its ZeRO-2 is FSDP's ``SHARD_GRAD_OP``, which gathers the parameters
+    before forward and frees them only after backward (torch/distributed/fsdp/api.py, ``ShardingStrategy``):
+    FSDP2's ``reshard_after_forward=False``, zero 3 kept gathered, not a stage of its own (`fsdp_zero2`). The others
+    run every stage: Megatron-LM its distributed optimizer and Megatron-FSDP (``--data-parallel-sharding-strategy``),
+    the HF Trainer DeepSpeed's stages and FSDP."""
     zero_optimizer: bool = False
     """Its ZeRO-1 is torch's DDP with ``ZeroRedundancyOptimizer`` (the agent's, headroom.agent.train_ranks): the
     gradients all-reduced whole in DDP's buckets, and after the step each updated parameter broadcast from the
@@ -300,11 +302,19 @@ class Stack:
         self.check_param_gather(zero, overlap_param_gather, zero_given)
         self.check_deferred_sync(zero, defer_gradient_sync)
 
+    @property
+    def fsdp_zero2(self) -> bool:
+        """Its ZeRO-2 is FSDP kept gathered from forward to backward (zero 3, ``reshard_after_forward`` False),
+        ``SHARD_GRAD_OP``: it shards through FSDP and has no ZeRO-2 of its own."""
+        return 3 in self.sharding_stages and 2 not in self.sharding_stages
+
     def check_sharding(self, zero: int) -> None:
         if zero not in self.sharding_stages:
             stages = ", ".join(map(str, self.sharding_stages))
+            nearest = ("; its ZeRO-2 is FSDP's SHARD_GRAD_OP, parameters kept gathered from forward to backward: "
+                       "--zero 3 --reshard-after-forward false") if zero == 2 and self.fsdp_zero2 else ""
             raise ConfigError(f"the {self.name} stack has no ZeRO-{zero}; it shards at --zero {stages} "
-                              f"(0 replicates, 3 shards parameters, gradients and optimizer state)")
+                              f"(0 replicates, 3 shards parameters, gradients and optimizer state){nearest}")
 
     def check_param_gather(self, zero: int, overlap_param_gather: bool | None, zero_given: bool = True) -> None:
         """``--overlap-param-gather``, given, needs a ZeRO-1 or 2 that gathers the updated parameters apart from the
@@ -312,14 +322,16 @@ class Stack:
         stage was asked for, not filled in for the setting), and on, not DeepSpeed's (``deepspeed_zero``)."""
         if overlap_param_gather is None:
             return
+        if self.zero_optimizer and (zero == 1 and zero_given or 2 not in self.sharding_stages):
+            others = ", or use --zero 2" if 2 in self.sharding_stages else \
+                f" (the {self.name} stack's ZeRO-2 is FSDP's, zero 3, which gathers before each forward anyway)"
+            raise ConfigError(f"--overlap-param-gather under --stack {self.name}: its ZeRO-1 is torch's "
+                              "ZeroRedundancyOptimizer, which broadcasts the updated parameters inside the optimizer's "
+                              f"step, before anything else runs; leave it out{others}")
         if not {1, 2} & set(self.sharding_stages):
             raise ConfigError(f"--overlap-param-gather under --stack {self.name}: it applies to ZeRO-1 and 2, which "
                               f"the {self.name} stack has none of (it shards at --zero "
                               f"{', '.join(map(str, self.sharding_stages))}); leave it out")
-        if zero == 1 and zero_given and self.zero_optimizer:
-            raise ConfigError(f"--overlap-param-gather under --stack {self.name} --zero 1: its ZeRO-1 is torch's "
-                              "ZeroRedundancyOptimizer, which broadcasts the updated parameters inside the optimizer's "
-                              "step, before anything else runs; leave it out, or use --zero 2")
         if overlap_param_gather and self.deepspeed_zero:
             raise ConfigError(f"--overlap-param-gather on under --stack {self.name}: its ZeRO-1 and 2 are DeepSpeed's, "
                               "which all-gathers the updated parameters inside the optimizer's step, before anything "
@@ -339,7 +351,7 @@ class Stack:
 
 STACKS: dict[str, Stack] = {s.name: s for s in (
     Stack("reference", True, splits_column_inputs=True, measured=True, torch_pipelining=True, zero_bubble="run",
-          zero_optimizer=True,
+          zero_optimizer=True, sharding_stages=(0, 1, 3),
           summary="plain PyTorch, the agent's decoder: every policy"),
     Stack("torchtitan", True, policies=("none", "full", "op-selective"), early_stop=False, every_other_mm=True,
           sharding_stages=(0, 3), replicates_through_fsdp=True,
