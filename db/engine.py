@@ -15,7 +15,8 @@ SQLite is set up for many writer processes on one file:
   first fail when it later writes. SQLAlchemy emits the ``BEGIN`` itself
   instead (the recipe in SQLAlchemy's SQLite dialect docs), and a writer's is
   ``BEGIN IMMEDIATE``: it takes the write lock up front, where the busy
-  timeout applies, so concurrent writers queue instead of erroring.
+  timeout applies, so concurrent writers queue instead of erroring. A
+  writer's queries (`SQLITE_BEGIN`) begin deferred and take no write lock.
 
 PostgreSQL goes through psycopg 3 (``pip install 'headroom[postgres]'``).
 
@@ -136,6 +137,11 @@ def _check_sqlite_file(path: Path, *, write: bool) -> None:
         )
 
 
+SQLITE_BEGIN = "headroom_sqlite_begin"
+"""An execution option naming the ``BEGIN`` a SQLite connection's transactions start with, where it is not the
+engine's: a writer's queries (headroom.db.store.Store.session) begin deferred, taking no write lock."""
+
+
 def make_engine(url: URL, *, write: bool) -> Engine:
     """An engine for a checked URL (see `parse_url`); ``write`` selects SQLite's ``BEGIN IMMEDIATE``."""
     if url.get_backend_name() == "sqlite":
@@ -180,7 +186,7 @@ def _sqlite_engine(url: URL, *, write: bool) -> Engine:
 
     @event.listens_for(engine, "begin")
     def _on_begin(connection) -> None:
-        connection.exec_driver_sql(begin)
+        connection.exec_driver_sql(connection.get_execution_options().get(SQLITE_BEGIN, begin))
 
     return engine
 
@@ -239,8 +245,8 @@ def read_only_file_system(path: Path) -> bool:
 
 # SQLite's primary result codes (https://sqlite.org/rescode.html) and the messages that carry them where
 # Python (before 3.11) does not give the code.
-_PERM, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 3, 8, 10, 11, 13, 14, 26
-_CODES = {"access permission denied": _PERM, "attempt to write a readonly database": _READONLY,
+_PERM, _BUSY, _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 3, 5, 8, 10, 11, 13, 14, 26
+_CODES = {"access permission denied": _PERM, "database is locked": _BUSY, "attempt to write a readonly database": _READONLY,
           "disk I/O error": _IOERR, "database disk image is malformed": _CORRUPT, "database or disk is full": _FULL,
           "unable to open database file": _CANTOPEN, "file is not a database": _NOTADB,
           # Python's sqlite3 itself, reading a text column whose bytes a damaged page garbled (no SQLite code)
@@ -262,7 +268,9 @@ def sqlite_failure(err: BaseException, url: URL, *, write: bool) -> Exception | 
       directory or file: nothing says the store is damaged, and restoring it
       from a backup would not help;
     - a full disk, another I/O error: `OSError`, exit status 1 (the machine
-      failed, not the input).
+      failed, not the input);
+    - a write lock another connection held past the busy timeout: `OSError`,
+      1, naming the timeout (another process's state, not the input).
     """
     error = getattr(err, "orig", None) or err
     path = sqlite_file(url)
@@ -282,6 +290,9 @@ def sqlite_failure(err: BaseException, url: URL, *, write: bool) -> Exception | 
         return _unwritable(path, shown, reason, write=write)
     if code == _IOERR:
         return OSError(errno.EIO, f"{shown}: {reason} on {path} (see the system log for the device's errors)")
+    if code == _BUSY:
+        return OSError(errno.EBUSY, f"{shown}: another connection held the store's write lock for over "
+                                    f"{SQLITE_BUSY_TIMEOUT_MS / 1000:g} s ({reason}); rerun once its write is done")
     return None
 
 

@@ -48,6 +48,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from headroom.db.bundle_file import NODE_KINDS
 from headroom.db.engine import (
     SIDECARS,
+    SQLITE_BEGIN,
     check_sqlite_file,
     display_url,
     driver_message,
@@ -210,6 +211,7 @@ class Store:
         self.upgraded_from = upgraded_from
         """The revision this open upgraded the store from (``"empty"`` when it created it), else None."""
         self._sessions = sessionmaker(engine, expire_on_commit=False)
+        self._queries = sessionmaker(engine.execution_options(**{SQLITE_BEGIN: "BEGIN"}), expire_on_commit=False)
 
     @property
     def url(self) -> str:
@@ -250,8 +252,10 @@ class Store:
             raise DamagedStoreError(self.url, f"database disk image is malformed ({detail})")
 
     def session(self) -> Session:
-        """A session for queries (``with store.session() as s: ...``)."""
-        return self._sessions()
+        """A session for queries (``with store.session() as s: ...``). On a SQLite writer its transactions begin
+        deferred: a query takes no write lock, so other writers to the file do not wait on it, nor does this
+        store's own next write on a query that a stop signal cut short before its connection was released."""
+        return self._queries()
 
     @contextmanager
     def transaction(self) -> Iterator[Session]:

@@ -75,6 +75,25 @@ def test_sqlite_writer_runs_wal_with_busy_timeout_and_foreign_keys(sqlite_url):
 
 
 
+def test_a_writers_query_takes_no_write_lock(sqlite_url, monkeypatch):
+    """A query through a writer's session begins deferred, so another writer (another agent on the file, or this
+    store's own next write after a stop signal cut a query short) does not wait on it; a write transaction
+    still takes the lock up front, and another writer waits out the busy timeout for it."""
+    monkeypatch.setattr("headroom.db.engine.SQLITE_BUSY_TIMEOUT_MS", 200)
+    with open_store(sqlite_url, mode="write") as first, open_store(sqlite_url, mode="write") as second:
+        with first.session() as session:
+            assert session.execute(select(Run.id)).all() == []  # a read transaction open on the file
+            run = second.start_run(fingerprint(), suite="standard", benchmark_version="1")
+        with first.transaction() as session:
+            session.execute(select(Run.id)).all()  # BEGIN IMMEDIATE: the write lock is held
+            with pytest.raises(OSError, match=r"another connection held the store's write lock for over 0.2 s "
+                                              r"\(database is locked\); rerun once its write is done"):
+                second.finish_run(run)
+        second.finish_run(run)
+        with first.session() as session:
+            assert queries.runs_by_status(session) == {"completed": 1}
+
+
 def _locked_rollback_file(path):
     """A SQLite file in rollback-journal mode and a connection holding its write lock."""
     holder = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
