@@ -8,8 +8,9 @@ negative time or rate, an integer beyond 64 bits, text holding a NUL or a
 lone surrogate (neither SQLite nor PostgreSQL round-trips them), a name
 longer than headroom.core.safe_text allows or holding a line break, control or
 bidirectional formatting character (a message may break lines), a run that
-finished before it started, a training step whose model spec the core
-refuses. Every error names the record, the field and what would be valid, so
+finished before it started, a size that must count at least one (a matmul's m, n, k, a
+sequence, a group of ranks: `AT_LEAST_ONE`), timing statistics out of order
+(min <= median <= max), a training step whose model spec the core refuses. Every error names the record, the field and what would be valid, so
 a bad bundle can be fixed by hand; SQLite and PostgreSQL get the same checks.
 
 Timestamps may arrive as datetimes or ISO 8601 strings (bundles); both must
@@ -110,6 +111,7 @@ def check_record(model: type[Base], values: Mapping[str, Any], where: str, error
         row[column.key] = _normalise(column, value)
     if issubclass(model, Result):
         _check_status(model, row, where, error)
+        _check_measured(row, where, error)
     if row.get("started_at") and row.get("finished_at") and row["finished_at"] < row["started_at"]:
         raise error(f"{where}: finished_at {row['finished_at'].isoformat()} is before started_at "
                     f"{row['started_at'].isoformat()}")
@@ -124,6 +126,12 @@ def _shown(value: Any) -> str:
         return f"an integer of about {int(value.bit_length() * math.log10(2)):,} digits"
     return f"{value!r:.80}"
 
+
+AT_LEAST_ONE = frozenset({"m", "n", "k", "batch", "elements", "bytes_moved", "seq_len", "n_heads", "n_kv_heads",
+                          "head_dim", "micro_batch", "accumulation_steps", "group_size", "message_bytes", "ops"})
+"""Result fields that count things a measurement ran on, none of which is measured at zero."""
+TIMING_PREFIXES = ("", "forward_", "backward_")
+"""The prefixes of a result's ``min_s``, ``median_s`` and ``max_s`` columns."""
 
 MAX_INTEGER = 2**63 - 1
 """The largest integer both stores hold (SQLite INTEGER, PostgreSQL BIGINT)."""
@@ -271,6 +279,21 @@ def _normalise(column: Column, value: Any) -> Any:
     if isinstance(column.type, Double):
         return float(value)
     return value
+
+
+def _check_measured(row: dict[str, Any], where: str, error: type[StoreError]) -> None:
+    """What a measurement cannot be: a size of zero (`AT_LEAST_ONE`), a median outside its min and max."""
+    for key in AT_LEAST_ONE.intersection(row):
+        if row[key] == 0:
+            raise error(f"{where}: field {key!r} must be at least 1, got 0")
+    for prefix in TIMING_PREFIXES:
+        low, median, high = (row.get(f"{prefix}{name}_s") for name in ("min", "median", "max"))
+        present = [value for value in (low, median, high) if value is not None]
+        if present != sorted(present):
+            shown = ", ".join(f"{prefix}{name}_s {value:g}" for name, value in zip(("min", "median", "max"),
+                                                                                    (low, median, high))
+                              if value is not None)
+            raise error(f"{where}: timing statistics out of order ({shown}); min <= median <= max")
 
 
 def _check_status(model: type[Result], row: dict[str, Any], where: str, error: type[StoreError]) -> None:

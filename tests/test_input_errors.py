@@ -65,6 +65,23 @@ def test_a_bundle_value_the_store_cannot_hold_is_refused_by_name(store_url, bund
     assert row_counts(destination) == before
 
 
+@pytest.mark.parametrize(("change", "message"), [
+    (lambda b: _set_matmul(b, "m", 0), "field 'm' must be at least 1, got 0"),
+    (lambda b: _set_matmul(b, "min_s", 1.0),
+     "timing statistics out of order (min_s 1, median_s 0.00102, max_s 0.00104); min <= median <= max"),
+], ids=["a matmul of m 0", "min above the median"])
+def test_a_bundle_measurement_that_cannot_have_been_made_is_refused(sqlite_url, bundle, tmp_path, capsys, change,
+                                                                    message):
+    destination = open_store(sqlite_url, mode="write")
+    before = row_counts(destination)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(change(bundle)))
+    assert main(["db", "import", str(path), "--db", sqlite_url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.endswith(f": matmul result 1: {message}\n"), err[:300]
+    assert row_counts(destination) == before
+
+
 def test_an_integer_of_more_digits_than_python_reads_is_refused_by_place(sqlite_url, bundle, tmp_path, capsys):
     """JSON's integers have no size; Python converts at most 4,300 digits of one."""
     path = tmp_path / "bad.json"
