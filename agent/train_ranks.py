@@ -8,8 +8,13 @@ under torch's own parallelism, as torchtitan applies it to Llama:
   ``zero 3``: FSDP2 ``fully_shard`` with torchtitan's units (embedding,
   each block, final norm with head) and ``MixedPrecisionPolicy`` (bf16
   gathers and fp32 gradient reductions under amp-bf16, which then runs
-  without autocast, as torchtitan's FSDP does). torch has no ZeRO-2 of its
-  own: ``zero 2`` is refused.
+  without autocast, as torchtitan's FSDP does), each unit resharded after
+  forward or kept gathered to backward as ``reshard_after_forward`` says
+  (plain PyTorch's ZeRO-2, FSDP's ``SHARD_GRAD_OP``); ``zero 2`` itself is
+  refused, torch has none of its own. Gradients are reduced every
+  micro-batch, beside backward, as torchtitan's loop does: a layout asking
+  otherwise (``defer_gradient_sync`` on, ``overlap_grad_reduce`` off) or for
+  overlapped tensor parallelism is refused, planned but not measured.
 - ``tp``: DTensor ``parallelize_module`` over the blocks and the vocabulary
   (headroom.agent.parallel.parallelize_decoder), with sequence parallelism when
   ``sp``; with ``dp`` as well, a 2-D mesh (tp innermost) and FSDP2 over dp.
@@ -77,11 +82,13 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
     """The layouts this trainer runs (for ``spec`` and ``micro_batches`` per step when given, under ``stack``'s
     kernels); any other is refused by name. Its data parallelism is its own (DDP, ZeroRedundancyOptimizer, FSDP2),
     so a stack that replicates or shards otherwise is measured where the two agree: torchtitan at zero 3 only."""
+    chosen = get_stack(stack)
+    if layout.zero == 2:  # whatever the ranks: the agent would record a zero 2 it did not run
+        other = " or zero 1 (DDP + ZeroRedundancyOptimizer)" if 1 in chosen.sharding_stages else ""
+        raise ConfigError(f"zero 2: torch has no ZeRO-2 of its own; measure zero 3 (FSDP2), kept gathered from "
+                          f"forward to backward with --reshard-after-forward false{other}")
+    _check_settings(layout)
     if layout.dp > 1:
-        chosen = get_stack(stack)
-        if layout.zero == 2:  # before the stack's refusal, whose FSDP flag the agent does not take
-            other = " or zero 1 (DDP + ZeroRedundancyOptimizer)" if 1 in chosen.sharding_stages else ""
-            raise ConfigError(f"zero 2: torch has no ZeRO-2 of its own; measure zero 3 (FSDP2){other}")
         chosen.check_sharding(layout.zero)
         if layout.zero == 0 and chosen.replicates_through_fsdp:
             raise ConfigError(f"--stack {stack} --zero 0: {stack} replicates through FSDP2 (an all-reduce a unit, no "
@@ -108,6 +115,18 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
         if spec.n_heads % layout.tp or spec.n_kv_heads % layout.tp:
             raise ConfigError(f"tp {layout.tp}: {spec.name}'s {spec.n_heads} query and {spec.n_kv_heads} key/value "
                               "heads do not split over it; use a tp that divides both")
+
+
+def _check_settings(layout: Layout) -> None:
+    """The layout's settings the agent does not run, refused by name: it reduces gradients every micro-batch beside
+    backward (torchtitan's loop) and runs tensor parallelism without overlap."""
+    refused = {"defer_gradient_sync": (True, "--defer-gradient-sync on: the agent reduces the gradients every "
+                                             "micro-batch, as torchtitan's loop does"),
+               "overlap_grad_reduce": (False, "--overlap-grad-reduce off: DDP reduces the gradients beside backward"),
+               "tp_overlap": (True, "--tp-overlap on: the agent runs tensor parallelism without async TP")}
+    for name, (value, why) in refused.items():
+        if getattr(layout, name) is value:
+            raise ConfigError(f"{why}; it is planned, not measured (headroom plan): leave it out")
 
 
 # ---- the setup, across the process boundary -----------------------------------------------------
@@ -187,7 +206,7 @@ def _build(setup: bench_train.TrainSetup, info: RankInfo) -> Trainer:
     if layout.dp > 1 and layout.zero == 3:
         bf16 = torch.bfloat16 if autocast else None
         shard_fully(model, dp_mesh, param_dtype=bf16, reduce_dtype=torch.float32 if autocast else None,
-                    units="torchtitan")
+                    units="torchtitan", reshard_after_forward=cfg.data_parallel.reshard_after_forward)
         autocast = False  # FSDP's bf16 parameters are the mixed precision
     elif layout.dp > 1:
         model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
@@ -295,6 +314,7 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
 
     with trainer.context():
         probed = probe(trainer.model, lambda: settled(trainer.loss(tokens, targets)))
+    gathered = _units_gathered(trainer.model)  # before anything runs its backward
     in_flight = trainer.in_flight(batches) if pipelined else None
     row |= {
         "activation_bytes": probed.activation_bytes,
@@ -311,9 +331,23 @@ def measure(setup: bench_train.TrainSetup, info: RankInfo) -> dict:
                       # buffer a communication thread still held): where a mismatch would come from
                       "kept_unsaved": [f"{t.op} {list(t.shape)} {t.dtype} {t.nbytes} B in {t.module or 'model'}"
                                        for t in probed.tensors if t.kind == "activation" and not t.saved_by_autograd]},
-        } | ({"in_flight": in_flight} if in_flight else {}),
+        } | ({"in_flight": in_flight} if in_flight else {}) | (
+            {"fsdp_units_gathered_after_forward": gathered} if gathered is not None else {}),
     }
     return row
+
+
+def _units_gathered(model: torch.nn.Module) -> list[str] | None:
+    """The FSDP units whose parameters are still gathered once a forward ends (those not resharded after it), by
+    module name; None without FSDP. Reads FSDP2's own state (``FSDPParamGroup.is_unsharded``, torch/distributed/
+    fsdp/_fully_shard/_fsdp_param_group.py)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    groups = {name or "model": module._get_fsdp_state()._fsdp_param_group  # noqa: SLF001 (FSDP2 has no public one)
+              for name, module in model.named_modules() if isinstance(module, FSDPModule)}
+    if not groups:
+        return None
+    return sorted(name for name, group in groups.items() if group is not None and group.is_unsharded)
 
 
 def _pipeline_waits(pipelined: bool):

@@ -89,8 +89,10 @@ SWEEP = [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=accumula
     seq_len=64, micro_batch=2, precision="fp32", layout=layout)) for accumulation, layout in (
     (2, Layout(pp=2, stage_layers=(1, 3))),
     (4, Layout(pp=2, schedule="zbv", virtual_stages=2)),  # ZB-V: 4 chunks of one block, rank 0 holds 0 and 3
-)]
-"""Five setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
+)] + [TrainSetup(spec=get_preset(MODEL), steps=3, accumulation_steps=2, config=TrainConfig(
+    seq_len=64, micro_batch=2, precision="fp32", layout=Layout(dp=2, zero=3, reshard_after_forward=False)))]
+# the last: plain PyTorch's ZeRO-2, FSDP kept gathered from forward to backward
+"""Six setups of two ranks, measured by one launch (headroom.agent.train_ranks.Launches)."""
 
 
 def _headroom(*args: str) -> str:
@@ -193,10 +195,11 @@ def _steps(url: str, layout: dict, micro_batch: int = 2) -> list[TrainStepResult
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3}, {"tp": 2, "sp": True},
+@pytest.mark.parametrize("layout", [{"dp": 2, "zero": 3, "reshard_after_forward": None}, {"tp": 2, "sp": True},
                                     {"pp": 2, "schedule": "1f1b", "stage_layers": None},
-                                    {"pp": 2, "schedule": "gpipe"}, {"pp": 2, "stage_layers": [1, 3]}],
-                         ids=["fsdp2", "tp2-sp", "pp2-1f1b", "pp2-gpipe", "pp2-stages-1-3"])
+                                    {"pp": 2, "schedule": "gpipe"}, {"pp": 2, "stage_layers": [1, 3]},
+                                    {"dp": 2, "zero": 3, "reshard_after_forward": False}],
+                         ids=["fsdp2", "tp2-sp", "pp2-1f1b", "pp2-gpipe", "pp2-stages-1-3", "fsdp2-kept-gathered"])
 def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
     rows = _steps(fleet[0], layout)
     assert [(r.rank, r.world_size, r.status) for r in rows] == [(0, 2, "ok"), (1, 2, "ok")]
@@ -204,6 +207,18 @@ def test_each_rank_is_a_row_with_the_core_prediction_for_it(fleet, layout):
         assert r.activation_bytes == r.predicted_activation_bytes, r.details["probe"]
         assert r.details["parameter_bytes"] == r.prediction["memory_bytes"]["parameters"]
         assert r.communication_median_s > 0 and len(r.samples_s) == 3
+
+
+@pytest.mark.slow
+def test_fsdp_units_stay_gathered_after_forward_as_the_layout_says(fleet):
+    """Resharded after forward, only the unit of the final norm and the head stays gathered (backward needs it
+    first); kept gathered (plain PyTorch's ZeRO-2, FSDP's SHARD_GRAD_OP), every unit does, as FSDP2 reports it."""
+    head = ["final_norm", "lm_head"]
+    kept = sorted(["embed", *(f"blocks.{i}" for i in range(get_preset(MODEL).n_layers)), *head])
+    for reshard, gathered in ((None, head), (False, kept)):
+        rows = _steps(fleet[0], {"dp": 2, "zero": 3, "reshard_after_forward": reshard})
+        assert [r.rank for r in rows] == [0, 1]
+        assert all(r.details["fsdp_units_gathered_after_forward"] == gathered for r in rows), rows[0].details
 
 
 @pytest.mark.slow
@@ -280,7 +295,7 @@ def test_a_sweep_of_one_world_size_runs_in_one_launch(fleet):
         (1, 0, 1), (1, 1, 1), (2, 0, 2), (2, 1, 2)]
     assert [(r.layout["tp"], r.layout["pp"], r.rank, r.details["setup_in_launch"]) for r in rows[4:]] == [
         (2, 1, 0, 1), (2, 1, 1, 1), (1, 2, 0, 2), (1, 2, 1, 2), (1, 2, 0, 3), (1, 2, 1, 3), (1, 2, 0, 4), (1, 2, 1, 4),
-        (1, 2, 0, 5), (1, 2, 1, 5)]
+        (1, 2, 0, 5), (1, 2, 1, 5), (1, 1, 0, 6), (1, 1, 1, 6)]
 
 
 def _zbv_peak_bytes(row: TrainStepResult, setup: TrainSetup) -> tuple[int, int]:
@@ -304,7 +319,7 @@ def test_zbv_ranks_keep_what_the_schedules_table_says(fleet):
     """torch's ScheduleZBVZeroBubble on two gloo ranks, 4 chunks of one block over 4 micro-batches: each rank
     holds its chunk and its mirror (rank 0 the embedding and the head), saves what the core predicts byte for
     byte, and at its peak keeps exactly the micro-batches of each chunk the core's walk of the table says."""
-    setup = SWEEP[-1]
+    setup = next(s for s in SWEEP if s.config.layout.schedule == "zbv")
     rows = _steps(fleet[0], {"pp": 2, "schedule": "zbv"})
     assert [(r.rank, r.prediction["rank"], r.status) for r in rows] == [(0, "first and last stages", "ok"),
                                                                          (1, "middle stage", "ok")]
@@ -404,7 +419,11 @@ def test_a_step_that_cannot_fit_the_host_is_skipped_not_run(run_cli, tmp_path, m
     (("--pp", "2", "--schedule", "interleaved"), "not interleaved: use --schedule 1f1b, gpipe or zbv"),
     (("--pp", "2", "--dp", "2"), "the agent runs a pipeline alone"),
     (("--pp", "2"), "--accumulation 1 is fewer than pp 2; use --accumulation 2 or more, or --schedule gpipe"),
-    (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),
+    (("--dp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own; measure zero 3 (FSDP2), kept gathered"),
+    (("--tp", "2", "--zero", "2"), "torch has no ZeRO-2 of its own"),  # no data parallelism: still not run
+    (("--dp", "2", "--zero", "3", "--defer-gradient-sync", "on"), "the agent reduces the gradients every micro-batch"),
+    (("--dp", "2", "--overlap-grad-reduce", "off"), "--overlap-grad-reduce off: DDP reduces the gradients beside"),
+    (("--tp", "2", "--sp", "on", "--tp-overlap", "on"), "--tp-overlap on: the agent runs tensor parallelism without"),
     (("--tp", "2", "--dp", "2"), "use zero 3"),
     (("--nproc", "0"), "--nproc 0: give 1 or more processes"),
     (("--nproc", "10000000"), "10,000,000 ranks: the agent starts one process per rank on this box, at most 64"),

@@ -205,7 +205,7 @@ def _variants(spec: ModelSpec, train: TrainConfig, tp: int, pp: int, cp: int, dp
     if "overlap_param_gather" in pinned and stack.zero_optimizer:  # broadcast in the step
         zeros = [z for z in zeros if z != 1]
     shardings: list[tuple[int, dict[str, object]]] = [(zero, {}) for zero in zeros]
-    if 3 in zeros and stack.fsdp_zero2 and "reshard_after_forward" not in settings \
+    if 3 in zeros and stack.fsdp_zero2 and "reshard_after_forward" not in settings and dp * cp > 1 \
             and (pp == 1 or stack.fsdp_reshards_under_pipeline):  # its ZeRO-2: FSDP kept gathered, SHARD_GRAD_OP
         shardings.append((3, {"reshard_after_forward": False}))
     if "ep" in pinned:
