@@ -120,8 +120,8 @@ def check_layout(layout: Layout, spec: ModelSpec | None = None, micro_batches: i
 def _check_settings(layout: Layout) -> None:
     """The layout's settings the agent does not run, refused by name: it reduces gradients every micro-batch beside
     backward (torchtitan's loop) and runs tensor parallelism without overlap."""
-    refused = {"defer_gradient_sync": (True, "--defer-gradient-sync on: the agent reduces the gradients every "
-                                             "micro-batch, as torchtitan's loop does"),
+    refused = {"defer_gradient_sync": (True, ("--defer-gradient-sync on: the agent reduces the gradients every "
+                                              "micro-batch, as torchtitan's loop does")),
                "overlap_grad_reduce": (False, "--overlap-grad-reduce off: DDP reduces the gradients beside backward"),
                "tp_overlap": (True, "--tp-overlap on: the agent runs tensor parallelism without async TP")}
     for name, (value, why) in refused.items():
@@ -343,7 +343,7 @@ def _units_gathered(model: torch.nn.Module) -> list[str] | None:
     fsdp/_fully_shard/_fsdp_param_group.py)."""
     from torch.distributed.fsdp import FSDPModule
 
-    groups = {name or "model": module._get_fsdp_state()._fsdp_param_group  # noqa: SLF001 (FSDP2 has no public one)
+    groups = {name or "model": module._get_fsdp_state()._fsdp_param_group  # FSDP2 has no public one
               for name, module in model.named_modules() if isinstance(module, FSDPModule)}
     if not groups:
         return None
