@@ -136,7 +136,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "each as the flag of that name takes it (e.g. interconnect = \"8x200g\"); a flag given "
                              "here wins over the file")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free", fp8="auto", training=training, axes=layout,
-                    stack_default="reference, or the stack --export names: torchtitan, megatron or hf")
+                    stack_default="reference, or the stack --export names: torchtitan, megatron or hf (deepspeed: "
+                                  "hf, whose ZeRO-1 and 2 are DeepSpeed's)")
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")
     pins.add_argument("--micro-batch", type=int, default=None,

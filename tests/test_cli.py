@@ -272,9 +272,11 @@ def test_plan_searches_layouts_and_exports_the_winner(run_cli):
     args = ("plan", "--model", "llama2-7b", "--seq-len", "4096", "--global-batch", "64", "--gpus", "8", "--tp", "2")
     report = json.loads(run_cli(*args, "--json", "--export", "deepspeed").stdout)
     best = report["recommendation"]
-    # tp pinned by hand; pp, cp and ep held at 1, which a DeepSpeed config cannot express
+    # tp pinned by hand; pp, cp and ep held at 1, which a DeepSpeed config cannot express, on the hf stack (its
+    # ZeRO is DeepSpeed's), which has no pipeline to hold
     assert report["request"]["gpus"] == 8 and report["request"]["pinned"] == ["cp", "ep", "pp", "tp"]
-    assert report["export"]["held_at_1"] == ["pp", "cp"]  # ep too, though a dense model has none to hold
+    assert report["request"]["stack"] == "hf"
+    assert report["export"]["held_at_1"] == ["cp"]  # ep too, though a dense model has none to hold
     assert best["layout"]["tp"] == 2 and best["layout"]["world"] == 8
     assert {entry["layout"]["tp"] for entry in report["layouts"]} == {2}
     assert sum(term for term in best["time_s"].values()) == pytest.approx(best["step_time_s"])
@@ -335,7 +337,9 @@ def test_an_export_plans_on_the_stack_of_its_name(run_cli):
     base = ["plan", "--model", "llama3-8b", "--global-batch", "8", "--gpus", "8"]
     assert for_export(parser.parse_args([*base, "--export", "torchtitan"]))[0].stack == "torchtitan"
     assert for_export(parser.parse_args([*base, "--export", "hf"]))[0].stack == "hf"
-    assert for_export(parser.parse_args([*base, "--export", "deepspeed"]))[0].stack == "reference"
+    # DeepSpeed's ZeRO-1 and 2 are the hf stack's, call for call
+    assert for_export(parser.parse_args([*base, "--export", "deepspeed"]))[0].stack == "hf"
+    assert for_export(parser.parse_args([*base, "--export", "lightning"]))[0].stack == "reference"
     assert for_export(parser.parse_args([*base, "--export", "torchtitan", "--stack", "megatron"]))[0].stack == "megatron"
     assert for_export(parser.parse_args(base))[0].stack == "reference"
     one = parser.parse_args(["plan", "--model", "llama3-8b", "--global-batch", "8", "--export", "hf"])

@@ -333,6 +333,24 @@ def test_hf_sharding_and_whole_layer_checkpointing():
     assert kwargs["fsdp"] == "shard_grad_op auto_wrap"
 
 
+def test_fsdp_kept_from_forward_to_backward_is_carried_or_noted_where_zero_3_regathers():
+    """A shard kept over k ranks is ZeRO++'s secondary partition in DeepSpeed; kept whole (SHARD_GRAD_OP), DeepSpeed
+    and Megatron-FSDP have no per-unit setting, which the export says; resharded, nothing to say."""
+    exported = export("deepspeed", *candidate(Layout(dp=8, zero=3, reshard_after_forward=2), stack="hf"))
+    assert json.loads(exported.text)["zero_optimization"] == {"stage": 3, "zero_hpz_partition_size": 2}
+    assert any(note.startswith("zero_hpz_partition_size 2: ZeRO++'s secondary partition") for note in exported.notes)
+    kept = candidate(Layout(dp=8, zero=3, reshard_after_forward=False))
+    exported = export("deepspeed", *kept)
+    assert json.loads(exported.text)["zero_optimization"] == {"stage": 3}
+    assert any("stage3_max_reuse_distance and under stage3_max_live_parameters" in note for note in exported.notes)
+    megatron = export("megatron", *kept)
+    assert "--data-parallel-sharding-strategy optim_grads_params" in megatron.text
+    assert any("Megatron-FSDP's optim_grads_params frees each after its forward" in n for n in megatron.notes)
+    resharded = candidate(Layout(dp=8, zero=3))
+    for fmt in ("deepspeed", "megatron"):
+        assert not any("SHARD_GRAD_OP" in note or "hpz" in note for note in export(fmt, *resharded).notes)
+
+
 def test_hf_does_not_pass_op_selective_off_as_full():
     exported = export("hf", *candidate(Layout(dp=8), "op-selective"))
     assert training_arguments(exported.text)["gradient_checkpointing"] is False

@@ -58,10 +58,15 @@ UNEXPRESSED_AXES: dict[str, tuple[str, ...]] = {
 """The layout axes each format cannot carry (its export notes them): ``plan --export FORMAT`` searches them at 1."""
 
 
+EXPORT_STACKS = {"deepspeed": "hf"}
+"""Formats that run the stack of another name: DeepSpeed's ZeRO-1 and 2 are the hf stack's, call for call
+(headroom.core.specs.stack.Stack.deepspeed_zero), where the reference stack's are torch's own."""
+
+
 def export_stack(fmt: str) -> str | None:
-    """The training stack a format is, where Headroom has one of its name (torchtitan, megatron, hf): ``plan --export
-    FORMAT`` plans on it unless ``--stack`` says otherwise."""
-    return fmt if fmt in STACKS else None
+    """The training stack a format is, where Headroom has one of its name (torchtitan, megatron, hf) or runs its
+    ZeRO (deepspeed: hf, `EXPORT_STACKS`): ``plan --export FORMAT`` plans on it unless ``--stack`` says otherwise."""
+    return EXPORT_STACKS.get(fmt, fmt if fmt in STACKS else None)
 
 
 FP8_UNEXPRESSED = {

@@ -138,6 +138,24 @@ def _batch(run: Run, config: dict[str, Any], notes: list[str]) -> None:
                  f"too ({counted:,}-way), it trains {run.per_rank_batch * counted:,}")
 
 
+def _resharding(run: Run, config: dict[str, Any], notes: list[str]) -> None:
+    """FSDP's units kept from forward to backward, as stage 3 comes nearest: a shard over k ranks is ZeRO++'s
+    secondary partition (``zero_hpz_partition_size``); whole, it has no per-unit setting."""
+    kept = run.data_parallel.reshard_after_forward
+    if run.layout.zero != 3 or kept is True:
+        return
+    if kept is False:
+        notes.append(f"the plan keeps FSDP's units gathered from forward to backward (FSDP's SHARD_GRAD_OP); "
+                     "DeepSpeed's stage 3 has no per-unit setting: it keeps a parameter gathered between uses only "
+                     "within stage3_max_reuse_distance and under stage3_max_live_parameters (1e9 parameters each by "
+                     f"default), so raise both above the model's {run.spec.parameters:,} parameters, or re-plan with "
+                     "--reshard-after-forward true for stage 3 as it gathers by default")
+        return
+    config["zero_optimization"]["zero_hpz_partition_size"] = kept
+    notes.append(f"zero_hpz_partition_size {kept}: ZeRO++'s secondary partition, a shard over {kept} ranks kept from "
+                 "forward for backward's gathers, as planned")
+
+
 def deepspeed(run: Run) -> Export:
     config: dict[str, Any] = {}
     notes: list[str] = []
@@ -145,6 +163,7 @@ def deepspeed(run: Run) -> Export:
     config["zero_optimization"] = {"stage": run.layout.zero}
     if run.layout.zero in (1, 2):  # its gradient reduction beside backward (ZeRO-1/2's default: off)
         config["zero_optimization"]["overlap_comm"] = run.data_parallel.overlap_grad_reduce
+    _resharding(run, config, notes)
     _precision(run, config, notes)
     _layout(run, config, notes)
     _checkpointing(run, notes)

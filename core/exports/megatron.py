@@ -50,6 +50,7 @@ from headroom.core.exports.run import (
     compile_note,
     offload_note,
     ranks,
+    regather_note,
     stack_note,
 )
 from headroom.core.specs.config import BF16_END_BLOCKS
@@ -94,6 +95,8 @@ def _sharding(run: Run, notes: list[str]) -> list[str]:
     notes.append(f"Megatron-LM's distributed optimizer alone is ZeRO-1 (the optimizer state and master copy "
                  f"sharded, gradients and parameters whole); ZeRO-{zero} is Megatron-FSDP, set here, which needs "
                  "the fsdp_dtensor checkpoint format")
+    if (note := regather_note(run, "Megatron-FSDP's optim_grads_params")) is not None:
+        notes.append(note)
     return ["--use-distributed-optimizer", "--use-megatron-fsdp", "--data-parallel-sharding-strategy",
             SHARDING[zero], "--ckpt-format", "fsdp_dtensor"]
 

@@ -255,6 +255,19 @@ def ep_comm_note(run: Run, framework: str) -> str | None:
             "its step time")
 
 
+def regather_note(run: Run, zero_3: str) -> str | None:
+    """When the plan keeps FSDP's parameters from forward to backward (gathered, FSDP1's SHARD_GRAD_OP, or a shard
+    over k ranks) and the framework's ZeRO-3 (``zero_3``) gathers them again in backward."""
+    kept = run.data_parallel.reshard_after_forward
+    if run.layout.zero != 3 or kept is True:
+        return None
+    how = "kept gathered from forward to backward (FSDP's SHARD_GRAD_OP)" if kept is False else \
+        f"kept as a shard over {kept} ranks from forward to backward"
+    return (f"the plan's FSDP units are {how}; {zero_3} frees each after its forward and gathers it again over "
+            "every rank in backward, which has no setting to keep them: more traffic and less memory than planned; "
+            "re-plan with --reshard-after-forward true for its step")
+
+
 def _unrun_overlap(framework: str, what: str, flag: str) -> str:
     return (f"{framework} has no overlap of {what}: they run exposed, slower than planned; re-plan with {flag} off "
             "for its step time")

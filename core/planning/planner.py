@@ -894,6 +894,7 @@ def plan_to_dict(result: Plan, top: int | None = None) -> dict[str, Any]:
             "compile": result.request.train.compile,
             "optimizer": result.request.train.optimizer,
             "attention": result.request.train.attention,
+            "stack": result.request.train.stack,
             "micro_batch": result.request.micro_batch,
             "recompute": None if result.request.recompute is None else str(result.request.recompute),
             "accumulation": result.request.accumulation,
