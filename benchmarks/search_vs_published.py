@@ -70,12 +70,13 @@ def _figure(run: PublishedRun, pick: Candidate) -> float:
 
 
 def published_techniques(run: PublishedRun) -> dict[str, object]:
-    """The layout settings ``--as-published`` keeps: the sharding stage, FSDP's resharding where the run set it,
-    and sequence parallelism off where the run had none (on, it is the search's wherever tp > 1)."""
+    """The layout settings ``--as-published`` keeps: the sharding stage, FSDP's resharding as the run did it (its
+    setting, else its stack's default), and sequence parallelism off where the run had none (on, it is the
+    search's wherever tp > 1)."""
     layout = run.config.layout
     kept: dict[str, object] = {"zero": layout.zero}
-    if layout.reshard_after_forward is not None:
-        kept["reshard_after_forward"] = layout.reshard_after_forward
+    if layout.zero == 3 and layout.dp * layout.cp > 1:  # as set, or the stack's default: resharded or kept
+        kept["reshard_after_forward"] = run.config.data_parallel.reshard_after_forward
     if not layout.sp:
         kept["sp"] = False
     return kept
