@@ -86,7 +86,7 @@ def _configuration(run: PublishedRun) -> str:
     lay = run.config.layout
     schedule = f" v{lay.virtual_stages}" if lay.virtual_stages > 1 else ""
     return (f"{run.gpus:,} x {run.hardware}, tp {lay.tp}{' +sp' if lay.sp else ''} pp {lay.pp}{schedule} dp {lay.dp} "
-            f"zero {lay.zero}, "
+            f"zero {lay.zero}{' no reshard' if lay.reshard_after_forward is False else ''}, "
             f"micro {run.config.micro_batch}, batch {run.global_batch}, {run.config.recompute}, {run.config.stack}, "
             f"{run.config.precision}" + (f" + fp8 {run.config.fp8}" if run.config.float8 is not None else "")
             + (" (fp8 param gather)" if run.config.fp8_params else "")

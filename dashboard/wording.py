@@ -36,6 +36,7 @@ FLAG_LABELS: dict[str, str] = {
     "--schedule": "pipeline schedule",
     "--virtual-stages": "virtual stages",
     "--ep": "ep (experts, of dp x cp)",
+    "--reshard-after-forward": "FSDP reshard (on, off, k)",
     "--precision": "precision",
     "--fp8": "fp8 recipe",
     "--optimizer": "optimizer",
@@ -73,6 +74,8 @@ def _phrase(flag: str, value: str | None) -> tuple[str, str]:
         return label, ""
     if flag in NUMBERS and not value[0].isdigit():
         return label, f" {value}"
+    if flag == "--reshard-after-forward":
+        value = {"true": "on", "false": "off"}.get(value, value)  # as the control takes it
     if flag == "--budget" and (size := _SIZE.match(value)):
         value = f"{size['number']} {size['unit']}"  # as the budget box takes it and shows it: "141 GB"
     return f"{label}: {value}", ""

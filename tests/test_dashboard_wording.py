@@ -24,6 +24,9 @@ CASES = {
         "smallest change that fits: dp (data): 2, ZeRO stage: 3, global batch: 66 (then micro 8 x accum 4, full on "
         "tp 1, pp 1, cp 1, dp 2, zero 3, 74.5 GB, 21,167 tokens/s)",
     "smallest change that fits: --tp 4 --sp on (then": "smallest change that fits: tp (tensor): 4, sp (sequence): on (then",
+    "smallest change that fits: --zero 3 --reshard-after-forward false (then":
+        "smallest change that fits: ZeRO stage: 3, FSDP reshard (on, off, k): off (then",
+    "--zero 3 --reshard-after-forward 2": "ZeRO stage: 3, FSDP reshard (on, off, k): 2",
     "--pp 4": "pp (pipeline): 4",
     "--cp 2": "cp (context): 2",
     "--ep 8": "ep (experts, of dp x cp): 8",
@@ -59,8 +62,9 @@ def test_flags_read_as_the_pages_controls(text):
 
 def test_every_flag_the_advice_can_emit_has_a_control():
     emitted = set(re.findall(r"--[a-z][a-z-]*", inspect.getsource(advice)))
-    assert emitted == {"--dp", "--zero", "--global-batch", "--tp", "--sp", "--pp", "--cp", "--ep", "--gpus",
-                       "--seq-len", "--offload"}, "a new flag in the advice: give it a control in FLAG_LABELS"
+    assert emitted == {"--dp", "--zero", "--reshard-after-forward", "--global-batch", "--tp", "--sp", "--pp", "--cp",
+                       "--ep", "--gpus", "--seq-len", "--offload"}, \
+        "a new flag in the advice: give it a control in FLAG_LABELS"
     assert emitted <= set(FLAG_LABELS)
     for flag in emitted:
         written = flag if flag in SWITCHES else f"{flag} {8 if flag in NUMBERS else 'on'}"

@@ -244,6 +244,19 @@ def test_forced_by_is_in_the_text_and_the_json(run_cli):
     assert document["forced_by"].startswith("memory: no layout over fewer than 16 model-parallel ranks fits")
 
 
+def test_the_advice_shards_a_step_further_with_fsdp_kept_gathered_between_zero_1_and_resharding():
+    """llama3-8b on 8 H100s: at ZeRO-1 in 45 GB the least change that fits is plain PyTorch's ZeRO-2, FSDP kept
+    gathered from forward to backward; kept gathered in 40 GB, resharding after forward."""
+    def advised(budget_gb: int, **layout) -> str:
+        request = PlanRequest(spec=get_preset("llama3-8b"), train=TrainConfig(seq_len=2048, layout=Layout(dp=8, **layout)),
+                              global_batch=64, budget_bytes=budget_gb * GB)
+        return next(line for line in plan_and_advise(request, H100).advice if line.startswith("smallest change"))
+
+    assert advised(45, zero=1).startswith("smallest change that fits: --zero 3 --reshard-after-forward false (then ")
+    assert advised(40, zero=3, reshard_after_forward=False).startswith(
+        "smallest change that fits: --zero 3 --reshard-after-forward true (then ")
+
+
 def test_fsdp_kept_gathered_is_searched_and_ranks_as_zero_2_among_near_ties():
     """Plain PyTorch's ZeRO-2 is FSDP kept gathered from forward to backward (SHARD_GRAD_OP): the search tries it
     beside FSDP resharding, and among near ties it ranks as ZeRO-2, before resharding over the same ranks."""

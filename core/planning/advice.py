@@ -38,6 +38,7 @@ from headroom.core.planning.planner import (
     policies_worth_trying,
 )
 from headroom.core.planning.search_work import bounded_search, current_work
+from headroom.core.specs.stack import get_stack
 from headroom.core.timing.step import HardwareProfile
 from headroom.core.units import GB
 
@@ -82,6 +83,28 @@ def _more_gpus(request: PlanRequest, multiplier: int, gpus_per_node: int) -> Ite
     yield f"--cp {layout.cp * multiplier}", lambda: request.with_layout(cp=layout.cp * multiplier)
 
 
+def _more_sharding(request: PlanRequest) -> Iterator[tuple[str, Variant]]:
+    """The sharding steps beyond the request's, least first: each stage its stack runs, and where its ZeRO-2 is FSDP
+    kept gathered (Stack.fsdp_zero2), that between ZeRO-1 and FSDP resharding; a shard kept over k ranks comes
+    before resharding whole."""
+    layout, stack = request.layout, get_stack(request.train.stack)
+
+    def rank(zero: int, reshard: bool | int | None) -> float:
+        return zero if zero < 3 or reshard in (None, True) else 2 if reshard is False else 2.5
+
+    steps: list[tuple[int, bool | None]] = [(zero, None) for zero in stack.sharding_stages if 0 < zero < 3]
+    if stack.fsdp_zero2:
+        steps.append((3, False))
+    if 3 in stack.sharding_stages:
+        steps.append((3, True if layout.zero == 3 and layout.reshard_after_forward is not None else None))
+    here = rank(layout.zero, layout.reshard_after_forward)
+    for zero, reshard in steps:
+        if rank(zero, reshard) > here:
+            flag = "" if reshard is None else f" --reshard-after-forward {str(reshard).lower()}"
+            yield (f"--zero {zero}{flag}",
+                   lambda zero=zero, reshard=reshard: request.with_layout(zero=zero, reshard_after_forward=reshard))
+
+
 def _could_fit(request: PlanRequest, base: Plan) -> bool:
     """Does the lightest candidate of some layout of the request fit? (Bad splits, or no work left: no.)"""
     if current_work().exhausted:
@@ -122,8 +145,8 @@ def _fitting_plans(base: Plan, progress: SearchProgress | None = None) -> Iterat
             yield label, result
 
     if request.gpus is None and request.dp > 1:
-        for stage in range(request.zero + 1, 4):
-            yield from planned(f"--zero {stage}", lambda stage=stage: request.with_layout(zero=stage))
+        for label, make in _more_sharding(request):
+            yield from planned(label, make)
     if request.gpus is None and request.spec.is_moe:
         for ep in divisors(request.dp * request.layout.cp):
             if ep > request.layout.ep and request.spec.n_experts % ep == 0:
