@@ -238,3 +238,28 @@ def test_the_agent_measures_torchtitan_only_where_its_own_data_parallelism_is_to
     zero1 = run_cli(*base, "--zero", "1")
     assert zero1.returncode == 2 and "the torchtitan stack has no ZeRO-1" in zero1.stderr
     assert not (tmp_path / "r.db").exists()
+
+
+def test_fsdp_kept_gathered_is_searched_once_and_only_where_it_differs():
+    """The search tries FSDP kept gathered (the reference and torchtitan stacks' ZeRO-2) beside resharding: only
+    where ranks shard (no duplicate of a layout at dp x cp = 1), not where resharding is pinned, and not under
+    torchtitan's pipeline, whose default keeps the units gathered already."""
+    from headroom.core.planning.layout_search import candidate_layouts
+
+    spec = get_preset("llama3-8b")
+
+    def searched(stack: str = "reference", pinned: frozenset[str] = frozenset(), **layout) -> list[Layout]:
+        train = TrainConfig(seq_len=2048, stack=stack, layout=Layout(**layout))
+        return candidate_layouts(spec, train, 64, 8, 8, pinned)
+
+    for stack in ("reference", "torchtitan"):
+        layouts = searched(stack)
+        kept = [layout for layout in layouts if layout.reshard_after_forward is False]
+        assert len(set(layouts)) == len(layouts) and kept
+        assert all(layout.zero == 3 and layout.dp * layout.cp > 1 for layout in kept)
+        assert any(layout.pp > 1 for layout in kept) == (stack == "reference")
+    assert not [layout for layout in searched("megatron") if layout.reshard_after_forward is False]
+    one_replica = searched(pinned=frozenset({"tp", "zero"}), tp=8, zero=3)
+    assert [layout.reshard_after_forward for layout in one_replica if layout.pp == 1] == [None]
+    resharded = searched(pinned=frozenset({"zero", "reshard_after_forward"}), zero=3, reshard_after_forward=True)
+    assert {layout.reshard_after_forward for layout in resharded} == {True}
