@@ -19,6 +19,8 @@ _UNITS = {
     "KB": KB, "MB": MB, "GB": GB, "TB": TB,
     "KIB": KiB, "MIB": MiB, "GIB": GiB, "TIB": TiB,
 }
+_BITS = {"Kb": "kilo", "Mb": "mega", "Gb": "giga", "Tb": "tera"}
+"""Units that read as bits (a network's Gb/s), refused in a size: a lower-case b after an upper-case prefix."""
 _SIZE = re.compile(r"^\s*(?P<number>[0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*(?P<unit>[A-Za-z]*)\s*$")
 
 
@@ -38,6 +40,11 @@ def parse_bytes(text: str | int) -> int:
                 "'80GB', '80GiB' or '81920MiB' (GB = 1e9 bytes, GiB = 2**30 bytes)"
             )
         value, unit = float(match["number"]), match["unit"].upper()
+        if match["unit"] in _BITS:
+            raise ConfigError(
+                f"unit {match['unit']!r} in {text!r} reads as {_BITS[match['unit']]}bits; a memory size is in "
+                f"bytes: use {unit[0]}B (powers of 1000) or {unit[0]}iB (powers of 1024)"
+            )
         if unit not in _UNITS:
             raise ConfigError(
                 f"unknown unit {match['unit']!r} in {text!r}: use B, KB, MB, GB, TB "

@@ -30,3 +30,12 @@ def test_gb_and_gib_differ():
     assert GiB / GB == pytest.approx(1.073741824)
     assert format_bytes(80 * 10**9, "GiB") == "74.51 GiB"
     assert format_bytes(80 * 10**9, "GB") == "80.00 GB"
+
+
+def test_a_unit_that_reads_as_bits_is_refused_and_bytes_in_lower_case_are_read():
+    """"80Gb" is gigabits as a network's rate is written: a memory size in it would be 10 GB, so it is refused;
+    "80gb", written in lower case throughout, is taken for bytes."""
+    with pytest.raises(ConfigError, match=r"^unit 'Gb' in '80Gb' reads as gigabits; a memory size is in bytes: use GB "
+                                          r"\(powers of 1000\) or GiB \(powers of 1024\)$"):
+        parse_bytes("80Gb")
+    assert parse_bytes("80gb") == parse_bytes("80GB") == 80 * GB
