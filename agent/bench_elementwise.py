@@ -73,8 +73,9 @@ def cases(device: torch.device, elements: int, budget_s: float) -> list[Case]:
             name=f"{op} {dtype} {elements * DTYPES[dtype].itemsize / 2**20:,.0f} MiB",
             expected_s=budget_s + 0.3,
             measure=functools.partial(measure, op=op, dtype=dtype, elements=elements, budget_s=budget_s),
-            failed=lambda status, message, op=op: ElementwiseResult(
-                op=op, dtype=dtype, elements=elements, bytes_moved=0, status=status, message=message
+            failed=lambda status, message, op=op: ElementwiseResult(  # the bytes it would have moved
+                op=op, dtype=dtype, elements=elements, bytes_moved=OPS[op][0] * elements * DTYPES[dtype].itemsize,
+                status=status, message=message
             ),
         )
         for op in OPS

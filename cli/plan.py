@@ -22,7 +22,7 @@ from headroom.cli.train_flags import (
 )
 from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
-from headroom.core.exports import EXPORTERS, UNEXPRESSED_AXES, export, export_stack
+from headroom.core.exports import EXPORT_STACKS, EXPORTERS, UNEXPRESSED_AXES, export, export_stack
 from headroom.core.planning import search_work
 from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk
@@ -39,6 +39,7 @@ from headroom.core.planning.planner import (
     whole_device_budget,
 )
 from headroom.core.safe_text import printable, printable_lines
+from headroom.core.specs.config import hf_stack_covers
 from headroom.core.specs.float8 import AUTO, needs_fsdp
 from headroom.core.specs.interconnect import (
     DEFAULT_INTER_NODE_LINK,
@@ -137,7 +138,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                              "here wins over the file")
     add_train_flags(p, micro_batch="none", recompute="none", layout="free", fp8="auto", training=training, axes=layout,
                     stack_default="reference, or the stack --export names: torchtitan, megatron or hf (deepspeed: "
-                                  "hf, whose ZeRO-1 and 2 are DeepSpeed's)")
+                                  "hf, whose ZeRO-1 and 2 are DeepSpeed's, where it covers the model)")
     pins = p.add_argument_group("configuration", "pin what the planner would choose, to evaluate a configuration "
                                                  "you already have")
     pins.add_argument("--micro-batch", type=int, default=None,
@@ -241,9 +242,20 @@ def plan_ask(args: argparse.Namespace) -> PlanAsk:
 
 
 def plan_request(args: argparse.Namespace, profile: HardwareProfile, ask: PlanAsk | None = None) -> PlanRequest:
-    """The planner's request the flags ask for on ``profile``'s hardware (``ask``: their question, where read)."""
+    """The planner's request the flags ask for on ``profile``'s hardware (``ask``: their question, where read).
+    An export that plans on another format's stack (`EXPORT_STACKS`: deepspeed on hf) plans on the reference stack
+    where that stack does not cover the model (hf: transformers' Llama modules only), unless --stack was given."""
     spec = model_from_args(args)
-    return (ask or plan_ask(args)).request(spec, profile)
+    ask = ask or plan_ask(args)
+    if _borrowed_stack_refuses(args, spec, ask.train.stack):
+        ask = replace(ask, train=replace(ask.train, stack="reference"))
+    return ask.request(spec, profile)
+
+
+def _borrowed_stack_refuses(args: argparse.Namespace, spec, stack: str) -> bool:
+    fmt = getattr(args, "export", None)
+    return args.stack is None and fmt in EXPORT_STACKS and stack == EXPORT_STACKS[fmt] \
+        and get_stack(stack).transformers_modules and not hf_stack_covers(spec, stack)
 
 
 def _recipe(req: PlanRequest, candidate: Candidate) -> str:
@@ -300,6 +312,11 @@ def run(args: argparse.Namespace) -> int:
             return NOTHING_FITS
         settings = export(args.export, request, result.recommendation)
         print(settings.text)
+        if args.stack is None and request.train.stack != export_stack(args.export):
+            print(printable(f"note: planned on the reference stack, since the {export_stack(args.export)} stack "
+                            "(whose ZeRO-1 and 2 are DeepSpeed's) covers transformers' Llama modules, not "
+                            f"{request.spec.name}: a ZeRO-1 here is priced as torch's, not DeepSpeed's"),
+                  file=sys.stderr)
         if held := _held(args, request):
             axes = held[0] if len(held) == 1 else f"{', '.join(held[:-1])} and {held[-1]}"
             print(printable(f"note: searched with {axes} at 1: --export {args.export} cannot express "

@@ -344,6 +344,15 @@ def test_an_export_plans_on_the_stack_of_its_name(run_cli):
     assert for_export(parser.parse_args(base))[0].stack == "reference"
     one = parser.parse_args(["plan", "--model", "llama3-8b", "--global-batch", "8", "--export", "hf"])
     assert for_export(one)[1] == ()  # one layout, not a search: nothing to hold
+    # a model the hf stack does not cover (a mixture of experts) is exported to DeepSpeed from the reference stack
+    moe = ("plan", "--model", "mixtral-8x7b", "--global-batch", "256", "--seq-len", "4096", "--gpus", "16",
+           "--export", "deepspeed")
+    assert json.loads(run_cli(*moe, "--json").stdout)["request"]["stack"] == "reference"
+    text = run_cli(*moe)
+    assert text.returncode == 0 and "note: planned on the reference stack, since the hf stack (whose ZeRO-1 and 2 " \
+        "are DeepSpeed's) covers transformers' Llama modules, not mixtral-8x7b" in " ".join(text.stderr.split())
+    refused = run_cli(*moe, "--stack", "hf")  # asked for by name: refused, as before
+    assert refused.returncode == 2 and "the hf stack accounts for transformers' Llama modules" in refused.stderr
 
 
 def test_plan_sums_each_collectives_bytes_once_per_axis_and_op(run_cli, monkeypatch):
