@@ -22,7 +22,13 @@ from headroom.cli.train_flags import (
 )
 from headroom.cli.wrap import wrap
 from headroom.core.errors import ConfigError
-from headroom.core.exports import EXPORT_STACKS, EXPORTERS, UNEXPRESSED_AXES, export, export_stack
+from headroom.core.exports import (
+    EXPORT_STACKS,
+    EXPORTERS,
+    UNEXPRESSED_AXES,
+    export,
+    export_stack,
+)
 from headroom.core.planning import search_work
 from headroom.core.planning.advice import plan_and_advise
 from headroom.core.planning.ask import DEFAULT_GPUS_PER_NODE, ONE_GPU, PlanAsk

@@ -7,8 +7,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from headroom.agent.suites import KINDS, build_cases  # noqa: E402
-from headroom.db.validate import check_record, record_values  # noqa: E402
+from headroom.agent.suites import KINDS, build_cases
+from headroom.db.validate import check_record, record_values
 
 
 @pytest.mark.parametrize("status", ["skipped", "oom", "error"])
