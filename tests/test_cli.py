@@ -351,6 +351,11 @@ def test_an_export_plans_on_the_stack_of_its_name(run_cli):
     text = run_cli(*moe)
     assert text.returncode == 0 and "note: planned on the reference stack, since the hf stack (whose ZeRO-1 and 2 " \
         "are DeepSpeed's) covers transformers' Llama modules, not mixtral-8x7b" in " ".join(text.stderr.split())
+    # an axis the export holds at 1 is no pin of dp: a shard kept over 2 ranks is searched over 16 GPUs
+    kept = run_cli("plan", "--model", "llama3-8b", "--global-batch", "64", "--gpus", "16", "--reshard-after-forward",
+                   "2", "--export", "deepspeed")
+    assert kept.returncode == 0, kept.stderr
+    assert json.loads(kept.stdout)["zero_optimization"]["zero_hpz_partition_size"] == 2
     refused = run_cli(*moe, "--stack", "hf")  # asked for by name: refused, as before
     assert refused.returncode == 2 and "the hf stack accounts for transformers' Llama modules" in refused.stderr
 

@@ -75,7 +75,7 @@ def pinned_layout(values: Mapping[str, object], fsdp: bool = False, sharded: boo
         held.setdefault("tp", 2)
     if held.get("ep_overlap") or held.get("ep_comm"):
         held.setdefault("ep", 2)
-    if "ep" in held and "dp" not in held:
+    if held.get("ep", 1) > 1 and "dp" not in held:  # ep 1 (an export's held axis) divides any dp
         held["dp"] = held["ep"]
     if held.get("overlap_param_gather") is not None:
         held.setdefault("zero", 1)
