@@ -284,9 +284,10 @@ def _normalise(column: Column, value: Any) -> Any:
 def _check_measured(row: dict[str, Any], where: str, error: type[StoreError]) -> None:
     """What a measurement cannot be: a size of zero (`AT_LEAST_ONE`, in an ``ok`` result: one that failed or was
     skipped measured nothing, and older agents stored some with a zero), a median outside its min and max."""
-    for key in AT_LEAST_ONE.intersection(row) if row["status"] == "ok" else ():
-        if row[key] == 0:
-            raise error(f"{where}: field {key!r} must be at least 1, got 0")
+    if row["status"] == "ok":
+        for key in sorted(AT_LEAST_ONE.intersection(row)):  # sorted: the same field named whatever the hash seed
+            if row[key] == 0:
+                raise error(f"{where}: field {key!r} must be at least 1, got 0")
     for prefix in TIMING_PREFIXES:
         low, median, high = (row.get(f"{prefix}{name}_s") for name in ("min", "median", "max"))
         present = [value for value in (low, median, high) if value is not None]
